@@ -1,0 +1,1 @@
+"""Command-line apps; thin, no logic of their own."""

@@ -1,0 +1,106 @@
+"""`engine`: generate, info, serve."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    help="Attest serving engine. Start with `engine info` to see the model, then "
+    '`engine generate "Hello"` for a one-shot completion, or `engine serve` for the HTTP API.',
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model", "-m", help="GGUF file or Hugging Face folder. Default: SmolLM2-135M-Instruct."
+    ),
+]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 (exact) or bfloat16 (faster).")]
+KvOpt = Annotated[int, typer.Option("--kv-tokens", help="KV pool size, in tokens.")]
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.secho(f"error: {msg}", fg="red", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The prompt text.")],
+    model: ModelOpt = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-n", help="New tokens at most.")
+    ] = 128,
+    temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1].")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="-1: off.")] = -1,
+    min_p: Annotated[
+        float, typer.Option(help="Drop tokens below min_p x the top probability.")
+    ] = 0.0,
+    seed: Annotated[int | None, typer.Option(help="Seed for a reproducible sample.")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
+    chat: Annotated[
+        bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")
+    ] = True,
+    dtype: DtypeOpt = "float32",
+    kv_tokens: KvOpt = 8192,
+) -> None:
+    """Generate one completion and stream it to the terminal."""
+    from engine import LLM, SamplingParams
+
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, seed=seed, stop=stop or None,
+        )  # fmt: skip
+        llm = LLM(model=model, dtype=dtype, kv_tokens=kv_tokens, max_running=1)
+        tok = llm.tokenizer
+        ids = tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
+        for delta in llm.stream(ids, params):
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+
+
+@app.command()
+def info(
+    model: ModelOpt = None,
+    dtype: DtypeOpt = "float32",
+    kv_tokens: KvOpt = 8192,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Show the model, its configuration, parameter count and KV bytes per token."""
+    from engine.config import EngineConfig
+    from engine.core import EngineCore
+
+    try:
+        core = EngineCore(EngineConfig(model=model, dtype=dtype, kv_tokens=kv_tokens))
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    d = core.describe()
+    if as_json:
+        print(json.dumps(d, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="Attest engine", show_header=False)
+    for k, v in d.items():
+        t.add_row(k, f"{v:,}" if isinstance(v, int) else str(v))
+    Console().print(t)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

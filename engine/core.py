@@ -1,0 +1,68 @@
+"""EngineCore: model, memory and scheduler built from one EngineConfig."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.config import EngineConfig
+from engine.mem.allocator import TokenAllocator
+from engine.mem.kv_pool import KVPool
+from engine.mem.req_table import ReqToTokenPool
+from engine.model.llama import LlamaModel
+from engine.model.loader import LoadedModel, load_model
+from engine.runner import ModelRunner
+from engine.sched.scheduler import Scheduler
+from kernels.attention import get_backend
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        t0 = time.perf_counter()
+        config.validate()
+        self.config = config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        backend = get_backend(config.attention_backend)
+        self.loaded = loaded or load_model(config.model)
+        cfg = self.loaded.config
+        self.model_config = cfg
+        self.tokenizer = self.loaded.tokenizer
+        self.model = LlamaModel(cfg, self.loaded.weights, config.torch_dtype, backend)
+        self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
+        self.max_context = min(config.max_model_len or cfg.max_position, cfg.max_position)
+        self.kv = KVPool(
+            cfg.num_layers, config.kv_tokens, cfg.num_kv_heads, cfg.head_dim, config.torch_dtype
+        )
+        self.allocator = TokenAllocator(config.kv_tokens)
+        self.req_table = ReqToTokenPool(config.max_running + 1, self.max_context)
+        self.runner = ModelRunner(self.model, self.kv, self.req_table)
+        self.scheduler = Scheduler(
+            config, self.runner, self.allocator, self.req_table, self.tokenizer, self.max_context
+        )
+        self.startup_seconds = time.perf_counter() - t0
+
+    def describe(self) -> dict[str, object]:
+        cfg = self.model_config
+        return {
+            "model": self.loaded.path,
+            "format": self.loaded.format,
+            "name": cfg.name,
+            "architecture": cfg.architecture,
+            "parameters": cfg.parameter_count(),
+            "layers": cfg.num_layers,
+            "hidden": cfg.hidden_size,
+            "heads": cfg.num_heads,
+            "kv_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim,
+            "vocab": cfg.vocab_size,
+            "context": self.max_context,
+            "dtype": self.config.dtype,
+            "kv_tokens": self.config.kv_tokens,
+            "kv_bytes_per_token": self.kv.bytes_per_token,
+            "kv_pool_bytes": self.kv.total_bytes,
+            "attention_backend": self.config.attention_backend,
+            "load_seconds": round(self.loaded.load_seconds, 2),
+            "startup_seconds": round(self.startup_seconds, 2),
+        }

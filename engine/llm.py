@@ -1,0 +1,96 @@
+"""The offline API: ``LLM(...).generate`` and ``.chat`` over the scheduler core."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int  # count, as in OpenAI's usage
+    prompt_token_ids: list[int]
+
+
+class LLM:
+    """``LLM(model=None, **engine_config)``: ``model`` is a GGUF file or a Hugging Face folder;
+    None loads the default model. Keyword options are EngineConfig's fields."""
+
+    def __init__(self, model: str | None = None, **config: Any) -> None:
+        self.config = EngineConfig.from_kwargs(model=model, **config)
+        self.core = EngineCore(self.config)
+        self.tokenizer = self.core.tokenizer
+
+    def generate(
+        self,
+        prompts: list[str] | list[list[int]] | str,
+        params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        ids = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in prompts]
+        return self._run(ids, params)
+
+    def chat(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # one conversation given bare
+        ids = [self.tokenizer.encode_chat(c, add_generation_prompt) for c in conversations]
+        return self._run(ids, params)
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Iterator[str]:
+        """Text deltas of one request as they are generated."""
+        sched = self.core.scheduler
+        req = sched.add_request(prompt_ids, params or SamplingParams())
+        while True:
+            for out in sched.step():
+                if out.rid == req.rid:
+                    if out.text_delta:
+                        yield out.text_delta
+                    if out.finished:
+                        return
+
+    def _run(
+        self, ids: list[list[int]], params: SamplingParams | list[SamplingParams] | None
+    ) -> list[RequestOutput]:
+        if params is None:
+            params = SamplingParams()
+        plist = params if isinstance(params, list) else [params] * len(ids)
+        if len(plist) != len(ids):
+            raise ValueError(f"{len(ids)} prompts but {len(plist)} sampling params")
+        sched = self.core.scheduler
+        reqs = []
+        try:
+            for p_ids, p in zip(ids, plist):
+                reqs.append(sched.add_request(p_ids, p))
+        except Exception:
+            for r in reqs:
+                sched.abort(r.rid)
+            raise
+        pending = {r.rid for r in reqs}
+        while pending:
+            for out in sched.step():
+                if out.finished:
+                    pending.discard(out.rid)
+        return [
+            RequestOutput(
+                text=r.text,
+                token_ids=list(r.output_ids),
+                finish_reason=r.finish_reason or "abort",
+                prompt_tokens=r.prompt_len,
+                prompt_token_ids=list(r.prompt_ids),
+            )
+            for r in reqs
+        ]

@@ -1,0 +1,1 @@
+"""Memory: token allocator, KV pool, request-to-token table."""

@@ -1,0 +1,1 @@
+"""Model definition, loaders, tokenizer and chat template."""

@@ -1,0 +1,41 @@
+"""Incremental detokenization: text deltas that never split a multi-byte character."""
+
+from __future__ import annotations
+
+from engine.model.tokenizer import Tokenizer
+
+
+class IncrementalDetokenizer:
+    """Decodes a growing list of ids into a growing string.
+
+    Byte-level BPE can split one character over several tokens; a window that decodes to a
+    trailing U+FFFD is held back until the next token completes it.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+        self._prefix = 0  # start of the window decoded for context
+        self._read = 0  # ids before this are already in self.text
+
+    def push(self, tid: int) -> str:
+        """Add one id; return the newly completed text (possibly empty)."""
+        self.ids.append(tid)
+        prefix_text = self.tok.decode(self.ids[self._prefix : self._read])
+        full = self.tok.decode(self.ids[self._prefix :])
+        if full.endswith("\ufffd") or len(full) <= len(prefix_text):
+            return ""
+        delta = full[len(prefix_text) :]
+        self._prefix, self._read = self._read, len(self.ids)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """At the end of a request: whatever is still held back (a truly invalid byte sequence)."""
+        full = self.tok.decode(self.ids[self._prefix :])
+        prefix_text = self.tok.decode(self.ids[self._prefix : self._read])
+        delta = full[len(prefix_text) :] if len(full) > len(prefix_text) else ""
+        self._prefix = self._read = len(self.ids)
+        self.text += delta
+        return delta

@@ -1,0 +1,153 @@
+"""A Llama-family decoder in torch: RMSNorm, RoPE (plain, linear, llama3), GQA, SwiGLU.
+
+Weights arrive as a dict in Hugging Face's names (``model.layers.N.self_attn.q_proj.weight``);
+every loader maps its format to those names, so this module is the only one that knows the
+architecture. Q/K/V and gate/up are fused into one matrix each: two GEMMs instead of five.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from engine.model.config import ModelConfig
+from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies for the rotary embedding, with the config's scaling applied."""
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):
+        return inv
+    if kind == "linear":
+        return inv / float(rs["factor"])
+    if kind == "llama3":
+        factor = float(rs["factor"])
+        low = float(rs.get("low_freq_factor", 1.0))
+        high = float(rs.get("high_freq_factor", 4.0))
+        old_ctx = float(rs.get("original_max_position_embeddings", 8192))
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    if kind == "freq_factors":  # llama.cpp stores llama3 scaling as per-frequency divisors
+        return inv / torch.as_tensor(rs["factors"], dtype=torch.float32)
+    raise ValueError(f"unsupported rope scaling type {kind!r}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in fp32 whatever the engine dtype, as the reference implementation does.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos/sin: [T, 1, head_dim]. Rotate-half convention."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        backend: AttentionBackend,
+    ) -> None:
+        self.cfg = cfg
+        self.dtype = dtype
+        self.backend = backend
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        w = {k: v.to(dtype) for k, v in weights.items()}
+
+        def take(name: str) -> torch.Tensor:
+            if name not in w:
+                raise KeyError(f"missing weight {name!r}")
+            return w.pop(name)
+
+        self.embed = take("model.embed_tokens.weight")
+        if self.embed.shape != (cfg.vocab_size, cfg.hidden_size):
+            raise ValueError(
+                f"model.embed_tokens.weight has shape {tuple(self.embed.shape)}, "
+                f"config says ({cfg.vocab_size}, {cfg.hidden_size})"
+            )
+        self.layers: list[dict[str, torch.Tensor]] = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            q = take(p + "self_attn.q_proj.weight")
+            k = take(p + "self_attn.k_proj.weight")
+            v = take(p + "self_attn.v_proj.weight")
+            gate = take(p + "mlp.gate_proj.weight")
+            up = take(p + "mlp.up_proj.weight")
+            self.layers.append(
+                {
+                    "attn_norm": take(p + "input_layernorm.weight"),
+                    "qkv": torch.cat([q, k, v], 0).contiguous(),
+                    "o": take(p + "self_attn.o_proj.weight"),
+                    "mlp_norm": take(p + "post_attention_layernorm.weight"),
+                    "gate_up": torch.cat([gate, up], 0).contiguous(),
+                    "down": take(p + "mlp.down_proj.weight"),
+                }
+            )
+        self.norm = take("model.norm.weight")
+        if "lm_head.weight" in w:
+            self.lm_head = take("lm_head.weight")
+        elif cfg.tie_word_embeddings:
+            self.lm_head = self.embed
+        else:
+            raise KeyError("missing weight 'lm_head.weight' and embeddings are not tied")
+        w.pop("lm_head.weight", None)
+        leftover = sorted(k for k in w if "rotary_emb" not in k)
+        if leftover:
+            raise ValueError(
+                f"unexpected weights: {leftover[:5]}{' ...' if len(leftover) > 5 else ''}"
+            )
+        self.inv_freq = rope_inv_freq(cfg)
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+
+    def rope_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        meta: AttentionMetadata,
+        kv_layers: list[LayerKV],
+    ) -> torch.Tensor:  # [T, hidden]
+        cfg = self.cfg
+        T = input_ids.shape[0]
+        h = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope_cos_sin(meta.positions)
+        for layer, kv in zip(self.layers, kv_layers):
+            x = rms_norm(h, layer["attn_norm"], cfg.rms_eps)
+            qkv = F.linear(x, layer["qkv"])
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = apply_rope(q.view(T, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = apply_rope(k.view(T, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+            v = v.view(T, cfg.num_kv_heads, cfg.head_dim)
+            attn = self.backend.forward(q, k, v, kv, meta, self.scale)
+            h = h + F.linear(attn.reshape(T, self.q_size), layer["o"])
+            x = rms_norm(h, layer["mlp_norm"], cfg.rms_eps)
+            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer["down"])
+        return rms_norm(h, self.norm, cfg.rms_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab] in fp32."""
+        return F.linear(hidden, self.lm_head).float()

@@ -1,0 +1,1 @@
+"""Scheduling: request states, admission, the step."""

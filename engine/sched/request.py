@@ -1,0 +1,94 @@
+"""Request: one generation, from received to finished, and its stop conditions."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.model.detok import IncrementalDetokenizer
+from engine.sampling import SamplingParams
+
+
+class State(enum.Enum):
+    WAITING = "waiting"  # not yet admitted: holds no memory
+    RUNNING = "running"  # holds a request row and KV slots (prefilling or decoding)
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class Request:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    detok: IncrementalDetokenizer
+    stop_ids: frozenset[int]  # tokens that end generation unless ignore_eos
+    max_context: int  # prompt + output may not exceed this
+    generator: torch.Generator | None = None
+    output_ids: list[int] = field(default_factory=list)
+    state: State = State.WAITING
+    row: int | None = None
+    kv_len: int = 0  # tokens whose K/V are in the pool: [0, kv_len)
+    finish_reason: str | None = None
+    text: str = ""  # output text, stop string removed
+    emitted: int = 0  # characters of `text` handed to the caller so far
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.kv_len < self.prompt_len
+
+    @property
+    def worst_case_tokens(self) -> int:
+        """KV slots this request may hold at most: every token but the last one sampled."""
+        return min(self.prompt_len + self.params.max_tokens, self.max_context) - 1
+
+    def append_token(self, tid: int) -> None:
+        """Record one sampled token and decide whether the request is done."""
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        self.output_ids.append(tid)
+        p = self.params
+        is_stop = tid in self.stop_ids or (p.stop_token_ids is not None and tid in p.stop_token_ids)
+        if is_stop and not p.ignore_eos:
+            self.detok.flush()
+            self.text = self.detok.text
+            self.finish_reason = "stop"
+            return
+        self.detok.push(tid)
+        self.text = self.detok.text
+        stops = p.stop_strings
+        if stops:
+            window = max(len(s) for s in stops)
+            start = max(0, self.emitted - window)
+            hits = [(i, s) for s in stops if (i := self.text.find(s, start)) >= 0]
+            if hits:
+                cut = min(i for i, _ in hits)
+                self.text = self.text[:cut]
+                self.finish_reason = "stop"
+                return
+        if (
+            len(self.output_ids) >= p.max_tokens
+            or self.prompt_len + len(self.output_ids) >= self.max_context
+        ):
+            self.detok.flush()
+            self.text = self.detok.text
+            self.finish_reason = "length"
+
+    def take_text_delta(self) -> str:
+        """Text that can be shown now. While running, a tail that could still become a stop
+        string is held back, so a streamed stop string is never half-shown."""
+        hold = 0
+        if self.finish_reason is None and self.params.stop_strings:
+            hold = max(len(s) for s in self.params.stop_strings) - 1
+        end = max(self.emitted, len(self.text) - hold)
+        delta = self.text[self.emitted : end]
+        self.emitted = end
+        return delta

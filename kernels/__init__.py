@@ -1,0 +1,1 @@
+"""Attention and other hot kernels behind one interface (see kernels.attention)."""

@@ -1,0 +1,107 @@
+"""The attention interface every backend implements.
+
+A forward pass runs a *flat* batch: the new tokens of every request laid end to end. For request
+``i`` the batch holds ``extend_lens[i]`` new tokens at positions ``[prefix_lens[i],
+prefix_lens[i] + extend_lens[i])``; its whole context (cached prefix then new tokens) lives in the
+KV pool at the slots ``req_to_token[req_rows[i], :prefix_lens[i] + extend_lens[i]]``.
+
+* extend: new tokens attend causally to themselves and fully to their cached prefix.
+* decode: the special case ``extend_lens == 1`` for every request.
+
+Backends first store the new tokens' K/V into ``out_slots`` of the layer's pool, then attend by
+reading K/V through the slot table, so a prefix computed by an earlier forward (or another
+request, through the prefix cache) is read, never recomputed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Per-batch metadata, built once per forward and shared by every layer."""
+
+    req_to_token: torch.Tensor  # [rows, max_context] int64: slot of each token of each row
+    req_rows: list[int]  # the req_to_token row of each request in the batch
+    prefix_lens: list[int]  # tokens already in the pool before this forward, per request
+    extend_lens: list[int]  # new tokens in this forward, per request
+    positions: torch.Tensor  # [T] int64, position of each new token
+    out_slots: torch.Tensor  # [T] int64, the pool slot each new token's K/V is written to
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def is_decode(self) -> bool:
+        return all(n == 1 for n in self.extend_lens)
+
+    def validate(self) -> None:
+        """Catch a malformed batch before a kernel reads out of bounds."""
+        n = len(self.req_rows)
+        if not (len(self.prefix_lens) == len(self.extend_lens) == n):
+            raise ValueError(
+                "req_rows, prefix_lens and extend_lens must have one entry per request"
+            )
+        total = sum(self.extend_lens)
+        if total != self.num_tokens or total != int(self.out_slots.shape[0]):
+            raise ValueError(
+                f"extend_lens sum to {total} but positions has {self.num_tokens} "
+                f"and out_slots {int(self.out_slots.shape[0])} tokens"
+            )
+        width = int(self.req_to_token.shape[1])
+        for p, e in zip(self.prefix_lens, self.extend_lens):
+            if p < 0 or e < 1 or p + e > width:
+                raise ValueError(f"request context {p}+{e} outside the slot table width {width}")
+
+
+@dataclass(slots=True)
+class LayerKV:
+    """One layer's K and V pools: ``[slots, kv_heads, head_dim]`` each."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+class AttentionBackend(ABC):
+    """Computes attention for a flat batch over a paged KV pool.
+
+    Invariant: after ``forward`` returns, ``kv.k[out_slots]``/``kv.v[out_slots]`` hold the new
+    tokens' K/V, and the output for every new token depends only on the K/V of its own request's
+    slots at positions ``<=`` its own.
+    """
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, heads, head_dim]
+        k: torch.Tensor,  # [T, kv_heads, head_dim]
+        v: torch.Tensor,  # [T, kv_heads, head_dim]
+        kv: LayerKV,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, heads, head_dim]
+        ...
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv: LayerKV, out_slots: torch.Tensor) -> None:
+    kv.k.index_copy_(0, out_slots, k.to(kv.k.dtype))
+    kv.v.index_copy_(0, out_slots, v.to(kv.v.dtype))
+
+
+BACKENDS = ("torch",)
+
+
+def get_backend(name: str) -> AttentionBackend:
+    """The backend named on the command line; a clear error when it cannot run here."""
+    if name == "torch":
+        from kernels.torch_ref import TorchReferenceBackend
+
+        return TorchReferenceBackend()
+    raise ValueError(f"attention backend {name!r} is not available; choose one of {BACKENDS}")

@@ -98,6 +98,59 @@ def info(
     Console().print(t)
 
 
+@app.command()
+def serve(
+    model: ModelOpt = None,
+    host: Annotated[
+        str, typer.Option(help="Address to bind; loopback unless you mean otherwise.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="Model id clients send. Default: the file's name.")
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(help="Require `Authorization: Bearer KEY` on /v1/*.", envvar="ATTEST_API_KEY"),
+    ] = None,
+    dtype: DtypeOpt = "float32",
+    kv_tokens: KvOpt = 32768,
+    max_running: Annotated[int, typer.Option(help="Requests decoding at once.")] = 64,
+    chunk_tokens: Annotated[int, typer.Option(help="Prefill tokens per step.")] = 2048,
+    max_model_len: Annotated[
+        int | None, typer.Option(help="Context limit (default: the model's).")
+    ] = None,
+) -> None:
+    """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models)."""
+    from pathlib import Path
+
+    import uvicorn
+
+    from engine.config import EngineConfig
+    from engine.core import EngineCore
+    from engine.server.app import create_app
+
+    try:
+        cfg = EngineConfig(
+            model=model, dtype=dtype, kv_tokens=kv_tokens, max_running=max_running,
+            chunk_tokens=chunk_tokens, max_model_len=max_model_len,
+        )  # fmt: skip
+        core = EngineCore(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    name = served_model_name or Path(core.loaded.path).stem
+    d = core.describe()
+    typer.secho(f"Attest serving {name} at http://{host}:{port}/v1", fg="green")
+    typer.echo(
+        f"  model {d['model']} ({d['parameters']:,} parameters, {d['dtype']}), "
+        f"loaded in {d['load_seconds']} s"
+    )
+    typer.echo(
+        f"  KV pool {d['kv_tokens']:,} tokens x {d['kv_bytes_per_token']:,} B "
+        f"= {d['kv_pool_bytes'] / 2**20:,.0f} MiB; context {d['context']:,}"
+    )
+    uvicorn.run(create_app(core, name, api_key=api_key), host=host, port=port, log_level="warning")
+
+
 def main() -> None:
     app()
 

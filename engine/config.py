@@ -43,7 +43,7 @@ class EngineConfig:
         )
         need(isinstance(self.attention_backend, str), "attention_backend", "a backend name")
         need(self.threads is None or pos_int(self.threads), "threads", "None or an integer >= 1")
-        need(isinstance(self.seed, int), "seed", "an integer")
+        need(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "an integer")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

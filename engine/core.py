@@ -12,7 +12,7 @@ from engine.mem.kv_pool import KVPool
 from engine.mem.req_table import ReqToTokenPool
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
-from engine.runner import ModelRunner
+from engine.runner import BatchEntry, ModelRunner
 from engine.sched.scheduler import Scheduler
 from kernels.attention import get_backend
 
@@ -42,6 +42,27 @@ class EngineCore:
             config, self.runner, self.allocator, self.req_table, self.tokenizer, self.max_context
         )
         self.startup_seconds = time.perf_counter() - t0
+
+    def sequence_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits [len, vocab] at every position of one sequence, in one prefill (for scoring
+        and for comparing against a reference implementation). Borrows and returns its memory."""
+        if self.scheduler.has_work():
+            raise RuntimeError("sequence_logits needs an idle engine")
+        n = len(token_ids)
+        slots = self.allocator.alloc(n)
+        if slots is None:
+            raise ValueError(
+                f"{n} tokens do not fit the KV pool ({self.allocator.available_size()} free)"
+            )
+        row = self.req_table.alloc()
+        try:
+            self.req_table.write(row, 0, slots)
+            return self.runner.forward(
+                [BatchEntry(row, 0, list(token_ids), slots)], all_positions=True
+            )
+        finally:
+            self.req_table.free(row)
+            self.allocator.free(slots)
 
     def describe(self) -> dict[str, object]:
         cfg = self.model_config

@@ -26,8 +26,9 @@ class ModelRunner:
         self.kv = kv
         self.req_table = req_table
 
-    def forward(self, batch: list[BatchEntry]) -> torch.Tensor:
-        """Logits [len(batch), vocab] (fp32) at the last new token of each entry."""
+    def forward(self, batch: list[BatchEntry], all_positions: bool = False) -> torch.Tensor:
+        """Logits (fp32) at the last new token of each entry: [len(batch), vocab]; with
+        ``all_positions``, at every new token: [sum of lengths, vocab]."""
         ids: list[int] = []
         pos: list[int] = []
         last: list[int] = []
@@ -45,4 +46,6 @@ class ModelRunner:
         )
         meta.validate()
         hidden = self.model.forward(torch.tensor(ids, dtype=torch.int64), meta, self.kv.layers)
+        if all_positions:
+            return self.model.logits(hidden)
         return self.model.logits(hidden[torch.tensor(last, dtype=torch.int64)])

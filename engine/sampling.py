@@ -111,7 +111,10 @@ def sample(
 
 def filtered_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """The distribution a non-greedy request draws from, after temperature, top-k, top-p, min-p."""
-    x = row / p.temperature
+    # Shift so the largest logit is 0 before dividing: a tiny temperature then sends the others
+    # towards -inf instead of overflowing every logit to +-inf (NaN after the softmax), and a
+    # temperature below the dtype's smallest normal number cannot round to a division by zero.
+    x = (row - row.max()) / max(p.temperature, torch.finfo(row.dtype).tiny)
     if p.top_k > 0 and p.top_k < x.numel():
         kth = torch.topk(x, p.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -121,6 +124,7 @@ def filtered_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
         before = sorted_p.cumsum(0) - sorted_p
         drop = before >= p.top_p
+        drop[0] = False  # the top token always stays (a top_p below fp32's range rounds to 0)
         probs = probs.scatter(0, order[drop], 0.0)
     if p.min_p > 0.0:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)

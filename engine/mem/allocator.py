@@ -44,8 +44,9 @@ class TokenAllocator:
         if not bool(self._in_use[slots].all()):
             idx = int(slots[~self._in_use[slots]][0])
             raise ValueError(f"slot {idx} freed while not allocated (double free?)")
-        if slots.unique().numel() != slots.numel():
-            raise ValueError("the same slot appears twice in one free")
+        uniq, counts = slots.unique(return_counts=True)
+        if bool((counts > 1).any()):
+            raise ValueError(f"slot {int(uniq[counts > 1][0])} appears twice in one free")
         self._in_use[slots] = False
         self._free = torch.cat([self._free, slots])
 

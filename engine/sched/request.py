@@ -62,13 +62,16 @@ class Request:
             self.text = self.detok.text
             self.finish_reason = "stop"
             return
+        before = len(self.text)
         self.detok.push(tid)
         self.text = self.detok.text
         stops = p.stop_strings
-        if stops:
-            window = max(len(s) for s in stops)
-            start = max(0, self.emitted - window)
-            hits = [(i, s) for s in stops if (i := self.text.find(s, start)) >= 0]
+        # like stop tokens, stop strings cannot end a request before min_tokens
+        if stops and len(self.output_ids) >= p.min_tokens:
+            # only a stop string that ends in the text this token added can be new
+            hits = [
+                (i, s) for s in stops if (i := self.text.find(s, max(0, before - len(s) + 1))) >= 0
+            ]
             if hits:
                 cut = min(i for i, _ in hits)
                 self.text = self.text[:cut]

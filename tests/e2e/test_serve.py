@@ -1,0 +1,181 @@
+"""`engine serve` as a real process on loopback, spoken to over real HTTP."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import requires_default_model
+
+pytestmark = requires_default_model
+API_KEY = "test-key-123"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "cli.engine_app", "serve", "--port", str(port),
+        "--kv-tokens", "4096", "--max-running", "8", "--served-model-name", "smol",
+        "--api-key", API_KEY,
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited early:\n{proc.stdout.read()}")
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("server did not become healthy in 90 s")
+        time.sleep(0.3)
+    client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    yield client
+    client.close()
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_models_lists_the_served_name(server):
+    data = server.get("/v1/models").json()
+    assert [m["id"] for m in data["data"]] == ["smol"]
+
+
+def test_chat_completion_answers_and_counts_usage(server):
+    r = server.post(
+        "/v1/chat/completions",
+        json={
+            "model": "smol",
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "temperature": 0,
+            "max_completion_tokens": 20,
+        },
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == "The capital of France is Paris."
+    assert body["choices"][0]["finish_reason"] == "stop"
+    u = body["usage"]
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    assert u["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_content_parts_equal_plain_string(server):
+    def ask(content):
+        r = server.post(
+            "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": content}],
+                "temperature": 0,
+                "max_tokens": 12,
+            },
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    assert ask("Name a fruit.") == ask(
+        [{"type": "text", "text": "Name a "}, {"type": "text", "text": "fruit."}]
+    )
+
+
+def test_streaming_completion_matches_non_streaming(server):
+    req = {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    full = server.post("/v1/completions", json=req).json()
+    chunks, done = [], False
+    with server.stream(
+        "POST",
+        "/v1/completions",
+        json={**req, "stream": True, "stream_options": {"include_usage": True}},
+    ) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line:
+                continue
+            assert line.startswith("data: ")
+            if line == "data: [DONE]":
+                done = True
+                break
+            chunks.append(orjson.loads(line[6:]))
+    assert done
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == full["choices"][0]["text"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 16
+    assert [c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (b'{"prompt": "hi", "temperature": -0.5}', 400, "temperature"),
+        (b'{"prompt": "hi", "top_p": 0}', 400, "top_p"),
+        (b'{"prompt": "hi", "max_tokens": 0}', 400, "max_tokens"),
+        (b'{"prompt": "hi", "max_tokens": 100000}', 400, "max_tokens"),
+        (b'{"prompt": ""}', 400, "prompt"),
+        (b'{"prompt": "hi", "model": "gpt-9"}', 404, "model"),
+        (b'{"prompt": "hi", "n": 5}', 400, "n"),
+        (b'{"max_tokens": 3}', 400, "prompt"),
+        (b'{"prompt": "hi", "max_tokens": "many"}', 400, "max_tokens"),
+    ],
+)
+def test_bad_input_is_a_clear_4xx(server, body, status, param):
+    r = server.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"]
+    assert err["param"] == param
+    # the server is still serving afterwards, with nothing left behind
+    health = server.get("/health").json()
+    assert health["running"] == 0 and health["kv_used"] == 0
+
+
+def test_wrong_api_key_is_401(server):
+    r = httpx.post(
+        str(server.base_url) + "/v1/completions",
+        json={"prompt": "hi"},
+        headers={"Authorization": "Bearer wrong"},
+    )
+    assert r.status_code == 401
+    assert "API key" in r.json()["error"]["message"]
+
+
+def test_concurrent_streams_all_complete(server):
+    import concurrent.futures as cf
+
+    def one(i):
+        r = server.post(
+            "/v1/completions",
+            json={
+                "prompt": f"Count to {i}:",
+                "max_tokens": 10,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        )
+        return r.json()["usage"]["completion_tokens"]
+
+    with cf.ThreadPoolExecutor(6) as ex:
+        assert list(ex.map(one, range(6))) == [10] * 6
+    assert server.get("/health").json()["kv_used"] == 0

@@ -1,0 +1,102 @@
+"""The default model, generated as one batch, is token-exact against Hugging Face transformers.
+
+transformers loads the same GGUF file (dequantized to float32) and generates greedily, one prompt
+at a time without padding; our engine generates all prompts together in one continuous batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.conftest import requires_default_model, requires_transformers
+
+pytestmark = [requires_default_model, requires_transformers]
+
+RAW = [
+    "The quick brown fox",
+    "In 1492, Columbus",
+    "def fibonacci(n):\n",
+    "Water boils at",
+]
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {
+            "role": "user",
+            "content": "List three primary colors and explain why each is called primary, in detail.",
+        },
+    ],
+    [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+]
+NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from transformers import AutoModelForCausalLM
+
+    from engine import LLM
+
+    llm = LLM(kv_tokens=4096, max_running=8)
+    path = llm.core.loaded.path
+    hf = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
+    return llm, hf
+
+
+def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = hf.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=n,
+            do_sample=False,
+            top_p=None,
+            top_k=None,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def test_greedy_batch_is_token_exact(engines):
+    from engine import SamplingParams
+
+    llm, hf = engines
+    tok = llm.tokenizer
+    prompts = [tok.encode(r) for r in RAW] + [tok.encode_chat(c) for c in CHATS]
+    assert len({len(p) for p in prompts}) >= 6, "prompts should be of mixed length"
+    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0))
+    llm.core.scheduler.check()
+    mismatches = []
+    for ids, out in zip(prompts, outs):
+        ref = hf_greedy(hf, ids, NEW_TOKENS)
+        if out.token_ids != ref:
+            mismatches.append((tok.decode(ids)[-40:], out.token_ids, ref))
+        # stopping agrees with the reference: both end at EOS or both run to the limit
+        assert out.finish_reason == ("stop" if ref[-1] in tok.stop_ids else "length")
+    assert not mismatches, mismatches
+    chat_answer = outs[len(RAW)]
+    assert chat_answer.text == "The capital of France is Paris."
+
+
+def test_logits_match_reference(engines):
+    """Full-sequence logits against transformers on prompt + generated text."""
+    llm, hf = engines
+    tok = llm.tokenizer
+    seqs = [tok.encode_chat(CHATS[2]), tok.encode(RAW[2] + "    if n <= 1:\n        return n\n")]
+    worst = 0.0
+    for ids in seqs:
+        ours = llm.core.sequence_logits(ids)
+        with torch.inference_mode():
+            ref = hf(torch.tensor([ids])).logits[0].float()
+        diff = (ours - ref).abs().max().item()
+        worst = max(worst, diff)
+        assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+    print(f"max abs logit diff vs transformers: {worst:.3e}")
+    assert worst < 1e-3

@@ -1,0 +1,78 @@
+"""EngineConfig: every bad field is named; unknown options are listed."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "rule"),
+    [
+        ("model", 5, "a path or None"),
+        ("dtype", "float16", "one of ('float32', 'bfloat16')"),
+        ("dtype", torch.float32, "one of ('float32', 'bfloat16')"),
+        ("kv_tokens", 0, "an integer >= 1"),
+        ("kv_tokens", -8, "an integer >= 1"),
+        ("kv_tokens", 1.5, "an integer >= 1"),
+        ("kv_tokens", True, "an integer >= 1"),
+        ("kv_tokens", "64", "an integer >= 1"),
+        ("max_running", 0, "an integer >= 1"),
+        ("max_running", None, "an integer >= 1"),
+        ("chunk_tokens", 0, "an integer >= 1"),
+        ("chunk_tokens", 2.0, "an integer >= 1"),
+        ("max_model_len", 0, "None or an integer >= 1"),
+        ("max_model_len", "4k", "None or an integer >= 1"),
+        ("attention_backend", 3, "a backend name"),
+        ("threads", 0, "None or an integer >= 1"),
+        ("threads", False, "None or an integer >= 1"),
+        ("seed", "x", "an integer"),
+        ("seed", 1.5, "an integer"),
+        ("seed", None, "an integer"),
+    ],
+)
+def test_bad_field_is_rejected_naming_it(field, value, rule):
+    with pytest.raises(ValueError, match="^" + re.escape(f"{field} must be {rule}, got {value!r}")):
+        EngineConfig(**{field: value})
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        EngineConfig.from_kwargs(**{field: value})
+
+
+def test_defaults_and_good_values_are_accepted():
+    c = EngineConfig()
+    assert c.dtype == "float32" and c.torch_dtype is torch.float32
+    c = EngineConfig.from_kwargs(
+        model="m.gguf", dtype="bfloat16", kv_tokens=1, max_running=1, chunk_tokens=1,
+        max_model_len=1, threads=1, seed=-7,
+    )  # fmt: skip
+    assert c.torch_dtype is torch.bfloat16
+    assert c.as_dict() == {
+        "model": "m.gguf",
+        "dtype": "bfloat16",
+        "kv_tokens": 1,
+        "max_running": 1,
+        "chunk_tokens": 1,
+        "max_model_len": 1,
+        "attention_backend": "torch",
+        "threads": 1,
+        "seed": -7,
+    }
+
+
+def test_validate_rechecks_after_mutation():
+    c = EngineConfig()
+    c.chunk_tokens = 0
+    with pytest.raises(ValueError, match="^chunk_tokens must be"):
+        c.validate()
+
+
+def test_from_kwargs_lists_unknown_options():
+    with pytest.raises(TypeError) as e:
+        EngineConfig.from_kwargs(kv_tokens=16, kv_tokns=16, batch=4)
+    msg = str(e.value)
+    assert msg.startswith("unknown engine option(s) ['batch', 'kv_tokns']")
+    assert "known:" in msg and "'kv_tokens'" in msg

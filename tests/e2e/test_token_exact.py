@@ -100,3 +100,17 @@ def test_logits_match_reference(engines):
         assert torch.equal(ours.argmax(-1), ref.argmax(-1))
     print(f"max abs logit diff vs transformers: {worst:.3e}")
     assert worst < 1e-3
+
+
+def test_bfloat16_mode_runs_in_bfloat16_and_answers():
+    """bfloat16 is the fast mode, not the exact one: same answer to a clear question, and the
+    model and KV pool really hold bfloat16."""
+    from engine import LLM, SamplingParams
+
+    llm = LLM(dtype="bfloat16", kv_tokens=2048, max_running=4)
+    assert llm.core.model.embed.dtype == torch.bfloat16
+    assert llm.core.kv.layers[0].k.dtype == torch.bfloat16
+    assert llm.core.kv.bytes_per_token == llm.core.model_config.kv_bytes_per_token(2)
+    out = llm.chat(CHATS[:1], SamplingParams(max_tokens=20, temperature=0))[0]
+    assert out.text == "The capital of France is Paris."
+    llm.core.scheduler.check()

@@ -22,7 +22,20 @@ ModelOpt = Annotated[
     ),
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 (exact) or bfloat16 (faster).")]
-KvOpt = Annotated[int, typer.Option("--kv-tokens", help="KV pool size, in tokens.")]
+KvOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--kv-tokens",
+        help="KV pool size in tokens. Default: a share of free memory (--kv-memory-fraction).",
+    ),
+]
+
+
+def default_log_file() -> str:
+    import datetime
+
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"logs/boot-{stamp}.jsonl"
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -113,7 +126,18 @@ def serve(
         typer.Option(help="Require `Authorization: Bearer KEY` on /v1/*.", envvar="ATTEST_API_KEY"),
     ] = None,
     dtype: DtypeOpt = "float32",
-    kv_tokens: KvOpt = 32768,
+    kv_tokens: KvOpt = None,
+    kv_memory_fraction: Annotated[
+        float,
+        typer.Option(
+            help="Share of available memory for the KV pool when --kv-tokens is not given."
+        ),
+    ] = 0.2,
+    page_size: Annotated[int, typer.Option(help="KV slots per page.")] = 1,
+    log_file: Annotated[
+        str | None,
+        typer.Option(help="Boot log of JSON receipts. Default: logs/boot-<UTC time>.jsonl."),
+    ] = None,
     max_running: Annotated[int, typer.Option(help="Requests decoding at once.")] = 64,
     chunk_tokens: Annotated[int, typer.Option(help="Prefill tokens per step.")] = 2048,
     max_model_len: Annotated[
@@ -132,7 +156,8 @@ def serve(
     try:
         cfg = EngineConfig(
             model=model, dtype=dtype, kv_tokens=kv_tokens, max_running=max_running,
-            chunk_tokens=chunk_tokens, max_model_len=max_model_len,
+            chunk_tokens=chunk_tokens, max_model_len=max_model_len, page_size=page_size,
+            kv_memory_fraction=kv_memory_fraction, log_file=log_file or default_log_file(),
         )  # fmt: skip
         core = EngineCore(cfg)
     except (ValueError, FileNotFoundError) as e:
@@ -146,8 +171,9 @@ def serve(
     )
     typer.echo(
         f"  KV pool {d['kv_tokens']:,} tokens x {d['kv_bytes_per_token']:,} B "
-        f"= {d['kv_pool_bytes'] / 2**20:,.0f} MiB; context {d['context']:,}"
+        f"= {d['kv_pool_bytes'] / 2**20:,.0f} MiB ({d['kv_sizing']}); context {d['context']:,}"
     )
+    typer.echo(f"  boot log {cfg.log_file}; audit it with: audit verdict {cfg.log_file}")
     uvicorn.run(create_app(core, name, api_key=api_key), host=host, port=port, log_level="warning")
 
 

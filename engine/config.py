@@ -12,13 +12,17 @@ DTYPES = ("float32", "bfloat16")
 class EngineConfig:
     model: str | None = None  # GGUF file or HF folder; None: the default model
     dtype: str = "float32"  # float32 is the exact mode; bfloat16 is about 2x faster here
-    kv_tokens: int = 32768  # KV pool size in tokens
+    kv_tokens: int | None = None  # KV pool size in tokens; None: a share of free memory
+    kv_memory_fraction: float = 0.2  # that share, when kv_tokens is None
+    page_size: int = 1  # KV slots per page
     max_running: int = 64  # requests decoding at once
     chunk_tokens: int = 2048  # prefill tokens per step (longer prompts are chunked)
     max_model_len: int | None = None  # context limit; None: the model's own
     attention_backend: str = "torch"
     threads: int | None = None  # torch intra-op threads; None: torch's default
     seed: int = 0  # seed of the shared generator used by unseeded sampling requests
+    log_file: str | None = None  # boot log (JSON receipts); None: receipts kept in memory only
+    console_receipts: bool = False  # also print receipts, pretty, on stderr
 
     def __post_init__(self) -> None:
         self.validate()
@@ -33,7 +37,17 @@ class EngineConfig:
 
         need(self.model is None or isinstance(self.model, str), "model", "a path or None")
         need(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
-        need(pos_int(self.kv_tokens), "kv_tokens", "an integer >= 1")
+        need(
+            self.kv_tokens is None or pos_int(self.kv_tokens),
+            "kv_tokens",
+            "None or an integer >= 1",
+        )
+        need(
+            isinstance(self.kv_memory_fraction, (int, float)) and 0 < self.kv_memory_fraction <= 0.9,
+            "kv_memory_fraction", "in (0, 0.9]",
+        )  # fmt: skip
+        need(pos_int(self.page_size), "page_size", "an integer >= 1")
+        need(self.log_file is None or isinstance(self.log_file, str), "log_file", "a path or None")
         need(pos_int(self.max_running), "max_running", "an integer >= 1")
         need(pos_int(self.chunk_tokens), "chunk_tokens", "an integer >= 1")
         need(

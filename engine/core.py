@@ -8,10 +8,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.mem.allocator import TokenAllocator
-from engine.mem.kv_pool import KVPool
+from engine.mem.kv_pool import KVPool, size_pool
 from engine.mem.req_table import ReqToTokenPool
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
+from engine.obs import schema
+from engine.obs.receipts import Receipts
 from engine.runner import BatchEntry, ModelRunner
 from engine.sched.scheduler import Scheduler
 from kernels.attention import get_backend
@@ -22,6 +24,10 @@ class EngineCore:
         t0 = time.perf_counter()
         config.validate()
         self.config = config
+        self.receipts = Receipts(
+            config.log_file, capture=config.log_file is None, console=config.console_receipts
+        )
+        self.receipts.emit(schema.BOOT_START, config=config.as_dict())
         if config.threads:
             torch.set_num_threads(config.threads)
         backend = get_backend(config.attention_backend)
@@ -32,16 +38,29 @@ class EngineCore:
         self.model = LlamaModel(cfg, self.loaded.weights, config.torch_dtype, backend)
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
         self.max_context = min(config.max_model_len or cfg.max_position, cfg.max_position)
-        self.kv = KVPool(
-            cfg.num_layers, config.kv_tokens, cfg.num_kv_heads, cfg.head_dim, config.torch_dtype
+        itemsize = torch.finfo(config.torch_dtype).bits // 8
+        self.sizing = size_pool(
+            config.kv_tokens,
+            config.kv_memory_fraction,
+            cfg.kv_bytes_per_token(itemsize),
+            config.page_size,
         )
-        self.allocator = TokenAllocator(config.kv_tokens)
+        self.allocator = TokenAllocator(self.sizing.kv_tokens, config.page_size)
+        self.kv = KVPool(
+            cfg.num_layers,
+            self.allocator.pool_slots,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            config.torch_dtype,
+        )
+        self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
         self.req_table = ReqToTokenPool(config.max_running + 1, self.max_context)
         self.runner = ModelRunner(self.model, self.kv, self.req_table)
         self.scheduler = Scheduler(
             config, self.runner, self.allocator, self.req_table, self.tokenizer, self.max_context
         )
         self.startup_seconds = time.perf_counter() - t0
+        self.receipts.emit(schema.BOOT_READY, startup_s=round(self.startup_seconds, 3))
 
     def sequence_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits [len, vocab] at every position of one sequence, in one prefill (for scoring
@@ -49,7 +68,7 @@ class EngineCore:
         if self.scheduler.has_work():
             raise RuntimeError("sequence_logits needs an idle engine")
         n = len(token_ids)
-        slots = self.allocator.alloc(n)
+        slots = self.allocator.alloc_extend(0, n, None)
         if slots is None:
             raise ValueError(
                 f"{n} tokens do not fit the KV pool ({self.allocator.available_size()} free)"
@@ -80,7 +99,9 @@ class EngineCore:
             "vocab": cfg.vocab_size,
             "context": self.max_context,
             "dtype": self.config.dtype,
-            "kv_tokens": self.config.kv_tokens,
+            "kv_tokens": self.allocator.capacity,
+            "kv_sizing": self.sizing.path,
+            "page_size": self.allocator.page_size,
             "kv_bytes_per_token": self.kv.bytes_per_token,
             "kv_pool_bytes": self.kv.total_bytes,
             "attention_backend": self.config.attention_backend,

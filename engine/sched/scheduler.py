@@ -84,7 +84,7 @@ class Scheduler:
             max_context=self.max_context,
             generator=make_generator(params.seed),
         )
-        if req.worst_case_tokens > self.allocator.capacity:
+        if self._pages(req.worst_case_tokens) * self.allocator.page_size > self.allocator.capacity:
             raise ValueError(
                 f"prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) needs "
                 f"{req.worst_case_tokens} KV slots; the pool has {self.allocator.capacity}"
@@ -117,15 +117,21 @@ class Scheduler:
             return self._decode(list(self.running))
         return []
 
+    def _pages(self, tokens: int) -> int:
+        return -(-tokens // self.allocator.page_size)
+
     def _reserved(self) -> int:
-        """Slots the running requests may still claim beyond what they hold."""
-        return sum(r.worst_case_tokens - r.kv_len for r in self.running)
+        """Tokens (whole pages) the running requests may still claim beyond what they hold."""
+        return self.allocator.page_size * sum(
+            self._pages(r.worst_case_tokens) - self._pages(r.kv_len) for r in self.running
+        )
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.config.max_running:
             req = self.waiting[0]
             fundable = self.allocator.available_size() - self._reserved()
-            if req.worst_case_tokens > fundable or self.req_table.available_rows() == 0:
+            need = self._pages(req.worst_case_tokens) * self.allocator.page_size
+            if need > fundable or self.req_table.available_rows() == 0:
                 return  # stays first in line; retried next step as running requests finish
             self.waiting.popleft()
             req.row = self.req_table.alloc()
@@ -133,7 +139,8 @@ class Scheduler:
             self.running.append(req)
 
     def _take_slots(self, req: Request, n: int) -> torch.Tensor:
-        slots = self.allocator.alloc(n)
+        last = int(self.req_table.table[req.row, req.kv_len - 1]) if req.kv_len else None
+        slots = self.allocator.alloc_extend(req.kv_len, n, last)
         if slots is None:  # admission reserved these; reaching here is a bookkeeping bug
             raise RuntimeError(
                 f"KV pool could not fund {n} slots for {req.rid} "
@@ -202,7 +209,7 @@ class Scheduler:
     def check(self) -> None:
         """Ledger: every in-use slot belongs to exactly one running request."""
         self.allocator.check()
-        held = sum(r.kv_len for r in self.running)
+        held = self.allocator.page_size * sum(self._pages(r.kv_len) for r in self.running)
         if held != self.allocator.used_size():
             raise AssertionError(
                 f"running requests hold {held} slots but the allocator has {self.allocator.used_size()} in use"

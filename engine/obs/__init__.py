@@ -1,0 +1,1 @@
+"""Observability: the receipt schema (torch-free), receipt emitters, tracing, metrics."""

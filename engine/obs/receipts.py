@@ -1,0 +1,145 @@
+"""Receipt emitters: one JSON line per decision, written through structlog with orjson.
+
+``Receipts.emit`` never raises into its caller: a failing sink is reported once on stderr and
+counted, and the engine goes on. Every receipt carries the common fields of the schema.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import structlog
+
+from engine.obs import schema
+
+
+def new_boot_id() -> str:
+    return "b-" + uuid.uuid4().hex[:8]
+
+
+class _LineWriter:
+    """A structlog logger that writes rendered bytes as one line each."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self._fh = fh
+
+    def msg(self, message: bytes) -> None:
+        self._fh.write(message + b"\n")
+        self._fh.flush()
+
+    info = msg
+
+
+def _orjson_serializer(obj: Any, **_: Any) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS, default=str)
+
+
+class Receipts:
+    """An emitter bound to one boot and one rank.
+
+    Sinks: a boot-log file (``path``), an open binary stream (``stream``), an in-memory list
+    (``capture=True``, for tests and diagnostics), and a human console renderer (``console``).
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        stream: IO[bytes] | None = None,
+        capture: bool = False,
+        console: bool = False,
+        boot: str | None = None,
+        rank: int = 0,
+    ) -> None:
+        self.boot = boot or new_boot_id()
+        self.rank = rank
+        self.iter = 0
+        self.seq = 0
+        self.records: list[dict[str, Any]] | None = [] if capture else None
+        self.failures = 0
+        self._once: set[str] = set()
+        self._lock = threading.Lock()
+        self._file: IO[bytes] | None = None
+        self._loggers: list[Any] = []
+        if path is not None:
+            p = Path(path)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self._file = p.open("ab")
+            self.path: Path | None = p
+        else:
+            self.path = None
+        for fh in (self._file, stream):
+            if fh is not None:
+                self._loggers.append(
+                    structlog.wrap_logger(
+                        _LineWriter(fh),
+                        processors=[
+                            structlog.processors.JSONRenderer(serializer=_orjson_serializer)
+                        ],
+                    )
+                )
+        if console:
+            self._loggers.append(
+                structlog.wrap_logger(
+                    structlog.PrintLogger(sys.stderr),
+                    processors=[structlog.dev.ConsoleRenderer(colors=False)],
+                )
+            )
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Write one receipt. Never raises. A receipt that fails still consumed its ``seq``, so
+        the log shows the loss as a gap."""
+        try:
+            with self._lock:
+                self.seq += 1
+                record = {
+                    "ts": round(time.time(), 6),
+                    "v": schema.SCHEMA_VERSION,
+                    "boot": self.boot,
+                    "rank": self.rank,
+                    "iter": self.iter,
+                    "seq": self.seq,
+                    **fields,
+                }
+                if event not in schema.CATALOG:
+                    raise KeyError(f"receipt kind {event!r} is not in the schema")
+                if self.records is not None:
+                    self.records.append({"event": event, **record})
+                for log in self._loggers:
+                    log.info(event, **record)
+        except Exception as e:  # an emitter must never take down what it observes
+            self.failures += 1
+            if self.failures == 1:
+                print(f"attest: receipt emitter failed ({type(e).__name__}: {e}); "
+                      "further failures are counted, not printed", file=sys.stderr)  # fmt: skip
+
+    def once(self, key: str, event: str, **fields: Any) -> bool:
+        """Emit only the first time ``key`` is seen; returns whether it emitted."""
+        if key in self._once:
+            return False
+        self._once.add(key)
+        self.emit(event, **fields)
+        return True
+
+    def notice(self, key: str, text: str, **fields: Any) -> bool:
+        return self.once("notice:" + key, schema.NOTICE, text=text, **fields)
+
+    def violation(self, what: str, **numbers: Any) -> bool:
+        """An invariant failed: said once per kind of failure."""
+        return self.once("violation:" + what, schema.INVARIANT_VIOLATION, what=what, **numbers)
+
+    def of(self, event: str) -> list[dict[str, Any]]:
+        """Captured receipts of one kind (capture mode only)."""
+        return [r for r in self.records or [] if r["event"] == event]
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            self._loggers = []

@@ -1,0 +1,96 @@
+"""The receipt catalog: every kind the engine may write and the fields it must carry.
+
+Shared by the engine (which writes receipts) and the auditor (which reads them), so it imports
+nothing heavier than the standard library. Grow it; never rename a kind or a field silently:
+a breaking change bumps SCHEMA_VERSION.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+
+# Fields every receipt carries. `seq` counts receipts per (boot, rank): a gap is a lost line.
+COMMON_FIELDS = ("ts", "event", "v", "boot", "rank", "iter", "seq")
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    name: str
+    fields: tuple[str, ...]  # required beyond the common ones
+    doc: str
+
+
+BOOT_START = "boot.start"
+BOOT_POOL_SIZED = "boot.pool_sized"
+BOOT_READY = "boot.ready"
+BOOT_STOP = "boot.stop"
+REQUEST_RECEIVED = "request.received"
+REQUEST_FINISH = "request.finish"
+REQUEST_ABORT = "request.abort"
+ADMISSION_ADMIT = "admission.admit"
+ADMISSION_PARK = "admission.park"
+ADMISSION_UNPARK = "admission.unpark"
+ADMISSION_DEFER = "admission.defer"
+EVICTION = "eviction"
+EVICTION_UNDER_DELIVERED = "eviction.under_delivered"
+ALLOC_FLUSH = "alloc.flush"
+ALLOC_RELIEF = "alloc.relief"
+ALLOC_RETRY = "alloc.retry"
+ALLOC_OOM = "alloc.oom"
+RELIEF_ENGAGE = "relief.engage"
+RELIEF_RUNG = "relief.rung"
+RETRACT = "retract"
+REQUEUE = "requeue"
+GROUP_FLOOR = "group.floor"
+ITERATION = "iteration"
+INVARIANT_VIOLATION = "invariant.violation"
+NOTICE = "notice"
+
+_CATALOG = (
+    Kind(BOOT_START, ("config",), "the engine starts; its whole configuration"),
+    Kind(BOOT_POOL_SIZED, ("path", "kv_tokens", "bytes_per_token", "page_size"),
+         "the KV pool was sized: path is 'configured' (a token count was given) or 'measured' "
+         "(from a memory budget), with the inputs of that path"),
+    Kind(BOOT_READY, ("startup_s",), "the engine accepts work"),
+    Kind(BOOT_STOP, ("reason", "in_flight"), "orderly shutdown"),
+    Kind(REQUEST_RECEIVED, ("rid", "prompt_tokens", "max_new_tokens"), "a request was handed in"),
+    Kind(REQUEST_FINISH, ("rid", "reason", "tokens"), "a request ended normally"),
+    Kind(REQUEST_ABORT, ("rid", "reason"), "a request ended abnormally"),
+    Kind(ADMISSION_ADMIT, ("rid", "tokens"), "a request or chunk was scheduled"),
+    Kind(ADMISSION_PARK, ("rid", "reason", "need", "fundable"), "a chunk could not be funded"),
+    Kind(ADMISSION_UNPARK, ("rid",), "a parked chunk was funded again"),
+    Kind(ADMISSION_DEFER, ("count", "reason"), "requests held back this iteration"),
+    Kind(EVICTION, ("reason", "asked", "evicted", "staged", "evictable_before", "evictable_after"),
+         "the prefix cache evicted"),
+    Kind(EVICTION_UNDER_DELIVERED, ("reason", "asked", "evicted", "evictable_before", "note"),
+         "eviction freed less than min(asked, evictable_before): the counter promised what the "
+         "actuator did not pay"),
+    Kind(ALLOC_FLUSH, ("need", "staged", "freed"), "staged frees applied at an allocation site"),
+    Kind(ALLOC_RELIEF, ("need", "freed"), "one bounded relief at an allocation site"),
+    Kind(ALLOC_RETRY, ("need", "ok"), "the allocation retried after relief"),
+    Kind(ALLOC_OOM, ("need", "available"), "the allocation failed after the net"),
+    Kind(RELIEF_ENGAGE, ("shortfall",), "the relief ladder engaged"),
+    Kind(RELIEF_RUNG, ("rung", "asked", "paid", "outcome"), "one rung of the ladder"),
+    Kind(RETRACT, ("rids", "tokens_freed"), "decode requests retracted"),
+    Kind(REQUEUE, ("rid",), "a retracted request was put back in line"),
+    Kind(GROUP_FLOOR, ("floor", "local"), "the published floor of a multi-rank group"),
+    Kind(ITERATION, ("running", "waiting"), "a sampled scheduler summary"),
+    Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
+    Kind(NOTICE, ("text",), "something said once"),
+)  # fmt: skip
+
+CATALOG: dict[str, Kind] = {k.name: k for k in _CATALOG}
+
+
+def missing_fields(event: str, fields: dict[str, object]) -> list[str]:
+    """Required fields of ``event`` absent from ``fields``; raises KeyError for an unknown kind."""
+    kind = CATALOG[event]
+    return [f for f in kind.fields if f not in fields]
+
+
+def known_field(event: str, field: str) -> bool:
+    """Whether a receipt of ``event`` may be selected on ``field`` (common or required)."""
+    kind = CATALOG.get(event)
+    return kind is not None and (field in COMMON_FIELDS or field in kind.fields)

@@ -21,6 +21,7 @@ class EngineConfig:
     attention_backend: str = "torch"
     threads: int | None = None  # torch intra-op threads; None: torch's default
     seed: int = 0  # seed of the shared generator used by unseeded sampling requests
+    check_invariants: bool = False  # check the ledger after every step and raise (tests)
     log_file: str | None = None  # boot log (JSON receipts); None: receipts kept in memory only
     console_receipts: bool = False  # also print receipts, pretty, on stderr
 
@@ -47,6 +48,7 @@ class EngineConfig:
             "kv_memory_fraction", "in (0, 0.9]",
         )  # fmt: skip
         need(pos_int(self.page_size), "page_size", "an integer >= 1")
+        need(isinstance(self.check_invariants, bool), "check_invariants", "a boolean")
         need(self.log_file is None or isinstance(self.log_file, str), "log_file", "a path or None")
         need(pos_int(self.max_running), "max_running", "an integer >= 1")
         need(pos_int(self.chunk_tokens), "chunk_tokens", "an integer >= 1")

@@ -57,7 +57,13 @@ class EngineCore:
         self.req_table = ReqToTokenPool(config.max_running + 1, self.max_context)
         self.runner = ModelRunner(self.model, self.kv, self.req_table)
         self.scheduler = Scheduler(
-            config, self.runner, self.allocator, self.req_table, self.tokenizer, self.max_context
+            config,
+            self.runner,
+            self.allocator,
+            self.req_table,
+            self.tokenizer,
+            self.max_context,
+            self.receipts,
         )
         self.startup_seconds = time.perf_counter() - t0
         self.receipts.emit(schema.BOOT_READY, startup_s=round(self.startup_seconds, 3))

@@ -19,3 +19,10 @@ requires_default_model = pytest.mark.skipif(
 requires_transformers = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None, reason="transformers not installed"
 )
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    from tests.tiny_model import make_tiny_model
+
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny-llama")))

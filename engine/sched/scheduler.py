@@ -18,9 +18,11 @@ import torch
 
 from engine.config import EngineConfig
 from engine.mem.allocator import TokenAllocator
+from engine.mem.ledger import ledger_violations
 from engine.mem.req_table import ReqToTokenPool
 from engine.model.detok import IncrementalDetokenizer
 from engine.model.tokenizer import Tokenizer
+from engine.obs.receipts import Receipts
 from engine.runner import BatchEntry, ModelRunner
 from engine.sampling import SamplingParams, make_generator, sample
 from engine.sched.request import Request, State
@@ -44,7 +46,10 @@ class Scheduler:
         req_table: ReqToTokenPool,
         tokenizer: Tokenizer,
         max_context: int,
+        receipts: Receipts | None = None,
     ) -> None:
+        self.receipts = receipts or Receipts()
+        self._was_busy = False
         self.config = config
         self.runner = runner
         self.allocator = allocator
@@ -109,13 +114,21 @@ class Scheduler:
     # -- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[StepOutput]:
+        self.receipts.iter += 1
         self._admit()
         prefill = [r for r in self.running if r.prefilling]
         if prefill:
-            return self._prefill(prefill)
-        if self.running:
-            return self._decode(list(self.running))
-        return []
+            outs = self._prefill(prefill)
+        elif self.running:
+            outs = self._decode(list(self.running))
+        else:
+            outs = []
+        if self.config.check_invariants:
+            self.check()
+        elif self._was_busy and not self.has_work():
+            self.audit_idle()  # production: the ledger is checked whenever the engine goes idle
+        self._was_busy = self.has_work()
+        return outs
 
     def _pages(self, tokens: int) -> int:
         return -(-tokens // self.allocator.page_size)
@@ -206,11 +219,25 @@ class Scheduler:
         req.state = State.FINISHED
         self.requests.pop(req.rid, None)
 
+    def _private_tokens(self) -> int:
+        return self.allocator.page_size * sum(self._pages(r.kv_len) for r in self.running)
+
+    def violations(self) -> list[tuple[str, dict[str, object]]]:
+        """Broken memory invariants, each reported once per kind as a receipt."""
+        found = ledger_violations(self.allocator, None, self._private_tokens())
+        for what, numbers in found:
+            self.receipts.violation(what, **numbers)
+        return found
+
+    def audit_idle(self) -> None:
+        """The idle-time check: receipts only, never an exception into the serving loop."""
+        try:
+            self.violations()
+        except Exception as e:  # a diagnostic must not raise into what it observes
+            self.receipts.notice("idle_check_failed", f"idle ledger check failed: {e}")
+
     def check(self) -> None:
-        """Ledger: every in-use slot belongs to exactly one running request."""
-        self.allocator.check()
-        held = self.allocator.page_size * sum(self._pages(r.kv_len) for r in self.running)
-        if held != self.allocator.used_size():
-            raise AssertionError(
-                f"running requests hold {held} slots but the allocator has {self.allocator.used_size()} in use"
-            )
+        """Check mode: the ledger balances and each structure's own check passes, else raise."""
+        found = self.violations()
+        if found:
+            raise AssertionError(f"memory invariants violated: {found}")

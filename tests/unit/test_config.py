@@ -66,6 +66,7 @@ def test_defaults_and_good_values_are_accepted():
         "attention_backend": "torch",
         "threads": 1,
         "seed": -7,
+        "check_invariants": False,
         "log_file": None,
         "console_receipts": False,
     }

@@ -21,7 +21,10 @@ class EngineConfig:
     attention_backend: str = "torch"
     threads: int | None = None  # torch intra-op threads; None: torch's default
     seed: int = 0  # seed of the shared generator used by unseeded sampling requests
+    prefix_cache: bool = True  # reuse cached prefixes through the radix cache
+    iteration_receipt_interval: int = 50  # an `iteration` summary receipt every N steps; 0: off
     check_invariants: bool = False  # check the ledger after every step and raise (tests)
+    receipts: bool = True  # False: write no receipts at all (for the on/off benchmark)
     log_file: str | None = None  # boot log (JSON receipts); None: receipts kept in memory only
     console_receipts: bool = False  # also print receipts, pretty, on stderr
 
@@ -49,6 +52,12 @@ class EngineConfig:
         )  # fmt: skip
         need(pos_int(self.page_size), "page_size", "an integer >= 1")
         need(isinstance(self.check_invariants, bool), "check_invariants", "a boolean")
+        need(isinstance(self.prefix_cache, bool), "prefix_cache", "a boolean")
+        need(isinstance(self.receipts, bool), "receipts", "a boolean")
+        need(
+            isinstance(self.iteration_receipt_interval, int) and self.iteration_receipt_interval >= 0,
+            "iteration_receipt_interval", "an integer >= 0",
+        )  # fmt: skip
         need(self.log_file is None or isinstance(self.log_file, str), "log_file", "a path or None")
         need(pos_int(self.max_running), "max_running", "an integer >= 1")
         need(pos_int(self.chunk_tokens), "chunk_tokens", "an integer >= 1")

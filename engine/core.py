@@ -15,6 +15,7 @@ from engine.model.loader import LoadedModel, load_model
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.runner import BatchEntry, ModelRunner
+from engine.sched.admission import running_ceiling
 from engine.sched.scheduler import Scheduler
 from kernels.attention import get_backend
 
@@ -24,8 +25,12 @@ class EngineCore:
         t0 = time.perf_counter()
         config.validate()
         self.config = config
+        # without a boot log, the newest receipts are kept in memory (bounded) for inspection
         self.receipts = Receipts(
-            config.log_file, capture=config.log_file is None, console=config.console_receipts
+            config.log_file if config.receipts else None,
+            capture=config.receipts and config.log_file is None,
+            console=config.receipts and config.console_receipts,
+            enabled=config.receipts,
         )
         self.receipts.emit(schema.BOOT_START, config=config.as_dict())
         if config.threads:
@@ -54,7 +59,7 @@ class EngineCore:
             config.torch_dtype,
         )
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
-        self.req_table = ReqToTokenPool(config.max_running + 1, self.max_context)
+        self.req_table = ReqToTokenPool(running_ceiling(config.max_running), self.max_context)
         self.runner = ModelRunner(self.model, self.kv, self.req_table)
         self.scheduler = Scheduler(
             config,

@@ -94,8 +94,19 @@ class TokenAllocator:
         if extend < 0 or held < 0:
             raise ValueError(f"alloc_extend: held {held} and extend {extend} must be >= 0")
         room = (-held) % self.page_size
-        if room and last_slot is None:
-            raise ValueError("alloc_extend: a partial last page needs its last slot")
+        if room:
+            if last_slot is None:
+                raise ValueError("alloc_extend: a partial last page needs its last slot")
+            page = last_slot // self.page_size
+            if (
+                last_slot % self.page_size != (held - 1) % self.page_size
+                or not 0 < page <= self.num_pages
+                or int(self._state[page]) != IN_USE
+            ):
+                raise ValueError(
+                    f"alloc_extend: last slot {last_slot} is not token {held - 1} of an "
+                    "allocated page"
+                )
         pages = self._take_pages(self.pages_needed(held, extend))
         if pages is None:
             return None
@@ -176,6 +187,13 @@ class TokenAllocator:
 
     def check(self) -> None:
         """Conservation: free + staged + in use == capacity, each page in exactly one state."""
+        if int(self._state[0]) != IN_USE:
+            raise AssertionError("allocator: the padding page 0 is no longer reserved")
+        listed = sum(int(p.numel()) for p in self._staged)
+        if listed != self._staged_pages:
+            raise AssertionError(
+                f"allocator: staged list holds {listed} pages, counter says {self._staged_pages}"
+            )
         counts = torch.bincount(self._state[1:].to(torch.int64), minlength=3).tolist()
         free, in_use, staged = counts[FREE], counts[IN_USE], counts[STAGED]
         ps = self.page_size

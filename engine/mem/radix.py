@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -101,6 +102,7 @@ class RadixCache:
         self._total = 0
         # lazy LRU heap of (last_access, tick, node); stale entries are skipped on pop
         self._heap: list[tuple[float, int, TreeNode]] = []
+        self._last_stamp = -math.inf
 
     # -- counters -----------------------------------------------------------------------------
 
@@ -122,6 +124,12 @@ class RadixCache:
         return n - n % self.page_size
 
     def _touch(self, node: TreeNode, now: float) -> None:
+        # Stamps are strictly increasing: a heap entry is current only if its stamp is still the
+        # node's, so a clock that repeats a reading (a coarse one) must not make an older entry
+        # of a re-touched node pass for the newer one and invert the LRU order.
+        if now <= self._last_stamp:
+            now = math.nextafter(self._last_stamp, math.inf)
+        self._last_stamp = now
         node.last_access = now
         if not node.children and node.lock_ref == 0:
             heapq.heappush(self._heap, (now, next(self._tick), node))

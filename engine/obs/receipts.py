@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
@@ -17,6 +18,8 @@ import orjson
 import structlog
 
 from engine.obs import schema
+
+CAPTURE_LIMIT = 200_000
 
 
 def new_boot_id() -> str:
@@ -52,16 +55,20 @@ class Receipts:
         path: str | Path | None = None,
         *,
         stream: IO[bytes] | None = None,
-        capture: bool = False,
+        capture: bool | int = False,
         console: bool = False,
         boot: str | None = None,
         rank: int = 0,
+        enabled: bool = True,
     ) -> None:
         self.boot = boot or new_boot_id()
         self.rank = rank
         self.iter = 0
         self.seq = 0
-        self.records: list[dict[str, Any]] | None = [] if capture else None
+        self.enabled = enabled  # False: nothing is written (the receipts-off benchmark arm)
+        # capture keeps the newest receipts in memory: True keeps CAPTURE_LIMIT, an int that many
+        limit = CAPTURE_LIMIT if capture is True else int(capture)
+        self.records: deque[dict[str, Any]] | None = deque(maxlen=limit) if capture else None
         self.failures = 0
         self._once: set[str] = set()
         self._lock = threading.Lock()
@@ -95,6 +102,8 @@ class Receipts:
     def emit(self, event: str, **fields: Any) -> None:
         """Write one receipt. Never raises. A receipt that fails still consumed its ``seq``, so
         the log shows the loss as a gap."""
+        if not self.enabled:
+            return
         try:
             with self._lock:
                 self.seq += 1

@@ -5,16 +5,21 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.model.detok import IncrementalDetokenizer
 from engine.sampling import SamplingParams
 
+if TYPE_CHECKING:
+    from engine.mem.radix import TreeNode
+
 
 class State(enum.Enum):
-    WAITING = "waiting"  # not yet admitted: holds no memory
-    RUNNING = "running"  # holds a request row and KV slots (prefilling or decoding)
+    WAITING = "waiting"  # in line: holds no memory (a retracted request comes back here)
+    RUNNING = "running"  # holds a request row and KV (prefilling or decoding)
+    PARKED = "parked"  # mid-prefill, holds its KV, got zero tokens this round; retried next
     FINISHED = "finished"
 
 
@@ -27,14 +32,22 @@ class Request:
     stop_ids: frozenset[int]  # tokens that end generation unless ignore_eos
     max_context: int  # prompt + output may not exceed this
     generator: torch.Generator | None = None
+    trace_id: str | None = None
     output_ids: list[int] = field(default_factory=list)
     state: State = State.WAITING
     row: int | None = None
     kv_len: int = 0  # tokens whose K/V are in the pool: [0, kv_len)
+    cached_len: int = 0  # [0, cached_len) are owned by the prefix cache, locked by this request
+    prefix_node: TreeNode | None = None  # the locked node covering [0, cached_len)
+    prefill_target: int = 0  # prefill runs until kv_len reaches this (set at admission)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (first admission)
+    parks: int = 0
+    retractions: int = 0
     finish_reason: str | None = None
     text: str = ""  # output text, stop string removed
     emitted: int = 0  # characters of `text` handed to the caller so far
     arrival: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None
     first_token_time: float | None = None
 
     @property
@@ -42,8 +55,13 @@ class Request:
         return len(self.prompt_ids)
 
     @property
+    def fill_ids(self) -> list[int]:
+        """Every token whose K/V the request needs: prompt, then what it generated."""
+        return self.prompt_ids + self.output_ids
+
+    @property
     def prefilling(self) -> bool:
-        return self.kv_len < self.prompt_len
+        return self.kv_len < self.prefill_target
 
     @property
     def worst_case_tokens(self) -> int:

@@ -123,6 +123,7 @@ def create_app(
                     return _error(str(item), status)
                 text.append(item.text_delta)
                 n_out += len(item.new_token_ids)
+                sub.cached = item.cached_tokens
                 if item.finished:
                     reason = item.finish_reason
                     break
@@ -250,6 +251,7 @@ async def _stream(
                 break
             assert isinstance(item, StepOutput)
             n_out += len(item.new_token_ids)
+            sub.cached = item.cached_tokens
             if item.text_delta or item.finished:
                 yield _sse(chunk(item.text_delta, item.finish_reason if item.finished else None))
             if item.finished:

@@ -55,11 +55,16 @@ class EngineDriver:
 
     def stats(self) -> dict[str, int]:
         s = self.core.scheduler
+        alloc, cache = self.core.allocator, s.cache
         return {
             "running": len(s.running),
             "waiting": len(s.waiting),
-            "kv_used": self.core.allocator.used_size(),
-            "kv_total": self.core.allocator.capacity,
+            # held by requests (their private pages and the cached prefixes they lock)
+            "kv_used": alloc.used_size() - cache.evictable_size(),
+            "kv_cached": cache.total_size(),  # prefix cache, reusable
+            "kv_evictable": cache.evictable_size(),
+            "kv_free": alloc.available_size(),
+            "kv_total": alloc.capacity,
         }
 
     def _deliver(self, sub: Submission, item: object) -> None:

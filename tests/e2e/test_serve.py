@@ -78,7 +78,19 @@ def test_chat_completion_answers_and_counts_usage(server):
     assert body["choices"][0]["finish_reason"] == "stop"
     u = body["usage"]
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
-    assert u["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_a_repeated_prompt_reports_cached_tokens(server):
+    req = {
+        "prompt": "Tell me something about the tides and the moon.",
+        "max_tokens": 3,
+        "temperature": 0,
+    }
+    first = server.post("/v1/completions", json=req).json()["usage"]
+    second = server.post("/v1/completions", json=req).json()["usage"]
+    assert first["prompt_tokens"] == second["prompt_tokens"]
+    # the whole prompt but its last token comes from the prefix cache the second time
+    assert second["prompt_tokens_details"]["cached_tokens"] == second["prompt_tokens"] - 1
 
 
 def test_content_parts_equal_plain_string(server):

@@ -66,7 +66,10 @@ def test_defaults_and_good_values_are_accepted():
         "attention_backend": "torch",
         "threads": 1,
         "seed": -7,
+        "prefix_cache": True,
+        "iteration_receipt_interval": 50,
         "check_invariants": False,
+        "receipts": True,
         "log_file": None,
         "console_receipts": False,
     }

@@ -1,0 +1,112 @@
+"""Admission decisions as pure functions over plain numbers (wired in scheduler.py, once).
+
+The round's budget is the local term -- available + evictable - what running decodes will
+still need - what this round already took -- bounded by the published floor (minus the same
+offset) when the group published one. A chunk takes what that budget funds, up to the nominal
+chunk; below one page it parks: zero tokens scheduled, the request kept, retried next round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# The one request allowed to be mid-prefill beyond --max-running: every check of the running
+# ceiling uses this constant, so "max_running + 1" is written in exactly one place.
+MAX_INFLIGHT_CHUNKED = 1
+
+
+def running_ceiling(max_running: int) -> int:
+    return max_running + MAX_INFLIGHT_CHUNKED
+
+
+@dataclass(slots=True)
+class Budget:
+    """The inputs of one round's admission decisions (they go into the receipts)."""
+
+    local_avail: int  # the allocator's available tokens
+    evictable: int  # the prefix cache's evictable tokens
+    decode_reserve: int  # tokens running decodes are expected to need (new-token ratio)
+    floor: int | None  # the group's published floor; None when none was published
+    offset: int = 0  # what this round's admissions already took
+
+    @property
+    def local_term(self) -> int:
+        return self.local_avail + self.evictable - self.decode_reserve - self.offset
+
+    @property
+    def remaining(self) -> int:
+        """Tokens the next admission may take. The floor bounds the local term, never raises it."""
+        if self.floor is None:
+            return self.local_term
+        return min(self.local_term, self.floor - self.offset)
+
+    def spend(self, tokens: int) -> None:
+        self.offset += tokens
+
+    def as_fields(self) -> dict[str, int | None]:
+        d = asdict(self)
+        d["remaining"] = self.remaining
+        return d
+
+
+@dataclass(slots=True, frozen=True)
+class Admit:
+    tokens: int  # new tokens scheduled for this request in this round
+    pages: int  # fresh pages they need
+
+
+@dataclass(slots=True, frozen=True)
+class Park:
+    reason: str  # "below_page": the budget cannot fund one page
+    need: int  # tokens the request still wants prefilled
+    fundable: int  # tokens the budget could fund
+
+
+def plan_chunk(
+    *, held: int, remaining: int, chunk_tokens: int, budget: int, page_size: int
+) -> Admit | Park:
+    """The chunk a request may take this round.
+
+    ``held``: tokens it already has in the pool (its last page may have room left);
+    ``remaining``: tokens it still wants prefilled; ``budget``: tokens the round can fund.
+    A chunk that stops short of the end stops on a page boundary.
+    """
+    if remaining <= 0:
+        raise ValueError(f"plan_chunk: nothing to prefill (remaining={remaining})")
+    room = (-held) % page_size  # free slots in the request's partial last page
+    fundable = room + max(0, budget) // page_size * page_size
+    take = min(remaining, chunk_tokens, fundable)
+    if take < remaining:
+        take = (held + take) // page_size * page_size - held  # end the chunk on a page boundary
+    if take <= 0:
+        return Park("below_page", need=remaining, fundable=max(0, fundable))
+    pages = -(-max(0, take - room) // page_size)
+    return Admit(take, pages)
+
+
+@dataclass(slots=True)
+class NewTokenRatio:
+    """How much of their remaining max_tokens running decodes are expected to still use.
+
+    Starts optimistic-but-safe, decays each decode step towards ``minimum`` (requests usually stop
+    early), and jumps back up on a retraction (the estimate was too low)."""
+
+    value: float = 0.7
+    minimum: float = 0.1
+    decay: float = 0.001
+
+    def step(self) -> None:
+        self.value = max(self.minimum, self.value - self.decay)
+
+    def on_retract(self, decoded: int, remaining_max: int, retracted: int) -> tuple[float, float]:
+        """Raise the ratio after a retraction; returns (old, new)."""
+        old = self.value
+        estimate = (decoded + 2 * retracted) / max(1, decoded + remaining_max)
+        self.value = min(1.0, max(old, estimate, old + 0.1))
+        return old, self.value
+
+
+def decode_reserve(remaining_max: list[int], ratio: float, clip: int = 4096) -> int:
+    """Tokens the running decodes are expected to need: each request's remaining max_tokens
+    (clipped) times the ratio, rounded up."""
+    return sum(-(-int(min(r, clip) * ratio * 1000) // 1000) for r in remaining_max)

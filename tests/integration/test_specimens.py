@@ -1,0 +1,220 @@
+"""The field notes' specimens, reproduced in-process, and one decision test per receipt kind:
+each receipt carries the inputs of its decision."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.sched.group import FixedFloor
+from engine.sched.scheduler import KVPoolExhausted
+
+
+def tiny(tiny_model_dir, **kw):
+    kw.setdefault("check_invariants", True)
+    return LLM(model=tiny_model_dir, **kw)
+
+
+def run(llm, prompts, **params):
+    params.setdefault("ignore_eos", True)
+    params.setdefault("temperature", 0)
+    return llm.generate(prompts, SamplingParams(**params))
+
+
+# -- a zero budget never schedules a chunk ---------------------------------------------------
+
+
+def test_a_published_floor_of_zero_admits_nothing_and_says_why(tiny_model_dir):
+    llm = tiny(tiny_model_dir, kv_tokens=1024)
+    sched = llm.core.scheduler
+    sched.group = FixedFloor(0)
+    req = sched.add_request([5] * 20, SamplingParams(max_tokens=4, ignore_eos=True))
+    for _ in range(3):
+        assert sched.step() == []
+    assert req.row is None and sched.waiting[0] is req
+    defer = llm.core.receipts.of("admission.defer")[-1]
+    assert defer["reason"] == "budget" and defer["floor"] == 0 and defer["remaining"] == 0
+    assert defer["local_avail"] == 1024  # the local pool had room: the floor is what bound
+    floors = llm.core.receipts.of("group.floor")
+    assert floors and floors[-1]["floor"] == 0
+    sched.group = FixedFloor(None)  # no floor published: the local term decides alone
+    while sched.has_work():
+        sched.step()
+    assert req.finish_reason == "length"
+
+
+def test_an_inflight_chunk_parks_at_zero_budget_and_resumes(tiny_model_dir):
+    llm = tiny(tiny_model_dir, kv_tokens=1024, chunk_tokens=8, page_size=4)
+    sched = llm.core.scheduler
+    req = sched.add_request(list(range(2, 40)), SamplingParams(max_tokens=3, ignore_eos=True))
+    sched.step()  # first chunk of 8
+    assert req.kv_len == 8 and req.prefilling
+    sched.group = FixedFloor(0)
+    sched.step()
+    assert req.state.value == "parked" and req.kv_len == 8  # zero tokens scheduled, kept
+    park = llm.core.receipts.of("admission.park")[0]
+    assert park == park | {
+        "rid": req.rid,
+        "reason": "below_page",
+        "need": 30,
+        "fundable": 0,
+        "floor": 0,
+    }
+    sched.step()
+    assert len(llm.core.receipts.of("admission.park")) == 1  # parked once, not once per round
+    sched.group = FixedFloor(None)
+    while sched.has_work():
+        sched.step()
+    unpark = llm.core.receipts.of("admission.unpark")[0]
+    assert unpark["rid"] == req.rid and unpark["tokens"] == 8
+    assert req.finish_reason == "length" and req.parks == 1
+    finish = llm.core.receipts.of("request.finish")[0]
+    assert finish["parks"] == 1 and finish["tokens"] == 3
+
+
+# -- the allocation-site net ------------------------------------------------------------------
+
+
+def exhaust(llm):
+    """Take every free page away from the scheduler, as another tenant of the pool would."""
+    alloc = llm.core.allocator
+    return alloc.alloc(alloc.available_size())
+
+
+def test_the_net_flushes_staged_frees_before_giving_up(tiny_model_dir):
+    llm = tiny(tiny_model_dir, kv_tokens=256, page_size=4)
+    sched, alloc = llm.core.scheduler, llm.core.allocator
+    sched.add_request([7] * 10, SamplingParams(max_tokens=6, ignore_eos=True))
+    sched.step()  # prefill: 10 tokens on 3 pages, last page half full
+    held = exhaust(llm)
+    alloc.free_group_begin()
+    alloc.free(held[:8])  # two pages freed, but only staged
+    assert alloc.available_size() == 0 and alloc.staged_size() == 8
+    sched.config.check_invariants = False  # `held` is outside the ledger during this test
+    sched.step()
+    sched.step()  # decode at 11 and 12 fill the page; 13 needs a fresh page: only staged ones exist
+    sched.step()
+    r = llm.core.receipts
+    flush = r.of("alloc.flush")[0]
+    assert flush["staged"] == 8 and flush["freed"] == 8 and flush["need"] == 4
+    assert r.of("alloc.retry")[0]["ok"] is True
+    assert not r.of("alloc.oom")
+    assert alloc.group_open  # the caller's group is still open ...
+    assert alloc.free_group_end() == 0  # ... and closing it frees nothing twice
+    alloc.free(held[8:])
+    while sched.has_work():
+        sched.step()
+    sched.check()
+
+
+def test_the_net_retries_with_relieved_memory_instead_of_raising(tiny_model_dir):
+    llm = tiny(tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False)
+    sched, alloc = llm.core.scheduler, llm.core.allocator
+    req = sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
+    sched.step()
+    held = exhaust(llm)
+    asked = []
+
+    def give_back(n):
+        asked.append(n)
+        alloc.free(held[:n])
+        return n
+
+    sched.relief.register("test-tenant", give_back)
+    sched.step()  # token 13 needs a fresh page; the relief pays it
+    r = llm.core.receipts
+    relief = r.of("alloc.relief")[0]
+    assert relief["need"] == 4 and relief["relieved"] == 4 and asked == [4]
+    assert r.of("alloc.retry")[0]["ok"] is True and not r.of("alloc.oom")
+    assert len(req.output_ids) == 2
+
+
+def test_an_empty_net_raises_the_original_error_with_the_numbers(tiny_model_dir):
+    llm = tiny(tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False)
+    sched = llm.core.scheduler
+    sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
+    sched.step()
+    exhaust(llm)
+    with pytest.raises(KVPoolExhausted, match="cannot fund 4 tokens .* available 0"):
+        sched.step()
+    r = llm.core.receipts
+    assert [x["text"] for x in r.of("notice")] == [
+        "no relief provider is registered at the allocation site: admission is the whole guarantee"
+    ]
+    oom = r.of("alloc.oom")[0]
+    assert oom["need"] == 4 and oom["available"] == 0 and oom["capacity"] == 128
+    assert r.of("alloc.retry")[0]["ok"] is False
+
+
+# -- decisions carry their inputs ------------------------------------------------------------
+
+
+def test_admit_receipt_names_its_budget_inputs_and_prefix_hit(tiny_model_dir):
+    llm = tiny(tiny_model_dir, kv_tokens=512, page_size=4)
+    prompt = list(range(2, 30))
+    run(llm, [prompt], max_tokens=2)
+    run(llm, [prompt + [40, 41]], max_tokens=2)
+    first, second = llm.core.receipts.of("admission.admit")
+    for a in (first, second):
+        for k in (
+            "local_avail",
+            "evictable",
+            "decode_reserve",
+            "floor",
+            "offset",
+            "remaining",
+            "tokens",
+            "pages",
+        ):
+            assert k in a
+    assert first["prefix_hit"] == 0 and first["tokens"] == 28 and first["local_avail"] == 512
+    assert second["prefix_hit"] == 28 and second["tokens"] == 2  # served from the prefix cache
+    finish = llm.core.receipts.of("request.finish")[1]
+    assert finish["cached"] == 28 and finish["prompt_tokens"] == 30
+    for k in ("queue_s", "ttft_s", "e2e_s", "parks", "retractions", "reason"):
+        assert k in finish
+    assert 0 <= finish["queue_s"] <= finish["ttft_s"] <= finish["e2e_s"]
+
+
+def test_retract_and_requeue_receipts_name_victims_and_ratio(tiny_model_dir):
+    # two requests that fit together at first, then outgrow the pool while decoding
+    llm = tiny(tiny_model_dir, kv_tokens=64, chunk_tokens=64)
+    outs = run(llm, [[3] * 20, [4] * 10], max_tokens=30)
+    assert [len(o.token_ids) for o in outs] == [30, 30]
+    r = llm.core.receipts
+    retract = r.of("retract")[0]
+    assert retract["ratio_new"] > retract["ratio_old"] and retract["tokens_freed"] > 0
+    # the decision's inputs are in the receipt: candidates in retraction order, fewest
+    # generated first, ties by the longest prompt; the victims are a prefix of them
+    cands = retract["candidates"]
+    assert cands == sorted(cands, key=lambda c: (c[1], -c[2]))
+    assert retract["rids"] == [c[0] for c in cands[: len(retract["rids"])]]
+    assert len(retract["rids"]) < len(cands)  # never the last running request
+    assert retract["need"] > retract["available"] and retract["evictable"] == 0
+    retracted = [rid for x in r.of("retract") for rid in x["rids"]]
+    assert [q["rid"] for q in r.of("requeue")] == retracted  # every retraction is requeued
+
+
+def test_iteration_receipt_is_sampled_at_the_interval(tiny_model_dir):
+    llm = tiny(tiny_model_dir, kv_tokens=512, iteration_receipt_interval=5)
+    run(llm, [[3, 4, 5]], max_tokens=12)
+    its = llm.core.receipts.of("iteration")
+    assert [r["iter"] for r in its] == [5, 10]
+    for k in ("running", "waiting", "parked", "token_usage", "avail", "evictable", "staged"):
+        assert k in its[0]
+
+
+def test_abort_frees_memory_and_says_why(tiny_model_dir):
+    llm = tiny(tiny_model_dir, kv_tokens=512)
+    sched = llm.core.scheduler
+    req = sched.add_request([3] * 30, SamplingParams(max_tokens=50, ignore_eos=True))
+    sched.step()
+    sched.step()
+    assert sched.abort(req.rid, reason="client_disconnect")
+    abort = llm.core.receipts.of("request.abort")[0]
+    assert (
+        abort["rid"] == req.rid and abort["reason"] == "client_disconnect" and abort["tokens"] == 2
+    )
+    assert sched.cache.protected_size() == 0 and not sched.running
+    assert llm.core.allocator.available_size() + sched.cache.evictable_size() == 512
+    assert not sched.abort(req.rid)  # a finished request cannot be aborted twice

@@ -143,6 +143,22 @@ def serve(
     max_model_len: Annotated[
         int | None, typer.Option(help="Context limit (default: the model's).")
     ] = None,
+    prefix_cache: Annotated[
+        bool, typer.Option(help="Reuse cached prompt prefixes (radix cache).")
+    ] = True,
+    attention_backend: Annotated[str, typer.Option(help="Attention kernels: torch.")] = "torch",
+    threads: Annotated[int | None, typer.Option(help="Torch CPU threads.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for unseeded sampling.")] = 0,
+    iteration_receipt_interval: Annotated[
+        int, typer.Option(help="An `iteration` summary receipt every N steps; 0: off.")
+    ] = 50,
+    receipts: Annotated[bool, typer.Option(help="Write receipts at all.")] = True,
+    console_receipts: Annotated[
+        bool, typer.Option(help="Also print receipts, pretty, on stderr.")
+    ] = False,
+    check_invariants: Annotated[
+        bool, typer.Option(help="Check the memory ledger after every step (slow; for tests).")
+    ] = False,
 ) -> None:
     """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models)."""
     from pathlib import Path
@@ -158,6 +174,9 @@ def serve(
             model=model, dtype=dtype, kv_tokens=kv_tokens, max_running=max_running,
             chunk_tokens=chunk_tokens, max_model_len=max_model_len, page_size=page_size,
             kv_memory_fraction=kv_memory_fraction, log_file=log_file or default_log_file(),
+            prefix_cache=prefix_cache, attention_backend=attention_backend, threads=threads,
+            seed=seed, iteration_receipt_interval=iteration_receipt_interval, receipts=receipts,
+            console_receipts=console_receipts, check_invariants=check_invariants,
         )  # fmt: skip
         core = EngineCore(cfg)
     except (ValueError, FileNotFoundError) as e:
@@ -175,6 +194,41 @@ def serve(
     )
     typer.echo(f"  boot log {cfg.log_file}; audit it with: audit verdict {cfg.log_file}")
     uvicorn.run(create_app(core, name, api_key=api_key), host=host, port=port, log_level="warning")
+
+
+@app.command()
+def bench(
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Offline throughput (the only mode so far).")
+    ] = True,
+    model: ModelOpt = None,
+    num_prompts: Annotated[int, typer.Option(help="Prompts in the batch.")] = 32,
+    prompt_len: Annotated[int, typer.Option(help="Tokens per prompt.")] = 128,
+    output_len: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 64,
+    runs: Annotated[int, typer.Option(help="Timed runs per arm (median reported).")] = 3,
+    dtype: DtypeOpt = "float32",
+    baseline: Annotated[
+        bool, typer.Option(help="Also time transformers' batched generate.")
+    ] = True,
+) -> None:
+    """Offline throughput vs transformers' batched generate, and receipts on vs off, one run."""
+    from engine.benchmark import run_offline
+
+    res = run_offline(
+        model, num_prompts, prompt_len, output_len, runs=runs, dtype=dtype, baseline=baseline
+    )
+    typer.echo(
+        f"{num_prompts} prompts x {prompt_len} tokens, {output_len} new tokens each, {dtype}, median of {runs}"
+    )
+    typer.echo(f"{'arm':<36} {'median s':>9} {'out tok/s':>10}  runs")
+    for r in res:
+        typer.echo(
+            f"{r.name:<36} {r.median_s:>9.2f} {r.tok_s:>10.1f}  {[round(x, 2) for x in r.seconds]}"
+        )
+    on, off = res[0], res[1]
+    typer.echo(f"receipts on / off throughput: {on.tok_s / off.tok_s:.3f}")
+    if len(res) > 2:
+        typer.echo(f"attest / transformers throughput: {on.tok_s / res[2].tok_s:.2f}x")
 
 
 def main() -> None:

@@ -94,6 +94,10 @@ class RadixCache:
         self._tick = itertools.count()  # tie-breaker: LRU order among equal timestamps
         self.reset()
 
+    def reset_to_empty(self) -> None:
+        """Evict everything (locked nodes stay): for benchmarks that must start cold."""
+        self.evict(self.evictable_size(), reason="reset")
+
     def reset(self) -> None:
         self.root = TreeNode(next(self._ids), [], torch.empty(0, dtype=torch.int64), None)
         self.root.lock_ref = 1  # the root is never evicted

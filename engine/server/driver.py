@@ -86,7 +86,7 @@ class EngineDriver:
                 except ValueError as e:
                     self._deliver(sub, e)
             elif kind == "abort":
-                if sched.abort(arg):
+                if sched.abort(arg, reason="client_disconnect"):
                     sub = self._subs.pop(arg, None)
                     if sub is not None:
                         self._deliver(sub, StepOutput(arg, [], "", True, "abort"))

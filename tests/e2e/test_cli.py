@@ -52,3 +52,18 @@ def test_audit_and_engine_packages_import_without_torch():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_every_engine_option_is_an_engine_serve_flag_of_the_same_name():
+    """LLM(...) keywords and `engine serve` flags are one vocabulary."""
+    from dataclasses import fields
+
+    import typer.main
+
+    from cli.engine_app import app
+    from engine.config import EngineConfig
+
+    cmd = typer.main.get_command(app).commands["serve"]
+    flags = {opt.lstrip("-").replace("-", "_") for p in cmd.params for opt in p.opts}
+    missing = [f.name for f in fields(EngineConfig) if f.name not in flags]
+    assert not missing, f"EngineConfig fields without an `engine serve` flag: {missing}"

@@ -1,0 +1,125 @@
+"""Offline throughput: Attest's LLM.generate against transformers' batched generate on the same
+weights, and Attest with receipts on against receipts off, measured in one run.
+
+Each arm is timed ``runs`` times (after one warm-up) and reported as its median; ratios compare
+medians. Prompts are random token ids of a fixed length; every request generates exactly
+``output_len`` tokens (EOS ignored), greedy.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class ArmResult:
+    name: str
+    seconds: list[float]
+    output_tokens: int
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def tok_s(self) -> float:
+        return self.output_tokens / self.median_s
+
+
+def _workload(n: int, prompt_len: int, vocab: int, seed: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(n)]
+
+
+def _time(fn, runs: int) -> list[float]:
+    fn()  # warm-up
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def run_offline(
+    model: str | None,
+    num_prompts: int,
+    prompt_len: int,
+    output_len: int,
+    runs: int = 3,
+    dtype: str = "float32",
+    max_running: int = 64,
+    baseline: bool = True,
+    seed: int = 0,
+) -> list[ArmResult]:
+    import torch
+
+    from engine import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    kv = num_prompts * (prompt_len + output_len) + 64
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        on = LLM(model=model, dtype=dtype, kv_tokens=kv, max_running=max_running,
+                 log_file=str(Path(tmp) / "boot.jsonl"))  # fmt: skip
+        prompts = _workload(num_prompts, prompt_len, on.core.model_config.vocab_size, seed)
+        total = num_prompts * output_len
+
+        def attest(llm):
+            def go():
+                outs = llm.generate(prompts, params)
+                assert sum(len(o.token_ids) for o in outs) == total
+                llm.core.scheduler.cache.reset_to_empty()  # every run starts cold
+
+            return go
+
+        off = LLM(model=model, dtype=dtype, kv_tokens=kv, max_running=max_running, receipts=False)
+        # alternate the two arms run by run so machine drift hits both alike
+        t_on, t_off = [], []
+        attest(on)(), attest(off)()
+        for _ in range(runs):
+            t_on += _time_once(attest(on))
+            t_off += _time_once(attest(off))
+        results.append(ArmResult("attest (receipts on, boot log)", t_on, total))
+        results.append(ArmResult("attest (receipts off)", t_off, total))
+        del off
+        if baseline:
+            from transformers import AutoModelForCausalLM
+
+            path = on.core.loaded.path
+            p = Path(path)
+            if p.suffix == ".gguf":
+                hf = AutoModelForCausalLM.from_pretrained(
+                    str(p.parent), gguf_file=p.name, dtype=getattr(torch, dtype)
+                )
+            else:
+                hf = AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
+            hf.eval()
+            x = torch.tensor(prompts)  # equal lengths: no padding needed
+
+            def transformers_generate():
+                with torch.inference_mode():
+                    out = hf.generate(
+                        x, attention_mask=torch.ones_like(x), max_new_tokens=output_len,
+                        min_new_tokens=output_len, do_sample=False, top_p=None, top_k=None,
+                    )  # fmt: skip
+                assert out.shape == (num_prompts, prompt_len + output_len)
+
+            results.append(
+                ArmResult(
+                    "transformers generate (one batch)", _time(transformers_generate, runs), total
+                )
+            )
+    return results
+
+
+def _time_once(fn) -> list[float]:
+    t = time.perf_counter()
+    fn()
+    return [time.perf_counter() - t]

@@ -16,7 +16,7 @@ request, through the prefix cache) is read, never recomputed.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,6 +31,8 @@ class AttentionMetadata:
     extend_lens: list[int]  # new tokens in this forward, per request
     positions: torch.Tensor  # [T] int64, position of each new token
     out_slots: torch.Tensor  # [T] int64, the pool slot each new token's K/V is written to
+    # what a backend derives once per forward and reuses in every layer (index tables, masks)
+    scratch: dict = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

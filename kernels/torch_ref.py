@@ -21,6 +21,8 @@ class TorchReferenceBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         store_kv(k, v, kv, meta.out_slots)
+        if len(meta.req_rows) > 1 and meta.is_decode:
+            return self._decode_padded(q, kv, meta, scale)
         out = torch.empty_like(q)
         gqa = q.shape[1] != kv.k.shape[1]
         start = 0
@@ -45,3 +47,28 @@ class TorchReferenceBackend(AttentionBackend):
             out[start : start + ext] = oi.squeeze(0).transpose(0, 1)
             start += ext
         return out
+
+    def _decode_padded(
+        self, q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """All decode requests in one padded call: [B, heads, 1, d] against [B, kv_heads, L, d],
+        positions past each request's context masked out. One kernel call instead of B."""
+        if "decode" not in meta.scratch:  # the same for every layer of this forward
+            lens = torch.tensor([p + 1 for p in meta.prefix_lens], dtype=torch.int64)
+            width = int(lens.max())
+            rows = torch.tensor(meta.req_rows, dtype=torch.int64)
+            # slots past a request's length are stale but valid indices; the mask drops them
+            idx = meta.req_to_token[rows, :width].flatten()
+            mask = (torch.arange(width)[None, :] < lens[:, None])[:, None, None, :]
+            meta.scratch["decode"] = (idx, mask, width)
+        idx, mask, width = meta.scratch["decode"]
+        heads, d = kv.k.shape[1], kv.k.shape[2]
+        shape = (len(meta.req_rows), width, heads, d)
+        # index_select on a flat index is several times faster than 2-D advanced indexing here
+        k = kv.k.index_select(0, idx).view(shape).to(q.dtype).transpose(1, 2)  # [B, kvh, L, d]
+        v = kv.v.index_select(0, idx).view(shape).to(q.dtype).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), k, v, attn_mask=mask, scale=scale,
+            enable_gqa=q.shape[1] != kv.k.shape[1],
+        )  # fmt: skip
+        return out.squeeze(2)

@@ -17,14 +17,15 @@ SENTENCES = [
 ]
 
 
-def _tokenizer():
+def train_tokenizer(vocab: int = VOCAB):
+    """A byte-level BPE trained on a few sentences: ids 0 and 1 are <s> and </s>."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         special_tokens=["<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -78,7 +79,7 @@ def make_tiny_model(folder: Path, seed: int = 0, layers: int = 2, max_position: 
         "eos_token_id": EOS,
     }
     (folder / "config.json").write_text(json.dumps(config))
-    _tokenizer().save(str(folder / "tokenizer.json"))
+    train_tokenizer().save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
         json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
     )

@@ -25,6 +25,7 @@ from engine.model.loader_gguf import permute_qk  # noqa: E402
 from engine.model.loader_hf import config_from_hf  # noqa: E402
 from engine.runner import BatchEntry  # noqa: E402
 from kernels.attention import AttentionMetadata  # noqa: E402
+from tests import tiny_model  # noqa: E402
 
 VOCAB = 300
 BOS, EOS = 0, 1  # the tokenizer's two special tokens, in this order
@@ -41,11 +42,7 @@ CASES = {
     "tied": {"tie_word_embeddings": True},
     "llama3": {"tie_word_embeddings": False, "rope_scaling": LLAMA3_SCALING},
 }
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "A tiny model reads a tiny text, and then it writes another one.",
-    "Tokens are the units the engine counts; the scheduler hands them out in batches.",
-]
+SENTENCES = tiny_model.SENTENCES
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 
@@ -59,18 +56,7 @@ def prompts() -> list[list[int]]:
 
 
 def train_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(SENTENCES, trainer)
+    tok = tiny_model.train_tokenizer(VOCAB)
     assert tok.get_vocab_size() == VOCAB
     assert tok.token_to_id("<s>") == BOS and tok.token_to_id("</s>") == EOS
     return tok

@@ -29,6 +29,22 @@ def three_at_once(prompts, params) -> int:
     return sum(need[-3:])
 
 
+def roomy_and_tight(model, prompts, params, **tight):
+    """The same workload on an unconstrained engine and on one whose pool holds ~3 requests."""
+    tight = {"chunk_tokens": 32, "max_running": 8, **tight}
+    roomy = LLM(
+        model=model,
+        kv_tokens=16384,
+        chunk_tokens=4096,
+        page_size=tight.get("page_size", 1),
+        check_invariants=True,
+    )
+    expected = [o.token_ids for o in roomy.generate(prompts, params)]
+    llm = LLM(model=model, kv_tokens=three_at_once(prompts, params), check_invariants=True, **tight)
+    got = [o.token_ids for o in llm.generate(prompts, params)]
+    return expected, got, llm
+
+
 def assert_engaged_and_complete(receipts, n_requests: int) -> Counter:
     kinds = Counter(r["event"] for r in receipts.records)
     assert kinds["request.finish"] == n_requests and kinds["request.abort"] == 0
@@ -54,20 +70,7 @@ def assert_engaged_and_complete(receipts, n_requests: int) -> Counter:
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_pressure_changes_nothing_but_timing(tiny_model_dir, page_size):
     prompts, params = workload(300)
-    roomy = LLM(
-        model=tiny_model_dir,
-        kv_tokens=16384,
-        page_size=page_size,
-        chunk_tokens=4096,
-        check_invariants=True,
-    )
-    expected = [o.token_ids for o in roomy.generate(prompts, params)]
-    pool = three_at_once(prompts, params)
-    tight = LLM(
-        model=tiny_model_dir, kv_tokens=pool, page_size=page_size, chunk_tokens=32,
-        max_running=8, check_invariants=True,
-    )  # fmt: skip
-    got = [o.token_ids for o in tight.generate(prompts, params)]
+    expected, got, tight = roomy_and_tight(tiny_model_dir, prompts, params, page_size=page_size)
     assert got == expected
     assert_engaged_and_complete(tight.core.receipts, len(prompts))
     # retracted requests finished with their full length, not cut short
@@ -80,16 +83,7 @@ def test_seeded_sampling_survives_retraction(tiny_model_dir):
         SamplingParams(max_tokens=p.max_tokens, temperature=0.9, top_k=20, seed=i, ignore_eos=True)
         for i, p in enumerate(params)
     ]
-    roomy = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True)
-    expected = [o.token_ids for o in roomy.generate(prompts, params)]
-    tight = LLM(
-        model=tiny_model_dir,
-        kv_tokens=three_at_once(prompts, params),
-        chunk_tokens=32,
-        max_running=8,
-        check_invariants=True,
-    )
-    got = [o.token_ids for o in tight.generate(prompts, params)]
+    expected, got, tight = roomy_and_tight(tiny_model_dir, prompts, params)
     assert got == expected
     assert tight.core.receipts.of("retract")
 
@@ -129,14 +123,6 @@ def test_a_request_that_cannot_fit_alone_is_aborted_with_the_numbers(tiny_model_
 @requires_default_model
 def test_default_model_pressure_changes_nothing_but_timing():
     prompts, params = workload(49152, n=32, seed=1)
-    roomy = LLM(kv_tokens=16384, check_invariants=True)
-    expected = [o.token_ids for o in roomy.generate(prompts, params)]
-    tight = LLM(
-        kv_tokens=three_at_once(prompts, params),
-        chunk_tokens=32,
-        max_running=8,
-        check_invariants=True,
-    )
-    got = [o.token_ids for o in tight.generate(prompts, params)]
+    expected, got, tight = roomy_and_tight(None, prompts, params)
     assert got == expected
     assert_engaged_and_complete(tight.core.receipts, len(prompts))

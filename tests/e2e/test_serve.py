@@ -25,12 +25,17 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server():
+def boot_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("serve") / "boot.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server(boot_log):
     port = _free_port()
     cmd = [
         sys.executable, "-m", "cli.engine_app", "serve", "--port", str(port),
         "--kv-tokens", "4096", "--max-running", "8", "--served-model-name", "smol",
-        "--api-key", API_KEY,
+        "--api-key", API_KEY, "--log-file", str(boot_log),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -191,3 +196,17 @@ def test_concurrent_streams_all_complete(server):
     with cf.ThreadPoolExecutor(6) as ex:
         assert list(ex.map(one, range(6))) == [10] * 6
     assert server.get("/health").json()["kv_used"] == 0
+
+
+def test_the_boot_log_holds_a_receipt_for_each_request(server, boot_log):
+    r = server.post(
+        "/v1/completions", json={"prompt": "Say yes.", "max_tokens": 2, "ignore_eos": True}
+    )
+    rid = r.json()["id"]
+    events = [orjson.loads(x) for x in boot_log.read_bytes().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[:3] == ["boot.start", "boot.pool_sized", "boot.ready"]
+    mine = [e["event"] for e in events if e.get("rid") == rid]
+    assert mine == ["request.received", "admission.admit", "request.finish"]
+    seqs = [e["seq"] for e in events]
+    assert seqs == list(range(1, len(seqs) + 1))  # no lost line

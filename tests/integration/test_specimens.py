@@ -218,3 +218,15 @@ def test_abort_frees_memory_and_says_why(tiny_model_dir):
     assert sched.cache.protected_size() == 0 and not sched.running
     assert llm.core.allocator.available_size() + sched.cache.evictable_size() == 512
     assert not sched.abort(req.rid)  # a finished request cannot be aborted twice
+
+
+def test_retraction_never_takes_the_last_running_request(tiny_model_dir):
+    llm = tiny(tiny_model_dir, kv_tokens=512)
+    sched = llm.core.scheduler
+    for n in (5, 9, 7):
+        sched.add_request([3] * n, SamplingParams(max_tokens=20, ignore_eos=True))
+    sched.step()
+    assert len(sched.running) == 3
+    victims = sched._pick_victims(need=10**6)  # more than retracting everyone could pay
+    assert len(victims) == 2 and all(v in sched.running for v in victims)
+    assert [v.prompt_len for v in victims] == [9, 7]  # equal output: longest prompts first

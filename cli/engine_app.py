@@ -166,8 +166,8 @@ def serve(
     import uvicorn
 
     from engine.config import EngineConfig
-    from engine.core import EngineCore
     from engine.server.app import create_app
+    from engine.server.driver import EngineDriver
 
     try:
         cfg = EngineConfig(
@@ -178,11 +178,12 @@ def serve(
             seed=seed, iteration_receipt_interval=iteration_receipt_interval, receipts=receipts,
             console_receipts=console_receipts, check_invariants=check_invariants,
         )  # fmt: skip
-        core = EngineCore(cfg)
-    except (ValueError, FileNotFoundError) as e:
+        driver = EngineDriver(cfg)
+        driver.start()  # the scheduler process builds the engine
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
         _fail(str(e))
-    name = served_model_name or Path(core.loaded.path).stem
-    d = core.describe()
+    d = driver.info
+    name = served_model_name or Path(d["model"]).stem
     typer.secho(f"Attest serving {name} at http://{host}:{port}/v1", fg="green")
     typer.echo(
         f"  model {d['model']} ({d['parameters']:,} parameters, {d['dtype']}), "
@@ -193,7 +194,9 @@ def serve(
         f"= {d['kv_pool_bytes'] / 2**20:,.0f} MiB ({d['kv_sizing']}); context {d['context']:,}"
     )
     typer.echo(f"  boot log {cfg.log_file}; audit it with: audit verdict {cfg.log_file}")
-    uvicorn.run(create_app(core, name, api_key=api_key), host=host, port=port, log_level="warning")
+    uvicorn.run(
+        create_app(driver, name, api_key=api_key), host=host, port=port, log_level="warning"
+    )
 
 
 @app.command()

@@ -15,7 +15,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from engine.core import EngineCore
 from engine.model.chat import ChatTemplateError
 from engine.sched.scheduler import StepOutput
 from engine.server.driver import EngineDriver, Submission
@@ -35,17 +34,11 @@ def _error(message: str, status: int, param: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, status, param), status_code=status)
 
 
-def create_app(
-    core: EngineCore,
-    served_model_name: str,
-    api_key: str | None = None,
-    driver: EngineDriver | None = None,
-) -> FastAPI:
-    driver = driver or EngineDriver(core)
+def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None = None) -> FastAPI:
+    """The HTTP app over a started driver (the scheduler process is already up)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        driver.start()
         try:
             yield
         finally:
@@ -53,7 +46,7 @@ def create_app(
 
     app = FastAPI(title="Attest", version="0.1.0", lifespan=lifespan)
     app.state.driver = driver
-    tok = core.tokenizer
+    tok = driver.tokenizer
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Response:
@@ -90,15 +83,15 @@ def create_app(
     def check_prompt(ids: list[int]) -> None:
         if not ids:
             raise ProtocolError("prompt is empty", "prompt")
-        if len(ids) >= core.max_context:
+        if len(ids) >= driver.max_context:
             raise ProtocolError(
-                f"prompt has {len(ids)} tokens; the context limit is {core.max_context}", "prompt"
+                f"prompt has {len(ids)} tokens; the context limit is {driver.max_context}", "prompt"
             )
-        if any(not 0 <= t < core.model_config.vocab_size for t in ids):
+        if any(not 0 <= t < driver.vocab_size for t in ids):
             raise ProtocolError("prompt contains a token id outside the vocabulary", "prompt")
 
     async def run(ids: list[int], req: Any, kind: str) -> Response:
-        params = sampling_params(req, len(ids), core.max_context, DEFAULT_MAX_TOKENS)
+        params = sampling_params(req, len(ids), driver.max_context, DEFAULT_MAX_TOKENS)
         rid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
         loop = asyncio.get_running_loop()
         sub = Submission(rid, ids, params, loop, asyncio.Queue())
@@ -171,7 +164,7 @@ def create_app(
                     "object": "model",
                     "created": 0,
                     "owned_by": "attest",
-                    "max_model_len": core.max_context,
+                    "max_model_len": driver.max_context,
                 }
             ],
         }

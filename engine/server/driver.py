@@ -1,20 +1,22 @@
-"""EngineDriver: runs the scheduler loop on its own thread and hands results to asyncio.
+"""EngineDriver: the scheduler in its own process, spoken to over a local pipe.
 
-The HTTP handlers never touch the scheduler: they submit and abort through a queue, and receive
-their request's outputs on an asyncio queue, so a handler that fails cannot corrupt a step.
+The frontend never touches the scheduler: it sends small typed messages (add, abort, stop) and
+receives each step's outputs, together with a snapshot of the pool taken right after that step.
+A reader thread hands outputs to the asyncio queue of their request. If the scheduler process
+dies, every waiting request hears it at once and the frontend reports it: nothing hangs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
+import multiprocessing as mp
 import threading
 import traceback
 from dataclasses import dataclass, field
+from typing import Any
 
-from engine.core import EngineCore
+from engine.config import EngineConfig
 from engine.sampling import SamplingParams
-from engine.sched.scheduler import StepOutput
 
 
 @dataclass(slots=True)
@@ -28,86 +30,162 @@ class Submission:
     errors: list[str] = field(default_factory=list)
 
 
+def _stats(core: Any) -> dict[str, int]:
+    s = core.scheduler
+    alloc, cache = core.allocator, s.cache
+    return {
+        "running": len(s.running),
+        "waiting": len(s.waiting),
+        # held by requests (their private pages and the cached prefixes they lock)
+        "kv_used": alloc.used_size() - cache.evictable_size(),
+        "kv_cached": cache.total_size(),  # prefix cache, reusable
+        "kv_evictable": cache.evictable_size(),
+        "kv_free": alloc.available_size(),
+        "kv_total": alloc.capacity,
+    }
+
+
+def scheduler_main(config: EngineConfig, conn: Any) -> None:
+    """The scheduler process: build the engine, then step while there is work."""
+    try:
+        from engine.core import EngineCore
+
+        core = EngineCore(config)
+        conn.send(("ready", core.describe(), core.tokenizer, _stats(core)))
+    except BaseException as e:
+        conn.send(("dead", f"engine failed to start: {type(e).__name__}: {e}"))
+        return
+    sched = core.scheduler
+    try:
+        while True:
+            # block briefly when idle; never when there is work to do
+            while conn.poll(0 if sched.has_work() else 0.5):
+                msg = conn.recv()
+                if msg[0] == "add":
+                    _, rid, ids, params, trace_id = msg
+                    try:
+                        sched.add_request(ids, params, rid=rid, trace_id=trace_id)
+                    except ValueError as e:
+                        conn.send(("reject", rid, str(e)))
+                elif msg[0] == "abort":
+                    req = sched.requests.get(msg[1])
+                    if req is not None and sched.abort(msg[1], reason=msg[2]):
+                        conn.send(("aborted", msg[1], req.cached_tokens, _stats(core)))
+                elif msg[0] == "stop":
+                    return
+            if sched.has_work():
+                outs = sched.step()
+                conn.send(("out", outs, _stats(core)))
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        return  # the frontend went away
+    except BaseException as e:
+        traceback.print_exc()
+        try:
+            conn.send(("dead", f"{type(e).__name__}: {e}"))
+        except Exception:
+            pass
+
+
 class EngineDriver:
-    def __init__(self, core: EngineCore) -> None:
-        self.core = core
-        self._inbox: queue.Queue[tuple[str, object]] = queue.Queue()
+    def __init__(self, config: EngineConfig) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=scheduler_main, args=(config, child), name="attest-scheduler", daemon=True
+        )
+        self._child = child
+        self._send_lock = threading.Lock()
         self._subs: dict[str, Submission] = {}
-        self._thread = threading.Thread(target=self._run, name="attest-scheduler", daemon=True)
-        self._stop = threading.Event()
-        self.dead: str | None = None  # why the loop died, if it did
+        self._subs_lock = threading.Lock()
+        self._stats: dict[str, int] = {}
+        self.dead: str | None = None
+        self.info: dict[str, Any] = {}
+        self.tokenizer: Any = None
+        self._reader = threading.Thread(target=self._read, name="attest-ipc-reader", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
+    def start(self, timeout: float = 600) -> None:
+        """Start the scheduler process and wait until its engine is built."""
+        self._proc.start()
+        self._child.close()
+        if not self._conn.poll(timeout):
+            raise RuntimeError(f"scheduler process did not become ready in {timeout:.0f} s")
+        msg = self._conn.recv()
+        if msg[0] != "ready":
+            raise RuntimeError(msg[1])
+        _, self.info, self.tokenizer, self._stats = msg
+        self._reader.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._inbox.put(("wake", None))
-        self._thread.join(timeout)
+    @property
+    def max_context(self) -> int:
+        return int(self.info["context"])
 
-    def submit(self, sub: Submission) -> None:
+    @property
+    def vocab_size(self) -> int:
+        return int(self.info["vocab"])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        try:
+            self._send(("stop",))
+        except Exception:
+            pass
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+
+    def _send(self, msg: tuple) -> None:
+        with self._send_lock:
+            self._conn.send(msg)
+
+    def submit(self, sub: Submission, trace_id: str | None = None) -> None:
         if self.dead:
             raise RuntimeError(f"scheduler is not running: {self.dead}")
-        self._inbox.put(("add", sub))
+        with self._subs_lock:
+            self._subs[sub.rid] = sub
+        self._send(("add", sub.rid, sub.prompt_ids, sub.params, trace_id))
 
-    def abort(self, rid: str) -> None:
-        self._inbox.put(("abort", rid))
+    def abort(self, rid: str, reason: str = "client_disconnect") -> None:
+        if not self.dead:
+            try:
+                self._send(("abort", rid, reason))
+            except Exception:
+                pass
 
     def stats(self) -> dict[str, int]:
-        s = self.core.scheduler
-        alloc, cache = self.core.allocator, s.cache
-        return {
-            "running": len(s.running),
-            "waiting": len(s.waiting),
-            # held by requests (their private pages and the cached prefixes they lock)
-            "kv_used": alloc.used_size() - cache.evictable_size(),
-            "kv_cached": cache.total_size(),  # prefix cache, reusable
-            "kv_evictable": cache.evictable_size(),
-            "kv_free": alloc.available_size(),
-            "kv_total": alloc.capacity,
-        }
+        return dict(self._stats)
 
-    def _deliver(self, sub: Submission, item: object) -> None:
-        sub.loop.call_soon_threadsafe(sub.out.put_nowait, item)
+    def _deliver(self, rid: str, item: object, final: bool) -> None:
+        with self._subs_lock:
+            sub = self._subs.pop(rid, None) if final else self._subs.get(rid)
+        if sub is not None:
+            sub.loop.call_soon_threadsafe(sub.out.put_nowait, item)
 
-    def _drain(self, block: bool) -> None:
-        sched = self.core.scheduler
-        while True:
-            try:
-                kind, arg = self._inbox.get(block=block, timeout=0.5 if block else None)
-            except queue.Empty:
-                return
-            block = False
-            if kind == "add":
-                sub = arg
-                try:
-                    sched.add_request(sub.prompt_ids, sub.params, rid=sub.rid)
-                    self._subs[sub.rid] = sub
-                except ValueError as e:
-                    self._deliver(sub, e)
-            elif kind == "abort":
-                if sched.abort(arg, reason="client_disconnect"):
-                    sub = self._subs.pop(arg, None)
-                    if sub is not None:
-                        self._deliver(sub, StepOutput(arg, [], "", True, "abort"))
+    def _read(self) -> None:
+        from engine.sched.scheduler import StepOutput
 
-    def _run(self) -> None:
-        sched = self.core.scheduler
         try:
-            while not self._stop.is_set():
-                self._drain(block=not sched.has_work())
-                if not sched.has_work():
-                    continue
-                for out in sched.step():
-                    sub = self._subs.get(out.rid)
-                    if sub is None:
-                        continue
-                    self._deliver(sub, out)
-                    if out.finished:
-                        del self._subs[out.rid]
-        except Exception as e:  # the loop is dead: every waiter must hear it, none may hang
-            self.dead = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-            for sub in self._subs.values():
-                self._deliver(sub, RuntimeError(f"scheduler failed: {self.dead}"))
-            self._subs.clear()
+            while True:
+                msg = self._conn.recv()
+                kind = msg[0]
+                if kind == "out":
+                    self._stats = msg[2]  # before the outputs: a finished request's memory is back
+                    for out in msg[1]:
+                        self._deliver(out.rid, out, out.finished)
+                elif kind == "reject":
+                    self._deliver(msg[1], ValueError(msg[2]), True)
+                elif kind == "aborted":
+                    self._stats = msg[3]
+                    self._deliver(msg[1], StepOutput(msg[1], [], "", True, "abort", msg[2]), True)
+                elif kind == "dead":
+                    raise RuntimeError(msg[1])
+        except (EOFError, OSError, RuntimeError) as e:
+            code = self._proc.exitcode
+            self.dead = (
+                str(e) if isinstance(e, RuntimeError) else f"scheduler process exited (code {code})"
+            )
+            with self._subs_lock:
+                subs, self._subs = list(self._subs.values()), {}
+            for sub in subs:
+                sub.loop.call_soon_threadsafe(
+                    sub.out.put_nowait, RuntimeError(f"scheduler failed: {self.dead}")
+                )

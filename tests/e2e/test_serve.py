@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -210,3 +211,66 @@ def test_the_boot_log_holds_a_receipt_for_each_request(server, boot_log):
     assert mine == ["request.received", "admission.admit", "request.finish"]
     seqs = [e["seq"] for e in events]
     assert seqs == list(range(1, len(seqs) + 1))  # no lost line
+
+
+def test_a_client_that_goes_away_frees_its_memory(server, boot_log):
+    body = {"prompt": "Write a long story.", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    with server.stream("POST", "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # one chunk, then hang up
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        h = server.get("/health").json()
+        if h["running"] == 0 and h["kv_used"] == 0:
+            break
+        time.sleep(0.2)
+    assert h["running"] == 0 and h["kv_used"] == 0, h
+    aborts = [
+        orjson.loads(x) for x in boot_log.read_bytes().splitlines() if b'"request.abort"' in x
+    ]
+    assert aborts and aborts[-1]["reason"] == "client_disconnect" and aborts[-1]["tokens"] < 2000
+
+
+def _scheduler_child(pid: int) -> int:
+    """The server's scheduler process (not multiprocessing's resource tracker)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            for child in map(int, f.read().split()):
+                with open(f"/proc/{child}/cmdline", "rb") as c:
+                    if b"resource_tracker" not in c.read():
+                        found.append(child)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_dead_scheduler_is_a_503_with_the_reason_never_a_hang(tmp_path):
+    port = _free_port()
+    cmd = [sys.executable, "-m", "cli.engine_app", "serve", "--port", str(port), "--kv-tokens", "2048",
+           "--log-file", str(tmp_path / "boot.jsonl")]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.3)
+        child = _scheduler_child(proc.pid)
+        os.kill(child, signal.SIGKILL)
+        time.sleep(1.0)
+        r = httpx.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=10)
+        assert r.status_code == 503 and "scheduler" in r.json()["error"]["message"]
+        h = httpx.get(base + "/health", timeout=10)
+        assert h.status_code == 503 and "exited" in h.json()["error"]["message"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,6 +1,13 @@
 import importlib.util
+import os
 
 import pytest
+from hypothesis import settings
+
+# Speed is measured in benchmarks, never by a per-example deadline on a shared machine. In CI the
+# examples are derandomized so a run is reproducible; locally they explore.
+settings.register_profile("attest", deadline=None, derandomize=bool(os.environ.get("CI")))
+settings.load_profile("attest")
 
 
 def _has_default_model() -> bool:

@@ -227,7 +227,14 @@ class Scheduler:
             if self._pages(req.kv_len + 1) * self.page_size > alloc.capacity:
                 # alone, and its next token does not fit the whole pool: it never can
                 req.finish_reason = "abort"
-                outs.append(self._end(req, abort_reason="exceeds_pool"))
+                outs.append(
+                    self._end(
+                        req,
+                        abort_reason="exceeds_pool",
+                        need=req.kv_len + 1,
+                        capacity=alloc.capacity,
+                    )
+                )
                 continue
             return decode  # the pool is held elsewhere: the allocation-site net takes over
 
@@ -495,8 +502,13 @@ class Scheduler:
         req.kv_len = req.cached_len = req.prefill_target = 0
 
     def _end(
-        self, req: Request, tokens: list[int] | None = None, abort_reason: str | None = None
+        self,
+        req: Request,
+        tokens: list[int] | None = None,
+        abort_reason: str | None = None,
+        **numbers: int,
     ) -> StepOutput:
+        """End a request (finish, or abort with ``abort_reason`` and the ``numbers`` behind it)."""
         self._release(req)
         req.state = State.FINISHED
         self.requests.pop(req.rid, None)
@@ -517,7 +529,7 @@ class Scheduler:
         if abort_reason is None:
             self.receipts.emit(schema.REQUEST_FINISH, reason=req.finish_reason, **common)
         else:
-            self.receipts.emit(schema.REQUEST_ABORT, reason=abort_reason, **common)
+            self.receipts.emit(schema.REQUEST_ABORT, reason=abort_reason, **common, **numbers)
         return StepOutput(
             req.rid, tokens or [], req.take_text_delta(), True, req.finish_reason, req.cached_tokens
         )

@@ -112,6 +112,7 @@ def test_a_request_that_cannot_fit_alone_is_aborted_with_the_numbers(tiny_model_
     assert out.finish_reason == "abort" and len(out.token_ids) == 64 - 40 + 1
     abort = llm.core.receipts.of("request.abort")[0]
     assert abort["reason"] == "exceeds_pool" and abort["tokens"] == 25
+    assert abort["need"] == 65 and abort["capacity"] == 64  # the numbers behind the decision
     # the engine goes on serving afterwards
     assert (
         llm.generate([[5, 6]], SamplingParams(max_tokens=3, ignore_eos=True))[0].finish_reason

@@ -37,14 +37,15 @@ def _workload(n: int, prompt_len: int, vocab: int, seed: int) -> list[list[int]]
     return [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(n)]
 
 
+def _time_once(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 def _time(fn, runs: int) -> list[float]:
     fn()  # warm-up
-    out = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
+    return [_time_once(fn) for _ in range(runs)]
 
 
 def run_offline(
@@ -84,8 +85,8 @@ def run_offline(
         t_on, t_off = [], []
         attest(on)(), attest(off)()
         for _ in range(runs):
-            t_on += _time_once(attest(on))
-            t_off += _time_once(attest(off))
+            t_on.append(_time_once(attest(on)))
+            t_off.append(_time_once(attest(off)))
         results.append(ArmResult("attest (receipts on, boot log)", t_on, total))
         results.append(ArmResult("attest (receipts off)", t_off, total))
         del off
@@ -117,9 +118,3 @@ def run_offline(
                 )
             )
     return results
-
-
-def _time_once(fn) -> list[float]:
-    t = time.perf_counter()
-    fn()
-    return [time.perf_counter() - t]

@@ -274,25 +274,18 @@ class RadixCache:
     def _report(
         self, reason: str, asked: int, evicted: int, before: int, staged_before: int
     ) -> None:
-        staged = self.allocator.staged_size() - staged_before
-        r = self.receipts
-        r.emit(
+        decision = dict(reason=reason, asked=asked, evicted=evicted, evictable_before=before)
+        self.receipts.emit(
             schema.EVICTION,
-            reason=reason,
-            asked=asked,
-            evicted=evicted,
-            staged=staged,
-            evictable_before=before,
+            **decision,
+            staged=self.allocator.staged_size() - staged_before,
             evictable_after=self._evictable,
             available_after=self.allocator.available_size(),
         )
         if evicted < min(asked, before):
-            r.emit(
+            self.receipts.emit(
                 schema.EVICTION_UNDER_DELIVERED,
-                reason=reason,
-                asked=asked,
-                evicted=evicted,
-                evictable_before=before,
+                **decision,
                 note="the evictable counter promised tokens that eviction could not free",
             )
 

@@ -96,7 +96,6 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
-        self.finished_total = 0
         self._ids = itertools.count()
         self._was_busy = False
         torch.manual_seed(config.seed)
@@ -512,7 +511,6 @@ class Scheduler:
         self._release(req)
         req.state = State.FINISHED
         self.requests.pop(req.rid, None)
-        self.finished_total += 1
         now = time.monotonic()
         timing = {
             "queue_s": round((req.admitted_at or now) - req.arrival, 6),

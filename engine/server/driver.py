@@ -12,7 +12,7 @@ import asyncio
 import multiprocessing as mp
 import threading
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
@@ -27,7 +27,6 @@ class Submission:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
     cached: int = 0
-    errors: list[str] = field(default_factory=list)
 
 
 def _stats(core: Any) -> dict[str, int]:

@@ -66,8 +66,10 @@ def sampling_params(
     req: _Common, prompt_len: int, max_context: int, default_max: int
 ) -> SamplingParams:
     """Validate and translate; every failure names the field, as OpenAI's errors do."""
-    if req.n != 1:
-        raise ProtocolError(f"n must be 1 (more choices are not supported yet), got {req.n}", "n")
+    if req.n != MAX_N:
+        raise ProtocolError(
+            f"n must be {MAX_N} (more choices are not supported yet), got {req.n}", "n"
+        )
     if req.logprobs not in (None, False) or getattr(req, "top_logprobs", None):
         raise ProtocolError("logprobs are not supported yet", "logprobs")
     max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens

@@ -147,6 +147,20 @@ def engine_logits(core: EngineCore, ids: list[int]) -> torch.Tensor:
     return out
 
 
+@torch.no_grad()
+def hf_greedy16(model, ids: list[int]) -> list[int]:
+    """transformers' greedy continuation of 16 tokens, EOS ignored."""
+    cfg = transformers.GenerationConfig(
+        do_sample=False, max_new_tokens=16, eos_token_id=None, pad_token_id=EOS
+    )
+    out = model.generate(
+        input_ids=torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
+        generation_config=cfg,
+    )
+    return out[0, len(ids) :].tolist()
+
+
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     assert a.shape == b.shape
     return float((a - b).abs().max())
@@ -230,16 +244,8 @@ def test_hf_greedy_generation_matches_transformers(hf_case) -> None:
     llm = LLM(model=str(folder), kv_tokens=512, max_running=4)
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=16)
     outs = llm.generate(prompts(), params)
-    gen_cfg = transformers.GenerationConfig(
-        do_sample=False, max_new_tokens=16, eos_token_id=None, pad_token_id=EOS
-    )
     for ids, out in zip(prompts(), outs):
-        with torch.no_grad():
-            ref = model.generate(
-                input_ids=torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
-                generation_config=gen_cfg,
-            )[0, len(ids) :].tolist()
+        ref = hf_greedy16(model, ids)
         assert len(ref) == 16, "transformers stopped early; the comparison needs 16 tokens"
         assert out.finish_reason == "length"
         assert out.token_ids == ref, f"{name}: prompt of {len(ids)} tokens"
@@ -431,16 +437,7 @@ def test_gguf_greedy_generation_matches_transformers(gguf_case) -> None:
     llm = LLM(model=str(path), kv_tokens=512, max_running=4)
     ids = prompts()[1]
     out = llm.generate([ids], SamplingParams(temperature=0, ignore_eos=True, max_tokens=16))[0]
-    gen_cfg = transformers.GenerationConfig(
-        do_sample=False, max_new_tokens=16, eos_token_id=None, pad_token_id=EOS
-    )
-    with torch.no_grad():
-        ref = model.generate(
-            input_ids=torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
-            generation_config=gen_cfg,
-        )[0, len(ids) :].tolist()
-    assert out.token_ids == ref
+    assert out.token_ids == hf_greedy16(model, ids)
 
 
 def test_folder_with_a_single_gguf_loads_it(tmp_path, gguf_case) -> None:

@@ -16,6 +16,7 @@ from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.runner import BatchEntry, ModelRunner
 from engine.sched.admission import running_ceiling
+from engine.sched.request import State
 from engine.sched.scheduler import Scheduler
 from kernels.attention import get_backend
 
@@ -70,8 +71,23 @@ class EngineCore:
             self.max_context,
             self.receipts,
         )
+        self._stopped = False
         self.startup_seconds = time.perf_counter() - t0
         self.receipts.emit(schema.BOOT_READY, startup_s=round(self.startup_seconds, 3))
+
+    def shutdown(self, reason: str = "shutdown") -> int:
+        """An orderly stop: every request still in flight ends with an abort receipt, then
+        ``boot.stop`` says why and how many there were. Returns that count. Idempotent."""
+        if self._stopped:
+            return 0
+        self._stopped = True
+        sched = self.scheduler
+        live = [rid for rid, r in sched.requests.items() if r.state is not State.FINISHED]
+        for rid in live:
+            sched.abort(rid, reason=reason)
+        self.receipts.emit(schema.BOOT_STOP, reason=reason, in_flight=len(live))
+        self.receipts.close()
+        return len(live)
 
     def sequence_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits [len, vocab] at every position of one sequence, in one prefill (for scoring

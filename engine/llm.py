@@ -29,6 +29,16 @@ class LLM:
         self.core = EngineCore(self.config)
         self.tokenizer = self.core.tokenizer
 
+    def close(self, reason: str = "closed") -> None:
+        """End the engine's boot: in-flight requests abort, ``boot.stop`` is written."""
+        self.core.shutdown(reason)
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def generate(
         self,
         prompts: list[str] | list[list[int]] | str,

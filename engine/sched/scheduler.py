@@ -157,6 +157,15 @@ class Scheduler:
         self._end(req, abort_reason=reason)
         return True
 
+    def drop_for_test(self, rid: str) -> None:
+        """Test-only: lose a request without an ending receipt (the fault the auditor's
+        no_request_lost window must catch). Its memory is handed back so the ledger balances."""
+        req = self.requests.pop(rid)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+        req.state = State.FINISHED
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

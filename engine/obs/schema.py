@@ -20,7 +20,14 @@ class Kind:
     name: str
     fields: tuple[str, ...]  # required beyond the common ones
     doc: str
+    optional: tuple[str, ...] = ()  # written by the engine in some receipts or some paths
 
+
+# Field groups the engine writes together (optional fields of several kinds)
+_BUDGET = ("local_avail", "evictable", "decode_reserve", "floor", "offset", "remaining")
+_ENDING = ("tokens", "prompt_tokens", "cached", "parks", "retractions", "trace_id", "queue_s",
+           "ttft_s", "e2e_s")  # fmt: skip
+_NET = ("site", "rid")
 
 BOOT_START = "boot.start"
 BOOT_POOL_SIZED = "boot.pool_sized"
@@ -52,31 +59,43 @@ _CATALOG = (
     Kind(BOOT_START, ("config",), "the engine starts; its whole configuration"),
     Kind(BOOT_POOL_SIZED, ("path", "kv_tokens", "bytes_per_token", "page_size"),
          "the KV pool was sized: path is 'configured' (a token count was given) or 'measured' "
-         "(from a memory budget), with the inputs of that path"),
+         "(from a memory budget), with the inputs of that path",
+         ("mem_available", "fraction", "budget_bytes")),
     Kind(BOOT_READY, ("startup_s",), "the engine accepts work"),
     Kind(BOOT_STOP, ("reason", "in_flight"), "orderly shutdown"),
-    Kind(REQUEST_RECEIVED, ("rid", "prompt_tokens", "max_new_tokens"), "a request was handed in"),
-    Kind(REQUEST_FINISH, ("rid", "reason", "tokens"), "a request ended normally"),
-    Kind(REQUEST_ABORT, ("rid", "reason"), "a request ended abnormally"),
-    Kind(ADMISSION_ADMIT, ("rid", "tokens"), "a request or chunk was scheduled"),
-    Kind(ADMISSION_PARK, ("rid", "reason", "need", "fundable"), "a chunk could not be funded"),
-    Kind(ADMISSION_UNPARK, ("rid",), "a parked chunk was funded again"),
-    Kind(ADMISSION_DEFER, ("count", "reason"), "requests held back this iteration"),
+    Kind(REQUEST_RECEIVED, ("rid", "prompt_tokens", "max_new_tokens"), "a request was handed in",
+         ("trace_id",)),
+    Kind(REQUEST_FINISH, ("rid", "reason", "tokens"), "a request ended normally", _ENDING),
+    Kind(REQUEST_ABORT, ("rid", "reason"), "a request ended abnormally",
+         _ENDING + ("need", "capacity")),
+    Kind(ADMISSION_ADMIT, ("rid", "tokens"), "a request or chunk was scheduled",
+         ("pages", "prefix_hit", "held", "chunked", "retracted") + _BUDGET),
+    Kind(ADMISSION_PARK, ("rid", "reason", "need", "fundable"), "a chunk could not be funded",
+         ("page_size",) + _BUDGET),
+    Kind(ADMISSION_UNPARK, ("rid",), "a parked chunk was funded again", ("tokens",) + _BUDGET),
+    Kind(ADMISSION_DEFER, ("count", "reason"), "requests held back this iteration",
+         ("running",) + _BUDGET),
     Kind(EVICTION, ("reason", "asked", "evicted", "staged", "evictable_before", "evictable_after"),
-         "the prefix cache evicted"),
+         "the prefix cache evicted", ("available_after",)),
     Kind(EVICTION_UNDER_DELIVERED, ("reason", "asked", "evicted", "evictable_before", "note"),
          "eviction freed less than min(asked, evictable_before): the counter promised what the "
          "actuator did not pay"),
-    Kind(ALLOC_FLUSH, ("need", "staged", "freed"), "staged frees applied at an allocation site"),
-    Kind(ALLOC_RELIEF, ("need", "freed"), "one bounded relief at an allocation site"),
-    Kind(ALLOC_RETRY, ("need", "ok"), "the allocation retried after relief"),
-    Kind(ALLOC_OOM, ("need", "available"), "the allocation failed after the net"),
+    Kind(ALLOC_FLUSH, ("need", "staged", "freed"), "staged frees applied at an allocation site",
+         _NET),
+    Kind(ALLOC_RELIEF, ("need", "freed"), "one bounded relief at an allocation site",
+         ("evicted", "relieved") + _NET),
+    Kind(ALLOC_RETRY, ("need", "ok"), "the allocation retried after relief", _NET),
+    Kind(ALLOC_OOM, ("need", "available"), "the allocation failed after the net",
+         ("staged", "evictable", "capacity") + _NET),
     Kind(RELIEF_ENGAGE, ("shortfall",), "the relief ladder engaged"),
     Kind(RELIEF_RUNG, ("rung", "asked", "paid", "outcome"), "one rung of the ladder"),
-    Kind(RETRACT, ("rids", "tokens_freed"), "decode requests retracted"),
-    Kind(REQUEUE, ("rid",), "a retracted request was put back in line"),
+    Kind(RETRACT, ("rids", "tokens_freed"), "decode requests retracted",
+         ("ratio_old", "ratio_new", "need", "available", "evictable", "candidates",
+          "running_after")),
+    Kind(REQUEUE, ("rid",), "a retracted request was put back in line", ("generated",)),
     Kind(GROUP_FLOOR, ("floor", "local"), "the published floor of a multi-rank group"),
-    Kind(ITERATION, ("running", "waiting"), "a sampled scheduler summary"),
+    Kind(ITERATION, ("running", "waiting"), "a sampled scheduler summary",
+         ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio")),
     Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
     Kind(NOTICE, ("text",), "something said once"),
 )  # fmt: skip
@@ -91,6 +110,9 @@ def missing_fields(event: str, fields: dict[str, object]) -> list[str]:
 
 
 def known_field(event: str, field: str) -> bool:
-    """Whether a receipt of ``event`` may be selected on ``field`` (common or required)."""
+    """Whether a receipt of ``event`` may be selected on ``field`` (common, required or one of
+    the optional fields the engine writes)."""
     kind = CATALOG.get(event)
-    return kind is not None and (field in COMMON_FIELDS or field in kind.fields)
+    return kind is not None and (
+        field in COMMON_FIELDS or field in kind.fields or field in kind.optional
+    )

@@ -160,14 +160,10 @@ def serve(
         bool, typer.Option(help="Check the memory ledger after every step (slow; for tests).")
     ] = False,
 ) -> None:
-    """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models)."""
-    from pathlib import Path
-
-    import uvicorn
-
+    """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
+    /health, /metrics). SIGTERM or Ctrl-C stops it in order: exit 0, with `boot.stop` logged."""
     from engine.config import EngineConfig
-    from engine.server.app import create_app
-    from engine.server.driver import EngineDriver
+    from engine.server.launch import serve as run_server
 
     try:
         cfg = EngineConfig(
@@ -178,25 +174,10 @@ def serve(
             seed=seed, iteration_receipt_interval=iteration_receipt_interval, receipts=receipts,
             console_receipts=console_receipts, check_invariants=check_invariants,
         )  # fmt: skip
-        driver = EngineDriver(cfg)
-        driver.start()  # the scheduler process builds the engine
+        code = run_server(cfg, host, port, served_model_name, api_key)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         _fail(str(e))
-    d = driver.info
-    name = served_model_name or Path(d["model"]).stem
-    typer.secho(f"Attest serving {name} at http://{host}:{port}/v1", fg="green")
-    typer.echo(
-        f"  model {d['model']} ({d['parameters']:,} parameters, {d['dtype']}), "
-        f"loaded in {d['load_seconds']} s"
-    )
-    typer.echo(
-        f"  KV pool {d['kv_tokens']:,} tokens x {d['kv_bytes_per_token']:,} B "
-        f"= {d['kv_pool_bytes'] / 2**20:,.0f} MiB ({d['kv_sizing']}); context {d['context']:,}"
-    )
-    typer.echo(f"  boot log {cfg.log_file}; audit it with: audit verdict {cfg.log_file}")
-    uvicorn.run(
-        create_app(driver, name, api_key=api_key), host=host, port=port, log_level="warning"
-    )
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 from typing import IO, Any
 
@@ -70,6 +70,7 @@ class Receipts:
         limit = CAPTURE_LIMIT if capture is True else int(capture)
         self.records: deque[dict[str, Any]] | None = deque(maxlen=limit) if capture else None
         self.failures = 0
+        self.counts: Counter[str] = Counter()  # receipts per kind since boot
         self._once: set[str] = set()
         self._lock = threading.Lock()
         self._file: IO[bytes] | None = None
@@ -101,7 +102,8 @@ class Receipts:
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one receipt. Never raises. A receipt that fails still consumed its ``seq``, so
-        the log shows the loss as a gap."""
+        the log shows the loss as a gap. Every kind is counted, written or not (for metrics)."""
+        self.counts[event] += 1
         if not self.enabled:
             return
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import time
 import uuid
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from engine.model.chat import ChatTemplateError
+from engine.obs.metrics import CONTENT_TYPE, ServerMetrics
 from engine.sched.scheduler import StepOutput
 from engine.server.driver import EngineDriver, Submission
 from engine.server.protocol import (
@@ -23,15 +25,99 @@ from engine.server.protocol import (
     CompletionRequest,
     ProtocolError,
     error_body,
+    field_path,
     sampling_params,
 )
 
+VERSION = "0.1.0"
 MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 256
 
 
 def _error(message: str, status: int, param: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, status, param), status_code=status)
+
+
+class _Failed(Exception):
+    """A request that cannot complete: the scheduler refused it, died, or is stopping."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Run:
+    """One HTTP request's choices in the scheduler (``n`` requests sharing one queue): yields
+    each output with its choice index, times it for /metrics, and aborts whatever has not
+    finished when it is closed (a client that went away)."""
+
+    def __init__(
+        self, driver: EngineDriver, metrics: ServerMetrics, rid: str, ids: list[int], params, n: int
+    ) -> None:
+        self.driver = driver
+        self.queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
+        self.subs = [
+            # several seeded choices must still differ: each draws from its own seed
+            Submission(r, ids, _choice_params(params, i), loop, self.queue)
+            for i, r in enumerate(rids)
+        ]
+        self.index = {r: i for i, r in enumerate(rids)}
+        self.open = set(rids)
+        self.timers = [metrics.timer(len(ids) if i == 0 else 0) for i in range(n)]
+        self.completion = [0] * n
+        self.cached = 0
+        self.prompt_tokens = len(ids)
+
+    def submit(self) -> None:
+        try:
+            for sub in self.subs:
+                self.driver.submit(sub)
+        except RuntimeError as e:
+            self.close()
+            raise _Failed(str(e), 503) from e
+
+    async def events(self) -> AsyncIterator[tuple[int, StepOutput]]:
+        while self.open:
+            item = await self.queue.get()
+            if isinstance(item, Exception):
+                raise _Failed(str(item), 400 if isinstance(item, ValueError) else 503)
+            i = self.index[item.rid]
+            n_new = len(item.new_token_ids)
+            self.timers[i].tokens(n_new, item.cached_tokens)
+            self.completion[i] += n_new
+            self.cached = max(self.cached, item.cached_tokens)
+            if item.finished:
+                self.open.discard(item.rid)
+                self.timers[i].end(item.finish_reason)
+                if item.finish_reason == "abort" and self.driver.stopping:
+                    raise _Failed(
+                        f"server is shutting down ({self.driver.stopping}); the request was aborted",
+                        503,
+                    )
+            yield i, item
+
+    def close(self) -> None:
+        for rid in self.open:
+            self.driver.abort(rid)
+            self.timers[self.index[rid]].end("abort")
+        self.open = set()
+
+    def usage(self) -> dict[str, Any]:
+        done = sum(self.completion)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": done,
+            "total_tokens": self.prompt_tokens + done,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        }
+
+
+def _choice_params(params, i: int):
+    if i == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=params.seed + i)
 
 
 def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None = None) -> FastAPI:
@@ -44,22 +130,28 @@ def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None
         finally:
             driver.stop()
 
-    app = FastAPI(title="Attest", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="Attest", version=VERSION, lifespan=lifespan)
     app.state.driver = driver
+    metrics = app.state.metrics = ServerMetrics(driver.stats)
     tok = driver.tokenizer
 
     @app.middleware("http")
-    async def _auth(request: Request, call_next: Any) -> Response:
+    async def _guard(request: Request, call_next: Any) -> Response:
         if api_key and request.url.path.startswith("/v1/"):
             got = request.headers.get("authorization", "")
             if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
                 return _error("invalid or missing API key", 401)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            return _error(f"request body exceeds {MAX_BODY_BYTES} bytes", 413)
         return await call_next(request)
 
     async def parse(request: Request, model: type[BaseModel]) -> Any:
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            raise ProtocolError(f"request body exceeds {MAX_BODY_BYTES} bytes", None, 413)
+        body = bytearray()
+        async for part in request.stream():  # bounded even when no length was declared
+            body += part
+            if len(body) > MAX_BODY_BYTES:
+                raise ProtocolError(f"request body exceeds {MAX_BODY_BYTES} bytes", None, 413)
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError as e:
@@ -70,8 +162,8 @@ def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None
             req = model.model_validate(data)
         except ValidationError as e:
             first = e.errors()[0]
-            loc = ".".join(str(x) for x in first["loc"])
-            raise ProtocolError(f"{loc}: {first['msg']}", loc) from e
+            param = field_path(model, first["loc"])
+            raise ProtocolError(f"{param}: {first['msg']}", param) from e
         if req.model not in (None, served_model_name):
             raise ProtocolError(
                 f"model {req.model!r} does not exist; this server serves {served_model_name!r}",
@@ -93,52 +185,38 @@ def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None
     async def run(ids: list[int], req: Any, kind: str) -> Response:
         params = sampling_params(req, len(ids), driver.max_context, DEFAULT_MAX_TOKENS)
         rid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
-        loop = asyncio.get_running_loop()
-        sub = Submission(rid, ids, params, loop, asyncio.Queue())
+        job = _Run(driver, metrics, rid, ids, params, req.n)
         try:
-            driver.submit(sub)
-        except RuntimeError as e:
-            return _error(str(e), 503)
-        created = int(time.time())
-        model = served_model_name
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            job.submit()
+        except _Failed as e:
+            return _error(str(e), e.status)
+        meta = {"id": rid, "created": int(time.time()), "model": served_model_name}
         if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                _stream(sub, kind, rid, created, model, len(ids), include_usage, driver),
-                media_type="text/event-stream",
+                _stream(job, kind, meta, include_usage), media_type="text/event-stream"
             )
-        text, n_out, reason = [], 0, None
+        texts = [[] for _ in range(req.n)]
+        reasons: list[str | None] = [None] * req.n
         try:
-            while True:
-                item = await sub.out.get()
-                if isinstance(item, Exception):
-                    status = 400 if isinstance(item, ValueError) else 503
-                    return _error(str(item), status)
-                text.append(item.text_delta)
-                n_out += len(item.new_token_ids)
-                sub.cached = item.cached_tokens
-                if item.finished:
-                    reason = item.finish_reason
-                    break
+            async for i, out in job.events():
+                texts[i].append(out.text_delta)
+                if out.finished:
+                    reasons[i] = out.finish_reason
+        except _Failed as e:
+            return _error(str(e), e.status)
         finally:
-            if reason is None:  # the client went away (cancelled) mid-request
-                driver.abort(rid)
-        body = "".join(text)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
-        if kind == "text":
-            choice["text"] = body
-        else:
-            choice["message"] = {"role": "assistant", "content": body}
-        return JSONResponse(
-            {
-                "id": rid,
-                "object": "text_completion" if kind == "text" else "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": [choice],
-                "usage": _usage(len(ids), n_out, sub.cached),
-            }
-        )
+            job.close()  # nothing, unless the client went away (cancelled) mid-request
+        choices = []
+        for i, (parts, reason) in enumerate(zip(texts, reasons)):
+            choice: dict[str, Any] = {"index": i, "finish_reason": reason, "logprobs": None}
+            if kind == "text":
+                choice["text"] = "".join(parts)
+            else:
+                choice["message"] = {"role": "assistant", "content": "".join(parts)}
+            choices.append(choice)
+        obj = "text_completion" if kind == "text" else "chat.completion"
+        return JSONResponse({**meta, "object": obj, "choices": choices, "usage": job.usage()})
 
     @app.exception_handler(ProtocolError)
     async def _protocol_error(_: Request, e: ProtocolError) -> JSONResponse:
@@ -148,11 +226,19 @@ def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None
     async def health() -> Response:
         if driver.dead:
             return _error(f"scheduler is not running: {driver.dead}", 503)
-        return JSONResponse({"status": "ok", **driver.stats()})
+        if driver.stopping:
+            return _error(f"server is shutting down ({driver.stopping})", 503)
+        stats = driver.stats()
+        stats.pop("receipts", None)
+        return JSONResponse({"status": "ok", **stats})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/version")
     async def version() -> dict[str, str]:
-        return {"version": "0.1.0"}
+        return {"version": VERSION}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -195,73 +281,39 @@ def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None
     return app
 
 
-def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
 def _sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 async def _stream(
-    sub: Submission,
-    kind: str,
-    rid: str,
-    created: int,
-    model: str,
-    prompt_len: int,
-    include_usage: bool,
-    driver: EngineDriver,
+    job: _Run, kind: str, meta: dict[str, Any], include_usage: bool
 ) -> AsyncIterator[bytes]:
     obj = "text_completion" if kind == "text" else "chat.completion.chunk"
 
-    def chunk(text: str | None, reason: str | None, first: bool = False) -> dict[str, Any]:
+    def chunk(i: int, text: str | None, reason: str | None, first: bool = False) -> bytes:
         if kind == "text":
-            choice: dict[str, Any] = {"index": 0, "text": text or "", "logprobs": None}
+            choice: dict[str, Any] = {"index": i, "text": text or "", "logprobs": None}
         else:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None}
+            choice = {"index": i, "delta": delta, "logprobs": None}
         choice["finish_reason"] = reason
-        return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+        return _sse({**meta, "object": obj, "choices": [choice]})
 
-    n_out = 0
-    finished = False
     try:
         if kind == "chat":
-            yield _sse(chunk("", None, first=True))
-        while True:
-            item = await sub.out.get()
-            if isinstance(item, Exception):
-                yield _sse(error_body(str(item), 400 if isinstance(item, ValueError) else 503))
-                finished = True
-                break
-            assert isinstance(item, StepOutput)
-            n_out += len(item.new_token_ids)
-            sub.cached = item.cached_tokens
-            if item.text_delta or item.finished:
-                yield _sse(chunk(item.text_delta, item.finish_reason if item.finished else None))
-            if item.finished:
-                finished = True
-                break
-        if include_usage:
-            yield _sse(
-                {
-                    "id": rid,
-                    "object": obj,
-                    "created": created,
-                    "model": model,
-                    "choices": [],
-                    "usage": _usage(prompt_len, n_out, sub.cached),
-                }
-            )
+            for i in range(len(job.subs)):
+                yield chunk(i, "", None, first=True)
+        try:
+            async for i, item in job.events():
+                if item.text_delta or item.finished:
+                    yield chunk(i, item.text_delta, item.finish_reason if item.finished else None)
+        except _Failed as e:
+            yield _sse(error_body(str(e), e.status))
+        else:
+            if include_usage:
+                yield _sse({**meta, "object": obj, "choices": [], "usage": job.usage()})
         yield b"data: [DONE]\n\n"
     finally:
-        if not finished:  # the client disconnected: free its memory now
-            driver.abort(rid)
+        job.close()  # a client that disconnected: its requests abort and their memory is freed

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import signal
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.sampling import SamplingParams
+from engine.sched.request import State
 
 
 @dataclass(slots=True)
@@ -29,11 +32,13 @@ class Submission:
     cached: int = 0
 
 
-def _stats(core: Any) -> dict[str, int]:
+def _stats(core: Any) -> dict[str, Any]:
     s = core.scheduler
     alloc, cache = core.allocator, s.cache
+    parked = sum(1 for r in s.running if r.state is State.PARKED)
     return {
-        "running": len(s.running),
+        "running": len(s.running) - parked,
+        "parked": parked,
         "waiting": len(s.waiting),
         # held by requests (their private pages and the cached prefixes they lock)
         "kv_used": alloc.used_size() - cache.evictable_size(),
@@ -41,11 +46,14 @@ def _stats(core: Any) -> dict[str, int]:
         "kv_evictable": cache.evictable_size(),
         "kv_free": alloc.available_size(),
         "kv_total": alloc.capacity,
+        "receipts": dict(core.receipts.counts),  # decisions since boot, by kind
     }
 
 
 def scheduler_main(config: EngineConfig, conn: Any) -> None:
     """The scheduler process: build the engine, then step while there is work."""
+    # the frontend owns the terminal's signals; this process stops when told, over the pipe
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         from engine.core import EngineCore
 
@@ -70,13 +78,16 @@ def scheduler_main(config: EngineConfig, conn: Any) -> None:
                     req = sched.requests.get(msg[1])
                     if req is not None and sched.abort(msg[1], reason=msg[2]):
                         conn.send(("aborted", msg[1], req.cached_tokens, _stats(core)))
+                        if not sched.has_work():
+                            sched.audit_idle()
                 elif msg[0] == "stop":
+                    _stop(core, conn, msg[1])
                     return
             if sched.has_work():
                 outs = sched.step()
                 conn.send(("out", outs, _stats(core)))
-    except (EOFError, BrokenPipeError, KeyboardInterrupt):
-        return  # the frontend went away
+    except (EOFError, BrokenPipeError):
+        core.shutdown("frontend_gone")  # nobody to answer, but the log still ends honestly
     except BaseException as e:
         traceback.print_exc()
         try:
@@ -85,8 +96,23 @@ def scheduler_main(config: EngineConfig, conn: Any) -> None:
             pass
 
 
+def _stop(core: Any, conn: Any, reason: str) -> None:
+    """An orderly stop: in-flight requests abort with receipts, ``boot.stop`` is written, and
+    each waiting client hears that its request ended."""
+    live = [(rid, r.cached_tokens) for rid, r in core.scheduler.requests.items()]
+    n = core.shutdown(reason)
+    for rid, cached in live:
+        conn.send(("aborted", rid, cached, _stats(core)))
+    conn.send(("stopped", reason, n))
+
+
 class EngineDriver:
-    def __init__(self, config: EngineConfig) -> None:
+    """The frontend's handle on the scheduler process.
+
+    ``on_dead`` is called once, from the reader thread, when the scheduler process dies or
+    reports a fatal error: the server uses it to stop with a non-zero status."""
+
+    def __init__(self, config: EngineConfig, on_dead: Callable[[str], None] | None = None) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
@@ -96,8 +122,11 @@ class EngineDriver:
         self._send_lock = threading.Lock()
         self._subs: dict[str, Submission] = {}
         self._subs_lock = threading.Lock()
-        self._stats: dict[str, int] = {}
+        self._stats: dict[str, Any] = {}
+        self._stopped = threading.Event()
         self.dead: str | None = None
+        self.stopping: str | None = None  # the reason, once an orderly stop has begun
+        self.on_dead = on_dead
         self.info: dict[str, Any] = {}
         self.tokenizer: Any = None
         self._reader = threading.Thread(target=self._read, name="attest-ipc-reader", daemon=True)
@@ -107,6 +136,7 @@ class EngineDriver:
         self._proc.start()
         self._child.close()
         if not self._conn.poll(timeout):
+            self._proc.terminate()
             raise RuntimeError(f"scheduler process did not become ready in {timeout:.0f} s")
         msg = self._conn.recv()
         if msg[0] != "ready":
@@ -122,11 +152,22 @@ class EngineDriver:
     def vocab_size(self) -> int:
         return int(self.info["vocab"])
 
-    def stop(self, timeout: float = 10.0) -> None:
-        try:
-            self._send(("stop",))
-        except Exception:
-            pass
+    def drain(self, reason: str) -> None:
+        """Begin an orderly stop: refuse new work; the scheduler aborts what is in flight
+        (each with a receipt), writes ``boot.stop`` and exits. Safe to call more than once."""
+        with self._send_lock:  # one order with submit: no request can slip in after the stop
+            if self.stopping is not None or self.dead:
+                return
+            self.stopping = reason
+            try:
+                self._conn.send(("stop", reason))
+            except (OSError, ValueError):
+                pass  # the process is already gone; the reader reports it
+
+    def stop(self, reason: str = "shutdown", timeout: float = 10.0) -> None:
+        """Drain and wait for the scheduler process to exit (killing it only past ``timeout``)."""
+        self.drain(reason)
+        self._stopped.wait(timeout)
         self._proc.join(timeout)
         if self._proc.is_alive():
             self._proc.terminate()
@@ -139,9 +180,12 @@ class EngineDriver:
     def submit(self, sub: Submission, trace_id: str | None = None) -> None:
         if self.dead:
             raise RuntimeError(f"scheduler is not running: {self.dead}")
-        with self._subs_lock:
-            self._subs[sub.rid] = sub
-        self._send(("add", sub.rid, sub.prompt_ids, sub.params, trace_id))
+        with self._send_lock:
+            if self.stopping:
+                raise RuntimeError(f"server is shutting down ({self.stopping})")
+            with self._subs_lock:
+                self._subs[sub.rid] = sub
+            self._conn.send(("add", sub.rid, sub.prompt_ids, sub.params, trace_id))
 
     def abort(self, rid: str, reason: str = "client_disconnect") -> None:
         if not self.dead:
@@ -150,7 +194,7 @@ class EngineDriver:
             except Exception:
                 pass
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         return dict(self._stats)
 
     def _deliver(self, rid: str, item: object, final: bool) -> None:
@@ -158,6 +202,12 @@ class EngineDriver:
             sub = self._subs.pop(rid, None) if final else self._subs.get(rid)
         if sub is not None:
             sub.loop.call_soon_threadsafe(sub.out.put_nowait, item)
+
+    def _fail_all(self, message: str) -> None:
+        with self._subs_lock:
+            subs, self._subs = list(self._subs.values()), {}
+        for sub in subs:
+            sub.loop.call_soon_threadsafe(sub.out.put_nowait, RuntimeError(message))
 
     def _read(self) -> None:
         from engine.sched.scheduler import StepOutput
@@ -175,16 +225,19 @@ class EngineDriver:
                 elif kind == "aborted":
                     self._stats = msg[3]
                     self._deliver(msg[1], StepOutput(msg[1], [], "", True, "abort", msg[2]), True)
+                elif kind == "stopped":
+                    self._fail_all(f"server is shutting down ({msg[1]})")
+                    self._stopped.set()
+                    return
                 elif kind == "dead":
                     raise RuntimeError(msg[1])
         except (EOFError, OSError, RuntimeError) as e:
+            self._proc.join(1)
             code = self._proc.exitcode
             self.dead = (
                 str(e) if isinstance(e, RuntimeError) else f"scheduler process exited (code {code})"
             )
-            with self._subs_lock:
-                subs, self._subs = list(self._subs.values()), {}
-            for sub in subs:
-                sub.loop.call_soon_threadsafe(
-                    sub.out.put_nowait, RuntimeError(f"scheduler failed: {self.dead}")
-                )
+            self._fail_all(f"scheduler failed: {self.dead}")
+            self._stopped.set()
+            if self.on_dead is not None:
+                self.on_dead(self.dead)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.sampling import SamplingParams
 
-MAX_N = 1  # several choices per request come with the serving issue's fan-out
+MAX_N = 16  # choices per request; each is its own request in the scheduler, sharing the prefix
 
 
 class ProtocolError(ValueError):
@@ -66,12 +66,10 @@ def sampling_params(
     req: _Common, prompt_len: int, max_context: int, default_max: int
 ) -> SamplingParams:
     """Validate and translate; every failure names the field, as OpenAI's errors do."""
-    if req.n != MAX_N:
-        raise ProtocolError(
-            f"n must be {MAX_N} (more choices are not supported yet), got {req.n}", "n"
-        )
+    if not 1 <= req.n <= MAX_N:
+        raise ProtocolError(f"n must be between 1 and {MAX_N}, got {req.n}", "n")
     if req.logprobs not in (None, False) or getattr(req, "top_logprobs", None):
-        raise ProtocolError("logprobs are not supported yet", "logprobs")
+        raise ProtocolError("logprobs are not supported by this server", "logprobs")
     max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
     room = max_context - prompt_len
     if max_tokens is None:
@@ -99,6 +97,34 @@ def sampling_params(
         )
     except ValueError as e:
         raise ProtocolError(str(e), str(e).split(" ", 1)[0]) from e
+
+
+def field_path(model: type[BaseModel], loc: tuple) -> str:
+    """The request field a validation error is about (``messages.0.content``), without the
+    union-branch tags pydantic appends to its location (``prompt.str``)."""
+    parts: list[str] = []
+    cur: Any = model
+    for x in loc:
+        if isinstance(x, int):
+            parts.append(str(x))
+            continue
+        fields = getattr(cur, "model_fields", None)
+        if not fields or x not in fields:
+            break
+        parts.append(x)
+        cur = _inner_model(fields[x].annotation)
+    return ".".join(parts) or ".".join(str(x) for x in loc)
+
+
+def _inner_model(annotation: Any) -> Any:
+    """The pydantic model inside an annotation such as ``list[ChatMessage] | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,146 @@
+"""Prometheus metrics for `engine serve`, under the ``attest:`` prefix.
+
+Two sources: the frontend times what a client sees (time to first token, inter-token latency,
+end-to-end) and counts tokens; the scheduler's snapshot, sent with every step, gives the gauges
+(running, waiting, parked, KV use) and the decision counters, which are the receipt counts
+themselves, so /metrics and the boot log cannot disagree about how many parks there were.
+
+prometheus_client is used for the exposition format (escaping, histogram buckets, content
+type) rather than writing that format again; its registry is per app, never the global one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from engine.obs import schema
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0, 160.0,
+)  # fmt: skip
+_ITL_BUCKETS = (
+    0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+    0.5, 0.75, 1.0, 2.5, 5.0,
+)  # fmt: skip
+
+# decision counters: metric name -> (receipt kind, help)
+_DECISIONS = {
+    "attest:parks": (schema.ADMISSION_PARK, "Chunks parked because the pool could not fund them."),
+    "attest:unparks": (schema.ADMISSION_UNPARK, "Parked chunks funded again."),
+    "attest:retractions": (schema.REQUEUE, "Running requests retracted and requeued."),
+    "attest:evictions": (schema.EVICTION, "Prefix-cache evictions."),
+    "attest:aborts": (schema.REQUEST_ABORT, "Requests that ended abnormally."),
+    "attest:oom": (schema.ALLOC_OOM, "Allocations that failed after the allocation-site net."),
+}
+
+
+class _EngineCollector:
+    """Gauges and counters read from the scheduler's latest snapshot at scrape time."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        for name, help_ in (
+            ("running", "Requests decoding or prefilling."),
+            ("waiting", "Requests waiting to be admitted."),
+            ("parked", "Requests whose next chunk is parked until memory frees."),
+        ):
+            yield GaugeMetricFamily(f"attest:num_requests_{name}", help_, value=s.get(name, 0))
+        total = s.get("kv_total", 0)
+        yield GaugeMetricFamily(
+            "attest:kv_usage_ratio",
+            "KV pool fraction held by requests (not free, not evictable cache).",
+            value=s.get("kv_used", 0) / total if total else 0.0,
+        )
+        g = GaugeMetricFamily("attest:kv_tokens", "KV pool token slots by state.", labels=["state"])
+        for state in ("used", "cached", "evictable", "free", "total"):
+            g.add_metric([state], s.get(f"kv_{state}", 0))
+        yield g
+        counts = s.get("receipts", {})
+        for name, (kind, help_) in _DECISIONS.items():
+            yield CounterMetricFamily(name, help_, value=counts.get(kind, 0))
+        c = CounterMetricFamily("attest:receipts", "Receipts written, by kind.", labels=["kind"])
+        for kind in sorted(counts):
+            c.add_metric([kind], counts[kind])
+        yield c
+
+
+class ServerMetrics:
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.prompt_tokens = Counter("attest:prompt_tokens", "Prompt tokens prefilled.", registry=r)
+        self.cached_tokens = Counter(
+            "attest:cached_prompt_tokens", "Prompt tokens served from the prefix cache.",
+            registry=r,
+        )  # fmt: skip
+        self.generation_tokens = Counter(
+            "attest:generation_tokens", "Tokens generated.", registry=r
+        )
+        self.requests = Counter(
+            "attest:requests", "Requests ended, by finish reason.", ["finish_reason"], registry=r
+        )
+        self.ttft = Histogram(
+            "attest:time_to_first_token_seconds", "Time to first token, as the client sees it.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "attest:inter_token_latency_seconds", "Time between consecutive output tokens.",
+            buckets=_ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "attest:e2e_request_latency_seconds", "Request latency, arrival to last token.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        r.register(_EngineCollector(stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def timer(self, prompt_tokens: int) -> RequestTimer:
+        return RequestTimer(self, prompt_tokens)
+
+
+class RequestTimer:
+    """One request's timings, fed as its outputs arrive."""
+
+    __slots__ = ("m", "prompt_tokens", "t0", "last", "ended")
+
+    def __init__(self, m: ServerMetrics, prompt_tokens: int) -> None:
+        self.m = m
+        self.prompt_tokens = prompt_tokens
+        self.t0 = time.perf_counter()
+        self.last: float | None = None
+        self.ended = False
+
+    def tokens(self, n: int, cached: int = 0) -> None:
+        if n <= 0:
+            return
+        now = time.perf_counter()
+        if self.last is None:
+            self.m.ttft.observe(now - self.t0)
+            self.m.prompt_tokens.inc(self.prompt_tokens)
+            self.m.cached_tokens.inc(cached)
+        else:
+            gap = (now - self.last) / n
+            for _ in range(n):
+                self.m.itl.observe(gap)
+        self.m.generation_tokens.inc(n)
+        self.last = now
+
+    def end(self, reason: str | None) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.m.e2e.observe(time.perf_counter() - self.t0)
+        self.m.requests.labels(reason or "abort").inc()

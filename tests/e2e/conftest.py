@@ -1,0 +1,29 @@
+import httpx
+import pytest
+
+from tests.e2e.server_proc import ServerProc
+
+API_KEY = "test-key-123"
+
+
+@pytest.fixture(scope="session")
+def boot_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("serve") / "boot.jsonl"
+
+
+@pytest.fixture(scope="session")
+def served(boot_log):
+    """One default-model server shared by the e2e tests that do not stop it."""
+    srv = ServerProc(
+        boot_log, "--kv-tokens", "4096", "--max-running", "8", "--served-model-name", "smol",
+        "--api-key", API_KEY,
+    )  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server(served):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=served.base, headers=headers, timeout=60) as client:
+        yield client

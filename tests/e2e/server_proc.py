@@ -1,0 +1,76 @@
+"""A real `engine serve` process on loopback, started and stopped the way an operator would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProc:
+    def __init__(self, log_file, *args: str, ready_timeout: float = 90) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_file = log_file
+        cmd = [sys.executable, "-m", "cli.engine_app", "serve", "--port", str(self.port),
+               "--log-file", str(log_file), *args]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.proc.stdout.read()}")
+            try:
+                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError(f"server did not become healthy in {ready_timeout:.0f} s")
+            time.sleep(0.3)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str]:
+        """Send ``sig`` and wait: (exit status, everything the server printed)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            raise AssertionError(f"no exit within {timeout} s of {sig!r}:\n{out}") from None
+        return self.proc.returncode, out
+
+    def scheduler_pid(self) -> int:
+        """The scheduler process (not multiprocessing's resource tracker)."""
+        pid, found = self.proc.pid, []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                for child in map(int, f.read().split()):
+                    with open(f"/proc/{child}/cmdline", "rb") as c:
+                        if b"resource_tracker" not in c.read():
+                            found.append(child)
+        assert len(found) == 1, found
+        return found[0]
+
+    def metrics(self) -> dict[str, float]:
+        """The /metrics samples, by their full name with labels."""
+        out = {}
+        for line in httpx.get(self.base + "/metrics", timeout=10).text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out

@@ -1,0 +1,94 @@
+"""How `engine serve` ends: in order on SIGTERM/SIGINT (exit 0, boot.stop), loudly and promptly
+when its scheduler process dies (503s naming the reason, exit 1). Never a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import requires_default_model
+from tests.e2e.server_proc import ServerProc
+
+pytestmark = requires_default_model
+LONG = {"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": True}
+
+
+def receipts(path) -> list[dict]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()]
+
+
+class Stream(threading.Thread):
+    """A streaming client in the background: its SSE data lines, once the first has arrived."""
+
+    def __init__(self, base: str) -> None:
+        super().__init__(daemon=True)
+        self.base, self.lines, self.first = base, [], threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        with httpx.stream("POST", self.base + "/v1/completions", json={**LONG, "stream": True},
+                          timeout=60) as r:  # fmt: skip
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    self.lines.append(line[6:])
+                    self.first.set()
+        self.first.set()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_in_order_with_boot_stop_and_exit_0(tmp_path, sig):
+    log = tmp_path / "boot.jsonl"
+    srv = ServerProc(log, "--kv-tokens", "8192")
+    client = Stream(srv.base)
+    assert client.first.wait(60)
+    t0 = time.monotonic()
+    code, out = srv.stop(sig)
+    assert code == 0, out
+    assert time.monotonic() - t0 < 20
+    client.join(10)
+    assert not client.is_alive()
+    assert client.lines[-1] == "[DONE]"
+    error = orjson.loads(client.lines[-2])["error"]
+    assert error["code"] == 503 and "shutting down" in error["message"]
+    recs = receipts(log)
+    name = signal.Signals(sig).name.lower()
+    stop = recs[-1]
+    assert stop["event"] == "boot.stop" and stop["reason"] == name and stop["in_flight"] == 1
+    (abort,) = [r for r in recs if r["event"] == "request.abort"]
+    assert abort["reason"] == name and abort["tokens"] < LONG["max_tokens"]
+    assert {r["rid"] for r in recs if r["event"] == "request.received"} == {abort["rid"]}
+
+
+def test_a_dead_scheduler_is_503_with_the_reason_then_exit_1(tmp_path):
+    srv = ServerProc(tmp_path / "boot.jsonl", "--kv-tokens", "8192")
+    try:
+        stream = Stream(srv.base)
+        assert stream.first.wait(60)
+        answer = {}
+
+        def plain() -> None:
+            r = httpx.post(srv.base + "/v1/completions", json=LONG, timeout=60)
+            answer["status"], answer["body"] = r.status_code, r.json()
+
+        waiter = threading.Thread(target=plain, daemon=True)
+        waiter.start()
+        time.sleep(1.0)  # both requests are in the scheduler now
+        os.kill(srv.scheduler_pid(), signal.SIGKILL)
+        waiter.join(20)
+        stream.join(20)
+        assert answer["status"] == 503
+        assert "scheduler" in answer["body"]["error"]["message"]
+        error = orjson.loads(stream.lines[-2])["error"]
+        assert error["code"] == 503 and "scheduler" in error["message"]
+        code, out = srv.stop(signal.SIGCONT, timeout=20)  # no signal needed: it exits by itself
+        assert code == 1, out
+        assert "scheduler process died" in out
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()

@@ -1,0 +1,89 @@
+"""A report three ways: a Rich table for people, JSON and JUnit XML for machines.
+
+In JUnit an UNDECIDED claim is an ``<error>`` (the evidence was not there), never
+``<skipped>``: a CI dashboard must not show an unanswered question as green.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from audit.verdict import Report, Status
+
+STYLE = {Status.PASS: "bold green", Status.FAIL: "bold red", Status.UNDECIDED: "bold yellow"}
+
+
+def to_json(report: Report) -> str:
+    return orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode()
+
+
+def to_junit(report: Report) -> str:
+    root = ET.Element("testsuites", name="audit")
+    totals = {"tests": 0, "failures": 0, "errors": 0}
+    for sv in report.specs:
+        suite = ET.SubElement(root, "testsuite", name=sv.spec)
+        counts = {"tests": 0, "failures": 0, "errors": 0}
+        for cv in sv.claims:
+            counts["tests"] += 1
+            case = ET.SubElement(
+                suite, "testcase", classname=f"acceptance.{sv.spec}", name=cv.claim
+            )
+            if cv.status is Status.FAIL:
+                counts["failures"] += 1
+                el = ET.SubElement(case, "failure", message=cv.why, type=cv.reason or "FAIL")
+                el.text = cv.why
+            elif cv.status is Status.UNDECIDED:
+                counts["errors"] += 1
+                el = ET.SubElement(case, "error", message=cv.why, type=cv.reason or "UNDECIDED")
+                el.text = f"UNDECIDED ({cv.reason}): {cv.why}"
+            else:
+                ET.SubElement(case, "system-out").text = cv.why
+        for k, v in counts.items():
+            suite.set(k, str(v))
+            totals[k] += v
+        suite.set("skipped", "0")
+    for k, v in totals.items():
+        root.set(k, str(v))
+    return ET.tostring(root, encoding="unicode", xml_declaration=True)
+
+
+def print_report(report: Report, console: Console | None = None) -> None:
+    console = console or Console()
+    st = report.stats
+    for sv in report.specs:
+        table = Table(
+            title=f"{sv.spec}: {sv.status.value}",
+            caption=sv.description or None,
+            show_lines=True,
+            expand=False,
+        )
+        table.add_column("claim", no_wrap=True)
+        table.add_column("verdict", no_wrap=True)
+        table.add_column("reason", no_wrap=True)
+        table.add_column("why (with the numbers)")
+        for cv in sv.claims:
+            table.add_row(
+                cv.claim,
+                Text(cv.status.value, style=STYLE[cv.status]),
+                cv.reason or "",
+                cv.why,
+            )
+        console.print(table)
+    for name, why in report.not_applicable:
+        console.print(f"[dim]{name}: not applicable ({why})[/dim]")
+    console.print(
+        f"read {st.files} file(s), {st.lines} lines: {st.receipts} receipts, "
+        f"{st.text} text, {st.foreign_json} foreign JSON, {st.garbage} garbage, "
+        f"{st.truncated} truncated, {st.malformed} malformed, {st.unknown_kind} unknown kind; "
+        f"ranks {sorted(st.ranks) or '-'}"
+    )
+    incomplete = st.incomplete()
+    if incomplete:
+        console.print(f"[yellow]incomplete log ({incomplete[0]}): {incomplete[1]}[/yellow]")
+    overall = report.status
+    console.print(Text(f"overall: {overall.value}", style=STYLE[overall]))

@@ -18,7 +18,7 @@ class EngineConfig:
     max_running: int = 64  # requests decoding at once
     chunk_tokens: int = 2048  # prefill tokens per step (longer prompts are chunked)
     max_model_len: int | None = None  # context limit; None: the model's own
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # auto: torch on CPU, the best one that runs on CUDA
     threads: int | None = None  # torch intra-op threads; None: torch's default
     seed: int = 0  # seed of the shared generator used by unseeded sampling requests
     prefix_cache: bool = True  # reuse cached prefixes through the radix cache
@@ -27,6 +27,7 @@ class EngineConfig:
     receipts: bool = True  # False: write no receipts at all (for the on/off benchmark)
     log_file: str | None = None  # boot log (JSON receipts); None: receipts kept in memory only
     console_receipts: bool = False  # also print receipts, pretty, on stderr
+    device: str = "cpu"  # where weights, KV pool and attention run: cpu, cuda or cuda:N
 
     def __post_init__(self) -> None:
         self.validate()
@@ -69,6 +70,15 @@ class EngineConfig:
         need(isinstance(self.attention_backend, str), "attention_backend", "a backend name")
         need(self.threads is None or pos_int(self.threads), "threads", "None or an integer >= 1")
         need(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "an integer")
+        need(
+            isinstance(self.device, str)
+            and (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")),
+            "device", "cpu, cuda or cuda:N",
+        )  # fmt: skip
+        need(
+            self.device == "cpu" or self.kv_tokens is not None,
+            "kv_tokens", "given off the CPU (otherwise the pool is sized from host memory)",
+        )  # fmt: skip
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

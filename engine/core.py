@@ -36,12 +36,17 @@ class EngineCore:
         self.receipts.emit(schema.BOOT_START, config=config.as_dict())
         if config.threads:
             torch.set_num_threads(config.threads)
-        backend = get_backend(config.attention_backend)
+        # a backend that cannot run here fails now, before any weight is loaded
+        backend = get_backend(
+            config.attention_backend, config.device, config.torch_dtype, config.page_size
+        )
         self.loaded = loaded or load_model(config.model)
         cfg = self.loaded.config
         self.model_config = cfg
         self.tokenizer = self.loaded.tokenizer
-        self.model = LlamaModel(cfg, self.loaded.weights, config.torch_dtype, backend)
+        self.model = LlamaModel(
+            cfg, self.loaded.weights, config.torch_dtype, backend, device=config.device
+        )
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
         self.max_context = min(config.max_model_len or cfg.max_position, cfg.max_position)
         itemsize = torch.finfo(config.torch_dtype).bits // 8
@@ -58,6 +63,7 @@ class EngineCore:
             cfg.num_kv_heads,
             cfg.head_dim,
             config.torch_dtype,
+            device=config.device,
         )
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
         self.req_table = ReqToTokenPool(running_ceiling(config.max_running), self.max_context)
@@ -131,7 +137,8 @@ class EngineCore:
             "page_size": self.allocator.page_size,
             "kv_bytes_per_token": self.kv.bytes_per_token,
             "kv_pool_bytes": self.kv.total_bytes,
-            "attention_backend": self.config.attention_backend,
+            "attention_backend": self.model.backend.name,
+            "device": self.config.device,
             "load_seconds": round(self.loaded.load_seconds, 2),
             "startup_seconds": round(self.startup_seconds, 2),
         }

@@ -25,6 +25,7 @@ class ModelRunner:
         self.model = model
         self.kv = kv
         self.req_table = req_table
+        self.device = model.device
 
     def forward(self, batch: list[BatchEntry], all_positions: bool = False) -> torch.Tensor:
         """Logits (fp32) at the last new token of each entry: [len(batch), vocab]; with
@@ -36,16 +37,25 @@ class ModelRunner:
             ids.extend(e.token_ids)
             pos.extend(range(e.prefix_len, e.prefix_len + len(e.token_ids)))
             last.append(len(ids) - 1)
+        table, rows = self.req_table.table, [e.row for e in batch]
+        dev = self.device
+        if dev.type != "cpu":
+            # the slot table lives with the scheduler on the host: ship only this batch's rows
+            width = max(e.prefix_len + len(e.token_ids) for e in batch)
+            table = table[torch.tensor(rows), :width].to(dev, non_blocking=True)
+            rows = list(range(len(batch)))
         meta = AttentionMetadata(
-            req_to_token=self.req_table.table,
-            req_rows=[e.row for e in batch],
+            req_to_token=table,
+            req_rows=rows,
             prefix_lens=[e.prefix_len for e in batch],
             extend_lens=[len(e.token_ids) for e in batch],
-            positions=torch.tensor(pos, dtype=torch.int64),
-            out_slots=torch.cat([e.out_slots for e in batch]),
+            positions=torch.tensor(pos, dtype=torch.int64, device=dev),
+            out_slots=torch.cat([e.out_slots for e in batch]).to(dev),
         )
         meta.validate()
-        hidden = self.model.forward(torch.tensor(ids, dtype=torch.int64), meta, self.kv.layers)
-        if all_positions:
-            return self.model.logits(hidden)
-        return self.model.logits(hidden[torch.tensor(last, dtype=torch.int64)])
+        ids_t = torch.tensor(ids, dtype=torch.int64, device=dev)
+        hidden = self.model.forward(ids_t, meta, self.kv.layers)
+        if not all_positions:
+            hidden = hidden[torch.tensor(last, dtype=torch.int64, device=dev)]
+        logits = self.model.logits(hidden)
+        return logits if dev.type == "cpu" else logits.cpu()  # the sampler runs on the host

@@ -54,12 +54,13 @@ class TorchReferenceBackend(AttentionBackend):
         """All decode requests in one padded call: [B, heads, 1, d] against [B, kv_heads, L, d],
         positions past each request's context masked out. One kernel call instead of B."""
         if "decode" not in meta.scratch:  # the same for every layer of this forward
-            lens = torch.tensor([p + 1 for p in meta.prefix_lens], dtype=torch.int64)
-            width = int(lens.max())
-            rows = torch.tensor(meta.req_rows, dtype=torch.int64)
+            dev = meta.req_to_token.device
+            lens = torch.tensor([p + 1 for p in meta.prefix_lens], dtype=torch.int64, device=dev)
+            width = max(meta.prefix_lens) + 1
+            rows = torch.tensor(meta.req_rows, dtype=torch.int64, device=dev)
             # slots past a request's length are stale but valid indices; the mask drops them
             idx = meta.req_to_token[rows, :width].flatten()
-            mask = (torch.arange(width)[None, :] < lens[:, None])[:, None, None, :]
+            mask = (torch.arange(width, device=dev)[None, :] < lens[:, None])[:, None, None, :]
             meta.scratch["decode"] = (idx, mask, width)
         idx, mask, width = meta.scratch["decode"]
         heads, d = kv.k.shape[1], kv.k.shape[2]

@@ -61,15 +61,21 @@ def size_pool(
 
 class KVPool:
     def __init__(
-        self, num_layers: int, pool_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+        self,
+        num_layers: int,
+        pool_slots: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
     ) -> None:
         # pool_slots includes the allocator's padding page
         self.pool_slots = pool_slots
         self.dtype = dtype
         self.layers = [
             LayerKV(
-                torch.zeros(pool_slots, kv_heads, head_dim, dtype=dtype),
-                torch.zeros(pool_slots, kv_heads, head_dim, dtype=dtype),
+                torch.zeros(pool_slots, kv_heads, head_dim, dtype=dtype, device=device),
+                torch.zeros(pool_slots, kv_heads, head_dim, dtype=dtype, device=device),
             )
             for _ in range(num_layers)
         ]

@@ -80,12 +80,14 @@ class LlamaModel:
         weights: dict[str, torch.Tensor],
         dtype: torch.dtype,
         backend: AttentionBackend,
+        device: str | torch.device = "cpu",
     ) -> None:
         self.cfg = cfg
         self.dtype = dtype
         self.backend = backend
+        self.device = torch.device(device)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
-        w = {k: v.to(dtype) for k, v in weights.items()}
+        w = {k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()}
 
         def take(name: str) -> torch.Tensor:
             if name not in w:
@@ -129,7 +131,7 @@ class LlamaModel:
             raise ValueError(
                 f"unexpected weights: {leftover[:5]}{' ...' if len(leftover) > 5 else ''}"
             )
-        self.inv_freq = rope_inv_freq(cfg)
+        self.inv_freq = rope_inv_freq(cfg).to(self.device)
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 

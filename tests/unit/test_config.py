@@ -37,6 +37,8 @@ from engine.config import EngineConfig
         ("seed", "x", "an integer"),
         ("seed", 1.5, "an integer"),
         ("seed", None, "an integer"),
+        ("device", "gpu", "cpu, cuda or cuda:N"),
+        ("device", None, "cpu, cuda or cuda:N"),
     ],
 )
 def test_bad_field_is_rejected_naming_it(field, value, rule):
@@ -63,7 +65,7 @@ def test_defaults_and_good_values_are_accepted():
         "max_running": 1,
         "chunk_tokens": 1,
         "max_model_len": 1,
-        "attention_backend": "torch",
+        "attention_backend": "auto",
         "threads": 1,
         "seed": -7,
         "prefix_cache": True,
@@ -72,6 +74,7 @@ def test_defaults_and_good_values_are_accepted():
         "receipts": True,
         "log_file": None,
         "console_receipts": False,
+        "device": "cpu",
     }
 
 

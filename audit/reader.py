@@ -72,14 +72,18 @@ class SeqTrack:
     def first_missing(self) -> int | None:
         if not self.missing:
             return None
-        for seq in range(1, self.top + 1):
-            byte, bit = divmod(seq, 8)
-            if seq >= _BITMAP_LIMIT:
-                if seq not in self.overflow:
-                    return seq
-            elif byte >= len(self.bits) or not self.bits[byte] >> bit & 1:
+        for i, b in enumerate(self.bits):
+            full = 0xFE if i == 0 else 0xFF  # seq 0 is never written
+            if b & full != full:
+                return next(i * 8 + k for k in range(8) if (i or k) and not b >> k & 1)
+        seq = max(1, len(self.bits) * 8)
+        if seq < _BITMAP_LIMIT:
+            return seq
+        for v in sorted(self.overflow):
+            if v != seq:
                 return seq
-        return None
+            seq += 1
+        return seq
 
 
 @dataclass(slots=True)

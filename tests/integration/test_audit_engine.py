@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from engine import LLM, SamplingParams
 from engine.obs import schema
@@ -28,10 +29,16 @@ def pressured_log(model: str, log, n: int = 32) -> None:
     llm.close("test")
 
 
-def test_the_catalog_knows_every_field_a_pressured_engine_writes(tiny_model_dir, tmp_path):
-    log = tmp_path / "boot.jsonl"
+@pytest.fixture(scope="module")
+def pressured(tiny_model_dir, tmp_path_factory):
+    """One pressured run's boot log, shared by the tests that only read it."""
+    log = tmp_path_factory.mktemp("pressured") / "boot.jsonl"
     pressured_log(tiny_model_dir, log)
-    recs = read(log)
+    return log
+
+
+def test_the_catalog_knows_every_field_a_pressured_engine_writes(pressured):
+    recs = read(pressured)
     kinds = {r["event"] for r in recs}
     assert {"admission.park", "retract", "requeue", "eviction", "iteration"} <= kinds
     unknown = {
@@ -60,3 +67,67 @@ def test_drop_for_test_loses_a_request_without_an_ending_and_keeps_the_ledger(
     ends = [r["rid"] for r in read(log) if r["event"] in ("request.finish", "request.abort")]
     assert sorted(ends) == sorted([reqs[0].rid, reqs[2].rid])
     assert llm.core.allocator.available_size() + sched.cache.total_size() == 2048
+
+
+def audit_log(log, *windows: str) -> dict[str, dict[str, tuple[str, str | None, str]]]:
+    from audit.spec import resolve
+    from audit.verdict import evaluate
+
+    report = evaluate([resolve(w) for w in windows], [log])
+    return {
+        s.spec: {c.claim: (c.status.value, c.reason, c.why) for c in s.claims} for s in report.specs
+    }
+
+
+def overall(verdicts: dict[str, tuple[str, str | None, str]]) -> str:
+    from audit.verdict import Status, merge
+
+    return merge([Status(v[0]) for v in verdicts.values()]).value
+
+
+def test_a_pressured_run_passes_admission_park_and_no_request_lost(pressured):
+    got = audit_log(
+        pressured, "admission_park", "no_request_lost", "boot_health", "eviction_honesty"
+    )
+    for window in ("admission_park", "no_request_lost", "boot_health", "eviction_honesty"):
+        assert overall(got[window]) == "PASS", got[window]
+    # the pressure really engaged: parks seen, retractions followed (not vacuous)
+    assert got["admission_park"]["parks_seen"][1] is None
+    assert got["no_request_lost"]["every_retract_requeued"][1] is None
+    assert got["no_request_lost"]["every_request_ends"][2] == (
+        "all 32 rids from request.received later had request.finish | request.abort"
+    )
+
+
+def test_an_unpressured_run_is_undecided_on_admission_park_and_passes_no_request_lost(
+    tiny_model_dir, tmp_path
+):
+    log = tmp_path / "boot.jsonl"
+    prompts, params = workload(300, n=4)
+    llm = LLM(model=tiny_model_dir, kv_tokens=16384, log_file=str(log), check_invariants=True)
+    llm.generate(prompts, params)
+    llm.close("test")
+    got = audit_log(log, "admission_park", "no_request_lost")
+    assert overall(got["admission_park"]) == "UNDECIDED"
+    assert got["admission_park"]["parks_seen"][:2] == ("UNDECIDED", "no_engagement")
+    assert overall(got["no_request_lost"]) == "PASS"
+
+
+def test_a_dropped_request_fails_no_request_lost_naming_the_rid(tiny_model_dir, tmp_path):
+    log = tmp_path / "boot.jsonl"
+    llm = LLM(model=tiny_model_dir, kv_tokens=2048, log_file=str(log), check_invariants=True)
+    sched = llm.core.scheduler
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    reqs = [sched.add_request([3, 4, 5, 6], params) for _ in range(4)]
+    sched.step()
+    sched.drop_for_test(reqs[2].rid)
+    while sched.has_work():
+        sched.step()
+    unstopped = audit_log(log, "no_request_lost")["no_request_lost"]["every_request_ends"]
+    assert unstopped[:2] == ("UNDECIDED", "in_flight_at_end")  # no boot.stop yet: maybe running
+    llm.close("test")
+    status, reason, why = audit_log(log, "no_request_lost")["no_request_lost"]["every_request_ends"]
+    assert status == "FAIL", why
+    assert f"{reqs[2].rid} (rank 0)" in why and "1 of 4" in why
+    for other in (reqs[0], reqs[1], reqs[3]):
+        assert f"{other.rid} (rank" not in why

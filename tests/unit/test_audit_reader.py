@@ -1,0 +1,124 @@
+"""The reader: one pass over mixed logs; every line is accounted for; seq gaps and duplicates
+are found whatever the line order; nothing crashes it (property test)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from audit.reader import UnreadableLog, scan
+from tests.unit.audit_logs import LogText
+
+
+def collect(paths):
+    receipts, texts = [], []
+    stats = scan(paths, receipts.append, lambda src, line, where: texts.append((src, line)))
+    return stats, receipts, texts
+
+
+def test_mixed_lines_are_each_counted_once(tmp_path):
+    log = LogText().ready().received("r-1")
+    log.text("plain text from stderr").text('{"level": "info", "msg": "a foreign engine"}')
+    log.text("{not json at all").text("").text(
+        "[rank1]: " + log.lines[0].replace('"rank":0', '"rank":1')
+    )
+    log.r("no.such.kind", x=1).r("request.finish", rid="r-1")  # finish without reason/tokens
+    stats, receipts, texts = collect([log.write(tmp_path / "a.log")])
+    assert stats.lines == 10 and stats.blank == 1
+    assert stats.receipts == 4  # boot.start, boot.ready, received, and rank 1's boot.start
+    assert [r["rank"] for r in receipts] == [0, 0, 0, 1]
+    assert texts == [
+        ("text", "plain text from stderr"),
+        ("json", '{"level": "info", "msg": "a foreign engine"}'),
+    ]
+    assert (stats.garbage, stats.unknown_kind, stats.malformed) == (1, 1, 1)
+    assert stats.incomplete()[0] == "unparsed_lines"
+
+
+def test_a_truncated_last_line_is_counted_as_truncated_not_garbage(tmp_path):
+    log = LogText().ready().received("r-1")
+    p = tmp_path / "a.log"
+    p.write_text(str(log) + log.lines[-1][:30], encoding="utf-8")  # no newline at the end
+    stats, receipts, _ = collect([p])
+    assert (stats.truncated, stats.garbage, len(receipts)) == (1, 0, 3)
+
+
+def test_gzip_is_read_and_a_cut_gzip_keeps_what_came(tmp_path):
+    log = LogText().ready()
+    for i in range(200):
+        log.received(f"r-{i}")
+    data = gzip.compress(str(log).encode())
+    (tmp_path / "a.log.gz").write_bytes(data)
+    stats, receipts, _ = collect([tmp_path / "a.log.gz"])
+    assert len(receipts) == 202 and stats.incomplete() is None
+    (tmp_path / "cut.gz").write_bytes(data[: len(data) // 2])
+    stats, receipts, _ = collect([tmp_path / "cut.gz"])
+    assert 0 < len(receipts) < 202 and stats.truncated >= 1
+    assert stats.incomplete() is not None
+
+
+def test_unreadable_inputs_raise_unreadable_log(tmp_path):
+    with pytest.raises(UnreadableLog, match="No such file"):
+        scan([tmp_path / "missing.log"])
+    with pytest.raises(UnreadableLog, match="directory"):
+        scan([tmp_path])
+    (tmp_path / "bad.gz").write_bytes(b"\x1f\x8b" + b"\x00" * 40)
+    with pytest.raises(UnreadableLog):
+        scan([tmp_path / "bad.gz"])
+
+
+def test_a_seq_gap_and_a_duplicate_are_found_in_any_line_order(tmp_path):
+    log = LogText().ready().received("r-1").received("r-2", lose=True).received("r-3")
+    lines = list(log.lines)
+    random.Random(1).shuffle(lines)
+    (tmp_path / "a.log").write_text("\n".join(lines) + "\n")
+    stats, _, _ = collect([tmp_path / "a.log"])
+    assert stats.gaps() == {("b-00000001", 0): 1}
+    assert stats.seqs[("b-00000001", 0)].first_missing() == 4
+    assert stats.incomplete()[0] == "seq_gap"
+    whole = LogText().ready().received("r-1").write(tmp_path / "b.log")
+    stats, _, _ = collect([whole, whole])  # the same log given twice
+    assert stats.gaps() == {} and stats.incomplete()[0] == "seq_duplicate"
+
+
+def test_interleaved_ranks_each_keep_their_own_seq(tmp_path):
+    log = LogText()
+    for i in range(5):
+        log.received(f"r-{i}", rank=i % 2)
+    stats, _, _ = collect([log.write(tmp_path / "a.log")])
+    assert stats.ranks == {0, 1} and stats.incomplete() is None
+
+
+line_text = st.one_of(
+    st.text(max_size=200),
+    st.builds(json.dumps, st.dictionaries(
+        st.sampled_from(["event", "v", "boot", "rank", "seq", "rid", "iter", "ts", "rids", "x"]),
+        st.one_of(st.none(), st.integers(-5, 2**70), st.text(max_size=8), st.floats(),
+                  st.lists(st.integers(), max_size=3), st.sampled_from(["request.received", "retract", "boot.stop"])),
+    )),
+)  # fmt: skip
+
+
+@given(st.lists(line_text, max_size=40), st.booleans(), st.booleans())
+def test_arbitrary_lines_never_crash_the_reader_or_the_shipped_specs(
+    tmp_path_factory, lines, gz, nl
+):
+    from audit.spec import load_spec, shipped
+    from audit.verdict import evaluate
+
+    body = "\n".join(s.replace("\n", " ") for s in lines) + ("\n" if nl else "")
+    raw = body.encode("utf-8", "surrogatepass")
+    p = tmp_path_factory.mktemp("h") / "a.log"
+    p.write_bytes(gzip.compress(raw) if gz else raw)
+    report = evaluate([load_spec(s) for s in shipped()], [p])
+    st_ = report.stats
+    assert st_.lines == sum(
+        [st_.receipts, st_.text, st_.foreign_json, st_.blank, st_.garbage, st_.truncated,
+         st_.unknown_kind, st_.malformed]
+    )  # fmt: skip
+    assert report.status.value in ("PASS", "FAIL", "UNDECIDED")

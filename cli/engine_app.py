@@ -29,6 +29,17 @@ KvOpt = Annotated[
         help="KV pool size in tokens. Default: a share of free memory (--kv-memory-fraction).",
     ),
 ]
+BackendOpt = Annotated[
+    str,
+    typer.Option(
+        "--attention-backend",
+        help="Attention kernels: auto (torch on CPU, the best available on CUDA), torch, "
+        "triton (CPU only with TRITON_INTERPRET=1) or flashinfer (CUDA, bfloat16).",
+    ),
+]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="cpu, cuda or cuda:N (off the CPU, give --kv-tokens).")
+]
 
 
 def default_log_file() -> str:
@@ -63,6 +74,8 @@ def generate(
     ] = True,
     dtype: DtypeOpt = "float32",
     kv_tokens: KvOpt = 8192,
+    attention_backend: BackendOpt = "auto",
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Generate one completion and stream it to the terminal."""
     from engine import LLM, SamplingParams
@@ -72,7 +85,10 @@ def generate(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             min_p=min_p, seed=seed, stop=stop or None,
         )  # fmt: skip
-        llm = LLM(model=model, dtype=dtype, kv_tokens=kv_tokens, max_running=1)
+        llm = LLM(
+            model=model, dtype=dtype, kv_tokens=kv_tokens, max_running=1,
+            attention_backend=attention_backend, device=device,
+        )  # fmt: skip
         tok = llm.tokenizer
         ids = tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
         for delta in llm.stream(ids, params):
@@ -146,7 +162,8 @@ def serve(
     prefix_cache: Annotated[
         bool, typer.Option(help="Reuse cached prompt prefixes (radix cache).")
     ] = True,
-    attention_backend: Annotated[str, typer.Option(help="Attention kernels: torch.")] = "torch",
+    attention_backend: BackendOpt = "auto",
+    device: DeviceOpt = "cpu",
     threads: Annotated[int | None, typer.Option(help="Torch CPU threads.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for unseeded sampling.")] = 0,
     iteration_receipt_interval: Annotated[
@@ -172,7 +189,7 @@ def serve(
             kv_memory_fraction=kv_memory_fraction, log_file=log_file or default_log_file(),
             prefix_cache=prefix_cache, attention_backend=attention_backend, threads=threads,
             seed=seed, iteration_receipt_interval=iteration_receipt_interval, receipts=receipts,
-            console_receipts=console_receipts, check_invariants=check_invariants,
+            console_receipts=console_receipts, check_invariants=check_invariants, device=device,
         )  # fmt: skip
         code = run_server(cfg, host, port, served_model_name, api_key)
     except (ValueError, FileNotFoundError, RuntimeError) as e:

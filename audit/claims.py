@@ -28,6 +28,9 @@ from audit.verdict import ClaimVerdict, Status
 from engine.obs import schema
 
 MAX_NAMED = 5  # rids named in a sentence
+_SHIFT = 64  # Every packs two seqs into one int
+_LOW = (1 << _SHIFT) - 1
+_MASK64 = (1 << 64) - 1
 
 
 class Bus:
@@ -258,16 +261,17 @@ class Every(Checker):
 
     def __init__(self, claim: Claim, bus: Bus) -> None:
         super().__init__(claim, bus)
-        # (boot, rank) -> key -> [last seq of `when`, last seq of `then`]
-        self.seen: dict[tuple[str, int], dict[Any, list[int]]] = defaultdict(dict)
+        # (boot, rank) -> key -> last seq of `when` << _SHIFT | last seq of `then` (one int per
+        # key: this is the state that grows with the number of requests)
+        self.seen: dict[tuple[str, int], dict[Any, int]] = defaultdict(dict)
         self.stops: dict[tuple[str, int], int] = {}
         for s in claim.when:
-            bus.kinds[s.kind].append(self._fn(s, claim.when_key, 0))
+            bus.kinds[s.kind].append(self._fn(s, claim.when_key, True))
         for s in claim.then:
-            bus.kinds[s.kind].append(self._fn(s, claim.then_key, 1))
+            bus.kinds[s.kind].append(self._fn(s, claim.then_key, False))
         bus.kinds[schema.BOOT_STOP].append(self._stop)
 
-    def _fn(self, s: ReceiptSel, key: str, slot: int) -> Callable[[dict[str, Any]], None]:
+    def _fn(self, s: ReceiptSel, key: str, when: bool) -> Callable[[dict[str, Any]], None]:
         def fn(rec: dict[str, Any]) -> None:
             if s.where and not s.matches(rec):
                 return
@@ -277,11 +281,12 @@ class Every(Checker):
             for k in keys if isinstance(keys, list) else (keys,):
                 if k is None or isinstance(k, list | dict):
                     continue
-                entry = table.get(k)
-                if entry is None:
-                    entry = table[k] = [0, 0]
-                if seq > entry[slot]:
-                    entry[slot] = seq
+                packed = table.get(k, 0)
+                a, b = packed >> _SHIFT, packed & _LOW
+                if when and seq > a:
+                    table[k] = seq << _SHIFT | b
+                elif not when and seq > b:
+                    table[k] = a << _SHIFT | seq
 
         return fn
 
@@ -297,7 +302,8 @@ class Every(Checker):
         total, failed, open_ = 0, [], []
         for (boot, rank), table in sorted(self.seen.items()):
             stop = self.stops.get((boot, rank), 0)
-            for k, (a, b) in table.items():
+            for k, packed in table.items():
+                a, b = packed >> _SHIFT, packed & _LOW
                 if not a:
                     continue
                 total += 1
@@ -537,7 +543,8 @@ class RanksAgree(Checker):
 
     def __init__(self, claim: Claim, bus: Bus) -> None:
         super().__init__(claim, bus)
-        self.digest: dict[tuple[str, int], dict[int, list[int]]] = defaultdict(dict)  # (boot, iter)
+        # (boot, rank) -> iter -> count << 64 | (sum of the decisions' hashes mod 2^64)
+        self.digest: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
         self.top_iter: dict[tuple[str, int], int] = {}
         self.decisions = 0
         for s in claim.select:
@@ -559,9 +566,9 @@ class RanksAgree(Checker):
             if type(it) is not int or (s.where and not s.matches(rec)):
                 return
             item = (rec["event"], *(_frozen(rec.get(f)) for f in fields))
-            d = self.digest[(rec["boot"], it)].setdefault(rec["rank"], [0, 0])
-            d[0] += 1
-            d[1] = (d[1] + hash(item)) & 0xFFFFFFFFFFFFFFFF
+            per_iter = self.digest[(rec["boot"], rec["rank"])]
+            d = per_iter.get(it, 0)
+            per_iter[it] = ((d >> 64) + 1) << 64 | ((d & _MASK64) + hash(item)) & _MASK64
             self.decisions += 1
 
         return fn
@@ -590,15 +597,16 @@ class RanksAgree(Checker):
         if gated:
             return gated
         compared, differ = 0, []
-        for (boot, it), per_rank in sorted(self.digest.items()):
-            rs = multi.get(boot)
-            if rs is None or it > min(self.top_iter.get((boot, r), -1) for r in rs):
-                continue  # a rank whose log ends earlier has nothing to say about this iteration
-            compared += 1
-            got = [tuple(per_rank.get(r, (0, 0))) for r in rs]
-            if len(set(got)) > 1:
-                counts = ", ".join(f"rank {r}: {g[0]}" for r, g in zip(rs, got))
-                differ.append(f"boot {boot} iter {it} ({counts} decisions)")
+        for boot, rs in sorted(multi.items()):
+            last = min(self.top_iter.get((boot, r), -1) for r in rs)
+            per_rank = [self.digest.get((boot, r), {}) for r in rs]
+            # an iteration past a rank's last receipt has nothing from that rank to compare
+            for it in sorted({i for d in per_rank for i in d if i <= last}):
+                compared += 1
+                got = [d.get(it, 0) for d in per_rank]
+                if len(set(got)) > 1:
+                    counts = ", ".join(f"rank {r}: {g >> 64}" for r, g in zip(rs, got))
+                    differ.append(f"boot {boot} iter {it} ({counts} decisions)")
         nums = {
             "iterations": compared,
             "differ": len(differ),

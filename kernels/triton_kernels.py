@@ -217,8 +217,6 @@ def _extend_kernel(
     h = tl.program_id(1)
     mb = tl.program_id(2)
     ext = tl.load(ExtendLens + r)
-    if mb * BLOCK_M >= ext:
-        return
     kvh = h // GROUP
     prefix = tl.load(PrefixLens + r)
     q0 = tl.load(QStart + r).to(tl.int64)
@@ -236,6 +234,9 @@ def _extend_kernel(
     q_pos = prefix + offs_m  # absolute position of each query
     # keys at positions [0, kv_end): the cached prefix, then new tokens up to this block's last
     kv_end = tl.minimum(prefix + ext, prefix + (mb + 1) * BLOCK_M)
+    # a block past this request's last query (the grid is sized for the longest) reads nothing
+    # and stores nothing; masks rather than an early return, which older compilers refuse
+    kv_end = tl.where(mb * BLOCK_M < ext, kv_end, 0)
 
     m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)

@@ -1,0 +1,117 @@
+"""bench/gpu_check.py without a GPU: its arithmetic, its table, its guards, and its sections
+run on CPU tensors (Triton's interpreter) so the script meets the GPU already exercised."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tests.triton_interpret  # noqa: F401  (before any triton import: selects the interpreter)
+from tests.triton_interpret import interpreted_kernels
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+
+
+@pytest.fixture
+def gc(monkeypatch):
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", mod)  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_decode_bytes_counts_kv_table_query_and_output(gc):
+    # 2 requests x 100 tokens, 3 KV heads of 64 in bf16: K and V, int64 slots, q and out
+    got = gc.decode_bytes(batch=2, context=100, heads=9, kv_heads=3, head_dim=64, itemsize=2)
+    assert got == 2 * 2 * 100 * 3 * 64 * 2 + 2 * 100 * 8 + 2 * 2 * 9 * 64 * 2
+
+
+def test_bandwidth_arithmetic(gc):
+    assert gc.achieved_gbps(4_800 * 10**9, 1.0) == pytest.approx(4800.0)
+    assert gc.achieved_gbps(10**9, 0.5) == pytest.approx(2.0)
+    assert gc.floor_us(4_800_000, 4800.0) == pytest.approx(1.0)
+    assert gc.floor_us(1000, None) is None
+    assert gc.hbm_peak_gbps("NVIDIA H200") == 4800.0
+    assert gc.hbm_peak_gbps("NVIDIA H100 PCIe") == 2000.0  # the longest matching name wins
+    assert gc.hbm_peak_gbps("NVIDIA H100 80GB HBM3") == 3350.0
+    assert gc.hbm_peak_gbps("Some Future GPU") is None
+
+
+def test_decode_tokens_per_s_subtracts_the_prefill_run(gc):
+    # 64 streams, 65 tokens each: 64 decode steps took 2.0 - 0.4 s
+    assert gc.decode_tokens_per_s(64, 65, 0.4, 2.0) == pytest.approx(64 * 64 / 1.6)
+    assert gc.decode_tokens_per_s(1, 10, 1.0, 1.0) != gc.decode_tokens_per_s(1, 10, 1.0, 1.0)
+
+
+def test_table_aligns_its_columns(gc):
+    rows = [gc.Row("env", "device", "NVIDIA H200", "141 GiB"), gc.Row("decode", "B=1", "PASS")]
+    lines = gc.render_table(rows).splitlines()
+    assert lines[0].split() == ["section", "check", "result", "detail"]
+    assert set(lines[1]) == {"-"}
+    assert lines[2].index("NVIDIA H200") == lines[3].index("PASS") == lines[0].index("result")
+
+
+def test_parse_args_defaults_fit_the_time_limit(gc):
+    a = gc.parse_args([])
+    assert a.budget_s < 8 * 60 and not a.skip_serve and a.json is None
+    assert gc.parse_args(["--hbm-gbps", "3000", "--skip-serve"]).hbm_gbps == 3000.0
+
+
+def test_a_failing_section_is_a_row_and_the_run_goes_on(gc):
+    chk = gc.Check(budget_s=100)
+    chk.section("one", lambda: 1 / 0)
+    chk.section("two", lambda: chk.add("two", "x", "PASS"))
+    assert [(r.section, r.result) for r in chk.rows] == [("one", "ERROR"), ("two", "PASS")]
+    assert "ZeroDivisionError" in chk.rows[0].detail
+    late = gc.Check(budget_s=-1)
+    late.section("three", lambda: late.add("three", "x", "PASS"))
+    assert [(r.section, r.result) for r in late.rows] == [("three", "SKIP")]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_without_a_gpu_it_prints_the_table_and_fails(gc, capsys, tmp_path):
+    out = tmp_path / "rows.json"
+    assert gc.main(["--json", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "no CUDA device visible" in text and text.rstrip().endswith("s in all")
+    assert "section  check" in text
+    assert '"result": "ERROR"' in out.read_text()
+
+
+def shrink(gc, monkeypatch):
+    monkeypatch.setattr(gc, "DEVICE", "cpu")
+    monkeypatch.setattr(gc, "CASES", {"extend": [(5, 7), (0, 3)], "decode": [(9, 1), (0, 1)]})
+    monkeypatch.setattr(gc, "CORRECT_SHAPES", [(4, 2, 16)])
+    monkeypatch.setattr(gc, "DECODE_SIZES", [(2, 40)])
+    monkeypatch.setattr(gc, "SHAPES", {"tiny": (4, 2, 16)})
+
+
+def test_sections_run_on_cpu_under_the_interpreter(gc, monkeypatch, tiny_model_dir):
+    if interpreted_kernels() is None:
+        pytest.skip("needs triton running under its interpreter")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    shrink(gc, monkeypatch)
+    chk = gc.Check(budget_s=600)
+    status = {"triton": None, "flashinfer": "not installed"}
+    args = gc.parse_args(["--iters", "2", "--new-tokens", "3", "--prompt-tokens", "6"])
+    chk.section("correct", lambda: gc.section_correctness(chk, status))
+    chk.section("decode", lambda: gc.section_decode_speed(chk, status, args))
+    monkeypatch.setattr(gc, "MODEL", tiny_model_dir)
+    monkeypatch.setattr(gc, "STREAMS", (1, 3))
+    torch_only = {"triton": "skipped here", "flashinfer": "not installed"}
+    chk.section("serve", lambda: gc.section_serve(chk, torch_only, args))
+    results = {(r.section, r.check): r.result for r in chk.rows}
+    errors = [r for r in chk.rows if r.result in ("ERROR", "FAIL")]
+    assert not errors, errors
+    assert results[("correct", "triton extend bfloat16 page 16")] == "PASS"
+    assert results[("correct", "triton decode float32 page 1")] == "PASS"
+    assert results[("correct", "flashinfer")] == "SKIP"
+    decode = next(r for r in chk.rows if r.check == "tiny B=2 ctx=40")
+    assert "torch " in decode.detail and "triton " in decode.detail and "GB/s" in decode.detail
+    assert results[("serve", "torch 1 streams")].endswith("tok/s")
+    assert results[("serve", "torch 3 streams")].endswith("tok/s")

@@ -176,6 +176,14 @@ def serve(
     check_invariants: Annotated[
         bool, typer.Option(help="Check the memory ledger after every step (slow; for tests).")
     ] = False,
+    otlp_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Export OpenTelemetry traces over OTLP/HTTP to this collector base URL "
+            "(e.g. http://127.0.0.1:4318). Default: the OTEL_EXPORTER_OTLP_* variables; "
+            "neither: tracing is off."
+        ),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics). SIGTERM or Ctrl-C stops it in order: exit 0, with `boot.stop` logged."""
@@ -190,6 +198,7 @@ def serve(
             prefix_cache=prefix_cache, attention_backend=attention_backend, threads=threads,
             seed=seed, iteration_receipt_interval=iteration_receipt_interval, receipts=receipts,
             console_receipts=console_receipts, check_invariants=check_invariants, device=device,
+            otlp_endpoint=otlp_endpoint,
         )  # fmt: skip
         code = run_server(cfg, host, port, served_model_name, api_key)
     except (ValueError, FileNotFoundError, RuntimeError) as e:

@@ -8,6 +8,19 @@ from typing import Any
 DTYPES = ("float32", "bfloat16")
 
 
+def _http_url(v: Any) -> bool:
+    from urllib.parse import urlsplit
+
+    if not isinstance(v, str):
+        return False
+    try:
+        u = urlsplit(v)
+        u.port  # noqa: B018 (raises on a malformed port)
+    except ValueError:
+        return False
+    return u.scheme in ("http", "https") and bool(u.hostname)
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str | None = None  # GGUF file or HF folder; None: the default model
@@ -28,6 +41,8 @@ class EngineConfig:
     log_file: str | None = None  # boot log (JSON receipts); None: receipts kept in memory only
     console_receipts: bool = False  # also print receipts, pretty, on stderr
     device: str = "cpu"  # where weights, KV pool and attention run: cpu, cuda or cuda:N
+    # OTLP/HTTP collector base URL for traces; None: the OTEL_* variables decide (off if unset)
+    otlp_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -74,6 +89,10 @@ class EngineConfig:
             isinstance(self.device, str)
             and (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")),
             "device", "cpu, cuda or cuda:N",
+        )  # fmt: skip
+        need(
+            self.otlp_endpoint is None or _http_url(self.otlp_endpoint),
+            "otlp_endpoint", "None or an http(s) URL such as http://127.0.0.1:4318",
         )  # fmt: skip
         need(
             self.device == "cpu" or self.kv_tokens is not None,

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -73,6 +74,8 @@ class Receipts:
         self.counts: Counter[str] = Counter()  # receipts per kind since boot
         self._once: set[str] = set()
         self._lock = threading.Lock()
+        # tracing's hook (``RequestTraces.on_receipt``): sees every receipt, written or not
+        self.tap: Callable[[str, dict[str, Any]], None] | None = None
         self._file: IO[bytes] | None = None
         self._loggers: list[Any] = []
         if path is not None:
@@ -104,6 +107,8 @@ class Receipts:
         """Write one receipt. Never raises. A receipt that fails still consumed its ``seq``, so
         the log shows the loss as a gap. Every kind is counted, written or not (for metrics)."""
         self.counts[event] += 1
+        if self.tap is not None:
+            self._tap(event, fields)
         if not self.enabled:
             return
         try:
@@ -129,6 +134,14 @@ class Receipts:
             if self.failures == 1:
                 print(f"attest: receipt emitter failed ({type(e).__name__}: {e}); "
                       "further failures are counted, not printed", file=sys.stderr)  # fmt: skip
+
+    def _tap(self, event: str, fields: dict[str, Any]) -> None:
+        try:
+            self.tap(event, {"iter": self.iter, **fields})
+        except Exception as e:  # the hook guards itself; this is the last net
+            self.failures += 1
+            if self.failures == 1:
+                print(f"attest: receipt hook failed ({type(e).__name__}: {e})", file=sys.stderr)
 
     def once(self, key: str, event: str, **fields: Any) -> bool:
         """Emit only the first time ``key`` is seen; returns whether it emitted."""

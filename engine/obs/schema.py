@@ -97,7 +97,7 @@ _CATALOG = (
     Kind(ITERATION, ("running", "waiting"), "a sampled scheduler summary",
          ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio")),
     Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
-    Kind(NOTICE, ("text",), "something said once"),
+    Kind(NOTICE, ("text",), "something said once", ("process",)),
 )  # fmt: skip
 
 CATALOG: dict[str, Kind] = {k.name: k for k in _CATALOG}

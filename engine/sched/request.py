@@ -32,7 +32,8 @@ class Request:
     stop_ids: frozenset[int]  # tokens that end generation unless ignore_eos
     max_context: int  # prompt + output may not exceed this
     generator: torch.Generator | None = None
-    trace_id: str | None = None
+    trace_id: str | None = None  # the 32-hex trace id receipts carry
+    trace_parent: str | None = None  # W3C traceparent of the span this request's spans go under
     output_ids: list[int] = field(default_factory=list)
     state: State = State.WAITING
     row: int | None = None

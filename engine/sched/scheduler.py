@@ -30,6 +30,7 @@ from engine.model.detok import IncrementalDetokenizer
 from engine.model.tokenizer import Tokenizer
 from engine.obs import schema
 from engine.obs.receipts import Receipts
+from engine.obs.tracing import RequestTraces, split_trace
 from engine.runner import BatchEntry, ModelRunner
 from engine.sampling import SamplingParams, make_generator, sample
 from engine.sched.admission import (
@@ -59,6 +60,8 @@ class StepOutput:
     finished: bool
     finish_reason: str | None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    parks: int = 0  # set on the final output: times the request parked
+    retractions: int = 0  # ... and was retracted
 
 
 def victim_order(reqs: list[Request]) -> list[Request]:
@@ -98,6 +101,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self._was_busy = False
+        self.traces: RequestTraces | None = None  # set by RequestTraces.attach when tracing is on
         torch.manual_seed(config.seed)
 
     # -- intake -------------------------------------------------------------------------------
@@ -109,6 +113,8 @@ class Scheduler:
         rid: str | None = None,
         trace_id: str | None = None,
     ) -> Request:
+        """``trace_id``: a W3C traceparent (its spans go under that span; receipts carry its
+        trace id) or a bare trace id."""
         params.validate()
         if not prompt_ids:
             raise ValueError("prompt is empty: at least one token is needed")
@@ -126,6 +132,7 @@ class Scheduler:
         rid = rid or f"r-{next(self._ids)}"
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
+        trace_id, trace_parent = split_trace(trace_id)
         req = Request(
             rid=rid,
             prompt_ids=list(prompt_ids),
@@ -135,9 +142,12 @@ class Scheduler:
             max_context=self.max_context,
             generator=make_generator(params.seed),
             trace_id=trace_id,
+            trace_parent=trace_parent,
         )
         self.requests[rid] = req
         self.waiting.append(req)
+        if self.traces is not None:
+            self.traces.open(req)
         self.receipts.emit(
             schema.REQUEST_RECEIVED,
             rid=rid,
@@ -205,6 +215,8 @@ class Scheduler:
                 outs += self._sample_and_advance(samplers, logits[rows])
             if decode:
                 self.ratio.step()
+        if self.traces is not None:
+            self.traces.step_done(chunks)
         interval = self.config.iteration_receipt_interval
         if interval and self.receipts.iter % interval == 0:
             self._iteration_receipt()
@@ -538,8 +550,9 @@ class Scheduler:
         else:
             self.receipts.emit(schema.REQUEST_ABORT, reason=abort_reason, **common, **numbers)
         return StepOutput(
-            req.rid, tokens or [], req.take_text_delta(), True, req.finish_reason, req.cached_tokens
-        )
+            req.rid, tokens or [], req.take_text_delta(), True, req.finish_reason,
+            req.cached_tokens, req.parks, req.retractions,
+        )  # fmt: skip
 
     # -- accounting ---------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from engine.model.chat import ChatTemplateError
+from engine.obs import tracing as tr
 from engine.obs.metrics import CONTENT_TYPE, ServerMetrics
 from engine.sched.scheduler import StepOutput
 from engine.server.driver import EngineDriver, Submission
@@ -55,6 +56,7 @@ class _Run:
         self, driver: EngineDriver, metrics: ServerMetrics, rid: str, ids: list[int], params, n: int
     ) -> None:
         self.driver = driver
+        self.rid = rid
         self.queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
@@ -69,11 +71,17 @@ class _Run:
         self.completion = [0] * n
         self.cached = 0
         self.prompt_tokens = len(ids)
+        self.reasons: list[str | None] = [None] * n
+        self.parks = self.retractions = 0
+        self.started = time.monotonic()
+        self.first_token: float | None = None  # when the first token of any choice came back
+        self.trace: str | None = None  # the traceparent the scheduler's spans go under
+        self.span: Any = None  # the HTTP server span (tracing on)
 
     def submit(self) -> None:
         try:
             for sub in self.subs:
-                self.driver.submit(sub)
+                self.driver.submit(sub, self.trace)
         except RuntimeError as e:
             self.close()
             raise _Failed(str(e), 503) from e
@@ -88,8 +96,13 @@ class _Run:
             self.timers[i].tokens(n_new, item.cached_tokens)
             self.completion[i] += n_new
             self.cached = max(self.cached, item.cached_tokens)
+            if n_new and self.first_token is None:
+                self.first_token = time.monotonic()
             if item.finished:
                 self.open.discard(item.rid)
+                self.reasons[i] = item.finish_reason
+                self.parks += item.parks
+                self.retractions += item.retractions
                 self.timers[i].end(item.finish_reason)
                 if item.finish_reason == "abort" and self.driver.stopping:
                     raise _Failed(
@@ -103,6 +116,30 @@ class _Run:
             self.driver.abort(rid)
             self.timers[self.index[rid]].end("abort")
         self.open = set()
+
+    def end_span(self, status: int, error: str | None = None) -> None:
+        """End the server span (once) with what the response reports. Never raises."""
+        span, self.span = self.span, None
+        if span is None:
+            return
+        try:
+            u = self.usage()
+            ttft = None if self.first_token is None else self.first_token - self.started
+            span.set_attributes(tr.clean({
+                "http.response.status_code": status,
+                "gen_ai.usage.input_tokens": u["prompt_tokens"],
+                "gen_ai.usage.output_tokens": u["completion_tokens"],
+                "gen_ai.usage.cache_read.input_tokens": self.cached,
+                "gen_ai.response.finish_reasons": [r or "" for r in self.reasons],
+                "attest.cached_tokens": self.cached, "attest.parks": self.parks,
+                "attest.retractions": self.retractions,
+                "attest.ttft_s": None if ttft is None else round(ttft, 6),
+            }))  # fmt: skip
+            if error is not None:
+                tr.set_error(span, error)
+            span.end()
+        except Exception:
+            pass  # tracing never fails a request
 
     def usage(self) -> dict[str, Any]:
         done = sum(self.completion)
@@ -120,8 +157,14 @@ def _choice_params(params, i: int):
     return dataclasses.replace(params, seed=params.seed + i)
 
 
-def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None = None) -> FastAPI:
-    """The HTTP app over a started driver (the scheduler process is already up)."""
+def create_app(
+    driver: EngineDriver,
+    served_model_name: str,
+    api_key: str | None = None,
+    tracing: tr.Tracing = tr.DISABLED,
+) -> FastAPI:
+    """The HTTP app over a started driver (the scheduler process is already up). With tracing
+    on, each completion request gets a SERVER span that continues an incoming ``traceparent``."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -182,13 +225,37 @@ def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None
         if any(not 0 <= t < driver.vocab_size for t in ids):
             raise ProtocolError("prompt contains a token id outside the vocabulary", "prompt")
 
-    async def run(ids: list[int], req: Any, kind: str) -> Response:
+    def trace(job: _Run, request: Request, kind: str, req: Any, params: Any, t0: int) -> None:
+        """The request's trace context: a server span (tracing on), else an incoming
+        traceparent passed through so the receipts still name the caller's trace."""
+        headers = request.headers
+        if not tracing.enabled:
+            incoming = headers.get("traceparent")
+            job.trace = incoming if tr.parse_traceparent(incoming) else None
+            return
+        try:
+            op = "text_completion" if kind == "text" else "chat"
+            attrs = tr.request_attributes(op, served_model_name, params, req.n, bool(req.stream))
+            attrs.update({"gen_ai.response.id": job.rid, "gen_ai.response.model": served_model_name,
+                          "attest.rid": job.rid, "http.request.method": "POST",
+                          "url.path": request.url.path})  # fmt: skip
+            job.span = tracing.start_span(
+                f"{op} {served_model_name}", parent=tracing.context_from(headers), kind="SERVER",
+                start_ns=t0, attributes=attrs,
+            )  # fmt: skip
+            job.trace = tr.traceparent_of(job.span)
+        except Exception:
+            job.span = None  # tracing never fails a request
+
+    async def run(ids: list[int], req: Any, kind: str, request: Request, t0: int) -> Response:
         params = sampling_params(req, len(ids), driver.max_context, DEFAULT_MAX_TOKENS)
         rid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
         job = _Run(driver, metrics, rid, ids, params, req.n)
+        trace(job, request, kind, req, params, t0)
         try:
             job.submit()
         except _Failed as e:
+            job.end_span(e.status, str(e))
             return _error(str(e), e.status)
         meta = {"id": rid, "created": int(time.time()), "model": served_model_name}
         if req.stream:
@@ -197,18 +264,20 @@ def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None
                 _stream(job, kind, meta, include_usage), media_type="text/event-stream"
             )
         texts = [[] for _ in range(req.n)]
-        reasons: list[str | None] = [None] * req.n
         try:
             async for i, out in job.events():
                 texts[i].append(out.text_delta)
-                if out.finished:
-                    reasons[i] = out.finish_reason
         except _Failed as e:
+            job.end_span(e.status, str(e))
             return _error(str(e), e.status)
+        except BaseException:
+            job.end_span(499, "the client went away")
+            raise
         finally:
             job.close()  # nothing, unless the client went away (cancelled) mid-request
+        job.end_span(200)
         choices = []
-        for i, (parts, reason) in enumerate(zip(texts, reasons)):
+        for i, (parts, reason) in enumerate(zip(texts, job.reasons)):
             choice: dict[str, Any] = {"index": i, "finish_reason": reason, "logprobs": None}
             if kind == "text":
                 choice["text"] = "".join(parts)
@@ -257,6 +326,7 @@ def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
+        t0 = time.time_ns()
         req = await parse(request, CompletionRequest)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
@@ -265,10 +335,11 @@ def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None
             prompt = prompt[0]
         ids = tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
         check_prompt(ids)
-        return await run(ids, req, "text")
+        return await run(ids, req, "text", request, t0)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
+        t0 = time.time_ns()
         req = await parse(request, ChatCompletionRequest)
         try:
             messages = [m.model_dump() for m in req.messages]
@@ -276,7 +347,7 @@ def create_app(driver: EngineDriver, served_model_name: str, api_key: str | None
         except ChatTemplateError as e:
             raise ProtocolError(str(e), "messages") from e
         check_prompt(ids)
-        return await run(ids, req, "chat")
+        return await run(ids, req, "chat", request, t0)
 
     return app
 
@@ -301,6 +372,7 @@ async def _stream(
         choice["finish_reason"] = reason
         return _sse({**meta, "object": obj, "choices": [choice]})
 
+    status, error = 499, "the client went away"
     try:
         if kind == "chat":
             for i in range(len(job.subs)):
@@ -310,10 +382,13 @@ async def _stream(
                 if item.text_delta or item.finished:
                     yield chunk(i, item.text_delta, item.finish_reason if item.finished else None)
         except _Failed as e:
+            status, error = e.status, str(e)
             yield _sse(error_body(str(e), e.status))
         else:
+            status, error = 200, None
             if include_usage:
                 yield _sse({**meta, "object": obj, "choices": [], "usage": job.usage()})
         yield b"data: [DONE]\n\n"
     finally:
         job.close()  # a client that disconnected: its requests abort and their memory is freed
+        job.end_span(status, error)

@@ -15,6 +15,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
@@ -54,14 +55,44 @@ def scheduler_main(config: EngineConfig, conn: Any) -> None:
     """The scheduler process: build the engine, then step while there is work."""
     # the frontend owns the terminal's signals; this process stops when told, over the pipe
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from engine.obs.tracing import RequestTraces, setup_tracing
+
+    sink: list[Any] = []  # the receipts, once the engine is built: where a dropped-span notice goes
+    tracing = setup_tracing(
+        config.otlp_endpoint,
+        "scheduler",
+        on_drop=lambda text: sink and sink[0].notice("spans_dropped", text, process="scheduler"),
+    )
     try:
         from engine.core import EngineCore
 
-        core = EngineCore(config)
+        with tracing.span("boot", **{"attest.process": "scheduler"}) as span:
+            core = EngineCore(config)
+            if span is not None:
+                d = core.describe()
+                span.set_attributes({
+                    "attest.boot": core.receipts.boot, "attest.model": str(d["model"]),
+                    "gen_ai.request.model": str(d["name"] or Path(str(d["model"])).stem),
+                    "attest.kv_tokens": d["kv_tokens"],
+                    "attest.kv_sizing": str(d["kv_sizing"]), "attest.page_size": d["page_size"],
+                    "attest.device": str(d["device"]), "attest.dtype": str(d["dtype"]),
+                    "attest.attention_backend": str(d["attention_backend"]),
+                    "attest.startup_s": round(core.startup_seconds, 3),
+                })  # fmt: skip
+        sink.append(core.receipts)
+        RequestTraces.attach(core.scheduler, tracing)
         conn.send(("ready", core.describe(), core.tokenizer, _stats(core)))
     except BaseException as e:
         conn.send(("dead", f"engine failed to start: {type(e).__name__}: {e}"))
+        tracing.shutdown()
         return
+    try:
+        _serve_loop(core, conn)
+    finally:
+        tracing.shutdown()  # bounded: a dead collector must not hold up the exit
+
+
+def _serve_loop(core: Any, conn: Any) -> None:
     sched = core.scheduler
     try:
         while True:
@@ -80,6 +111,8 @@ def scheduler_main(config: EngineConfig, conn: Any) -> None:
                         conn.send(("aborted", msg[1], req.cached_tokens, _stats(core)))
                         if not sched.has_work():
                             sched.audit_idle()
+                elif msg[0] == "notice":  # the frontend's, written to the one boot log
+                    core.receipts.notice(msg[1], msg[2], **msg[3])
                 elif msg[0] == "stop":
                     _stop(core, conn, msg[1])
                     return
@@ -178,6 +211,7 @@ class EngineDriver:
             self._conn.send(msg)
 
     def submit(self, sub: Submission, trace_id: str | None = None) -> None:
+        """``trace_id``: the W3C traceparent the request's scheduler spans go under (or None)."""
         if self.dead:
             raise RuntimeError(f"scheduler is not running: {self.dead}")
         with self._send_lock:
@@ -186,6 +220,14 @@ class EngineDriver:
             with self._subs_lock:
                 self._subs[sub.rid] = sub
             self._conn.send(("add", sub.rid, sub.prompt_ids, sub.params, trace_id))
+
+    def notice(self, key: str, text: str, **fields: Any) -> None:
+        """Say something once in the boot log (the scheduler process writes it). Never raises."""
+        if not self.dead:
+            try:
+                self._send(("notice", key, text, fields))
+            except Exception:
+                pass
 
     def abort(self, rid: str, reason: str = "client_disconnect") -> None:
         if not self.dead:

@@ -18,6 +18,7 @@ from types import FrameType
 import uvicorn
 
 from engine.config import EngineConfig
+from engine.obs.tracing import setup_tracing
 from engine.server.driver import EngineDriver
 
 EXIT_SCHEDULER_DIED = 1
@@ -74,15 +75,26 @@ def serve(
         f"  boot log {cfg.log_file}; audit it with: audit verdict {cfg.log_file}",
         flush=True,
     )
-    app = create_app(driver, name, api_key=api_key)
+    # this process's own provider: the scheduler process has its own
+    tracing = setup_tracing(
+        cfg.otlp_endpoint,
+        "frontend",
+        on_drop=lambda text: driver.notice("spans_dropped_frontend", text, process="frontend"),
+    )
+    if tracing.enabled:
+        print(f"  traces to {tracing.endpoint} (OTLP/HTTP)", flush=True)
+    app = create_app(driver, name, api_key=api_key, tracing=tracing)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30
     )
     srv = _Server(config, driver)
     server.append(srv)
-    if driver.dead:  # it died while we were printing
-        on_dead(driver.dead)
-        return EXIT_SCHEDULER_DIED
-    srv.run()
-    driver.stop()
-    return status["code"]
+    try:
+        if driver.dead:  # it died while we were printing
+            on_dead(driver.dead)
+            return EXIT_SCHEDULER_DIED
+        srv.run()
+        driver.stop()
+        return status["code"]
+    finally:
+        tracing.shutdown()  # bounded: a dead collector must not hold up the exit

@@ -19,15 +19,19 @@ def free_port() -> int:
 
 
 class ServerProc:
-    def __init__(self, log_file, *args: str, ready_timeout: float = 90) -> None:
+    def __init__(
+        self, log_file, *args: str, ready_timeout: float = 90, env: dict[str, str] | None = None
+    ) -> None:
+        """``env``: variables set for the server on top of this process's environment."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_file = log_file
         cmd = [sys.executable, "-m", "cli.engine_app", "serve", "--port", str(self.port),
                "--log-file", str(log_file), *args]  # fmt: skip
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **env} if env else None,
+        )  # fmt: skip
         deadline = time.monotonic() + ready_timeout
         while True:
             if self.proc.poll() is not None:

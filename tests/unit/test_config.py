@@ -75,6 +75,7 @@ def test_defaults_and_good_values_are_accepted():
         "log_file": None,
         "console_receipts": False,
         "device": "cpu",
+        "otlp_endpoint": None,
     }
 
 

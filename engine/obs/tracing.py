@@ -127,7 +127,9 @@ class _ExporterLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             msg = record.getMessage()
-            self.reporter.last_error = msg
+            # keep the cause (a retried connection error) over the generic final message
+            if self.reporter.last_error is None or "due to timeout" not in msg:
+                self.reporter.last_error = msg
             if "dropping" in msg.lower():
                 self.reporter.report(msg)
         except Exception:

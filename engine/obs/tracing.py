@@ -97,7 +97,8 @@ class _DropReporter:
     def __init__(self, process: str, on_drop: Callable[[str], None] | None) -> None:
         self.process = process
         self.on_drop = on_drop
-        self.dropping = False
+        self.dropping = False  # said already
+        self.failing = False  # the latest export failed (the exit then waits less for it)
         self.last_error: str | None = None  # the exporter's latest complaint, for the reason
         self._lock = threading.Lock()
 
@@ -146,9 +147,11 @@ def _reporting_exporter(inner: Any, reporter: _DropReporter, url: str) -> Any:
             try:
                 result = inner.export(spans)
             except Exception as e:
+                reporter.failing = True
                 reporter.report(f"export to {url} failed ({type(e).__name__}: {e})")
                 return SpanExportResult.FAILURE
-            if result is not SpanExportResult.SUCCESS:
+            reporter.failing = result is not SpanExportResult.SUCCESS
+            if reporter.failing:
                 why = reporter.last_error or "the collector did not accept them"
                 reporter.report(f"export to {url} failed ({why})")
             return result
@@ -194,8 +197,9 @@ class Tracing:
             self._propagator = TraceContextTextMapPropagator()
 
     @property
-    def dropping(self) -> bool:
-        return bool(self._reporter and self._reporter.dropping)
+    def failing(self) -> bool:
+        """Whether the latest export failed (the collector is down now)."""
+        return bool(self._reporter and self._reporter.failing)
 
     def context_from(self, carrier: Mapping[str, str] | None) -> Any:
         """The parent context in ``carrier`` (HTTP headers, or {"traceparent": ...})."""
@@ -230,14 +234,14 @@ class Tracing:
             span.end()
 
     def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
-        """Flush what is queued and stop, waiting at most ``timeout_s`` (much less once exports
-        are known to fail): a dead collector must not hold up the exit."""
+        """Flush what is queued and stop, waiting at most ``timeout_s`` (much less while exports
+        are failing): a dead collector must not hold up the exit."""
         if not self.enabled or self._provider is None:
             return
         provider, self._provider = self._provider, None
         t = threading.Thread(target=provider.shutdown, name="attest-trace-flush", daemon=True)
         t.start()
-        t.join(0.2 if self.dropping else timeout_s)
+        t.join(0.2 if self.failing else timeout_s)
         if t.is_alive() and self._exporter is not None:
             self._exporter.shutdown()  # the final export is stuck in retries: abort them
 

@@ -73,8 +73,8 @@ class _Run:
         self.prompt_tokens = len(ids)
         self.reasons: list[str | None] = [None] * n
         self.parks = self.retractions = 0
-        self.started = time.monotonic()
-        self.first_token: float | None = None  # when the first token of any choice came back
+        self.started_ns = time.time_ns()  # the handler's start, once run() knows it
+        self.first_token_ns: int | None = None  # when the first token of any choice came back
         self.trace: str | None = None  # the traceparent the scheduler's spans go under
         self.span: Any = None  # the HTTP server span (tracing on)
 
@@ -96,8 +96,8 @@ class _Run:
             self.timers[i].tokens(n_new, item.cached_tokens)
             self.completion[i] += n_new
             self.cached = max(self.cached, item.cached_tokens)
-            if n_new and self.first_token is None:
-                self.first_token = time.monotonic()
+            if n_new and self.first_token_ns is None:
+                self.first_token_ns = time.time_ns()
             if item.finished:
                 self.open.discard(item.rid)
                 self.reasons[i] = item.finish_reason
@@ -124,7 +124,8 @@ class _Run:
             return
         try:
             u = self.usage()
-            ttft = None if self.first_token is None else self.first_token - self.started
+            first = self.first_token_ns
+            ttft = None if first is None else (first - self.started_ns) / 1e9
             span.set_attributes(tr.clean({
                 "http.response.status_code": status,
                 "gen_ai.usage.input_tokens": u["prompt_tokens"],
@@ -251,6 +252,7 @@ def create_app(
         params = sampling_params(req, len(ids), driver.max_context, DEFAULT_MAX_TOKENS)
         rid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
         job = _Run(driver, metrics, rid, ids, params, req.n)
+        job.started_ns = t0  # time to first token counts from the request's arrival
         trace(job, request, kind, req, params, t0)
         try:
             job.submit()

@@ -144,7 +144,9 @@ def test_32_concurrent_streams_all_complete_and_memory_returns_to_idle(server):
         body = {"prompt": f"Count to {i}:", "max_tokens": 12, "temperature": 0,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
         text, usage = [], None
-        with server.stream("POST", "/v1/completions", json=body) as r:
+        with server.stream(
+            "POST", "/v1/completions", json=body, timeout=600
+        ) as r:  # a loaded machine is slow, not wrong
             for line in r.iter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
                     c = orjson.loads(line[6:])

@@ -266,9 +266,15 @@ def create_app(
                 _stream(job, kind, meta, include_usage), media_type="text/event-stream"
             )
         texts = [[] for _ in range(req.n)]
-        try:
+
+        async def collect() -> None:
             async for i, out in job.events():
                 texts[i].append(out.text_delta)
+
+        try:
+            if not await _unless_disconnected(collect(), request):
+                job.end_span(499, "the client went away")
+                return Response(status_code=499)  # nobody reads it; the request is aborted
         except _Failed as e:
             job.end_span(e.status, str(e))
             return _error(str(e), e.status)
@@ -352,6 +358,30 @@ def create_app(
         return await run(ids, req, "chat", request, t0)
 
     return app
+
+
+async def _unless_disconnected(work: Any, request: Request) -> bool:
+    """Run ``work`` unless the client hangs up first (the body is already read, so the next
+    message can only be the disconnect). False when it hung up; the caller aborts."""
+    task = asyncio.ensure_future(work)
+
+    async def hangup() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(hangup())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if task.done():
+        task.result()  # re-raise what the work raised
+        return True
+    task.cancel()
+    return False
 
 
 def _sse(obj: Any) -> bytes:

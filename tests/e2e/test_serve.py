@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from tests.conftest import requires_default_model
+from tests.e2e.conftest import API_KEY
 
 pytestmark = requires_default_model
 
@@ -248,3 +249,28 @@ def test_metrics_count_what_the_server_did(served, server):
         assert name in after, name
     assert after["attest:kv_usage_ratio"] == 0.0
     assert after['attest:kv_tokens{state="total"}'] == 4096
+
+
+def test_a_non_streaming_client_that_goes_away_frees_its_memory(served, server, boot_log):
+    import socket
+
+    body = orjson.dumps({"prompt": "Write a long story.", "max_tokens": 3000, "ignore_eos": True})
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    with socket.create_connection(("127.0.0.1", served.port)) as s:
+        s.sendall(head.encode() + body)
+        deadline = time.monotonic() + 60
+        while server.get("/health").json()["running"] == 0:  # wait until it is decoding
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    deadline = time.monotonic() + 1.0  # hung up: freed within a second
+    while time.monotonic() < deadline:
+        h = server.get("/health").json()
+        if h["running"] == 0 and h["kv_used"] == 0:
+            break
+        time.sleep(0.1)
+    assert h["running"] == 0 and h["kv_used"] == 0, h
+    last = orjson.loads(
+        [x for x in boot_log.read_bytes().splitlines() if b'"request.abort"' in x][-1]
+    )
+    assert last["reason"] == "client_disconnect" and last["tokens"] < 3000

@@ -162,10 +162,6 @@ def test_boot_is_a_trace_of_its_own(traced, receiver):
 
 def test_under_pressure_parks_and_retractions_are_on_the_right_request(traced, receiver):
     rng = random.Random(7)
-    jobs = []
-    for i in range(12):
-        prompt = [rng.randrange(2, 300) for _ in range(rng.randint(20, 120))]
-        jobs.append((traceparent(100 + i), prompt, rng.randint(24, 48)))
 
     def send(job):
         (tp, trace_id, _), prompt, n = job
@@ -175,19 +171,29 @@ def test_under_pressure_parks_and_retractions_are_on_the_right_request(traced, r
         assert r.status_code == 200, r.text
         return r.json()["id"], trace_id, r.json()["usage"]
 
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        sent = list(pool.map(send, jobs))
-    trace_of = {rid: trace_id for rid, trace_id, _ in sent}
-    log = receipts(traced.log_file)
+    # arrivals over HTTP are timed by the machine: send waves until both parks and retractions
+    # happened (every wave's requests are checked below, not only the last one's)
+    sent: list = []
+    for wave in range(4):
+        jobs = []
+        for i in range(12):
+            prompt = [rng.randrange(2, 300) for _ in range(rng.randint(40, 160))]
+            jobs.append((traceparent(1000 * (wave + 1) + i), prompt, rng.randint(60, 120)))
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            sent += list(pool.map(send, jobs))
+        trace_of = {rid: trace_id for rid, trace_id, _ in sent}
+        log = receipts(traced.log_file)
+        parked = Counter(
+            x["rid"] for x in log if x["event"] == "admission.park" and x["rid"] in trace_of
+        )
+        retracted = Counter(
+            rid for x in log if x["event"] == "retract" for rid in x["rids"] if rid in trace_of
+        )
+        if parked and retracted:
+            break
     for x in log:
         if x["event"] == "request.received" and x["rid"] in trace_of:
             assert x["trace_id"] == trace_of[x["rid"]]
-    parked = Counter(
-        x["rid"] for x in log if x["event"] == "admission.park" and x["rid"] in trace_of
-    )
-    retracted = Counter(
-        rid for x in log if x["event"] == "retract" for rid in x["rids"] if rid in trace_of
-    )
     assert parked and retracted, "the pool never came under pressure: nothing to check"
 
     def all_there(spans):  # both processes export on their own schedule

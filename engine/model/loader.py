@@ -48,6 +48,15 @@ def default_model_path() -> str:
     raise FileNotFoundError(f"{DEFAULT_MODEL_PACKAGE} is installed but has no {DEFAULT_MODEL_FILE}")
 
 
+def has_default_model() -> bool:
+    """Whether the default model's GGUF file is installed (for skips and optional sections)."""
+    try:
+        default_model_path()
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def resolve_model_path(model: str | None) -> str:
     if model is None or model == "default":
         return default_model_path()

@@ -107,40 +107,45 @@ class ServerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def timer(self, prompt_tokens: int) -> RequestTimer:
-        return RequestTimer(self, prompt_tokens)
+    def timer(self, prompt_tokens: int, t0_ns: int) -> RequestTimer:
+        return RequestTimer(self, prompt_tokens, t0_ns)
 
 
 class RequestTimer:
-    """One request's timings, fed as its outputs arrive."""
+    """One request's timings from its arrival (``t0_ns``, wall clock), fed as its outputs
+    arrive. ``prompt_tokens`` 0: a further choice of the same prompt, whose prompt and cached
+    tokens are counted once, by the first."""
 
-    __slots__ = ("m", "prompt_tokens", "t0", "last", "ended")
+    __slots__ = ("m", "prompt_tokens", "t0_ns", "first_ns", "last_ns", "ended")
 
-    def __init__(self, m: ServerMetrics, prompt_tokens: int) -> None:
+    def __init__(self, m: ServerMetrics, prompt_tokens: int, t0_ns: int) -> None:
         self.m = m
         self.prompt_tokens = prompt_tokens
-        self.t0 = time.perf_counter()
-        self.last: float | None = None
+        self.t0_ns = t0_ns
+        self.first_ns: int | None = None
+        self.last_ns: int | None = None
         self.ended = False
 
     def tokens(self, n: int, cached: int = 0) -> None:
         if n <= 0:
             return
-        now = time.perf_counter()
-        if self.last is None:
-            self.m.ttft.observe(now - self.t0)
-            self.m.prompt_tokens.inc(self.prompt_tokens)
-            self.m.cached_tokens.inc(cached)
+        now = time.time_ns()
+        if self.last_ns is None:
+            self.first_ns = now
+            self.m.ttft.observe((now - self.t0_ns) / 1e9)
+            if self.prompt_tokens:
+                self.m.prompt_tokens.inc(self.prompt_tokens)
+                self.m.cached_tokens.inc(cached)
         else:
-            gap = (now - self.last) / n
+            gap = (now - self.last_ns) / 1e9 / n
             for _ in range(n):
                 self.m.itl.observe(gap)
         self.m.generation_tokens.inc(n)
-        self.last = now
+        self.last_ns = now
 
     def end(self, reason: str | None) -> None:
         if self.ended:
             return
         self.ended = True
-        self.m.e2e.observe(time.perf_counter() - self.t0)
+        self.m.e2e.observe((time.time_ns() - self.t0_ns) / 1e9)
         self.m.requests.labels(reason or "abort").inc()

@@ -125,11 +125,14 @@ class Scheduler:
             raise ValueError(
                 f"prompt has {len(prompt_ids)} tokens; the context limit is {self.max_context}"
             )
-        if self._pages(len(prompt_ids) + 1) * self.page_size > self.allocator.capacity:
-            raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens; the KV pool holds {self.allocator.capacity}"
-            )
         rid = rid or f"r-{next(self._ids)}"
+        if not self._fits_pool(len(prompt_ids) + 1):  # a decision: it could never run here
+            cap = self.allocator.capacity
+            self.receipts.emit(
+                schema.REQUEST_REJECT, rid=rid, reason="exceeds_pool",
+                need=len(prompt_ids) + 1, capacity=cap,
+            )  # fmt: skip
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the KV pool holds {cap}")
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
         trace_id, trace_parent = split_trace(trace_id)
@@ -157,15 +160,18 @@ class Scheduler:
         )
         return req
 
-    def abort(self, rid: str, reason: str = "abort") -> bool:
+    def abort(self, rid: str, reason: str = "abort") -> StepOutput | None:
+        """End a request that has not finished: its final output, or None when there is no
+        such request. An abort that leaves the engine idle runs the idle ledger check."""
         req = self.requests.get(rid)
         if req is None or req.state is State.FINISHED:
-            return False
+            return None
         if req.state is State.WAITING:
             self.waiting.remove(req)
-        req.finish_reason = "abort"
-        self._end(req, abort_reason=reason)
-        return True
+        out = self._end(req, abort_reason=reason)
+        if not self.has_work():
+            self.audit_idle()
+        return out
 
     def drop_for_test(self, rid: str) -> None:
         """Test-only: lose a request without an ending receipt (the fault the auditor's
@@ -193,7 +199,7 @@ class Scheduler:
             slots = self._alloc(req, 1, "decode")
             batch.append(BatchEntry(req.row, req.kv_len, [req.output_ids[-1]], slots))
             req.kv_len += 1
-        chunks = self._admit(floor)
+        chunks = self._admit(floor, decode)
         need = self.page_size * sum(self.allocator.pages_needed(r.kv_len, n) for r, n in chunks)
         if need > self.allocator.available_size():  # admission counted evictable tokens: pay them
             self.cache.evict(need - self.allocator.available_size(), reason="admission")
@@ -244,9 +250,8 @@ class Scheduler:
                 self._retract(self._pick_victims(need), need)
                 continue
             req = self.running[0]
-            if self._pages(req.kv_len + 1) * self.page_size > alloc.capacity:
+            if not self._fits_pool(req.kv_len + 1):
                 # alone, and its next token does not fit the whole pool: it never can
-                req.finish_reason = "abort"
                 outs.append(
                     self._end(
                         req,
@@ -302,25 +307,20 @@ class Scheduler:
 
     # -- admission ----------------------------------------------------------------------------
 
-    def _decode_reserve(self) -> int:
-        rem = [
-            r.params.max_tokens - len(r.output_ids)
-            for r in self.running
-            if r.state is State.RUNNING and not r.prefilling
-        ]
-        return decode_reserve(rem, self.ratio.value)
-
-    def _admit(self, floor: int | None) -> list[tuple[Request, int]]:
+    def _admit(self, floor: int | None, decode: list[Request]) -> list[tuple[Request, int]]:
+        """``decode``: this step's decoding requests, whose remaining tokens are reserved."""
+        rem = [r.params.max_tokens - len(r.output_ids) for r in decode]
         budget = Budget(
             local_avail=self.allocator.available_size(),
             evictable=self.cache.evictable_size(),
-            decode_reserve=self._decode_reserve(),
+            decode_reserve=decode_reserve(rem, self.ratio.value),
             floor=floor,
         )
         cap = self.config.chunk_tokens
         planned: list[tuple[Request, int]] = []
         # 1. the in-flight chunked request (at most one) continues first; it may park
-        for req in [r for r in self.running if r.prefilling]:
+        chunking = [r for r in self.running if r.prefilling]
+        for req in chunking:
             plan = plan_chunk(
                 held=req.kv_len,
                 remaining=req.prefill_target - req.kv_len,
@@ -347,7 +347,7 @@ class Scheduler:
             cap -= plan.tokens
             planned.append((req, plan.tokens))
         # 2. requests in line, first come first served
-        inflight = sum(1 for r in self.running if r.prefilling)
+        inflight = len(chunking)
         reason = None
         while self.waiting:
             if cap <= 0:
@@ -529,6 +529,8 @@ class Scheduler:
         **numbers: int,
     ) -> StepOutput:
         """End a request (finish, or abort with ``abort_reason`` and the ``numbers`` behind it)."""
+        if abort_reason is not None:
+            req.finish_reason = "abort"
         self._release(req)
         req.state = State.FINISHED
         self.requests.pop(req.rid, None)
@@ -555,6 +557,10 @@ class Scheduler:
         )  # fmt: skip
 
     # -- accounting ---------------------------------------------------------------------------
+
+    def _fits_pool(self, tokens: int) -> bool:
+        """Whether ``tokens`` fit the whole pool at all (whole pages)."""
+        return self._pages(tokens) * self.page_size <= self.allocator.capacity
 
     def _pages(self, tokens: int) -> int:
         return -(-tokens // self.page_size)

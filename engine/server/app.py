@@ -8,7 +8,6 @@ import hmac
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -53,7 +52,14 @@ class _Run:
     finished when it is closed (a client that went away)."""
 
     def __init__(
-        self, driver: EngineDriver, metrics: ServerMetrics, rid: str, ids: list[int], params, n: int
+        self,
+        driver: EngineDriver,
+        metrics: ServerMetrics,
+        rid: str,
+        ids: list[int],
+        params,
+        n: int,
+        t0_ns: int,
     ) -> None:
         self.driver = driver
         self.rid = rid
@@ -67,14 +73,14 @@ class _Run:
         ]
         self.index = {r: i for i, r in enumerate(rids)}
         self.open = set(rids)
-        self.timers = [metrics.timer(len(ids) if i == 0 else 0) for i in range(n)]
+        # time to first token counts from the request's arrival (t0_ns), for /metrics and spans
+        self.started_ns = t0_ns
+        self.timers = [metrics.timer(len(ids) if i == 0 else 0, t0_ns) for i in range(n)]
         self.completion = [0] * n
         self.cached = 0
         self.prompt_tokens = len(ids)
         self.reasons: list[str | None] = [None] * n
         self.parks = self.retractions = 0
-        self.started_ns = time.time_ns()  # the handler's start, once run() knows it
-        self.first_token_ns: int | None = None  # when the first token of any choice came back
         self.trace: str | None = None  # the traceparent the scheduler's spans go under
         self.span: Any = None  # the HTTP server span (tracing on)
 
@@ -96,8 +102,6 @@ class _Run:
             self.timers[i].tokens(n_new, item.cached_tokens)
             self.completion[i] += n_new
             self.cached = max(self.cached, item.cached_tokens)
-            if n_new and self.first_token_ns is None:
-                self.first_token_ns = time.time_ns()
             if item.finished:
                 self.open.discard(item.rid)
                 self.reasons[i] = item.finish_reason
@@ -124,7 +128,7 @@ class _Run:
             return
         try:
             u = self.usage()
-            first = self.first_token_ns
+            first = min((t.first_ns for t in self.timers if t.first_ns), default=None)
             ttft = None if first is None else (first - self.started_ns) / 1e9
             span.set_attributes(tr.clean({
                 "http.response.status_code": status,
@@ -167,16 +171,8 @@ def create_app(
     """The HTTP app over a started driver (the scheduler process is already up). With tracing
     on, each completion request gets a SERVER span that continues an incoming ``traceparent``."""
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            driver.stop()
-
-    app = FastAPI(title="Attest", version=VERSION, lifespan=lifespan)
-    app.state.driver = driver
-    metrics = app.state.metrics = ServerMetrics(driver.stats)
+    app = FastAPI(title="Attest", version=VERSION)
+    metrics = ServerMetrics(driver.stats)
     tok = driver.tokenizer
 
     @app.middleware("http")
@@ -251,8 +247,7 @@ def create_app(
     async def run(ids: list[int], req: Any, kind: str, request: Request, t0: int) -> Response:
         params = sampling_params(req, len(ids), driver.max_context, DEFAULT_MAX_TOKENS)
         rid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
-        job = _Run(driver, metrics, rid, ids, params, req.n)
-        job.started_ns = t0  # time to first token counts from the request's arrival
+        job = _Run(driver, metrics, rid, ids, params, req.n, t0)
         trace(job, request, kind, req, params, t0)
         try:
             job.submit()

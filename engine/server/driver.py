@@ -30,7 +30,6 @@ class Submission:
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
-    cached: int = 0
 
 
 def _stats(core: Any) -> dict[str, Any]:
@@ -68,8 +67,8 @@ def scheduler_main(config: EngineConfig, conn: Any) -> None:
 
         with tracing.span("boot", **{"attest.process": "scheduler"}) as span:
             core = EngineCore(config)
+            d = core.describe()
             if span is not None:
-                d = core.describe()
                 span.set_attributes({
                     "attest.boot": core.receipts.boot, "attest.model": str(d["model"]),
                     "gen_ai.request.model": str(d["name"] or Path(str(d["model"])).stem),
@@ -81,7 +80,7 @@ def scheduler_main(config: EngineConfig, conn: Any) -> None:
                 })  # fmt: skip
         sink.append(core.receipts)
         RequestTraces.attach(core.scheduler, tracing)
-        conn.send(("ready", core.describe(), core.tokenizer, _stats(core)))
+        conn.send(("ready", d, core.tokenizer, _stats(core)))
     except BaseException as e:
         conn.send(("dead", f"engine failed to start: {type(e).__name__}: {e}"))
         tracing.shutdown()
@@ -106,11 +105,9 @@ def _serve_loop(core: Any, conn: Any) -> None:
                     except ValueError as e:
                         conn.send(("reject", rid, str(e)))
                 elif msg[0] == "abort":
-                    req = sched.requests.get(msg[1])
-                    if req is not None and sched.abort(msg[1], reason=msg[2]):
-                        conn.send(("aborted", msg[1], req.cached_tokens, _stats(core)))
-                        if not sched.has_work():
-                            sched.audit_idle()
+                    out = sched.abort(msg[1], reason=msg[2])
+                    if out is not None:
+                        conn.send(("out", [out], _stats(core)))
                 elif msg[0] == "notice":  # the frontend's, written to the one boot log
                     core.receipts.notice(msg[1], msg[2], **msg[3])
                 elif msg[0] == "stop":
@@ -118,7 +115,8 @@ def _serve_loop(core: Any, conn: Any) -> None:
                     return
             if sched.has_work():
                 outs = sched.step()
-                conn.send(("out", outs, _stats(core)))
+                if outs:  # a step that only prefilled has nothing to say yet
+                    conn.send(("out", outs, _stats(core)))
     except (EOFError, BrokenPipeError):
         core.shutdown("frontend_gone")  # nobody to answer, but the log still ends honestly
     except BaseException as e:
@@ -132,10 +130,10 @@ def _serve_loop(core: Any, conn: Any) -> None:
 def _stop(core: Any, conn: Any, reason: str) -> None:
     """An orderly stop: in-flight requests abort with receipts, ``boot.stop`` is written, and
     each waiting client hears that its request ended."""
-    live = [(rid, r.cached_tokens) for rid, r in core.scheduler.requests.items()]
-    n = core.shutdown(reason)
-    for rid, cached in live:
-        conn.send(("aborted", rid, cached, _stats(core)))
+    outs: list[Any] = []
+    n = core.shutdown(reason, outs)
+    if outs:
+        conn.send(("out", outs, _stats(core)))
     conn.send(("stopped", reason, n))
 
 
@@ -171,7 +169,13 @@ class EngineDriver:
         if not self._conn.poll(timeout):
             self._proc.terminate()
             raise RuntimeError(f"scheduler process did not become ready in {timeout:.0f} s")
-        msg = self._conn.recv()
+        try:
+            msg = self._conn.recv()
+        except EOFError:  # it died while building the engine (killed, out of memory)
+            self._proc.join(1)
+            raise RuntimeError(
+                f"scheduler process exited (code {self._proc.exitcode}) before it was ready"
+            ) from None
         if msg[0] != "ready":
             raise RuntimeError(msg[1])
         _, self.info, self.tokenizer, self._stats = msg
@@ -212,14 +216,19 @@ class EngineDriver:
 
     def submit(self, sub: Submission, trace_id: str | None = None) -> None:
         """``trace_id``: the W3C traceparent the request's scheduler spans go under (or None)."""
-        if self.dead:
-            raise RuntimeError(f"scheduler is not running: {self.dead}")
         with self._send_lock:
             if self.stopping:
                 raise RuntimeError(f"server is shutting down ({self.stopping})")
-            with self._subs_lock:
+            with self._subs_lock:  # one order with _fail_all: a dead driver takes no request
+                if self.dead:
+                    raise RuntimeError(f"scheduler is not running: {self.dead}")
                 self._subs[sub.rid] = sub
-            self._conn.send(("add", sub.rid, sub.prompt_ids, sub.params, trace_id))
+            try:
+                self._conn.send(("add", sub.rid, sub.prompt_ids, sub.params, trace_id))
+            except (OSError, ValueError) as e:  # it died before the reader noticed
+                with self._subs_lock:
+                    self._subs.pop(sub.rid, None)
+                raise RuntimeError(f"scheduler is not running: {e}") from e
 
     def notice(self, key: str, text: str, **fields: Any) -> None:
         """Say something once in the boot log (the scheduler process writes it). Never raises."""
@@ -239,34 +248,35 @@ class EngineDriver:
     def stats(self) -> dict[str, Any]:
         return dict(self._stats)
 
-    def _deliver(self, rid: str, item: object, final: bool) -> None:
+    def _deliver(self, items: list[tuple[str, object, bool]]) -> None:
+        """Hand (rid, item, final) to their requests' queues: one lock and one wake-up of
+        each event loop per message, not per request."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]] = {}
         with self._subs_lock:
-            sub = self._subs.pop(rid, None) if final else self._subs.get(rid)
-        if sub is not None:
-            sub.loop.call_soon_threadsafe(sub.out.put_nowait, item)
+            for rid, item, final in items:
+                sub = self._subs.pop(rid, None) if final else self._subs.get(rid)
+                if sub is not None:
+                    by_loop.setdefault(sub.loop, []).append((sub.out, item))
+        for loop, puts in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, puts)
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, dead: str | None = None) -> None:
         with self._subs_lock:
-            subs, self._subs = list(self._subs.values()), {}
-        for sub in subs:
-            sub.loop.call_soon_threadsafe(sub.out.put_nowait, RuntimeError(message))
+            if dead is not None:
+                self.dead = dead
+            rids = list(self._subs)
+        self._deliver([(rid, RuntimeError(message), True) for rid in rids])
 
     def _read(self) -> None:
-        from engine.sched.scheduler import StepOutput
-
         try:
             while True:
                 msg = self._conn.recv()
                 kind = msg[0]
                 if kind == "out":
                     self._stats = msg[2]  # before the outputs: a finished request's memory is back
-                    for out in msg[1]:
-                        self._deliver(out.rid, out, out.finished)
+                    self._deliver([(out.rid, out, out.finished) for out in msg[1]])
                 elif kind == "reject":
-                    self._deliver(msg[1], ValueError(msg[2]), True)
-                elif kind == "aborted":
-                    self._stats = msg[3]
-                    self._deliver(msg[1], StepOutput(msg[1], [], "", True, "abort", msg[2]), True)
+                    self._deliver([(msg[1], ValueError(msg[2]), True)])
                 elif kind == "stopped":
                     self._fail_all(f"server is shutting down ({msg[1]})")
                     self._stopped.set()
@@ -276,10 +286,15 @@ class EngineDriver:
         except (EOFError, OSError, RuntimeError) as e:
             self._proc.join(1)
             code = self._proc.exitcode
-            self.dead = (
+            dead = (
                 str(e) if isinstance(e, RuntimeError) else f"scheduler process exited (code {code})"
             )
-            self._fail_all(f"scheduler failed: {self.dead}")
+            self._fail_all(f"scheduler failed: {dead}", dead=dead)
             self._stopped.set()
             if self.on_dead is not None:
                 self.on_dead(self.dead)
+
+
+def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, item in puts:
+        queue.put_nowait(item)

@@ -90,11 +90,10 @@ def serve(
     srv = _Server(config, driver)
     server.append(srv)
     try:
-        if driver.dead:  # it died while we were printing
-            on_dead(driver.dead)
+        if driver.dead:  # it died while we were printing (the reader has said so)
             return EXIT_SCHEDULER_DIED
         srv.run()
-        driver.stop()
         return status["code"]
     finally:
+        driver.stop()  # after uvicorn has closed its connections; a no-op when already stopped
         tracing.shutdown()  # bounded: a dead collector must not hold up the exit

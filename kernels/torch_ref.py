@@ -25,28 +25,40 @@ class TorchReferenceBackend(AttentionBackend):
             return self._decode_padded(q, kv, meta, scale)
         out = torch.empty_like(q)
         gqa = q.shape[1] != kv.k.shape[1]
-        start = 0
-        for row, prefix, ext in zip(meta.req_rows, meta.prefix_lens, meta.extend_lens):
-            ctx = prefix + ext
-            slots = meta.req_to_token[row, :ctx]
+        for start, ext, slots, mask, causal in self._extend_plan(meta):
             # [1, heads, len, head_dim] views for SDPA.
             qi = q[start : start + ext].transpose(0, 1).unsqueeze(0)
             ki = kv.k.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
             vi = kv.v.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
+            oi = F.scaled_dot_product_attention(
+                qi, ki, vi, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
+            )
+            out[start : start + ext] = oi.squeeze(0).transpose(0, 1)
+        return out
+
+    @staticmethod
+    def _extend_plan(meta: AttentionMetadata) -> list[tuple]:
+        """Per request: (first token, new tokens, context slots, mask, causal). The same for
+        every layer of this forward, so built once."""
+        plan = meta.scratch.get("extend")
+        if plan is not None:
+            return plan
+        plan, start = [], 0
+        dev = meta.req_to_token.device
+        for row, prefix, ext in zip(meta.req_rows, meta.prefix_lens, meta.extend_lens):
+            ctx = prefix + ext
             if ext == 1:
                 mask, causal = None, False  # one query sees the whole context
             elif prefix == 0:
                 mask, causal = None, True
             else:
                 # query j (absolute position prefix + j) sees keys 0 ..= prefix + j
-                mask = torch.ones(ext, ctx, dtype=torch.bool, device=q.device).tril(prefix)
+                mask = torch.ones(ext, ctx, dtype=torch.bool, device=dev).tril(prefix)
                 causal = False
-            oi = F.scaled_dot_product_attention(
-                qi, ki, vi, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
-            )
-            out[start : start + ext] = oi.squeeze(0).transpose(0, 1)
+            plan.append((start, ext, meta.req_to_token[row, :ctx], mask, causal))
             start += ext
-        return out
+        meta.scratch["extend"] = plan
+        return plan
 
     def _decode_padded(
         self, q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float

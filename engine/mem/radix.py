@@ -137,6 +137,7 @@ class RadixCache:
         node.last_access = now
         if not node.children and node.lock_ref == 0:
             heapq.heappush(self._heap, (now, next(self._tick), node))
+            self._maybe_compact()  # stale entries pile up while nothing evicts
 
     def match_prefix(self, tokens: list[int]) -> MatchResult:
         """The longest cached page-aligned prefix of ``tokens``. A match ending inside a node
@@ -265,8 +266,7 @@ class RadixCache:
             node.parent = None
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(self._heap, (parent.last_access, next(self._tick), parent))
-        if len(self._heap) > 64 and len(self._heap) > 4 * (self._total // self.page_size + 1):
-            self._compact_heap()
+        self._maybe_compact()
         if n > 0:
             self._report(reason, n, evicted, before, staged_before)
         return evicted
@@ -288,6 +288,12 @@ class RadixCache:
                 **decision,
                 note="the evictable counter promised tokens that eviction could not free",
             )
+
+    def _maybe_compact(self) -> None:
+        """Drop stale heap entries once they outnumber the tree's pages 4 to 1: amortised
+        O(1) per push, and the heap stays bounded by the tree, not by how often it is touched."""
+        if len(self._heap) > 64 and len(self._heap) > 4 * (self._total // self.page_size + 1):
+            self._compact_heap()
 
     def _compact_heap(self) -> None:
         self._heap = [e for e in self._heap if self._evictable_leaf(e[2], e[0])]

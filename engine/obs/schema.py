@@ -36,6 +36,7 @@ BOOT_STOP = "boot.stop"
 REQUEST_RECEIVED = "request.received"
 REQUEST_FINISH = "request.finish"
 REQUEST_ABORT = "request.abort"
+REQUEST_REJECT = "request.reject"
 ADMISSION_ADMIT = "admission.admit"
 ADMISSION_PARK = "admission.park"
 ADMISSION_UNPARK = "admission.unpark"
@@ -68,6 +69,8 @@ _CATALOG = (
     Kind(REQUEST_FINISH, ("rid", "reason", "tokens"), "a request ended normally", _ENDING),
     Kind(REQUEST_ABORT, ("rid", "reason"), "a request ended abnormally",
          _ENDING + ("need", "capacity")),
+    Kind(REQUEST_REJECT, ("rid", "reason", "need", "capacity"),
+         "a request refused at intake because it could never fit the pool (never received)"),
     Kind(ADMISSION_ADMIT, ("rid", "tokens"), "a request or chunk was scheduled",
          ("pages", "prefix_hit", "held", "chunked", "retracted") + _BUDGET),
     Kind(ADMISSION_PARK, ("rid", "reason", "need", "fundable"), "a chunk could not be funded",

@@ -120,6 +120,16 @@ def test_a_request_that_cannot_fit_alone_is_aborted_with_the_numbers(tiny_model_
     )
 
 
+def test_a_prompt_that_can_never_fit_is_refused_with_a_receipt(tiny_model_dir):
+    llm = LLM(model=tiny_model_dir, kv_tokens=64, check_invariants=True)
+    with pytest.raises(ValueError, match="the KV pool holds 64"):
+        llm.generate([[5] * 64], SamplingParams(max_tokens=4))
+    (reject,) = llm.core.receipts.of("request.reject")
+    assert reject["reason"] == "exceeds_pool"
+    assert reject["need"] == 65 and reject["capacity"] == 64
+    assert llm.core.receipts.of("request.received") == []  # refused, never taken in
+
+
 @pytest.mark.slow
 @requires_default_model
 def test_default_model_pressure_changes_nothing_but_timing():

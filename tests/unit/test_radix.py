@@ -913,3 +913,18 @@ def test_shape_of_an_empty_cache():
     s = c.shape()
     assert (s.nodes, s.tokens, s.locked_nodes, s.locked_tokens, s.leaves, s.depth) == (0,) * 6
     assert s.problems == []
+
+
+def test_the_lru_heap_stays_bounded_while_nothing_evicts():
+    # a request blocked at the head of the queue is matched, locked and unlocked every step;
+    # each round leaves a stale heap entry, which must not pile up without an eviction
+    a = TokenAllocator(256, 1)
+    c = RadixCache(a)
+    toks = list(range(16))
+    c.insert(toks, a.alloc_extend(0, 16, None))
+    for _ in range(1000):
+        m = c.match_prefix(toks)
+        c.inc_lock_ref(m.node)
+        c.dec_lock_ref(m.node)
+    assert len(c._heap) <= 4 * (c.total_size() + 1) + 64  # the heap's own compaction bound
+    c.check()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from engine.obs import schema
 from engine.obs.receipts import Receipts
 
 Provider = Callable[[int], int]  # asked for n tokens, returns the tokens it freed
@@ -32,12 +33,19 @@ class ReliefRegistry:
                 "admission is the whole guarantee",
             )
             return 0
+        self.receipts.emit(schema.RELIEF_ENGAGE, shortfall=need, rungs=len(self.providers))
         freed = 0
         for name, provider in self.providers:
             if freed >= need:
                 break
+            asked = need - freed
             try:
-                freed += max(0, int(provider(need - freed)))
-            except Exception as e:
-                self.receipts.notice(f"relief_failed:{name}", f"relief provider {name} raised: {e}")
+                paid = max(0, int(provider(asked)))
+                outcome, error = ("paid" if paid >= asked else "short"), None
+            except Exception as e:  # an outcome, not a crash: the ladder goes on
+                paid, outcome, error = 0, "raised", f"{type(e).__name__}: {e}"
+            freed += paid
+            self.receipts.emit(
+                schema.RELIEF_RUNG, rung=name, asked=asked, paid=paid, outcome=outcome, error=error
+            )
         return freed

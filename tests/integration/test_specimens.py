@@ -129,6 +129,32 @@ def test_the_net_retries_with_relieved_memory_instead_of_raising(tiny_model_dir)
     assert len(req.output_ids) == 2
 
 
+def test_each_relief_rung_leaves_a_receipt_and_a_raising_one_is_an_outcome(tiny_model_dir):
+    llm = tiny(tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False)
+    sched, alloc = llm.core.scheduler, llm.core.allocator
+    sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
+    sched.step()
+    held = exhaust(llm)
+
+    def broken(n):
+        raise RuntimeError("tenant is gone")
+
+    def give_back(n):
+        alloc.free(held[:n])
+        return n
+
+    sched.relief.register("broken", broken)
+    sched.relief.register("tenant", give_back)
+    sched.step()
+    r = llm.core.receipts
+    (engage,) = r.of("relief.engage")
+    assert engage["shortfall"] == 4 and engage["rungs"] == 2
+    rungs = [(x["rung"], x["asked"], x["paid"], x["outcome"]) for x in r.of("relief.rung")]
+    assert rungs == [("broken", 4, 0, "raised"), ("tenant", 4, 4, "paid")]
+    assert "tenant is gone" in r.of("relief.rung")[0]["error"]
+    assert r.of("alloc.retry")[0]["ok"] is True
+
+
 def test_an_empty_net_raises_the_original_error_with_the_numbers(tiny_model_dir):
     llm = tiny(tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False)
     sched = llm.core.scheduler

@@ -143,33 +143,26 @@ class SelCount:
             self.first = what
 
     def _receipt_fn(self, s: ReceiptSel) -> Callable[[dict[str, Any]], None]:
-        if not s.where:
-
-            def fn(rec: dict[str, Any]) -> None:
-                self.count += 1
-                if self.first is None:
-                    self.first = _where(rec)
-        else:
-
-            def fn(rec: dict[str, Any]) -> None:
-                if s.matches(rec):
-                    self._hit(_where(rec))
+        def fn(rec: dict[str, Any]) -> None:
+            if s.where and not s.matches(rec):
+                return
+            self.count += 1
+            if self.first is None:  # described once, not per match
+                self.first = _where(rec)
 
         return fn
 
     def _text_fn(self, s: TextSel) -> Callable[[str, str], None]:
         def fn(line: str, where: str) -> None:
             if s.matches(line):
-                self._hit(f"{s.source} line at {where}: {line[:120]!r}")
+                self.count += 1
+                if self.first is None:
+                    self.first = f"{s.source} line at {where}: {line[:120]!r}"
 
         return fn
 
     def describe(self) -> str:
         return " | ".join(s.describe() for s in self.sels)
-
-
-def selector_counter(sels: tuple[Selector, ...], bus: Bus) -> SelCount:
-    return SelCount(sels, bus)
 
 
 class Checker:

@@ -49,7 +49,6 @@ Env = Mapping[str, Any]
 class Expr:
     source: str
     names: frozenset[str]
-    is_comparison: bool
     _fn: Callable[[Env], Any]
 
     def __call__(self, env: Env) -> Any:
@@ -138,12 +137,4 @@ def parse(source: str, *, comparison: bool | None = None) -> Expr:
         raise ExprError(f"{source!r} must be a comparison such as 'a >= b'")
     if comparison is False and is_cmp:
         raise ExprError(f"{source!r} must be a number, not a comparison")
-    return Expr(source.strip(), frozenset(names), is_cmp, fn)
-
-
-def sides(expr: Expr) -> tuple[Expr, Expr] | None:
-    """The two sides of a comparison, as expressions of their own (for the numbers shown)."""
-    tree = ast.parse(expr.source, mode="eval").body
-    if not isinstance(tree, ast.Compare):
-        return None
-    return parse(ast.unparse(tree.left)), parse(ast.unparse(tree.comparators[0]))
+    return Expr(source.strip(), frozenset(names), fn)

@@ -102,6 +102,8 @@ class ReadStats:
     kinds: Counter = field(default_factory=Counter)  # (rank, kind) -> count
     seqs: dict[tuple[str, int], SeqTrack] = field(default_factory=dict)
     examples: dict[str, str] = field(default_factory=dict)  # first garbage / malformed line
+    # incomplete(), once the scan is over: every claim's gate asks it
+    _settled: list = field(default_factory=list, repr=False, compare=False)
 
     def gaps(self) -> dict[tuple[str, int], int]:
         return {k: t.missing for k, t in self.seqs.items() if t.missing > 0}
@@ -115,6 +117,15 @@ class ReadStats:
 
     def incomplete(self) -> tuple[str, str] | None:
         """Why the receipts may not be all the engine wrote: (reason code, sentence), or None."""
+        if self._settled:
+            return self._settled[0]
+        return self._incomplete()
+
+    def settle(self) -> None:
+        """The scan is over: what incomplete() says can no longer change."""
+        self._settled[:] = [self._incomplete()]
+
+    def _incomplete(self) -> tuple[str, str] | None:
         gaps = self.gaps()
         if gaps:
             (boot, rank), n = next(iter(sorted(gaps.items())))
@@ -269,4 +280,5 @@ def scan(
                         on_receipt(obj)
                 elif what != "skip" and on_text is not None:
                     on_text(what, obj, f"{path.name}:{lineno}")
+    stats.settle()
     return stats

@@ -112,11 +112,11 @@ def evaluate(
 ) -> Report:
     """Read ``logs`` once and decide every claim of every spec. With ``only_applicable``, specs
     whose regime does not apply to these logs are left out (and listed as such)."""
-    from audit.claims import Bus, Context, build_checker, selector_counter
+    from audit.claims import Bus, Context, SelCount, build_checker
 
     bus = Bus()
     checkers = [[build_checker(c, bus) for c in s.claims] for s in specs]
-    applies = [selector_counter(s.regime.applies, bus) for s in specs]
+    applies = [SelCount(s.regime.applies, bus) for s in specs]
     stats = scan(logs, bus.receipt, bus.text)
     control_stats = None
     if control is not None:

@@ -53,13 +53,15 @@ def index_args(b: PagedBatch):
     return rows, prefix, ext, start
 
 
-def run_extend(tk, b: PagedBatch, scale: float | None = None, block: int = 16) -> torch.Tensor:
+def run_extend(
+    tk, b: PagedBatch, scale: float | None = None, block: int = 16, max_extend: int | None = None
+) -> torch.Tensor:
     rows, prefix, ext, start = index_args(b)
     out = torch.full_like(b.q, float("nan"))
     tk.store_kv(b.k, b.v, b.kv.k, b.kv.v, b.meta.out_slots)
     tk.extend_attention(
         b.q, b.kv.k, b.kv.v, b.meta.req_to_token, rows, prefix, ext, start,
-        max(b.meta.extend_lens), b.scale if scale is None else scale, out=out,
+        max_extend or max(b.meta.extend_lens), b.scale if scale is None else scale, out=out,
         block_m=block, block_n=block,
     )  # fmt: skip
     return out
@@ -254,9 +256,12 @@ def test_an_unwritten_output_element_is_caught(tk):
     poison_unused(b)
     got = run_extend(tk, b)
     torch.testing.assert_close(got, want, **TOL[torch.float32])
-    got[3, 1, 0] = float("nan")  # as if that element had never been written
+    # a launch one query block short (max_extend 4 of 5, blocks of 4) never writes the first
+    # request's fifth query: the poison stays there, and only there, and the comparison fails
+    short = run_extend(tk, b, block=4, max_extend=4)
+    assert torch.isnan(short).any(dim=(1, 2)).tolist() == [False] * 4 + [True] + [False] * 4
     with pytest.raises(AssertionError):
-        torch.testing.assert_close(got, want, **TOL[torch.float32])
+        torch.testing.assert_close(short, want, **TOL[torch.float32])
 
 
 # -- the wide sweep (slow) --------------------------------------------------------------------

@@ -12,8 +12,6 @@ from __future__ import annotations
 class GroupView:
     """One rank alone: it publishes no floor, so the local budget decides."""
 
-    ranks = 1
-
     def published_floor(self) -> int | None:
         return None
 
@@ -21,9 +19,8 @@ class GroupView:
 class FixedFloor(GroupView):
     """A floor set from outside (tests, or a group whose reduce happens elsewhere)."""
 
-    def __init__(self, floor: int | None, ranks: int = 2) -> None:
+    def __init__(self, floor: int | None) -> None:
         self.floor = floor
-        self.ranks = ranks
 
     def published_floor(self) -> int | None:
         return self.floor

@@ -64,11 +64,6 @@ class Request:
     def prefilling(self) -> bool:
         return self.kv_len < self.prefill_target
 
-    @property
-    def worst_case_tokens(self) -> int:
-        """KV slots this request may hold at most: every token but the last one sampled."""
-        return min(self.prompt_len + self.params.max_tokens, self.max_context) - 1
-
     def append_token(self, tid: int) -> None:
         """Record one sampled token and decide whether the request is done."""
         if self.first_token_time is None:

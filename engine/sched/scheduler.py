@@ -426,7 +426,9 @@ class Scheduler:
     # -- the allocation-site net --------------------------------------------------------------
 
     def _alloc(self, req: Request, n: int, site: str) -> torch.Tensor:
-        last = int(self.req_table.table[req.row, req.kv_len - 1]) if req.kv_len else None
+        # the last slot matters only when the last page has room (never with page_size 1)
+        partial = req.kv_len % self.page_size
+        last = int(self.req_table.table[req.row, req.kv_len - 1]) if partial else None
 
         def call() -> torch.Tensor | None:
             return self.allocator.alloc_extend(req.kv_len, n, last)

@@ -1,56 +1,23 @@
-"""Verdicts: three values merged by priority (FAIL > UNDECIDED > PASS), and the one pass that
-reads the logs and asks every claim of every spec for its verdict."""
+"""Verdicts: a spec's and a report's, merged by priority (FAIL > UNDECIDED > PASS), and the one
+pass that reads the logs and asks every claim of every spec for its verdict.
+
+The verdict values themselves (``Status``, ``merge``, ``ClaimVerdict``) live in ``audit.status``,
+below the checkers; they are re-exported here, where callers have always found them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from audit.checker import Bus, Context, SelCount
+from audit.claims import build_checker
+from audit.model import Spec
 from audit.reader import ReadStats, scan
-from audit.spec import Spec
+from audit.status import ClaimVerdict, Status, merge
 
-
-class Status(StrEnum):
-    PASS = "PASS"
-    FAIL = "FAIL"
-    UNDECIDED = "UNDECIDED"
-
-    @property
-    def exit_code(self) -> int:
-        return {Status.PASS: 0, Status.FAIL: 1, Status.UNDECIDED: 2}[self]
-
-
-_RANK = {Status.PASS: 0, Status.UNDECIDED: 1, Status.FAIL: 2}
-
-
-def merge(statuses: list[Status]) -> Status:
-    """FAIL if any failed, else UNDECIDED if any is undecided, else PASS. Nothing to merge is
-    UNDECIDED: no claim was decided."""
-    if not statuses:
-        return Status.UNDECIDED
-    return max(statuses, key=_RANK.__getitem__)
-
-
-@dataclass(slots=True)
-class ClaimVerdict:
-    claim: str
-    kind: str
-    status: Status
-    why: str  # one sentence, with the numbers
-    reason: str | None = None  # a code for every UNDECIDED (and "vacuous" on an allowed pass)
-    numbers: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "claim": self.claim,
-            "kind": self.kind,
-            "verdict": self.status.value,
-            "reason": self.reason,
-            "why": self.why,
-            "numbers": self.numbers,
-        }
+__all__ = ["ClaimVerdict", "Report", "SpecVerdict", "Status", "evaluate", "merge"]
 
 
 @dataclass(slots=True)
@@ -112,8 +79,6 @@ def evaluate(
 ) -> Report:
     """Read ``logs`` once and decide every claim of every spec. With ``only_applicable``, specs
     whose regime does not apply to these logs are left out (and listed as such)."""
-    from audit.claims import Bus, Context, SelCount, build_checker
-
     bus = Bus()
     checkers = [[build_checker(c, bus) for c in s.claims] for s in specs]
     applies = [SelCount(s.regime.applies, bus) for s in specs]

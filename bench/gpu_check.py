@@ -178,7 +178,7 @@ def backend_status() -> dict[str, str | None]:
     """For triton and flashinfer: None when it can run on cuda in bfloat16, else why not."""
     import torch
 
-    from kernels.attention import unavailable_reason
+    from kernels.select import unavailable_reason
 
     return {
         name: (
@@ -209,7 +209,8 @@ def to_device(b, dev):
 def section_correctness(chk: Check, status: dict[str, str | None]) -> None:
     import torch
 
-    from kernels.attention import LayerKV, get_backend
+    from kernels.attention import LayerKV
+    from kernels.select import get_backend
     from kernels.torch_ref import TorchReferenceBackend
     from tests.unit.paged_batch import make_paged_batch
 
@@ -273,7 +274,7 @@ def cuda_time_us(fn: Callable[[], object], iters: int) -> float:
 
 def decode_fns(name: str, b, page_size: int):
     """A callable running decode attention (no store) for backend ``name`` on batch ``b``."""
-    from kernels.attention import get_backend
+    from kernels.select import get_backend
 
     backend = get_backend(name, DEVICE, b.q.dtype, page_size)
     if name == "triton":

@@ -41,6 +41,41 @@ DeviceOpt = Annotated[
     str, typer.Option("--device", help="cpu, cuda or cuda:N (off the CPU, give --kv-tokens).")
 ]
 
+# serve's longer options, named here so that its signature reads one option a line
+HostOpt = Annotated[str, typer.Option(help="Address to bind; loopback unless you mean otherwise.")]
+ServedNameOpt = Annotated[
+    str | None, typer.Option(help="Model id clients send. Default: the file's name.")
+]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(help="Require `Authorization: Bearer KEY` on /v1/*.", envvar="ATTEST_API_KEY"),
+]
+KvFractionOpt = Annotated[
+    float,
+    typer.Option(help="Share of available memory for the KV pool when --kv-tokens is not given."),
+]
+LogFileOpt = Annotated[
+    str | None,
+    typer.Option(help="Boot log of JSON receipts. Default: logs/boot-<UTC time>.jsonl."),
+]
+MaxLenOpt = Annotated[int | None, typer.Option(help="Context limit (default: the model's).")]
+PrefixCacheOpt = Annotated[bool, typer.Option(help="Reuse cached prompt prefixes (radix cache).")]
+IterationIntervalOpt = Annotated[
+    int, typer.Option(help="An `iteration` summary receipt every N steps; 0: off.")
+]
+ConsoleReceiptsOpt = Annotated[bool, typer.Option(help="Also print receipts, pretty, on stderr.")]
+CheckInvariantsOpt = Annotated[
+    bool, typer.Option(help="Check the memory ledger after every step (slow; for tests).")
+]
+OtlpOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Export OpenTelemetry traces over OTLP/HTTP to this collector base URL "
+        "(e.g. http://127.0.0.1:4318). Default: the OTEL_EXPORTER_OTLP_* variables; "
+        "neither: tracing is off."
+    ),
+]
+
 
 def default_log_file() -> str:
     import datetime
@@ -130,60 +165,28 @@ def info(
 @app.command()
 def serve(
     model: ModelOpt = None,
-    host: Annotated[
-        str, typer.Option(help="Address to bind; loopback unless you mean otherwise.")
-    ] = "127.0.0.1",
+    host: HostOpt = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
-    served_model_name: Annotated[
-        str | None, typer.Option(help="Model id clients send. Default: the file's name.")
-    ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(help="Require `Authorization: Bearer KEY` on /v1/*.", envvar="ATTEST_API_KEY"),
-    ] = None,
+    served_model_name: ServedNameOpt = None,
+    api_key: ApiKeyOpt = None,
     dtype: DtypeOpt = "float32",
     kv_tokens: KvOpt = None,
-    kv_memory_fraction: Annotated[
-        float,
-        typer.Option(
-            help="Share of available memory for the KV pool when --kv-tokens is not given."
-        ),
-    ] = 0.2,
+    kv_memory_fraction: KvFractionOpt = 0.2,
     page_size: Annotated[int, typer.Option(help="KV slots per page.")] = 1,
-    log_file: Annotated[
-        str | None,
-        typer.Option(help="Boot log of JSON receipts. Default: logs/boot-<UTC time>.jsonl."),
-    ] = None,
+    log_file: LogFileOpt = None,
     max_running: Annotated[int, typer.Option(help="Requests decoding at once.")] = 64,
     chunk_tokens: Annotated[int, typer.Option(help="Prefill tokens per step.")] = 2048,
-    max_model_len: Annotated[
-        int | None, typer.Option(help="Context limit (default: the model's).")
-    ] = None,
-    prefix_cache: Annotated[
-        bool, typer.Option(help="Reuse cached prompt prefixes (radix cache).")
-    ] = True,
+    max_model_len: MaxLenOpt = None,
+    prefix_cache: PrefixCacheOpt = True,
     attention_backend: BackendOpt = "auto",
     device: DeviceOpt = "cpu",
     threads: Annotated[int | None, typer.Option(help="Torch CPU threads.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for unseeded sampling.")] = 0,
-    iteration_receipt_interval: Annotated[
-        int, typer.Option(help="An `iteration` summary receipt every N steps; 0: off.")
-    ] = 50,
+    iteration_receipt_interval: IterationIntervalOpt = 50,
     receipts: Annotated[bool, typer.Option(help="Write receipts at all.")] = True,
-    console_receipts: Annotated[
-        bool, typer.Option(help="Also print receipts, pretty, on stderr.")
-    ] = False,
-    check_invariants: Annotated[
-        bool, typer.Option(help="Check the memory ledger after every step (slow; for tests).")
-    ] = False,
-    otlp_endpoint: Annotated[
-        str | None,
-        typer.Option(
-            help="Export OpenTelemetry traces over OTLP/HTTP to this collector base URL "
-            "(e.g. http://127.0.0.1:4318). Default: the OTEL_EXPORTER_OTLP_* variables; "
-            "neither: tracing is off."
-        ),
-    ] = None,
+    console_receipts: ConsoleReceiptsOpt = False,
+    check_invariants: CheckInvariantsOpt = False,
+    otlp_endpoint: OtlpOpt = None,
 ) -> None:
     """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics). SIGTERM or Ctrl-C stops it in order: exit 0, with `boot.stop` logged."""

@@ -59,62 +59,80 @@ def run_offline(
     baseline: bool = True,
     seed: int = 0,
 ) -> list[ArmResult]:
-    import torch
-
     from engine import LLM, SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     kv = num_prompts * (prompt_len + output_len) + 64
-    results = []
     with tempfile.TemporaryDirectory() as tmp:
         on = LLM(model=model, dtype=dtype, kv_tokens=kv, max_running=max_running,
                  log_file=str(Path(tmp) / "boot.jsonl"))  # fmt: skip
         prompts = _workload(num_prompts, prompt_len, on.core.model_config.vocab_size, seed)
         total = num_prompts * output_len
-
-        def attest(llm):
-            def go():
-                outs = llm.generate(prompts, params)
-                assert sum(len(o.token_ids) for o in outs) == total
-                llm.core.scheduler.cache.reset_to_empty()  # every run starts cold
-
-            return go
-
         off = LLM(model=model, dtype=dtype, kv_tokens=kv, max_running=max_running, receipts=False)
-        # alternate the two arms run by run so machine drift hits both alike
-        t_on, t_off = [], []
-        attest(on)(), attest(off)()
-        for _ in range(runs):
-            t_on.append(_time_once(attest(on)))
-            t_off.append(_time_once(attest(off)))
-        results.append(ArmResult("attest (receipts on, boot log)", t_on, total))
-        results.append(ArmResult("attest (receipts off)", t_off, total))
-        del off
+        results = _receipt_arms(on, off, prompts, params, total, runs)
+        del off  # its weights and KV pool go before transformers loads its own
         if baseline:
-            from transformers import AutoModelForCausalLM
-
-            path = on.core.loaded.path
-            p = Path(path)
-            if p.suffix == ".gguf":
-                hf = AutoModelForCausalLM.from_pretrained(
-                    str(p.parent), gguf_file=p.name, dtype=getattr(torch, dtype)
-                )
-            else:
-                hf = AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
-            hf.eval()
-            x = torch.tensor(prompts)  # equal lengths: no padding needed
-
-            def transformers_generate():
-                with torch.inference_mode():
-                    out = hf.generate(
-                        x, attention_mask=torch.ones_like(x), max_new_tokens=output_len,
-                        min_new_tokens=output_len, do_sample=False, top_p=None, top_k=None,
-                    )  # fmt: skip
-                assert out.shape == (num_prompts, prompt_len + output_len)
-
-            results.append(
-                ArmResult(
-                    "transformers generate (one batch)", _time(transformers_generate, runs), total
-                )
-            )
+            hf_arm = _transformers_arm(on.core.loaded.path, dtype, prompts, output_len, runs)
+            results.append(hf_arm)
     return results
+
+
+def _receipt_arms(on, off, prompts, params, total: int, runs: int) -> list[ArmResult]:
+    """Attest with receipts on and off, alternated run by run so machine drift hits both
+    alike."""
+
+    def attest(llm):
+        def go():
+            outs = llm.generate(prompts, params)
+            assert sum(len(o.token_ids) for o in outs) == total
+            llm.core.scheduler.cache.reset_to_empty()  # every run starts cold
+
+        return go
+
+    t_on, t_off = [], []
+    attest(on)(), attest(off)()
+    for _ in range(runs):
+        t_on.append(_time_once(attest(on)))
+        t_off.append(_time_once(attest(off)))
+    return [
+        ArmResult("attest (receipts on, boot log)", t_on, total),
+        ArmResult("attest (receipts off)", t_off, total),
+    ]
+
+
+def _load_transformers(path: str, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    p = Path(path)
+    if p.suffix == ".gguf":
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(p.parent), gguf_file=p.name, dtype=getattr(torch, dtype)
+        )
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
+    hf.eval()
+    return hf
+
+
+def _transformers_arm(
+    path: str, dtype: str, prompts: list[list[int]], output_len: int, runs: int
+) -> ArmResult:
+    """transformers' batched generate on the same weights and prompts, greedy, exactly
+    ``output_len`` new tokens each."""
+    import torch
+
+    hf = _load_transformers(path, dtype)
+    x = torch.tensor(prompts)  # equal lengths: no padding needed
+    num_prompts, prompt_len = x.shape
+
+    def transformers_generate():
+        with torch.inference_mode():
+            out = hf.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=output_len,
+                min_new_tokens=output_len, do_sample=False, top_p=None, top_k=None,
+            )  # fmt: skip
+        assert out.shape == (num_prompts, prompt_len + output_len)
+
+    total = num_prompts * output_len
+    return ArmResult("transformers generate (one batch)", _time(transformers_generate, runs), total)

@@ -10,14 +10,15 @@ from engine.config import EngineConfig
 from engine.mem.allocator import TokenAllocator
 from engine.mem.kv_pool import KVPool, size_pool
 from engine.mem.req_table import ReqToTokenPool
+from engine.messages import EngineInfo, StepOutput
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.runner import BatchEntry, ModelRunner
 from engine.sched.admission import running_ceiling
-from engine.sched.scheduler import Scheduler, StepOutput
-from kernels.attention import get_backend
+from engine.sched.scheduler import Scheduler
+from kernels.select import get_backend
 
 
 class EngineCore:
@@ -116,29 +117,35 @@ class EngineCore:
             self.req_table.free(row)
             self.allocator.free(slots)
 
-    def describe(self) -> dict[str, object]:
+    def info(self) -> EngineInfo:
+        """The engine's description: what ``engine info`` prints and the scheduler process
+        sends the frontend at boot."""
         cfg = self.model_config
-        return {
-            "model": self.loaded.path,
-            "format": self.loaded.format,
-            "name": cfg.name,
-            "architecture": cfg.architecture,
-            "parameters": cfg.parameter_count(),
-            "layers": cfg.num_layers,
-            "hidden": cfg.hidden_size,
-            "heads": cfg.num_heads,
-            "kv_heads": cfg.num_kv_heads,
-            "head_dim": cfg.head_dim,
-            "vocab": cfg.vocab_size,
-            "context": self.max_context,
-            "dtype": self.config.dtype,
-            "kv_tokens": self.allocator.capacity,
-            "kv_sizing": self.sizing.path,
-            "page_size": self.allocator.page_size,
-            "kv_bytes_per_token": self.kv.bytes_per_token,
-            "kv_pool_bytes": self.kv.total_bytes,
-            "attention_backend": self.model.backend.name,
-            "device": self.config.device,
-            "load_seconds": round(self.loaded.load_seconds, 2),
-            "startup_seconds": round(self.startup_seconds, 2),
-        }
+        return EngineInfo(
+            model=self.loaded.path,
+            format=self.loaded.format,
+            name=cfg.name,
+            architecture=cfg.architecture,
+            parameters=cfg.parameter_count(),
+            layers=cfg.num_layers,
+            hidden=cfg.hidden_size,
+            heads=cfg.num_heads,
+            kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            vocab=cfg.vocab_size,
+            context=self.max_context,
+            dtype=self.config.dtype,
+            kv_tokens=self.allocator.capacity,
+            kv_sizing=self.sizing.path,
+            page_size=self.allocator.page_size,
+            kv_bytes_per_token=self.kv.bytes_per_token,
+            kv_pool_bytes=self.kv.total_bytes,
+            attention_backend=self.model.backend.name,
+            device=self.config.device,
+            load_seconds=round(self.loaded.load_seconds, 2),
+            startup_seconds=round(self.startup_seconds, 2),
+        )
+
+    def describe(self) -> dict[str, object]:
+        """``info()`` as a plain dict (for JSON and tables)."""
+        return self.info().as_dict()

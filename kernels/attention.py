@@ -11,6 +11,9 @@ KV pool at the slots ``req_to_token[req_rows[i], :prefix_lens[i] + extend_lens[i
 Backends first store the new tokens' K/V into ``out_slots`` of the layer's pool, then attend by
 reading K/V through the slot table, so a prefix computed by an earlier forward (or another
 request, through the prefix cache) is read, never recomputed.
+
+This module is the interface alone: the backends import it, so it imports none of them; which
+backend runs is decided in ``kernels.select``.
 """
 
 from __future__ import annotations
@@ -72,9 +75,26 @@ class LayerKV:
 class AttentionBackend(ABC):
     """Computes attention for a flat batch over a paged KV pool.
 
-    Invariant: after ``forward`` returns, ``kv.k[out_slots]``/``kv.v[out_slots]`` hold the new
-    tokens' K/V, and the output for every new token depends only on the K/V of its own request's
-    slots at positions ``<=`` its own.
+    What a backend must do with the pool:
+
+    * write the new tokens' K/V, cast to the pool's dtype, to ``kv.k[out_slots]`` and
+      ``kv.v[out_slots]`` before it attends, and write no other slot (the rest belong to other
+      requests and to the prefix cache);
+    * read a request's context only through its slot table row, slots
+      ``req_to_token[req_rows[i], :prefix_lens[i] + extend_lens[i]]``: any other slot may hold
+      another request's K/V, or garbage;
+    * return ``[T, heads, head_dim]`` in ``q``'s dtype, where the row of a new token depends only
+      on its query and on the K/V at its own request's positions ``<=`` its own.
+
+    What it may assume about its arguments:
+
+    * ``meta`` passed ``validate()``: one entry per request, ``extend_lens`` summing to ``T``,
+      every context inside the slot table's width;
+    * request ``i``'s new tokens are contiguous in the flat batch, in request order, at positions
+      ``prefix_lens[i] ..``;
+    * ``heads`` is a multiple of ``kv_heads`` (grouped-query attention);
+    * the same ``meta`` is passed to every layer of one forward, unchanged, so what a backend
+      derives from it once may be kept in ``meta.scratch`` (under a key of its own) and reused.
     """
 
     name: str = "abstract"
@@ -93,108 +113,6 @@ class AttentionBackend(ABC):
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv: LayerKV, out_slots: torch.Tensor) -> None:
+    """``kv.k[out_slots[t]] = k[t]`` (and V), cast to the pool's dtype."""
     kv.k.index_copy_(0, out_slots, k.to(kv.k.dtype))
     kv.v.index_copy_(0, out_slots, v.to(kv.v.dtype))
-
-
-BACKENDS = ("torch", "triton", "flashinfer")
-CHOICES = ("auto", *BACKENDS)  # auto: torch on CPU, the best one that can run on CUDA
-HALF = (torch.float16, torch.bfloat16)
-
-
-def _installed(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
-def _interpret() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def unavailable_reason(
-    name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-) -> str | None:
-    """Why backend ``name`` cannot run on ``device`` with ``dtype``; None when it can."""
-    dev = torch.device(device).type
-    if name not in CHOICES:
-        return f"attention backend {name!r} is not available; choose one of {CHOICES}"
-    if name in ("torch", "auto"):
-        return None
-    if dev not in ("cpu", "cuda"):
-        return f"attention backend {name!r} runs on cpu or cuda, not {dev}"
-    if name == "triton":
-        if not _installed("triton"):
-            return "attention backend 'triton' needs the triton package (pip install triton)"
-        if dev == "cuda" and not torch.cuda.is_available():
-            return "attention backend 'triton' was asked for cuda, but no CUDA device is visible"
-        if dev == "cpu" and not _interpret():
-            return (
-                "attention backend 'triton' runs on CPU tensors only under Triton's interpreter: "
-                "set TRITON_INTERPRET=1 before starting (slow; for testing), or run on a GPU"
-            )
-        if dev == "cpu":
-            from kernels import triton_kernels
-
-            if not triton_kernels.INTERPRETED:
-                return (
-                    "attention backend 'triton': its kernels were compiled for a GPU in this "
-                    "process (TRITON_INTERPRET=1 was set after they were imported)"
-                )
-        return None
-    # flashinfer
-    if dev != "cuda" or not torch.cuda.is_available():
-        return "attention backend 'flashinfer' needs a CUDA device; use torch (or triton) here"
-    if not _installed("flashinfer"):
-        return (
-            "attention backend 'flashinfer' needs the flashinfer package "
-            "(pip install 'attest[gpu]')"
-        )
-    if dtype not in HALF:
-        return (
-            f"attention backend 'flashinfer' has no {dtype} kernels; use --dtype bfloat16 "
-            "(or the triton or torch backend)"
-        )
-    return None
-
-
-def resolve_backend(
-    name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-) -> str:
-    """The concrete backend ``name`` stands for: ``auto`` is torch on CPU; on CUDA FlashInfer
-    when it can run, else Triton when installed, else torch."""
-    if name != "auto":
-        return name
-    if torch.device(device).type != "cuda":
-        return "torch"
-    for candidate in ("flashinfer", "triton"):
-        if unavailable_reason(candidate, device, dtype) is None:
-            return candidate
-    return "torch"
-
-
-def get_backend(
-    name: str,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    page_size: int = 1,
-) -> AttentionBackend:
-    """The backend named on the command line; a ValueError saying why when it cannot run
-    here (raised at boot, before any weight is loaded)."""
-    name = resolve_backend(name, device, dtype)
-    reason = unavailable_reason(name, device, dtype)
-    if reason is not None:
-        raise ValueError(reason)
-    if name == "triton":
-        from kernels.triton_backend import TritonBackend
-
-        return TritonBackend()
-    if name == "flashinfer":
-        from kernels.flashinfer_backend import FlashInferBackend
-
-        return FlashInferBackend(page_size)
-    from kernels.torch_ref import TorchReferenceBackend
-
-    return TorchReferenceBackend()

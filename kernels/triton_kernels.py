@@ -2,7 +2,8 @@
 
 The pool is ``[slots, kv_heads, head_dim]`` per layer and K/V are read through the request's row
 of the slot table, one token slot at a time, so any page size (including 1) is the same kernel.
-Every kernel accumulates in float32 and writes in the output's dtype.
+Every kernel accumulates in float32 and writes in the output's dtype. The online-softmax loops
+the attention kernels share live in ``kernels.triton_softmax``.
 
 Whether these run compiled (CUDA) or under Triton's interpreter (CPU tensors) is fixed when this
 module is imported: ``TRITON_INTERPRET=1`` at import time selects the interpreter.
@@ -18,21 +19,9 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from kernels.triton_softmax import decode_attend, extend_attend, load_tile
+
 LOG2E = 1.4426950408889634  # scores are scaled by log2(e) so the kernels can use exp2
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """``a @ b`` accumulated in float32. ``IEEE``: float32 inputs multiply in full precision,
-    never TF32. ``UPCAST``: half inputs are widened first; the interpreter (triton 3.9) gets a
-    bfloat16 ``tl.dot`` wrong, and a product of two bfloat16 values is exact in float32 anyway,
-    so the widened dot is the same arithmetic the GPU's half dot does."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 
 @triton.jit
@@ -68,14 +57,6 @@ def _store_kv_kernel(
     v = tl.load(src_v, mask=mask)
     tl.store(dst_k, k.to(KPool.dtype.element_ty), mask=mask)
     tl.store(dst_v, v.to(VPool.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _kv_tile(Pool, slots, stride_t, head_off, offs_d, mask):
-    """A [BLOCK_N, BLOCK_D] tile of one KV head's rows at the pool ``slots`` (masked: 0)."""
-    return tl.load(
-        Pool + slots[:, None] * stride_t + head_off + offs_d[None, :], mask=mask, other=0.0
-    )
 
 
 @triton.jit
@@ -120,26 +101,10 @@ def _decode_split_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HEAD_DIM
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d, mask=dmask, other=0.0).to(tl.float32)
-
-    m_i = -float("inf")
-    l_i = 0.0
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < end
-        slots = tl.load(Table + row * stride_table + offs_n, mask=nmask, other=0).to(tl.int64)
-        kvmask = nmask[:, None] & dmask[None, :]
-        k = _kv_tile(KPool, slots, stride_kt, kvh * stride_kh, offs_d, kvmask).to(tl.float32)
-        scores = tl.sum(q[None, :] * k, 1) * qk_scale
-        scores = tl.where(nmask, scores, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new)
-        v = _kv_tile(VPool, slots, stride_vt, kvh * stride_vh, offs_d, kvmask).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        m_i = m_new
-
+    acc, l_i, m_i = decode_attend(
+        q, Table + row * stride_table, start, end, KPool, VPool, kvh * stride_kh, kvh * stride_vh,
+        stride_kt, stride_vt, offs_d, dmask, qk_scale, BLOCK_D, BLOCK_N,
+    )  # fmt: skip
     # an empty split (a context shorter than the split count) contributes nothing: lse = -inf
     has = end > start
     lse = tl.where(has, m_i + tl.log2(tl.maximum(l_i, 1e-30)), -float("inf"))
@@ -224,49 +189,22 @@ def _extend_kernel(
 
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    mmask = offs_m < ext
     dmask = offs_d < HEAD_DIM
-    q = tl.load(
-        Q + (q0 + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-        mask=mmask[:, None] & dmask[None, :],
-        other=0.0,
-    )
-    q_pos = prefix + offs_m  # absolute position of each query
+    mdmask = (offs_m < ext)[:, None] & dmask[None, :]
+    q = load_tile(Q, q0 + offs_m, stride_qt, h * stride_qh, offs_d, mdmask)
     # keys at positions [0, kv_end): the cached prefix, then new tokens up to this block's last
     kv_end = tl.minimum(prefix + ext, prefix + (mb + 1) * BLOCK_M)
     # a block past this request's last query (the grid is sized for the longest) reads nothing
     # and stores nothing; masks rather than an early return, which older compilers refuse
     kv_end = tl.where(mb * BLOCK_M < ext, kv_end, 0)
-
-    m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for n0 in range(0, kv_end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < kv_end
-        slots = tl.load(Table + row * stride_table + offs_n, mask=nmask, other=0).to(tl.int64)
-        kvmask = nmask[:, None] & dmask[None, :]
-        k = _kv_tile(KPool, slots, stride_kt, kvh * stride_kh, offs_d, kvmask).to(q.dtype)
-        scores = _dot(q, tl.trans(k), IEEE, UPCAST)
-        allowed = (offs_n[None, :] <= q_pos[:, None]) & nmask[None, :]
-        scores = tl.where(allowed, scores * qk_scale, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        # rows past the request's end may see no key at all: keep them finite, never stored
-        m_new = tl.where(m_new == -float("inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        v = _kv_tile(VPool, slots, stride_vt, kvh * stride_vh, offs_d, kvmask).to(q.dtype)
-        pv = _dot(p.to(v.dtype), v, IEEE, UPCAST)
-        acc = acc * alpha[:, None] + pv
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
-
+    acc, l_i = extend_attend(
+        q, prefix + offs_m, Table + row * stride_table, kv_end, KPool, VPool, kvh * stride_kh,
+        kvh * stride_vh, stride_kt, stride_vt, offs_d, dmask, qk_scale,
+        BLOCK_M, BLOCK_D, BLOCK_N, IEEE, UPCAST,
+    )  # fmt: skip
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
-    tl.store(
-        Out + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-        out.to(Out.dtype.element_ty),
-        mask=mmask[:, None] & dmask[None, :],
-    )
+    dst = Out + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+    tl.store(dst, out.to(Out.dtype.element_ty), mask=mdmask)
 
 
 INTERPRETED = isinstance(_decode_split_kernel, InterpretedFunction)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.mem.pages import fresh_pages
+
 FREE, IN_USE, STAGED = 0, 1, 2
 
 
@@ -84,8 +86,7 @@ class TokenAllocator:
 
     def pages_needed(self, held: int, extend: int) -> int:
         """Fresh pages a request holding ``held`` tokens needs to add ``extend`` more."""
-        room = (-held) % self.page_size  # free slots left in its last page
-        return -(-max(0, extend - room) // self.page_size)
+        return fresh_pages(held, extend, self.page_size)
 
     def alloc_extend(self, held: int, extend: int, last_slot: int | None) -> torch.Tensor | None:
         """Slots for ``extend`` new tokens of a request that holds ``held`` tokens whose last

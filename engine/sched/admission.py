@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from engine.mem.pages import fresh_pages
+
 # The one request allowed to be mid-prefill beyond --max-running: every check of the running
 # ceiling uses this constant, so "max_running + 1" is written in exactly one place.
 MAX_INFLIGHT_CHUNKED = 1
@@ -80,8 +82,7 @@ def plan_chunk(
         take = (held + take) // page_size * page_size - held  # end the chunk on a page boundary
     if take <= 0:
         return Park("below_page", need=remaining, fundable=max(0, fundable))
-    pages = -(-max(0, take - room) // page_size)
-    return Admit(take, pages)
+    return Admit(take, fresh_pages(held, take, page_size))
 
 
 @dataclass(slots=True)
@@ -110,3 +111,28 @@ def decode_reserve(remaining_max: list[int], ratio: float, clip: int = 4096) -> 
     """Tokens the running decodes are expected to need: each request's remaining max_tokens
     (clipped) times the ratio, rounded up."""
     return sum(-(-int(min(r, clip) * ratio * 1000) // 1000) for r in remaining_max)
+
+
+def line_closed(*, chunk_budget: int, running: int, max_running: int) -> str | None:
+    """Why no waiting request can be looked at this round (None: the line is open)."""
+    if chunk_budget <= 0:
+        return "chunk_budget"
+    if running >= running_ceiling(max_running):
+        return "max_running"
+    return None
+
+
+def defer_reason(
+    plan: Admit | Park, *, chunked: bool, inflight: int, settled: int, max_running: int
+) -> str | None:
+    """Why the request at the head of the line waits although it was planned (None: admit it).
+
+    ``chunked``: its plan stops short of its prompt; ``inflight``: chunked prefills already in
+    flight; ``settled``: running requests that are not mid-prefill."""
+    if isinstance(plan, Park):
+        return "budget"
+    if chunked and inflight >= MAX_INFLIGHT_CHUNKED:
+        return "inflight_chunk"
+    if settled >= max_running and not chunked:
+        return "max_running"  # only the in-flight chunk may use the one extra slot
+    return None

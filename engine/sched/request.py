@@ -9,11 +9,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.messages import StepOutput
 from engine.model.detok import IncrementalDetokenizer
-from engine.sampling import SamplingParams
+from engine.obs.tracing import split_trace
+from engine.sampling import SamplingParams, make_generator
 
 if TYPE_CHECKING:
     from engine.mem.radix import TreeNode
+    from engine.model.tokenizer import Tokenizer
 
 
 class State(enum.Enum):
@@ -51,6 +54,26 @@ class Request:
     admitted_at: float | None = None
     first_token_time: float | None = None
 
+    @classmethod
+    def create(
+        cls,
+        rid: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        tokenizer: Tokenizer,
+        max_context: int,
+        trace: str | None = None,
+    ) -> Request:
+        """A new request. ``trace``: a W3C traceparent (its spans go under that span; receipts
+        carry its trace id) or a bare trace id."""
+        trace_id, trace_parent = split_trace(trace)
+        return cls(
+            rid=rid, prompt_ids=list(prompt_ids), params=params,
+            detok=IncrementalDetokenizer(tokenizer), stop_ids=tokenizer.stop_ids,
+            max_context=max_context, generator=make_generator(params.seed),
+            trace_id=trace_id, trace_parent=trace_parent,
+        )  # fmt: skip
+
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
@@ -63,6 +86,13 @@ class Request:
     @property
     def prefilling(self) -> bool:
         return self.kv_len < self.prefill_target
+
+    def banned_stops(self) -> list[int]:
+        """Stop tokens it may not sample yet: none may end it before ``min_tokens``."""
+        p = self.params
+        if len(self.output_ids) >= p.min_tokens or p.ignore_eos:
+            return []
+        return sorted(set(self.stop_ids) | set(p.stop_token_ids or ()))
 
     def append_token(self, tid: int) -> None:
         """Record one sampled token and decide whether the request is done."""
@@ -98,6 +128,25 @@ class Request:
             self.detok.flush()
             self.text = self.detok.text
             self.finish_reason = "length"
+
+    def output(self, tokens: list[int]) -> StepOutput:
+        """This step's output: ``tokens`` and the text they made showable. A finished request's
+        output is its final one, with its finish reason, parks and retractions."""
+        done = self.state is State.FINISHED
+        return StepOutput(
+            rid=self.rid, new_token_ids=tokens, text_delta=self.take_text_delta(), finished=done,
+            finish_reason=self.finish_reason if done else None, cached_tokens=self.cached_tokens,
+            parks=self.parks if done else 0, retractions=self.retractions if done else 0,
+        )  # fmt: skip
+
+    def timing(self, now: float) -> dict[str, float | None]:
+        """Seconds in line, to the first token, and end to end, as the ending receipt has them."""
+        first = self.first_token_time
+        return {
+            "queue_s": round((self.admitted_at or now) - self.arrival, 6),
+            "ttft_s": None if first is None else round(first - self.arrival, 6),
+            "e2e_s": round(now - self.arrival, 6),
+        }
 
     def take_text_delta(self) -> str:
         """Text that can be shown now. While running, a tail that could still become a stop

@@ -54,7 +54,8 @@ def scheduler_main(config: EngineConfig, conn: Any) -> None:
     """The scheduler process: build the engine, then step while there is work."""
     # the frontend owns the terminal's signals; this process stops when told, over the pipe
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from engine.obs.tracing import RequestTraces, setup_tracing
+    from engine.obs.tracing import setup_tracing
+    from engine.sched.traces import RequestTraces
 
     sink: list[Any] = []  # the receipts, once the engine is built: where a dropped-span notice goes
     tracing = setup_tracing(

@@ -8,6 +8,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.mem.ledger import ledger_violations
 from engine.obs import schema
+from tests.faults import drop_request
 from tests.integration.test_pressure import three_at_once, workload
 
 
@@ -52,7 +53,7 @@ def test_the_catalog_knows_every_field_a_pressured_engine_writes(pressured):
     assert unknown == set()
 
 
-def test_drop_for_test_loses_a_request_without_an_ending_and_keeps_the_ledger(
+def test_a_dropped_request_loses_a_request_without_an_ending_and_keeps_the_ledger(
     tiny_model_dir, tmp_path
 ):
     log = tmp_path / "boot.jsonl"
@@ -61,7 +62,7 @@ def test_drop_for_test_loses_a_request_without_an_ending_and_keeps_the_ledger(
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     reqs = [sched.add_request([3, 4, 5, 6], params) for _ in range(3)]
     sched.step()
-    sched.drop_for_test(reqs[1].rid)
+    drop_request(sched, reqs[1].rid)
     while sched.has_work():
         sched.step()  # check mode: the ledger and request states are checked every step
     llm.close("test")
@@ -121,7 +122,7 @@ def test_a_dropped_request_fails_no_request_lost_naming_the_rid(tiny_model_dir, 
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     reqs = [sched.add_request([3, 4, 5, 6], params) for _ in range(4)]
     sched.step()
-    sched.drop_for_test(reqs[2].rid)
+    drop_request(sched, reqs[2].rid)
     while sched.has_work():
         sched.step()
     unstopped = audit_log(log, "no_request_lost")["no_request_lost"]["every_request_ends"]

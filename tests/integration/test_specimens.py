@@ -7,7 +7,8 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.sched.group import FixedFloor
-from engine.sched.scheduler import KVPoolExhausted
+from engine.sched.net import KVPoolExhausted
+from engine.sched.victims import pick_victims
 
 
 def tiny(tiny_model_dir, **kw):
@@ -253,6 +254,11 @@ def test_retraction_never_takes_the_last_running_request(tiny_model_dir):
         sched.add_request([3] * n, SamplingParams(max_tokens=20, ignore_eos=True))
     sched.step()
     assert len(sched.running) == 3
-    victims = sched._pick_victims(need=10**6)  # more than retracting everyone could pay
+    alloc = llm.core.allocator
+    # more than retracting everyone could pay
+    victims = pick_victims(
+        sched.running, need=10**6, available=alloc.available_size(),
+        evictable=sched.cache.evictable_size(), page_size=alloc.page_size,
+    )  # fmt: skip
     assert len(victims) == 2 and all(v in sched.running for v in victims)
     assert [v.prompt_len for v in victims] == [9, 7]  # equal output: longest prompts first

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kernels.attention import AttentionMetadata, LayerKV, get_backend
+from kernels.attention import AttentionMetadata, LayerKV
+from kernels.select import get_backend
 from kernels.torch_ref import TorchReferenceBackend
 
 PREFILL = [(0, 5), (0, 1), (0, 9)]  # (prefix, extend) per request

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import tests.triton_interpret  # noqa: F401  (before any triton import: selects the interpreter)
-from kernels.attention import LayerKV, get_backend
+from kernels.attention import LayerKV
+from kernels.select import get_backend
 from kernels.torch_ref import TorchReferenceBackend
 from tests.triton_interpret import interpreted_kernels
 from tests.unit.paged_batch import PagedBatch, make_paged_batch, random_spec

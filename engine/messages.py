@@ -1,0 +1,159 @@
+"""Every message between the frontend process and the scheduler process, as frozen dataclasses.
+
+The frontend sends ``AddRequest``, ``AbortRequest``, ``Notice`` and ``Stop``; the scheduler
+process answers with ``Ready`` (once, at boot), ``Outputs`` (a step's outputs with the pool
+snapshot taken after that step), ``Rejected``, ``Stopped`` and ``Dead``. ``StepOutput`` is also
+what the offline API reads from ``Scheduler.step``. This module imports no torch: the HTTP
+process imports it, and must not pay for the model stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepOutput:
+    """What one step produced for one request. The final output (``finished``) carries the
+    request's park and retraction counts."""
+
+    rid: str
+    new_token_ids: list[int]
+    text_delta: str
+    finished: bool
+    finish_reason: str | None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    parks: int = 0  # set on the final output: times the request parked
+    retractions: int = 0  # ... and was retracted
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolSnapshot:
+    """The scheduler's state after a step: one snapshot feeds the ``iteration`` receipt,
+    ``/metrics`` and ``/health``. Token counts are KV slots."""
+
+    running: int = 0  # running and not parked
+    parked: int = 0
+    waiting: int = 0
+    kv_used: int = 0  # held by requests: private pages and the cached prefixes they lock
+    kv_cached: int = 0  # the prefix cache, reusable
+    kv_evictable: int = 0  # what eviction can free now
+    kv_free: int = 0  # what the allocator can hand out now
+    kv_staged: int = 0  # frees staged in an open free group
+    kv_total: int = 0
+    new_token_ratio: float = 0.0
+    receipts: Mapping[str, int] = field(default_factory=dict)  # decisions since boot, by kind
+
+    @property
+    def token_usage(self) -> float:
+        """The fraction of the pool the allocator cannot hand out now."""
+        return 1 - self.kv_free / self.kv_total if self.kv_total else 0.0
+
+    def gauges(self) -> dict[str, int]:
+        """The counts /health reports (everything but the receipt counts and the ratio)."""
+        d = asdict(self)
+        del d["receipts"], d["new_token_ratio"]
+        return d
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineInfo:
+    """The engine's description at boot: the model, the pool, the paths chosen."""
+
+    model: str
+    format: str
+    name: str | None
+    architecture: str
+    parameters: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    context: int
+    dtype: str
+    kv_tokens: int
+    kv_sizing: str
+    page_size: int
+    kv_bytes_per_token: int
+    kv_pool_bytes: int
+    attention_backend: str
+    device: str
+    load_seconds: float
+    startup_seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- frontend -> scheduler ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddRequest:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    trace: str | None = None  # the W3C traceparent its scheduler spans go under
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AbortRequest:
+    rid: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notice:
+    """A frontend notice, written once to the one boot log by the scheduler process."""
+
+    key: str
+    text: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stop:
+    reason: str
+
+
+# -- scheduler -> frontend ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ready:
+    info: EngineInfo
+    tokenizer: Any  # engine.model.tokenizer.Tokenizer (torch-free, pickled across)
+    snapshot: PoolSnapshot
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outputs:
+    outputs: list[StepOutput]
+    snapshot: PoolSnapshot  # taken after the step: a finished request's memory is back
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejected:
+    rid: str
+    message: str  # why the scheduler refused it (a 400 for the client)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stopped:
+    reason: str
+    in_flight: int  # requests aborted by the stop
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dead:
+    reason: str
+
+
+ToScheduler = AddRequest | AbortRequest | Notice | Stop
+ToFrontend = Ready | Outputs | Rejected | Stopped | Dead

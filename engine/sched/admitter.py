@@ -1,0 +1,177 @@
+"""Admission, wired: the round's two phases over the pure decisions of ``admission.py``.
+
+1. The in-flight chunked prefill (at most one) continues first. It takes what the budget funds;
+   below one page it parks (law 3): zero tokens, its KV kept, retried next round.
+2. Then requests in line, first come first served, each with its cached prefix locked before
+   its budget is read (its own prefix is not evictable for itself). The first request that must
+   wait closes the line for this round, with one ``admission.defer`` receipt saying why.
+
+Every admission, park and unpark is a receipt carrying the budget it was decided on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from engine.config import EngineConfig
+from engine.mem.radix import RadixCache
+from engine.mem.req_table import ReqToTokenPool
+from engine.obs import schema
+from engine.obs.receipts import Receipts
+from engine.sched.admission import (
+    Admit,
+    Budget,
+    NewTokenRatio,
+    Park,
+    decode_reserve,
+    defer_reason,
+    line_closed,
+    plan_chunk,
+)
+from engine.sched.request import Request, State
+
+Planned = list[tuple[Request, int]]  # (request, tokens scheduled for it this round)
+
+
+class Admitter:
+    """Plans each round's prefill chunks. It shares the scheduler's ``running`` list and
+    ``waiting`` queue (it moves requests from the second into the first)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        cache: RadixCache,
+        req_table: ReqToTokenPool,
+        receipts: Receipts,
+        ratio: NewTokenRatio,
+        running: list[Request],
+        waiting: deque[Request],
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.req_table = req_table
+        self.receipts = receipts
+        self.ratio = ratio
+        self.running = running
+        self.waiting = waiting
+        self.page_size = cache.allocator.page_size
+
+    def admit(self, floor: int | None, decode: list[Request]) -> Planned:
+        """This round's chunks. ``floor``: the group's published floor (None: none was);
+        ``decode``: this step's decoding requests, whose remaining tokens are reserved."""
+        rem = [r.params.max_tokens - len(r.output_ids) for r in decode]
+        budget = Budget(
+            local_avail=self.cache.allocator.available_size(),
+            evictable=self.cache.evictable_size(),
+            decode_reserve=decode_reserve(rem, self.ratio.value),
+            floor=floor,
+        )
+        planned: Planned = []
+        cap = self.continue_chunk(budget, planned)
+        self.admit_waiting(budget, cap, planned)
+        return planned
+
+    def continue_chunk(self, budget: Budget, planned: Planned) -> int:
+        """Phase 1: the in-flight chunked requests continue, or park. Returns the chunk budget
+        left for phase 2."""
+        cap = self.config.chunk_tokens
+        for req in [r for r in self.running if r.prefilling]:
+            plan = plan_chunk(
+                held=req.kv_len, remaining=req.prefill_target - req.kv_len, chunk_tokens=cap,
+                budget=budget.remaining, page_size=self.page_size,
+            )  # fmt: skip
+            if isinstance(plan, Park):
+                if req.state is not State.PARKED:
+                    req.state = State.PARKED
+                    req.parks += 1
+                    self.receipts.emit(
+                        schema.ADMISSION_PARK, rid=req.rid, reason=plan.reason, need=plan.need,
+                        fundable=plan.fundable, page_size=self.page_size, **budget.as_fields(),
+                    )  # fmt: skip
+                continue
+            if req.state is State.PARKED:
+                req.state = State.RUNNING
+                self.receipts.emit(
+                    schema.ADMISSION_UNPARK, rid=req.rid, tokens=plan.tokens, **budget.as_fields()
+                )
+            self._emit_admit(req, plan, budget, chunked=True)
+            budget.spend(plan.tokens)
+            cap -= plan.tokens
+            planned.append((req, plan.tokens))
+        return cap
+
+    def admit_waiting(self, budget: Budget, cap: int, planned: Planned) -> None:
+        """Phase 2: requests in line, until one must wait (a defer receipt says why)."""
+        inflight = sum(1 for r in self.running if r.prefilling)
+        reason = None
+        while self.waiting:
+            reason = line_closed(
+                chunk_budget=cap, running=len(self.running), max_running=self.config.max_running
+            )
+            if reason is not None:
+                break
+            req = self.waiting[0]
+            fill = req.fill_ids
+            match = self.cache.match_prefix(fill[: len(fill) - 1])  # leave one token to compute
+            if match.length:  # lock first: its own prefix is not evictable for its budget
+                self.cache.inc_lock_ref(match.node)
+            budget.evictable = self.cache.evictable_size()
+            remaining = len(fill) - match.length
+            # the decode tokens it is expected to need come out of the same budget; with nothing
+            # running there is no one to protect, and an estimate must not wedge an idle engine
+            reserve = 0
+            if self.running or planned:
+                reserve = decode_reserve(
+                    [req.params.max_tokens - len(req.output_ids)], self.ratio.value
+                )
+            plan = plan_chunk(
+                held=match.length, remaining=remaining, chunk_tokens=cap,
+                budget=budget.remaining - reserve, page_size=self.page_size,
+            )  # fmt: skip
+            chunked = isinstance(plan, Admit) and plan.tokens < remaining
+            reason = defer_reason(
+                plan, chunked=chunked, inflight=inflight, settled=len(self.running) - inflight,
+                max_running=self.config.max_running,
+            )  # fmt: skip
+            if reason is not None:
+                if match.length:
+                    self.cache.dec_lock_ref(match.node)
+                    budget.evictable = self.cache.evictable_size()
+                break
+            self.waiting.popleft()
+            self._start(req, match.node, match.slots)
+            self._emit_admit(req, plan, budget, chunked=chunked)
+            budget.spend(plan.tokens + reserve)
+            cap -= plan.tokens
+            inflight += int(chunked)
+            planned.append((req, plan.tokens))
+        if reason is not None and self.waiting:
+            self.receipts.emit(
+                schema.ADMISSION_DEFER, count=len(self.waiting), reason=reason,
+                running=len(self.running), **budget.as_fields(),
+            )  # fmt: skip
+
+    def _start(self, req: Request, node: object, prefix: torch.Tensor) -> None:
+        """Give a request its row and its cached prefix (which the caller has locked)."""
+        req.row = self.req_table.alloc()
+        n = int(prefix.numel())
+        if n:  # the caller locked `node` already
+            self.req_table.write(req.row, 0, prefix)
+            req.prefix_node = node
+        req.cached_len = req.kv_len = n
+        req.prefill_target = len(req.fill_ids)
+        if req.admitted_at is None:
+            req.admitted_at = time.monotonic()
+            req.cached_tokens = min(n, req.prompt_len)
+        req.state = State.RUNNING
+        self.running.append(req)
+
+    def _emit_admit(self, req: Request, plan: Admit, budget: Budget, *, chunked: bool) -> None:
+        self.receipts.emit(
+            schema.ADMISSION_ADMIT, rid=req.rid, tokens=plan.tokens, pages=plan.pages,
+            prefix_hit=req.cached_len, held=req.kv_len, chunked=chunked,
+            retracted=req.retractions, **budget.as_fields(),
+        )  # fmt: skip

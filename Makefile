@@ -33,7 +33,7 @@ test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports --no-cache
 
 bench: setup
 	$(BIN)/python bench/decode_single_stream.py

@@ -109,9 +109,3 @@ class EngineConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @property
-    def torch_dtype(self) -> Any:
-        import torch
-
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.dtype]

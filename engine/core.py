@@ -20,6 +20,9 @@ from engine.sched.admission import running_ceiling
 from engine.sched.scheduler import Scheduler
 from kernels.select import get_backend
 
+# the dtypes EngineConfig accepts (validated there, torch-free), as torch knows them
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
 
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
@@ -36,20 +39,17 @@ class EngineCore:
         self.receipts.emit(schema.BOOT_START, config=config.as_dict())
         if config.threads:
             torch.set_num_threads(config.threads)
+        dtype = DTYPES[config.dtype]
         # a backend that cannot run here fails now, before any weight is loaded
-        backend = get_backend(
-            config.attention_backend, config.device, config.torch_dtype, config.page_size
-        )
+        backend = get_backend(config.attention_backend, config.device, dtype, config.page_size)
         self.loaded = loaded or load_model(config.model)
         cfg = self.loaded.config
         self.model_config = cfg
         self.tokenizer = self.loaded.tokenizer
-        self.model = LlamaModel(
-            cfg, self.loaded.weights, config.torch_dtype, backend, device=config.device
-        )
+        self.model = LlamaModel(cfg, self.loaded.weights, dtype, backend, device=config.device)
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
         self.max_context = min(config.max_model_len or cfg.max_position, cfg.max_position)
-        itemsize = torch.finfo(config.torch_dtype).bits // 8
+        itemsize = torch.finfo(dtype).bits // 8
         self.sizing = size_pool(
             config.kv_tokens,
             config.kv_memory_fraction,
@@ -62,7 +62,7 @@ class EngineCore:
             self.allocator.pool_slots,
             cfg.num_kv_heads,
             cfg.head_dim,
-            config.torch_dtype,
+            dtype,
             device=config.device,
         )
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from engine.messages import PoolSnapshot
 from engine.obs import schema
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -45,28 +45,30 @@ _DECISIONS = {
 class _EngineCollector:
     """Gauges and counters read from the scheduler's latest snapshot at scrape time."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
-        self._stats = stats
+    def __init__(self, snapshot: Callable[[], PoolSnapshot]) -> None:
+        self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        s = self._stats()
-        for name, help_ in (
-            ("running", "Requests decoding or prefilling."),
-            ("waiting", "Requests waiting to be admitted."),
-            ("parked", "Requests whose next chunk is parked until memory frees."),
+        s = self._snapshot()
+        for name, value, help_ in (
+            ("running", s.running, "Requests decoding or prefilling."),
+            ("waiting", s.waiting, "Requests waiting to be admitted."),
+            ("parked", s.parked, "Requests whose next chunk is parked until memory frees."),
         ):
-            yield GaugeMetricFamily(f"attest:num_requests_{name}", help_, value=s.get(name, 0))
-        total = s.get("kv_total", 0)
+            yield GaugeMetricFamily(f"attest:num_requests_{name}", help_, value=value)
         yield GaugeMetricFamily(
             "attest:kv_usage_ratio",
             "KV pool fraction held by requests (not free, not evictable cache).",
-            value=s.get("kv_used", 0) / total if total else 0.0,
+            value=s.kv_used / s.kv_total if s.kv_total else 0.0,
         )
         g = GaugeMetricFamily("attest:kv_tokens", "KV pool token slots by state.", labels=["state"])
-        for state in ("used", "cached", "evictable", "free", "total"):
-            g.add_metric([state], s.get(f"kv_{state}", 0))
+        for state, value in (
+            ("used", s.kv_used), ("cached", s.kv_cached), ("evictable", s.kv_evictable),
+            ("free", s.kv_free), ("total", s.kv_total),
+        ):  # fmt: skip
+            g.add_metric([state], value)
         yield g
-        counts = s.get("receipts", {})
+        counts = s.receipts
         for name, (kind, help_) in _DECISIONS.items():
             yield CounterMetricFamily(name, help_, value=counts.get(kind, 0))
         c = CounterMetricFamily("attest:receipts", "Receipts written, by kind.", labels=["kind"])
@@ -76,7 +78,8 @@ class _EngineCollector:
 
 
 class ServerMetrics:
-    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, snapshot: Callable[[], PoolSnapshot]) -> None:
+        """``snapshot``: the scheduler's latest pool snapshot (``EngineDriver.stats``)."""
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.prompt_tokens = Counter("attest:prompt_tokens", "Prompt tokens prefilled.", registry=r)
@@ -102,7 +105,7 @@ class ServerMetrics:
             "attest:e2e_request_latency_seconds", "Request latency, arrival to last token.",
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        r.register(_EngineCollector(stats))
+        r.register(_EngineCollector(snapshot))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

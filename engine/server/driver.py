@@ -1,7 +1,9 @@
 """EngineDriver: the scheduler in its own process, spoken to over a local pipe.
 
-The frontend never touches the scheduler: it sends small typed messages (add, abort, stop) and
-receives each step's outputs, together with a snapshot of the pool taken right after that step.
+The frontend never touches the scheduler: it sends the small typed messages of
+``engine.messages`` (add, abort, notice, stop) and receives each step's outputs, together with a
+snapshot of the pool taken right after that step. Nothing here imports torch: the engine is built
+in the scheduler process only.
 A reader thread hands outputs to the asyncio queue of their request. If the scheduler process
 dies, every waiting request hears it at once and the frontend reports it: nothing hangs.
 """
@@ -10,17 +12,29 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import signal
 import threading
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.sampling import SamplingParams
-from engine.sched.request import State
+from engine.messages import (
+    AbortRequest,
+    AddRequest,
+    Dead,
+    EngineInfo,
+    Notice,
+    Outputs,
+    PoolSnapshot,
+    Ready,
+    Rejected,
+    Stop,
+    Stopped,
+    ToFrontend,
+    ToScheduler,
+)
+from engine.sampling_params import SamplingParams
+from engine.server.scheduler_proc import scheduler_main
 
 
 @dataclass(slots=True)
@@ -30,112 +44,6 @@ class Submission:
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
-
-
-def _stats(core: Any) -> dict[str, Any]:
-    s = core.scheduler
-    alloc, cache = core.allocator, s.cache
-    parked = sum(1 for r in s.running if r.state is State.PARKED)
-    return {
-        "running": len(s.running) - parked,
-        "parked": parked,
-        "waiting": len(s.waiting),
-        # held by requests (their private pages and the cached prefixes they lock)
-        "kv_used": alloc.used_size() - cache.evictable_size(),
-        "kv_cached": cache.total_size(),  # prefix cache, reusable
-        "kv_evictable": cache.evictable_size(),
-        "kv_free": alloc.available_size(),
-        "kv_total": alloc.capacity,
-        "receipts": dict(core.receipts.counts),  # decisions since boot, by kind
-    }
-
-
-def scheduler_main(config: EngineConfig, conn: Any) -> None:
-    """The scheduler process: build the engine, then step while there is work."""
-    # the frontend owns the terminal's signals; this process stops when told, over the pipe
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from engine.obs.tracing import setup_tracing
-    from engine.sched.traces import RequestTraces
-
-    sink: list[Any] = []  # the receipts, once the engine is built: where a dropped-span notice goes
-    tracing = setup_tracing(
-        config.otlp_endpoint,
-        "scheduler",
-        on_drop=lambda text: sink and sink[0].notice("spans_dropped", text, process="scheduler"),
-    )
-    try:
-        from engine.core import EngineCore
-
-        with tracing.span("boot", **{"attest.process": "scheduler"}) as span:
-            core = EngineCore(config)
-            d = core.describe()
-            if span is not None:
-                span.set_attributes({
-                    "attest.boot": core.receipts.boot, "attest.model": str(d["model"]),
-                    "gen_ai.request.model": str(d["name"] or Path(str(d["model"])).stem),
-                    "attest.kv_tokens": d["kv_tokens"],
-                    "attest.kv_sizing": str(d["kv_sizing"]), "attest.page_size": d["page_size"],
-                    "attest.device": str(d["device"]), "attest.dtype": str(d["dtype"]),
-                    "attest.attention_backend": str(d["attention_backend"]),
-                    "attest.startup_s": round(core.startup_seconds, 3),
-                })  # fmt: skip
-        sink.append(core.receipts)
-        RequestTraces.attach(core.scheduler, tracing)
-        conn.send(("ready", d, core.tokenizer, _stats(core)))
-    except BaseException as e:
-        conn.send(("dead", f"engine failed to start: {type(e).__name__}: {e}"))
-        tracing.shutdown()
-        return
-    try:
-        _serve_loop(core, conn)
-    finally:
-        tracing.shutdown()  # bounded: a dead collector must not hold up the exit
-
-
-def _serve_loop(core: Any, conn: Any) -> None:
-    sched = core.scheduler
-    try:
-        while True:
-            # block briefly when idle; never when there is work to do
-            while conn.poll(0 if sched.has_work() else 0.5):
-                msg = conn.recv()
-                if msg[0] == "add":
-                    _, rid, ids, params, trace_id = msg
-                    try:
-                        sched.add_request(ids, params, rid=rid, trace_id=trace_id)
-                    except ValueError as e:
-                        conn.send(("reject", rid, str(e)))
-                elif msg[0] == "abort":
-                    out = sched.abort(msg[1], reason=msg[2])
-                    if out is not None:
-                        conn.send(("out", [out], _stats(core)))
-                elif msg[0] == "notice":  # the frontend's, written to the one boot log
-                    core.receipts.notice(msg[1], msg[2], **msg[3])
-                elif msg[0] == "stop":
-                    _stop(core, conn, msg[1])
-                    return
-            if sched.has_work():
-                outs = sched.step()
-                if outs:  # a step that only prefilled has nothing to say yet
-                    conn.send(("out", outs, _stats(core)))
-    except (EOFError, BrokenPipeError):
-        core.shutdown("frontend_gone")  # nobody to answer, but the log still ends honestly
-    except BaseException as e:
-        traceback.print_exc()
-        try:
-            conn.send(("dead", f"{type(e).__name__}: {e}"))
-        except Exception:
-            pass
-
-
-def _stop(core: Any, conn: Any, reason: str) -> None:
-    """An orderly stop: in-flight requests abort with receipts, ``boot.stop`` is written, and
-    each waiting client hears that its request ended."""
-    outs: list[Any] = []
-    n = core.shutdown(reason, outs)
-    if outs:
-        conn.send(("out", outs, _stats(core)))
-    conn.send(("stopped", reason, n))
 
 
 class EngineDriver:
@@ -154,12 +62,12 @@ class EngineDriver:
         self._send_lock = threading.Lock()
         self._subs: dict[str, Submission] = {}
         self._subs_lock = threading.Lock()
-        self._stats: dict[str, Any] = {}
+        self._snapshot = PoolSnapshot()
         self._stopped = threading.Event()
         self.dead: str | None = None
         self.stopping: str | None = None  # the reason, once an orderly stop has begun
         self.on_dead = on_dead
-        self.info: dict[str, Any] = {}
+        self.info: EngineInfo | None = None  # set by start()
         self.tokenizer: Any = None
         self._reader = threading.Thread(target=self._read, name="attest-ipc-reader", daemon=True)
 
@@ -177,18 +85,18 @@ class EngineDriver:
             raise RuntimeError(
                 f"scheduler process exited (code {self._proc.exitcode}) before it was ready"
             ) from None
-        if msg[0] != "ready":
-            raise RuntimeError(msg[1])
-        _, self.info, self.tokenizer, self._stats = msg
+        if not isinstance(msg, Ready):
+            raise RuntimeError(msg.reason)  # Dead: why the engine could not start
+        self.info, self.tokenizer, self._snapshot = msg.info, msg.tokenizer, msg.snapshot
         self._reader.start()
 
     @property
     def max_context(self) -> int:
-        return int(self.info["context"])
+        return self.info.context
 
     @property
     def vocab_size(self) -> int:
-        return int(self.info["vocab"])
+        return self.info.vocab
 
     def drain(self, reason: str) -> None:
         """Begin an orderly stop: refuse new work; the scheduler aborts what is in flight
@@ -198,7 +106,7 @@ class EngineDriver:
                 return
             self.stopping = reason
             try:
-                self._conn.send(("stop", reason))
+                self._conn.send(Stop(reason=reason))
             except (OSError, ValueError):
                 pass  # the process is already gone; the reader reports it
 
@@ -211,7 +119,7 @@ class EngineDriver:
             self._proc.terminate()
             self._proc.join(5)
 
-    def _send(self, msg: tuple) -> None:
+    def _send(self, msg: ToScheduler) -> None:
         with self._send_lock:
             self._conn.send(msg)
 
@@ -224,8 +132,11 @@ class EngineDriver:
                 if self.dead:
                     raise RuntimeError(f"scheduler is not running: {self.dead}")
                 self._subs[sub.rid] = sub
+            msg = AddRequest(
+                rid=sub.rid, prompt_ids=sub.prompt_ids, params=sub.params, trace=trace_id
+            )
             try:
-                self._conn.send(("add", sub.rid, sub.prompt_ids, sub.params, trace_id))
+                self._conn.send(msg)
             except (OSError, ValueError) as e:  # it died before the reader noticed
                 with self._subs_lock:
                     self._subs.pop(sub.rid, None)
@@ -235,19 +146,20 @@ class EngineDriver:
         """Say something once in the boot log (the scheduler process writes it). Never raises."""
         if not self.dead:
             try:
-                self._send(("notice", key, text, fields))
+                self._send(Notice(key=key, text=text, fields=fields))
             except Exception:
                 pass
 
     def abort(self, rid: str, reason: str = "client_disconnect") -> None:
         if not self.dead:
             try:
-                self._send(("abort", rid, reason))
+                self._send(AbortRequest(rid=rid, reason=reason))
             except Exception:
                 pass
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self._stats)
+    def stats(self) -> PoolSnapshot:
+        """The pool as of the latest step (frozen: the reader replaces it, never edits it)."""
+        return self._snapshot
 
     def _deliver(self, items: list[tuple[str, object, bool]]) -> None:
         """Hand (rid, item, final) to their requests' queues: one lock and one wake-up of
@@ -270,20 +182,8 @@ class EngineDriver:
 
     def _read(self) -> None:
         try:
-            while True:
-                msg = self._conn.recv()
-                kind = msg[0]
-                if kind == "out":
-                    self._stats = msg[2]  # before the outputs: a finished request's memory is back
-                    self._deliver([(out.rid, out, out.finished) for out in msg[1]])
-                elif kind == "reject":
-                    self._deliver([(msg[1], ValueError(msg[2]), True)])
-                elif kind == "stopped":
-                    self._fail_all(f"server is shutting down ({msg[1]})")
-                    self._stopped.set()
-                    return
-                elif kind == "dead":
-                    raise RuntimeError(msg[1])
+            while self._on(self._conn.recv()):
+                pass
         except (EOFError, OSError, RuntimeError) as e:
             self._proc.join(1)
             code = self._proc.exitcode
@@ -294,6 +194,22 @@ class EngineDriver:
             self._stopped.set()
             if self.on_dead is not None:
                 self.on_dead(self.dead)
+
+    def _on(self, msg: ToFrontend) -> bool:
+        """Act on one message from the scheduler process; False once it has stopped."""
+        match msg:
+            case Outputs(outputs=outs, snapshot=snap):
+                self._snapshot = snap  # before the outputs: a finished request's memory is back
+                self._deliver([(out.rid, out, out.finished) for out in outs])
+            case Rejected(rid=rid, message=message):
+                self._deliver([(rid, ValueError(message), True)])
+            case Stopped(reason=reason):
+                self._fail_all(f"server is shutting down ({reason})")
+                self._stopped.set()
+                return False
+            case Dead(reason=reason):
+                raise RuntimeError(reason)
+        return True
 
 
 def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:

@@ -19,6 +19,7 @@ import uvicorn
 
 from engine.config import EngineConfig
 from engine.obs.tracing import setup_tracing
+from engine.server.app import create_app
 from engine.server.driver import EngineDriver
 
 EXIT_SCHEDULER_DIED = 1
@@ -51,8 +52,6 @@ def serve(
 ) -> int:
     """Boot the engine, serve until told to stop, and return the process exit status.
     Raises RuntimeError (with the reason) when the engine cannot start."""
-    from engine.server.app import create_app
-
     status = {"code": 0}
     server: list[_Server] = []
 
@@ -65,13 +64,13 @@ def serve(
     driver = EngineDriver(cfg, on_dead=on_dead)
     driver.start()  # the scheduler process builds the engine
     d = driver.info
-    name = served_model_name or Path(d["model"]).stem
+    name = served_model_name or Path(d.model).stem
     print(f"Attest serving {name} at http://{host}:{port}/v1", flush=True)
     print(
-        f"  model {d['model']} ({d['parameters']:,} parameters, {d['dtype']}), "
-        f"loaded in {d['load_seconds']} s\n"
-        f"  KV pool {d['kv_tokens']:,} tokens x {d['kv_bytes_per_token']:,} B "
-        f"= {d['kv_pool_bytes'] / 2**20:,.0f} MiB ({d['kv_sizing']}); context {d['context']:,}\n"
+        f"  model {d.model} ({d.parameters:,} parameters, {d.dtype}), "
+        f"loaded in {d.load_seconds} s\n"
+        f"  KV pool {d.kv_tokens:,} tokens x {d.kv_bytes_per_token:,} B "
+        f"= {d.kv_pool_bytes / 2**20:,.0f} MiB ({d.kv_sizing}); context {d.context:,}\n"
         f"  boot log {cfg.log_file}; audit it with: audit verdict {cfg.log_file}",
         flush=True,
     )

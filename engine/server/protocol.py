@@ -6,7 +6,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 MAX_N = 16  # choices per request; each is its own request in the scheduler, sharing the prefix
 

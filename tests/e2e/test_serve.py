@@ -274,3 +274,34 @@ def test_a_non_streaming_client_that_goes_away_frees_its_memory(served, server, 
         [x for x in boot_log.read_bytes().splitlines() if b'"request.abort"' in x][-1]
     )
     assert last["reason"] == "client_disconnect" and last["tokens"] < 3000
+
+
+def test_a_bad_prompt_is_refused_in_the_words_of_the_one_prompt_check(server):
+    from engine.prompt import PromptError, check_prompt
+
+    context = server.get("/v1/models").json()["data"][0]["max_model_len"]
+    for ids in ([], [1] * context):
+        # the offline API's words for the same prompt (every id here is in the vocabulary)
+        with pytest.raises(PromptError) as fault:
+            check_prompt(ids, vocab_size=2, max_context=context)
+        expected = str(fault.value)
+        r = server.post("/v1/completions", json={"prompt": ids, "max_tokens": 1})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == {
+            "message": expected, "type": "invalid_request_error", "param": "prompt", "code": 400,
+        }  # fmt: skip
+
+
+def test_the_frontend_process_never_loads_torch(served, server):
+    """The HTTP process parses, streams and reads the scheduler's messages without the model
+    stack; only the scheduler process maps torch's libraries (read from /proc, so the check
+    needs no endpoint of its own)."""
+    r = server.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "stream": True})
+    assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+
+    def torch_libraries(pid: int) -> set[str]:
+        with open(f"/proc/{pid}/maps") as f:
+            return {line.split()[-1] for line in f if "/torch/" in line}
+
+    assert torch_libraries(served.scheduler_pid())  # the check sees torch where it is
+    assert torch_libraries(served.proc.pid) == set()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.core import DTYPES
 
 
 @pytest.mark.parametrize(
@@ -50,12 +51,12 @@ def test_bad_field_is_rejected_naming_it(field, value, rule):
 
 def test_defaults_and_good_values_are_accepted():
     c = EngineConfig()
-    assert c.dtype == "float32" and c.torch_dtype is torch.float32
+    assert c.dtype == "float32" and DTYPES[c.dtype] is torch.float32
     c = EngineConfig.from_kwargs(
         model="m.gguf", dtype="bfloat16", kv_tokens=1, max_running=1, chunk_tokens=1,
         max_model_len=1, threads=1, seed=-7,
     )  # fmt: skip
-    assert c.torch_dtype is torch.bfloat16
+    assert DTYPES[c.dtype] is torch.bfloat16
     assert c.as_dict() == {
         "model": "m.gguf",
         "dtype": "bfloat16",

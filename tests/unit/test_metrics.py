@@ -1,0 +1,47 @@
+"""/metrics reads the scheduler's PoolSnapshot: each gauge and decision counter is a field of
+the one snapshot, under the metric names operators already scrape."""
+
+from __future__ import annotations
+
+from engine.messages import PoolSnapshot
+from engine.obs import schema
+from engine.obs.metrics import ServerMetrics
+
+
+def _samples(metrics: ServerMetrics) -> dict[str, float]:
+    out = {}
+    for line in metrics.render().decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_gauges_and_counters_come_from_the_latest_snapshot():
+    snaps = [PoolSnapshot()]
+    m = ServerMetrics(lambda: snaps[-1])
+    idle = _samples(m)
+    assert idle["attest:kv_usage_ratio"] == 0.0  # an empty pool divides by nothing
+    assert idle["attest:parks_total"] == 0.0
+    snaps.append(
+        PoolSnapshot(
+            running=3, parked=1, waiting=2, kv_used=30, kv_cached=20, kv_evictable=12,
+            kv_free=50, kv_total=100,
+            receipts={schema.ADMISSION_PARK: 4, schema.REQUEUE: 1, schema.EVICTION: 7},
+        )
+    )  # fmt: skip
+    s = _samples(m)  # read at scrape time: the new snapshot, not the one at construction
+    assert s["attest:num_requests_running"] == 3
+    assert s["attest:num_requests_parked"] == 1
+    assert s["attest:num_requests_waiting"] == 2
+    assert s["attest:kv_usage_ratio"] == 0.3
+    assert {k: v for k, v in s.items() if k.startswith("attest:kv_tokens{")} == {
+        'attest:kv_tokens{state="used"}': 30,
+        'attest:kv_tokens{state="cached"}': 20,
+        'attest:kv_tokens{state="evictable"}': 12,
+        'attest:kv_tokens{state="free"}': 50,
+        'attest:kv_tokens{state="total"}': 100,
+    }
+    assert s["attest:parks_total"] == 4 and s["attest:retractions_total"] == 1
+    assert s["attest:evictions_total"] == 7 and s["attest:oom_total"] == 0
+    assert s[f'attest:receipts_total{{kind="{schema.ADMISSION_PARK}"}}'] == 4

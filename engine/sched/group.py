@@ -13,6 +13,10 @@ class GroupView:
     """One rank alone: it publishes no floor, so the local budget decides."""
 
     def published_floor(self) -> int | None:
+        """The floor every rank decides from this iteration, or None when none was published.
+
+        An extension point that only tests use today (``FixedFloor``): with one rank nothing is
+        reduced, so None. Multi-rank serving overrides it with the all-reduced MIN."""
         return None
 
 

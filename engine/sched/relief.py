@@ -21,6 +21,9 @@ class ReliefRegistry:
         self.providers: list[tuple[str, Provider]] = []
 
     def register(self, name: str, provider: Provider) -> None:
+        """Add a rung after the ones registered before it. An extension point that only tests
+        use today: no provider is registered in production yet, so the net's own eviction is
+        the whole relief and the registry says it is empty (once)."""
         self.providers.append((name, provider))
 
     def relieve(self, need: int) -> int:

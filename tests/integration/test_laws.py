@@ -1,5 +1,5 @@
-"""One test per guard of the engine's laws (docs/ARCHITECTURE.md) that no other test catches when it
-broken: each test's docstring names the law it keeps."""
+"""One test per guard of the engine's laws (docs/ARCHITECTURE.md) that no other test caught
+when the guard was broken: each test's docstring names the law it keeps."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Admission decisions as pure functions: the budget, the chunk plan, the new-token ratio."""
+"""Admission decisions as pure functions: the budget, the chunk plan, the new-token ratio, why
+the line waits."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from engine.sched.admission import (
     NewTokenRatio,
     Park,
     decode_reserve,
+    defer_reason,
+    line_closed,
     plan_chunk,
     running_ceiling,
 )
@@ -128,3 +131,29 @@ def test_decode_reserve_rounds_up_and_clips():
     assert decode_reserve([10, 10], 0.25) == 6  # ceil(2.5) * 2
     assert decode_reserve([10**6], 1.0, clip=4096) == 4096
     assert decode_reserve([], 0.7) == 0
+
+
+def test_the_line_closes_when_the_chunk_budget_is_spent_or_the_ceiling_is_reached():
+    assert line_closed(chunk_budget=0, running=0, max_running=4) == "chunk_budget"
+    assert line_closed(chunk_budget=-3, running=9, max_running=4) == "chunk_budget"  # first
+    assert line_closed(chunk_budget=16, running=5, max_running=4) == "max_running"  # 4 + 1
+    assert line_closed(chunk_budget=16, running=4, max_running=4) is None  # the extra slot
+
+
+def test_defer_reason_names_why_a_planned_request_waits():
+    park = Park("below_page", need=40, fundable=0)
+    admit = Admit(tokens=16, pages=1)
+    kw = dict(inflight=0, settled=0, max_running=4)
+    assert defer_reason(park, chunked=False, **kw) == "budget"
+    assert defer_reason(admit, chunked=False, **kw) is None
+    # one chunked prefill in flight at a time
+    assert defer_reason(admit, chunked=True, inflight=1, settled=0, max_running=4) == (
+        "inflight_chunk"
+    )
+    assert defer_reason(admit, chunked=True, inflight=0, settled=4, max_running=4) is None
+    # a full set of settled requests leaves the extra slot to a chunk only
+    assert defer_reason(admit, chunked=False, inflight=0, settled=4, max_running=4) == (
+        "max_running"
+    )
+    # a park outranks every other reason: the budget is what the receipt must name
+    assert defer_reason(park, chunked=False, inflight=1, settled=4, max_running=4) == "budget"

@@ -1,15 +1,17 @@
 """How a claim's checker sees the log: the ``Bus`` that hands each line to whoever subscribed,
-``SelCount`` (lines matching a claim's selectors, the ``wedge`` signal among them), and the
-``Checker`` base class with the gates every claim kind shares.
+``SelCount`` (lines matching a claim's selectors, the ``wedge`` signal of ``audit.wedge`` among
+them), and the ``Checker`` base class with the gates every claim kind shares.
 
 The order of the gates is the same for every kind:
 1. evidence that decides a FAIL by itself (a `never` signature seen, an `invariant` broken) is
    a FAIL even in an incomplete log -- a lost line cannot un-happen what was read;
-2. an incomplete log (seq gap, duplicates, unparsed lines) makes every claim that needs all the
-   receipts UNDECIDED with the reader's reason;
+2. an incomplete log (seq gap or an invalid seq, duplicates, unparsed lines) makes every claim
+   that needs all the receipts UNDECIDED with the reader's reason;
 3. a mechanism that never engaged is UNDECIDED (``no_engagement``), or a PASS marked
    ``vacuous`` where the claim says ``allow_vacuous = true``;
-4. then the claim decides.
+4. a claim about the whole boot (``needs_end = true``) over a log that ends with requests in
+   flight and no boot.stop is UNDECIDED (``in_flight_at_end``);
+5. then the claim decides.
 
 "Later" means a higher ``seq`` on the same (boot, rank), so no verdict depends on the order in
 which the lines of different ranks (or files) were interleaved.
@@ -17,26 +19,40 @@ which the lines of different ranks (or files) were interleaved.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from audit.model import Claim, ReceiptSel, Selector, TextSel, WedgeSel
-from audit.reader import ReadStats
+from audit.foreign import TEXT_BOOT, Matcher, plain
+from audit.model import Claim, ReceiptSel, Selector, TextEvent, TextSel, WedgeSel
+from audit.reader import TEXT, ReadStats
 from audit.status import ClaimVerdict, Status
+from audit.wedge import Wedge, WedgeDetector
 from engine.obs import schema
 
 MAX_NAMED = 5  # rids named in a sentence
 
 
 class Bus:
-    """Who wants which lines: receipts by kind, receipts of any kind, text lines by source."""
+    """Who wants which lines: receipts by kind, receipts of any kind, text lines by source, and
+    the events the specs' text events make of text lines (by definition)."""
 
     def __init__(self) -> None:
         self.kinds: dict[str, list[Callable[[dict[str, Any]], None]]] = defaultdict(list)
         self.any: list[Callable[[dict[str, Any]], None]] = []
         self.texts: dict[str, list[Callable[[str, str], None]]] = defaultdict(list)
+        self.events: dict[TextEvent, list[Callable[[dict[str, Any]], None]]] = {}
+        self.text_lines = 0  # text lines read so far: a text event's ``seq`` (line order)
+        self._matcher: Matcher | None = None
+
+    def subscribe(self, sel: ReceiptSel, fn: Callable[[dict[str, Any]], None]) -> None:
+        """``fn`` gets every record of ``sel``'s kind: receipts, or its text event's events."""
+        if sel.event is None:
+            self.kinds[sel.kind].append(fn)
+        else:
+            self.events.setdefault(sel.event, []).append(fn)
+            self._matcher = None
 
     def receipt(self, rec: dict[str, Any]) -> None:
         for fn in self.kinds.get(rec["event"], ()):
@@ -45,8 +61,21 @@ class Bus:
             fn(rec)
 
     def text(self, source: str, line: str, where: str) -> None:
+        line = plain(line)
+        self.text_lines += 1
         for fn in self.texts.get(source, ()):
             fn(line, where)
+        if self.events and source == TEXT:
+            self._events(line, where)
+
+    def _events(self, line: str, where: str) -> None:
+        if self._matcher is None:
+            self._matcher = Matcher(self.events)
+        for ev, fields in self._matcher.match(line):
+            rec = {"event": ev.name, "boot": TEXT_BOOT, "rank": 0, "seq": self.text_lines}
+            rec.update(fields, where=where)
+            for fn in self.events[ev]:
+                fn(rec)
 
 
 @dataclass(slots=True)
@@ -58,7 +87,10 @@ class Context:
 
 
 def locate(rec: dict[str, Any]) -> str:
-    """Where a receipt is, for a sentence: its kind, boot, rank, seq, iter and rid."""
+    """Where a receipt is, for a sentence: its kind, boot, rank, seq, iter and rid (a text
+    event: its kind, file and line)."""
+    if rec.get("boot") == TEXT_BOOT:
+        return f"{rec['event']} line at {rec.get('where')}"
     rid = f" rid {rec['rid']}" if "rid" in rec else ""
     return f"{rec['event']} (boot {rec['boot']} rank {rec['rank']} seq {rec['seq']} iter {rec.get('iter')}{rid})"
 
@@ -69,58 +101,19 @@ def name_some(items: list[str]) -> str:
     return shown + (f" and {len(items) - MAX_NAMED} more" if len(items) > MAX_NAMED else "")
 
 
-class WedgeDetector:
-    """Work waiting while no tokens are scheduled, per (boot, rank), in receipt time.
-
-    Waiting starts at a receipt that shows requests held back (``admission.defer``,
-    ``admission.park``, an ``iteration`` with waiting + parked > 0) and ends at the next
-    receipt that shows tokens scheduled (``admission.admit``, ``admission.unpark``,
-    ``request.finish``, ``request.abort``, an ``iteration`` with running > 0) or an
-    ``iteration`` with nothing waiting, parked or running. Each receipt of the rank measures
-    the span so far; a span longer than the threshold is a wedge.
-    """
-
-    PROGRESS = frozenset(
-        (
-            schema.ADMISSION_ADMIT,
-            schema.ADMISSION_UNPARK,
-            schema.REQUEST_FINISH,
-            schema.REQUEST_ABORT,
+def describe_wedge(w: Wedge, threshold_s: float) -> str:
+    """A wedge in one sentence, with its numbers and the receipts at both ends."""
+    where = f"from {locate(w.start)} to {locate(w.end)}"
+    if w.counters is None:  # the scheduling rule: a log whose iterations lack the counters
+        return (
+            f"work waited {w.seconds:.1f} s > {threshold_s:g} s with no tokens scheduled, {where}"
         )
+    held = f"waiting {w.start.get('waiting')}, parked {w.start.get('parked')}"
+    moved = ", ".join(f"{n} {v}" for n, v in zip(schema.PROGRESS, w.counters, strict=True))
+    return (
+        f"no progress for {w.seconds:.1f} s > {threshold_s:g} s while work waited ({held}): "
+        f"{moved} unchanged, {where}"
     )
-
-    def __init__(self, threshold_s: float, on_wedge: Callable[[str], None]) -> None:
-        self.threshold_s = threshold_s
-        self.on_wedge = on_wedge
-        self.since: dict[tuple[str, int], tuple[float, dict[str, Any]]] = {}
-        self.reported: set[tuple[str, int, float]] = set()
-
-    def feed(self, rec: dict[str, Any]) -> None:
-        ts = rec.get("ts")
-        if not isinstance(ts, int | float):
-            return
-        key = (rec["boot"], rec["rank"])
-        start = self.since.get(key)
-        if start is not None and ts - start[0] > self.threshold_s:
-            mark = (key[0], key[1], start[0])
-            if mark not in self.reported:
-                self.reported.add(mark)
-                self.on_wedge(
-                    f"work waited {ts - start[0]:.1f} s > {self.threshold_s:g} s with no tokens "
-                    f"scheduled, from {locate(start[1])} to {locate(rec)}"
-                )
-        event = rec["event"]
-        if event in self.PROGRESS or event == schema.BOOT_STOP:
-            self.since.pop(key, None)
-        elif event == schema.ITERATION:
-            running = rec.get("running") or 0
-            held = (rec.get("waiting") or 0) + (rec.get("parked") or 0)
-            if running > 0 or held == 0:
-                self.since.pop(key, None)
-            elif start is None:
-                self.since[key] = (ts, rec)
-        elif event in (schema.ADMISSION_DEFER, schema.ADMISSION_PARK) and start is None:
-            self.since[key] = (ts, rec)
 
 
 class SelCount:
@@ -128,42 +121,84 @@ class SelCount:
 
     def __init__(self, sels: tuple[Selector, ...], bus: Bus) -> None:
         self.sels = sels
-        self.count = 0
-        self.first: str | None = None
+        self.hits = 0  # receipts and lines matched
+        self.first_hit: str | None = None
+        # a wedge is known only once the log is read (each rank's rule depends on all of it)
+        self.wedges: list[tuple[WedgeDetector, float]] = []
         for s in sels:
             if isinstance(s, ReceiptSel):
-                bus.kinds[s.kind].append(self._receipt_fn(s))
+                bus.subscribe(s, self._receipt_fn(s))
             elif isinstance(s, TextSel):
                 bus.texts[s.source].append(self._text_fn(s))
             elif isinstance(s, WedgeSel):
-                bus.any.append(WedgeDetector(s.threshold_s, self._hit).feed)
+                self.wedges.append((WedgeDetector(s.threshold_s), s.threshold_s))
+                bus.any.append(self.wedges[-1][0].feed)
 
-    def _hit(self, what: str) -> None:
-        self.count += 1
-        if self.first is None:
-            self.first = what
+    @property
+    def count(self) -> int:
+        return self.hits + sum(len(d.found()) for d, _ in self.wedges)
+
+    @property
+    def first(self) -> str | None:
+        """The first match, described (a wedge's sentence where nothing else matched)."""
+        if self.first_hit is not None:
+            return self.first_hit
+        return next((describe_wedge(w, t) for d, t in self.wedges for w in d.found()), None)
 
     def _receipt_fn(self, s: ReceiptSel) -> Callable[[dict[str, Any]], None]:
         def fn(rec: dict[str, Any]) -> None:
             if s.where and not s.matches(rec):
                 return
-            self.count += 1
-            if self.first is None:  # described once, not per match
-                self.first = locate(rec)
+            self.hits += 1
+            if self.first_hit is None:  # described once, not per match, with what it matched on
+                shown = ", ".join(f"{p.field} {rec.get(p.field)!r}" for p in s.where)
+                self.first_hit = locate(rec) + (f": {shown}" if shown else "")
 
         return fn
 
     def _text_fn(self, s: TextSel) -> Callable[[str, str], None]:
         def fn(line: str, where: str) -> None:
             if s.matches(line):
-                self.count += 1
-                if self.first is None:
-                    self.first = f"{s.source} line at {where}: {line[:120]!r}"
+                self.hits += 1
+                if self.first_hit is None:
+                    self.first_hit = f"{s.source} line at {where}: {line[:120]!r}"
 
         return fn
 
     def describe(self) -> str:
         return " | ".join(s.describe() for s in self.sels)
+
+
+class InFlight:
+    """Per (boot, rank): requests received less requests ended, and whether boot.stop was
+    written. Counts, not rid sets, so the order in which the lines come does not matter."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.open: Counter[tuple[str, int]] = Counter()
+        self.stopped: set[tuple[str, int]] = set()
+        bus.kinds[schema.REQUEST_RECEIVED].append(lambda rec: self._add(rec, 1))
+        bus.kinds[schema.REQUEST_FINISH].append(lambda rec: self._add(rec, -1))
+        bus.kinds[schema.REQUEST_ABORT].append(lambda rec: self._add(rec, -1))
+        bus.kinds[schema.BOOT_STOP].append(lambda rec: self.stopped.add((rec["boot"], rec["rank"])))
+
+    def _add(self, rec: dict[str, Any], n: int) -> None:
+        self.open[(rec["boot"], rec["rank"])] += n
+
+    def at_end(self) -> ClaimVerdict | None:
+        """UNDECIDED (in_flight_at_end) where a rank's log ends with requests in flight and no
+        boot.stop: the engine may still be running, or it died without a word."""
+        cut = sorted((k, n) for k, n in self.open.items() if n > 0 and k not in self.stopped)
+        if not cut:
+            return None
+        (boot, rank), n = cut[0]
+        return outcome(
+            Status.UNDECIDED,
+            f"boot {boot} rank {rank}: {n} request(s) received without an ending, and no "
+            f"boot.stop: the log ends with work in flight (still running, or it died unheard)"
+            + (f"; {len(cut) - 1} more rank(s) alike" if len(cut) > 1 else ""),
+            "in_flight_at_end",
+            in_flight=sum(n for _, n in cut),
+        )
 
 
 class Checker:
@@ -174,6 +209,7 @@ class Checker:
     def __init__(self, claim: Claim, bus: Bus) -> None:
         self.claim = claim
         self.requires = SelCount(claim.requires, bus) if claim.requires else None
+        self.in_flight = InFlight(bus) if claim.needs_end else None
 
     def subscribe_control(self, bus: Bus) -> None:
         """Only `control` claims read the control log."""
@@ -200,6 +236,8 @@ class Checker:
                     Status.PASS, f"vacuous pass (allowed by the spec): {not_engaged_why}", "vacuous"
                 )
             return outcome(Status.UNDECIDED, not_engaged_why, "no_engagement")
+        if self.in_flight is not None:
+            return self.in_flight.at_end()
         return None
 
 

@@ -1,6 +1,6 @@
 """The claim kinds that read receipts one by one (``engaged``, ``never``, ``every``,
 ``invariant``, ``ranks_agree``), and ``build_checker``, which picks the checker for a claim's
-kind (the derived-number kinds are in ``audit.derived``).
+kind (the derived-number kinds are in ``audit.derived``, ``final`` in ``audit.final``).
 
 Each checker subscribes to the receipts and text lines its selectors scope, keeps the least state
 its question needs, and gives one verdict at the end, through the gates of ``audit.checker``.
@@ -15,12 +15,14 @@ from typing import Any
 from audit import expr
 from audit.checker import Bus, Checker, Context, SelCount, locate, name_some, outcome
 from audit.derived import Derived
+from audit.final import Final
+from audit.foreign import TEXT_BOOT
 from audit.model import Claim, ReceiptSel
 from audit.status import ClaimVerdict, Status
 from engine.obs import schema
 
-_SHIFT = 64  # Every packs two seqs into one int
-_LOW = (1 << _SHIFT) - 1
+_LOW = (1 << 64) - 1  # Every packs three seqs into one int: when, then, close
+_WHEN, _THEN, _CLOSE = 128, 64, 0  # their shifts
 _MASK64 = (1 << 64) - 1
 
 
@@ -70,36 +72,43 @@ class Never(Checker):
 
 
 class Every(Checker):
-    """Each key with a `when` receipt has a `then` receipt at a higher seq on the same rank."""
+    """Each key with a `when` receipt has a `then` receipt at a higher seq on the same rank,
+    before the key's window closes: at a `closes` receipt of that key (for request keys, by
+    default, the request's finish, abort or reject) or at boot.stop. A window that closed without
+    the follow-up is a FAIL, boot.stop or not; one still open where the log ends is UNDECIDED."""
 
     def __init__(self, claim: Claim, bus: Bus) -> None:
         super().__init__(claim, bus)
-        # (boot, rank) -> key -> last seq of `when` << _SHIFT | last seq of `then` (one int per
-        # key: this is the state that grows with the number of requests)
+        # (boot, rank) -> key -> the last seq of `when`, of `then` and of a close, packed in one
+        # int (this is the state that grows with the number of requests)
         self.seen: dict[tuple[str, int], dict[Any, int]] = defaultdict(dict)
         self.stops: dict[tuple[str, int], int] = {}
+        self.lines: dict[Any, str] = {}  # a text key's last `when` line, for the sentence
         for s in claim.when:
-            bus.kinds[s.kind].append(self._fn(s, claim.when_key, True))
+            bus.subscribe(s, self._fn(s, claim.when_key, _WHEN))
         for s in claim.then:
-            bus.kinds[s.kind].append(self._fn(s, claim.then_key, False))
+            bus.subscribe(s, self._fn(s, claim.then_key, _THEN))
+        for s in claim.closes:
+            bus.subscribe(s, self._fn(s, claim.close_key, _CLOSE))
         bus.kinds[schema.BOOT_STOP].append(self._stop)
+        for s in claim.stops:
+            bus.subscribe(s, lambda rec, s=s: self._stop(rec) if s.matches(rec) else None)
 
-    def _fn(self, s: ReceiptSel, key: str, when: bool) -> Callable[[dict[str, Any]], None]:
+    def _fn(self, s: ReceiptSel, key: str, shift: int) -> Callable[[dict[str, Any]], None]:
         def fn(rec: dict[str, Any]) -> None:
             if s.where and not s.matches(rec):
                 return
             keys = rec.get(key)
             table = self.seen[(rec["boot"], rec["rank"])]
-            seq = rec["seq"]
+            seq = min(rec["seq"], _LOW)
             for k in keys if isinstance(keys, list) else (keys,):
                 if k is None or isinstance(k, list | dict):
                     continue
                 packed = table.get(k, 0)
-                a, b = packed >> _SHIFT, packed & _LOW
-                if when and seq > a:
-                    table[k] = seq << _SHIFT | b
-                elif not when and seq > b:
-                    table[k] = a << _SHIFT | seq
+                if seq > packed >> shift & _LOW:
+                    table[k] = packed & ~(_LOW << shift) | seq << shift
+                    if shift == _WHEN and rec["boot"] == TEXT_BOOT:
+                        self.lines[k] = rec.get("where", "?")  # a text line has no seq to name
 
         return fn
 
@@ -107,41 +116,70 @@ class Every(Checker):
         key = (rec["boot"], rec["rank"])
         self.stops[key] = max(self.stops.get(key, 0), rec["seq"])
 
+    def _windows(self, opened: str) -> tuple[int, list[tuple[str, str]], list[str]]:
+        """(keys with a `when`, [(key, how its window closed)] without a follow-up, open keys);
+        ``opened``: what to call the `when` receipt in a sentence."""
+        total, failed, open_ = 0, [], []
+        ended = "the run ended" if self.claim.stops else "boot.stop"
+        for (boot, rank), table in sorted(self.seen.items()):
+            stop = self.stops.get((boot, rank), 0)
+            for k, packed in table.items():
+                a, b, c = packed >> _WHEN, packed >> _THEN & _LOW, packed & _LOW
+                if not a:
+                    continue
+                total += 1
+                if b > a:
+                    continue
+                name, at, closed = f"{k} (rank {rank})", f"seq {a}", f" at seq {c}"
+                if boot == TEXT_BOOT:  # a text line is named by its place in the file
+                    name, at, closed = f"{self.claim.when_key} {k!r}", self.lines.get(k), " later"
+                    stop_at = f"{ended} later"
+                else:
+                    stop_at = f"{ended} at seq {stop}"
+                if c > a:
+                    failed.append((name, f"{opened} at {at}, its window closed{closed}"))
+                elif stop > a:
+                    failed.append((name, f"{opened} at {at}, {stop_at}"))
+                else:
+                    open_.append(name)
+        return total, sorted(failed), sorted(open_)
+
+    def _ends(self) -> str:
+        """What closes a window, for a sentence."""
+        ends = [s.describe() for s in (*self.claim.closes, *self.claim.stops)]
+        if self.claim.when[0].event is None:
+            ends.append("boot.stop")
+        return " or ".join(ends)
+
     def decide(self, ctx: Context) -> ClaimVerdict:
         c = self.claim
         when = " | ".join(s.describe() for s in c.when)
         label = "rid" if c.when_key in ("rid", "rids") else c.when_key
         then = " | ".join(s.describe() for s in c.then)
-        total, failed, open_ = 0, [], []
-        for (boot, rank), table in sorted(self.seen.items()):
-            stop = self.stops.get((boot, rank), 0)
-            for k, packed in table.items():
-                a, b = packed >> _SHIFT, packed & _LOW
-                if not a:
-                    continue
-                total += 1
-                if b < a:
-                    (failed if stop > a else open_).append(f"{k} (rank {rank})")
+        total, failed, open_ = self._windows(c.when[0].kind if len(c.when) == 1 else "when")
         gated = self.gate(ctx, total > 0, f"no {when} seen: nothing to follow")
         nums = {"keys": total, "failed": len(failed), "open": len(open_)}
         if gated:
             gated.numbers.update(nums)
             return gated
         if failed:
+            names = [name for name, _ in failed]
             return outcome(
                 Status.FAIL,
-                f"{len(failed)} of {total} {label}s from {when} had no later {then}, though "
-                f"boot.stop followed: {name_some(sorted(failed))}",
-                failed_keys=sorted(failed)[:50],
+                f"{len(failed)} of {total} {label}s from {when} had no later {then} before their "
+                f"window closed (at {self._ends()}): {name_some(names)}; "
+                f"first: {names[0]}: {failed[0][1]}",
+                failed_keys=names[:50],
                 **nums,
             )
         if open_:
             return outcome(
                 Status.UNDECIDED,
                 f"{len(open_)} of {total} {label}s from {when} are still open where the log "
-                f"ends and no boot.stop followed (still running, or the log was cut): {name_some(sorted(open_))}",
+                f"ends and nothing ended the run after them ({self._ends()}; still running, or "
+                f"the log was cut): {name_some(open_)}",
                 "in_flight_at_end",
-                open_keys=sorted(open_)[:50],
+                open_keys=open_[:50],
                 **nums,
             )
         return outcome(Status.PASS, f"all {total} {label}s from {when} later had {then}", **nums)
@@ -156,7 +194,7 @@ class Invariant(Checker):
         self.first_broken: str | None = None
         self.first_missing: str | None = None
         for s in claim.select:
-            bus.kinds[s.kind].append(self._fn(s))
+            bus.subscribe(s, self._fn(s))
 
     def _fn(self, s: ReceiptSel) -> Callable[[dict[str, Any]], None]:
         check = self.claim.check
@@ -220,18 +258,9 @@ class RanksAgree(Checker):
         super().__init__(claim, bus)
         # (boot, rank) -> iter -> count << 64 | (sum of the decisions' hashes mod 2^64)
         self.digest: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
-        self.top_iter: dict[tuple[str, int], int] = {}
         self.decisions = 0
         for s in claim.select:
-            bus.kinds[s.kind].append(self._fn(s))
-        bus.any.append(self._iter)
-
-    def _iter(self, rec: dict[str, Any]) -> None:
-        it = rec.get("iter")
-        if type(it) is int:
-            key = (rec["boot"], rec["rank"])
-            if it > self.top_iter.get(key, -1):
-                self.top_iter[key] = it
+            bus.subscribe(s, self._fn(s))
 
     def _fn(self, s: ReceiptSel) -> Callable[[dict[str, Any]], None]:
         fields = self.claim.fields
@@ -240,10 +269,13 @@ class RanksAgree(Checker):
             it = rec.get("iter")
             if type(it) is not int or (s.where and not s.matches(rec)):
                 return
-            item = (rec["event"], *(_frozen(rec.get(f)) for f in fields))
+            try:  # the fields as read; only a list or an object among them needs _frozen
+                h = hash((rec["event"], *map(rec.get, fields)))
+            except TypeError:
+                h = hash((rec["event"], *(_frozen(rec.get(f)) for f in fields)))
             per_iter = self.digest[(rec["boot"], rec["rank"])]
             d = per_iter.get(it, 0)
-            per_iter[it] = ((d >> 64) + 1) << 64 | ((d & _MASK64) + hash(item)) & _MASK64
+            per_iter[it] = ((d >> 64) + 1) << 64 | ((d & _MASK64) + h) & _MASK64
             self.decisions += 1
 
         return fn
@@ -273,7 +305,7 @@ class RanksAgree(Checker):
             return gated
         compared, differ = 0, []
         for boot, rs in sorted(multi.items()):
-            last = min(self.top_iter.get((boot, r), -1) for r in rs)
+            last = min(ctx.stats.seqs[(boot, r)].top_iter for r in rs)
             per_rank = [self.digest.get((boot, r), {}) for r in rs]
             # an iteration past a rank's last receipt has nothing from that rank to compare
             for it in sorted({i for d in per_rank for i in d if i <= last}):
@@ -322,6 +354,7 @@ _CHECKERS: dict[str, type[Checker]] = {
     "control": Derived,
     "invariant": Invariant,
     "ranks_agree": RanksAgree,
+    "final": Final,
 }
 
 

@@ -23,7 +23,7 @@ class Numbers:
         self.sums: dict[str, float] = {n: 0 for n in claim.sums}
         for n, sm in claim.sums.items():
             for s in sm.select:
-                bus.kinds[s.kind].append(self._sum_fn(n, s, sm.field))
+                bus.subscribe(s, self._sum_fn(n, s, sm.field))
 
     def _sum_fn(self, name: str, s: ReceiptSel, fname: str) -> Callable[[dict[str, Any]], None]:
         def fn(rec: dict[str, Any]) -> None:

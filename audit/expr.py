@@ -69,11 +69,16 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _name(env: Env, name: str) -> Any:
-    v = env.get(name)
-    if v is None:
-        raise Missing(name)
-    return v
+def _name(name: str) -> Callable[[Env], Any]:
+    """The value of ``name`` in an env (one call a lookup: invariants run on every receipt)."""
+
+    def get(env: Env) -> Any:
+        v = env.get(name)
+        if v is None:
+            raise Missing(name)
+        return v
+
+    return get
 
 
 def _div(a: Any, b: Any) -> float:
@@ -88,12 +93,11 @@ def _compile(node: ast.AST, names: set[str]) -> Callable[[Env], Any]:
         return lambda env: value
     if isinstance(node, ast.Name):
         names.add(node.id)
-        ident = node.id
-        return lambda env: _name(env, ident)
+        return _name(node.id)
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
         dotted = f"{node.value.id}.{node.attr}"  # control.parks: a name from the control log
         names.add(dotted)
-        return lambda env: _name(env, dotted)
+        return _name(dotted)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         inner = _compile(node.operand, names)
         return lambda env: -inner(env)

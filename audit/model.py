@@ -21,6 +21,7 @@ CLAIM_KINDS = (
     "control",
     "invariant",
     "ranks_agree",
+    "final",
 )
 # the claim kinds that can reach FAIL (an `engaged` claim is PASS or UNDECIDED by design: a signal
 # that never appeared is not a decided negative)
@@ -64,17 +65,36 @@ class Pred:
 
 
 @dataclass(slots=True, frozen=True)
+class TextEvent:
+    """A spec's event made of plain text lines of one known log format (``audit.foreign``): a
+    line that starts with the format's head, the rest of it matched whole by ``pattern``. Its
+    fields are the head's named groups and the pattern's (numbers read as numbers); ``logger``,
+    where given, must be the logger the head names."""
+
+    name: str
+    format: str
+    pattern: re.Pattern[str]
+    logger: str | None
+    fields: frozenset[str]
+
+
+@dataclass(slots=True, frozen=True)
 class ReceiptSel:
+    """Records of one kind: receipts of a catalog kind, or (``event`` set) the events a spec's
+    text event makes of text lines. Either way, records with fields that ``where`` tests."""
+
     kind: str
     where: tuple[Pred, ...] = ()
+    event: TextEvent | None = None
 
     def matches(self, rec: dict[str, Any]) -> bool:
         return all(p.test(rec) for p in self.where)
 
     def describe(self) -> str:
+        kind = self.kind if self.event is None else f"{self.kind} line"
         if not self.where:
-            return self.kind
-        return f"{self.kind}[{', '.join(p.describe() for p in self.where)}]"
+            return kind
+        return f"{kind}[{', '.join(p.describe() for p in self.where)}]"
 
 
 @dataclass(slots=True, frozen=True)
@@ -119,6 +139,11 @@ class Claim:
     then: tuple[ReceiptSel, ...] = ()
     when_key: str = "rid"
     then_key: str = "rid"
+    closes: tuple[ReceiptSel, ...] = ()  # an `every` key's terminal events (boot.stop closes all)
+    close_key: str = "rid"
+    stops: tuple[ReceiptSel, ...] = ()  # records that end the run, as boot.stop ends a rank's
+    key: str | None = None  # a `final` claim's key: the last record of each is checked
+    needs_end: bool = False  # a log cut with requests in flight cannot decide it
     counts: dict[str, tuple[Selector, ...]] = field(default_factory=dict)
     sums: dict[str, Sum] = field(default_factory=dict)
     let: dict[str, expr.Expr] = field(default_factory=dict)
@@ -136,7 +161,7 @@ class Claim:
 class Regime:
     description: str
     applies: tuple[Selector, ...]
-    min_ranks: int = 1
+    min_ranks: int = 1  # ranks writing receipts; 0 for a window over foreign (text) logs
 
 
 @dataclass(slots=True, frozen=True)
@@ -146,3 +171,4 @@ class Spec:
     description: str
     regime: Regime
     claims: tuple[Claim, ...]
+    events: tuple[TextEvent, ...] = ()  # the text events its claims may select

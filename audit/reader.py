@@ -6,175 +6,42 @@ Every line is one of: a receipt of this schema (a JSON object with ``event``, ``
 line of a file without its newline is counted as truncated instead). Gzip files are read as
 such. A ``[tag]:`` prefix before a JSON object (as launchers write for each rank) is dropped.
 
-Memory is bounded by the number of (boot, rank) pairs: ``seq`` is tracked in a bitmap per pair
-(one bit per receipt), so a gap or a duplicate is found whatever order the lines came in.
+The pass is the auditor's hot path (a gigabyte is four million lines): files are read a block at
+a time and split in C; a line that starts with ``{`` and parses into a receipt is handled inline
+(its seq extends a run, its kind is counted, its kind's receivers get it: ``routes``, one lookup
+a line); any other line goes through ``_classify``, the one place that decides what a line is.
+How the lines read is counted in ``audit.readstats`` (re-exported here, where callers have always
+found ``ReadStats``).
 """
 
 from __future__ import annotations
 
 import gzip
 import re
-from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from audit.readstats import BITMAP_LIMIT, ReadStats, SeqTrack
 from engine.obs import schema
+
+__all__ = ["JSON", "SOURCES", "TEXT", "ReadStats", "SeqTrack", "UnreadableLog", "scan"]
 
 TEXT, JSON = "text", "json"  # the named text sources
 SOURCES = (TEXT, JSON)
 _RANK_PREFIX = re.compile(rb"\[[^\]\n]{0,64}\]:?\s*(?=\{)")
-_BITMAP_LIMIT = 1 << 28  # seqs beyond this go to a set: a hostile seq cannot allocate gigabytes
+_BLOCK = 1 << 20  # bytes read at a time: lines are split in C, a block at a time
 
 
 class UnreadableLog(Exception):
     """A log that cannot be opened or decoded at all (sysexits 66)."""
 
 
-@dataclass(slots=True)
-class SeqTrack:
-    """Which ``seq`` numbers one (boot, rank) wrote: a bitmap, so order does not matter."""
-
-    bits: bytearray = field(default_factory=bytearray)
-    overflow: set[int] = field(default_factory=set)
-    distinct: int = 0
-    duplicates: int = 0
-    top: int = 0
-
-    def add(self, seq: int) -> None:
-        if seq < 1:
-            self.duplicates += 1  # seq starts at 1: anything else is not a receipt we can place
-            return
-        self.top = max(self.top, seq)
-        if seq >= _BITMAP_LIMIT:
-            if seq in self.overflow:
-                self.duplicates += 1
-            else:
-                self.overflow.add(seq)
-                self.distinct += 1
-            return
-        byte, bit = divmod(seq, 8)
-        if byte >= len(self.bits):
-            self.bits.extend(bytes(max(byte + 1 - len(self.bits), len(self.bits))))
-        if self.bits[byte] >> bit & 1:
-            self.duplicates += 1
-        else:
-            self.bits[byte] |= 1 << bit
-            self.distinct += 1
-
-    @property
-    def missing(self) -> int:
-        return self.top - self.distinct
-
-    def first_missing(self) -> int | None:
-        if not self.missing:
-            return None
-        for i, b in enumerate(self.bits):
-            full = 0xFE if i == 0 else 0xFF  # seq 0 is never written
-            if b & full != full:
-                return next(i * 8 + k for k in range(8) if (i or k) and not b >> k & 1)
-        seq = max(1, len(self.bits) * 8)
-        if seq < _BITMAP_LIMIT:
-            return seq
-        for v in sorted(self.overflow):
-            if v != seq:
-                return seq
-            seq += 1
-        return seq
-
-
-@dataclass(slots=True)
-class ReadStats:
-    files: int = 0
-    bytes: int = 0
-    lines: int = 0
-    receipts: int = 0
-    text: int = 0
-    foreign_json: int = 0
-    blank: int = 0
-    garbage: int = 0
-    truncated: int = 0
-    unknown_kind: int = 0
-    malformed: int = 0  # known kind, required fields missing: seen (seq) but not evaluated
-    kinds: Counter = field(default_factory=Counter)  # (rank, kind) -> count
-    seqs: dict[tuple[str, int], SeqTrack] = field(default_factory=dict)
-    examples: dict[str, str] = field(default_factory=dict)  # first garbage / malformed line
-    # incomplete(), once the scan is over: every claim's gate asks it
-    _settled: list = field(default_factory=list, repr=False, compare=False)
-
-    def gaps(self) -> dict[tuple[str, int], int]:
-        return {k: t.missing for k, t in self.seqs.items() if t.missing > 0}
-
-    def duplicates(self) -> dict[tuple[str, int], int]:
-        return {k: t.duplicates for k, t in self.seqs.items() if t.duplicates}
-
-    @property
-    def ranks(self) -> set[int]:
-        return {rank for _, rank in self.seqs}
-
-    def incomplete(self) -> tuple[str, str] | None:
-        """Why the receipts may not be all the engine wrote: (reason code, sentence), or None."""
-        if self._settled:
-            return self._settled[0]
-        return self._incomplete()
-
-    def settle(self) -> None:
-        """The scan is over: what incomplete() says can no longer change."""
-        self._settled[:] = [self._incomplete()]
-
-    def _incomplete(self) -> tuple[str, str] | None:
-        gaps = self.gaps()
-        if gaps:
-            (boot, rank), n = next(iter(sorted(gaps.items())))
-            first = self.seqs[(boot, rank)].first_missing()
-            at = f" (first missing seq {first})" if first is not None else ""
-            return "seq_gap", (
-                f"{sum(gaps.values())} receipt(s) missing by seq; boot {boot} rank {rank} "
-                f"lacks {n}{at}"
-            )
-        dups = self.duplicates()
-        if dups:
-            (boot, rank), n = next(iter(sorted(dups.items())))
-            return "seq_duplicate", (
-                f"{sum(dups.values())} receipt(s) seen twice by seq (boot {boot} rank {rank}: {n}); "
-                "the same log read twice?"
-            )
-        if self.garbage or self.truncated:
-            return "unparsed_lines", (
-                f"{self.garbage} garbage and {self.truncated} truncated line(s) did not parse; "
-                f"first: {self.examples.get('garbage', '')[:80]!r}"
-            )
-        if self.malformed:
-            return "malformed_receipts", (
-                f"{self.malformed} receipt(s) lack required fields; "
-                f"first: {self.examples.get('malformed', '')[:80]!r}"
-            )
-        return None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "files": self.files,
-            "bytes": self.bytes,
-            "lines": self.lines,
-            "receipts": self.receipts,
-            "text": self.text,
-            "foreign_json": self.foreign_json,
-            "blank": self.blank,
-            "garbage": self.garbage,
-            "truncated": self.truncated,
-            "unknown_kind": self.unknown_kind,
-            "malformed": self.malformed,
-            "ranks": sorted(self.ranks),
-            "seq_gaps": {f"{b}/{r}": n for (b, r), n in sorted(self.gaps().items())},
-            "seq_duplicates": {f"{b}/{r}": n for (b, r), n in sorted(self.duplicates().items())},
-        }
-
-
 OnReceipt = Callable[[dict[str, Any]], None]
 OnText = Callable[[str, str, str], None]  # source, line, where ("file:line")
+Routes = Mapping[str, Sequence[OnReceipt]]  # kind -> who gets its receipts, in order
 
 
 def _open(path: Path):
@@ -216,13 +83,156 @@ def _classify(raw: bytes, stats: ReadStats, last: bool) -> tuple[str, Any]:
             and "v" in obj
             and isinstance(obj.get("boot"), str)
             and type(obj.get("rank")) is int
-            and type(obj.get("seq")) is int
         ):
-            return "receipt", obj
+            if type(obj.get("seq")) is int:
+                return "receipt", obj
+            stats.seq_invalid += 1  # a receipt, but its seq cannot be placed: not evaluated
+            stats.seqs.setdefault((obj["boot"], obj["rank"]), SeqTrack()).invalid += 1
+            stats.examples.setdefault("seq_invalid", line[:200].decode("utf-8", "replace"))
+            return "skip", None
         stats.foreign_json += 1
         return JSON, line.decode("utf-8", "replace")
     stats.text += 1
     return TEXT, line.decode("utf-8", "replace")
+
+
+def _blocks(fh: Any, path: Path) -> Iterator[tuple[list[bytes], int, bool]]:
+    """A file's lines, a block at a time, without their newlines: (lines, their bytes, cut);
+    ``cut`` marks the last block, of one line that had no newline. A read error before the first
+    line is UnreadableLog; after it (a gzip stream cut short) ``([], 0, True)`` ends the file and
+    the partial line before the error is dropped, as reading line by line drops it."""
+    head: list[bytes] = []  # the start of a line whose newline has not come yet, in pieces
+    held, seen = 0, False
+    while True:
+        try:
+            data = fh.read1(_BLOCK)
+        except (OSError, EOFError) as e:
+            if not seen:
+                raise UnreadableLog(f"{path}: {e}") from e
+            yield [], 0, True
+            return
+        if not data:
+            break
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        if lines:
+            if head:
+                lines[0] = b"".join((*head, lines[0]))
+            seen = True
+            yield lines, held + len(data) - len(tail), False
+            head, held = [], 0
+        if tail:
+            head.append(tail)
+            held += len(tail)
+    if head:
+        line = b"".join(head)
+        yield [line], len(line), True
+
+
+# a kind's required fields, who gets its receipts, its index in _KINDS (and SeqTrack.counts)
+Route = tuple[frozenset[str], tuple[OnReceipt, ...], int]
+_KINDS = tuple(schema.CATALOG)
+
+
+class _Pass:
+    """One scan's state. ``block`` is the loop every line goes through: a line that starts with
+    ``{`` and parses into a receipt is handled inline; any other line takes ``_classify``. The
+    (boot, rank) of the last receipt, its run of seqs, top iter and counts stay in locals."""
+
+    def __init__(self, stats: ReadStats, routes: dict[str, Route], on_text: OnText | None):
+        self.stats, self.routes, self.on_text = stats, routes, on_text
+        self.at: tuple = (None, None, None, 0, 0, -1, [])  # track, boot, rank, lo, hi, iter, counts
+
+    def block(self, lines: list[bytes], lineno: int, name: str, cut: bool) -> None:
+        routes, loads, bad = self.routes, orjson.loads, orjson.JSONDecodeError
+        track, boot0, rank0, lo, hi, top_it, counts = self.at
+        for lineno, line in enumerate(lines, lineno + 1):  # noqa: B020 (the count goes on)
+            obj = None
+            if line[:1] == b"{":
+                try:
+                    obj = loads(line)
+                    ev, boot, rank, seq = obj["event"], obj["boot"], obj["rank"], obj["seq"]
+                except (bad, KeyError):
+                    obj = None
+                else:
+                    if type(ev) is not str or type(boot) is not str or "v" not in obj:
+                        obj = None
+                    elif type(rank) is not int or type(seq) is not int:
+                        obj = None
+            if obj is None:
+                obj = self.other(line, cut, f"{name}:{lineno}")
+                if obj is None:
+                    continue
+                ev, boot, rank, seq = obj["event"], obj["boot"], obj["rank"], obj["seq"]
+            if boot != boot0 or rank != rank0:
+                if track is not None:
+                    track.lo, track.hi, track.top_iter = lo, hi, top_it
+                track = self.track(boot, rank)
+                boot0, rank0, (lo, hi, top_it, counts) = boot, rank, track.state()
+            if seq == hi + 1 and hi and seq < BITMAP_LIMIT:
+                hi = seq
+            else:
+                lo, hi = track.restart(lo, hi, seq)
+            route = routes.get(ev)
+            if route is None or not obj.keys() >= route[0]:
+                self.unfit(route, line, cut)
+                continue
+            counts[route[2]] += 1
+            it = obj.get("iter")
+            if type(it) is int and it > top_it:
+                top_it = it
+            for fn in route[1]:
+                fn(obj)
+        if track is not None:
+            track.lo, track.hi, track.top_iter = lo, hi, top_it
+        self.at = (track, boot0, rank0, lo, hi, top_it, counts)
+
+    def track(self, boot: str, rank: int) -> SeqTrack:
+        track = self.stats.seqs.get((boot, rank))
+        if track is None:
+            track = self.stats.seqs[(boot, rank)] = SeqTrack()
+        return track
+
+    def other(self, line: bytes, cut: bool, where: str) -> dict[str, Any] | None:
+        """Any line but a plain receipt: counted, text handed on; a receipt behind a rank prefix
+        comes back."""
+        what, obj = _classify(line if cut else line + b"\n", self.stats, cut)
+        if what == "receipt":
+            return obj
+        if what != "skip" and self.on_text is not None:
+            self.on_text(what, obj, where)
+        return None
+
+    def unfit(self, route: Route | None, line: bytes, cut: bool) -> None:
+        """A receipt of a kind the catalog lacks, or without its kind's required fields."""
+        if route is None:
+            self.stats.unknown_kind += 1
+            return
+        self.stats.malformed += 1
+        raw = line if cut else line + b"\n"
+        self.stats.examples.setdefault("malformed", raw[:200].decode("utf-8", "replace"))
+
+    def end_file(self) -> None:
+        """Each (boot, rank)'s run into its bitmap, its counts into stats.kinds."""
+        stats = self.stats
+        for (_, rank), t in stats.seqs.items():
+            t.flush()
+            for kind, n in zip(_KINDS, t.counts):
+                if n:
+                    stats.kinds[(rank, kind)] += n
+                    stats.receipts += n
+            t.counts[:] = [0] * len(_KINDS)
+        self.at = (None, None, None, 0, 0, -1, [])
+
+
+def _routes(on_receipt: OnReceipt | None, routes: Routes | None) -> dict[str, Route]:
+    """For every kind of the catalog: its required fields, who gets its receipts, its index."""
+    if routes is None:
+        routes = {} if on_receipt is None else dict.fromkeys(_KINDS, (on_receipt,))
+    return {
+        name: (frozenset(schema.CATALOG[name].fields), tuple(routes.get(name, ())), i)
+        for i, name in enumerate(_KINDS)
+    }
 
 
 def scan(
@@ -230,13 +240,15 @@ def scan(
     on_receipt: OnReceipt | None = None,
     on_text: OnText | None = None,
     stats: ReadStats | None = None,
+    *,
+    routes: Routes | None = None,
 ) -> ReadStats:
     """Read every log once, in the order given; hand each valid receipt of a known kind to
-    ``on_receipt`` and each text line to ``on_text``. Raises UnreadableLog for a file that
-    cannot be opened or is not a readable gzip stream."""
+    ``on_receipt`` (or, with ``routes``, to each callable its kind lists, in order) and each text
+    line to ``on_text``. Raises UnreadableLog for a file that cannot be opened or is not a
+    readable gzip stream."""
     stats = stats or ReadStats()
-    catalog = schema.CATALOG
-    seqs = stats.seqs
+    run = _Pass(stats, _routes(on_receipt, routes), on_text)
     for p in paths:
         path = Path(p)
         if path.is_dir():
@@ -244,41 +256,16 @@ def scan(
         stats.files += 1
         lineno = 0
         with _open(path) as fh:
-            it = iter(fh)
             try:
-                nxt = next(it, None)
-            except (OSError, EOFError) as e:
-                raise UnreadableLog(f"{path}: {e}") from e
-            while nxt is not None:
-                raw = nxt
-                try:
-                    nxt = next(it, None)
-                except (OSError, EOFError):  # a gzip stream cut short: what came is kept
-                    nxt = None
-                    stats.truncated += 1
-                lineno += 1
-                stats.lines += 1
-                stats.bytes += len(raw)
-                what, obj = _classify(raw, stats, nxt is None)
-                if what == "receipt":
-                    key = (obj["boot"], obj["rank"])
-                    track = seqs.get(key)
-                    if track is None:
-                        track = seqs[key] = SeqTrack()
-                    track.add(obj["seq"])
-                    kind = catalog.get(obj["event"])
-                    if kind is None:
-                        stats.unknown_kind += 1
+                for lines, size, cut in _blocks(fh, path):
+                    if not lines:  # a gzip stream cut short: what came is kept
+                        stats.truncated += 1
                         continue
-                    if any(f not in obj for f in kind.fields):
-                        stats.malformed += 1
-                        stats.examples.setdefault("malformed", raw[:200].decode("utf-8", "replace"))
-                        continue
-                    stats.receipts += 1
-                    stats.kinds[(obj["rank"], obj["event"])] += 1
-                    if on_receipt is not None:
-                        on_receipt(obj)
-                elif what != "skip" and on_text is not None:
-                    on_text(what, obj, f"{path.name}:{lineno}")
+                    stats.lines += len(lines)
+                    stats.bytes += size
+                    run.block(lines, lineno, path.name, cut)
+                    lineno += len(lines)
+            finally:
+                run.end_file()
     stats.settle()
     return stats

@@ -1,5 +1,6 @@
-"""Acceptance specs: ``acceptance/<window>/spec.toml``, found by window name or path, read, and
-parsed (by ``audit.parse``) into the model of ``audit.model``.
+"""Acceptance specs: ``audit/acceptance/<window>/spec.toml`` (package data, so an installed
+wheel has them too), found by window name or path, read, and parsed (by ``audit.parse``) into the
+model of ``audit.model``.
 
 The model's names and the parser's entry points are re-exported here, where callers have always
 found them.
@@ -61,9 +62,10 @@ def load_spec(path: str | Path) -> Spec:
 
 
 def acceptance_dir() -> Path:
-    """Where the shipped windows live: $ATTEST_ACCEPTANCE, else the project's acceptance/."""
+    """Where the shipped windows live: $ATTEST_ACCEPTANCE, else ``acceptance/`` in this package
+    (its package data: the same folder in a checkout and in an installed wheel)."""
     env = os.environ.get("ATTEST_ACCEPTANCE")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "acceptance"
+    return Path(env) if env else Path(__file__).resolve().parent / "acceptance"
 
 
 def shipped() -> list[Path]:

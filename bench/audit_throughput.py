@@ -1,25 +1,34 @@
 """Auditor throughput: `audit verdict` (every shipped window) over a generated boot log of at least
 1 GB, against `grep -c` on the same file in the same run.
 
-    .venv/bin/python bench/audit_throughput.py [--gb 1.0] [--keep DIR]
+    .venv/bin/python bench/audit_throughput.py [--gb 1.0] [--runs 3] [--keep DIR | --log LOG]
+        [--audit-cmd CMD] [--verdict-out FILE]
 
 The log is a realistic single-rank receipt mix (received, chunked admits, defers, finishes,
 evictions, parks/unparks, retract/requeue, iteration summaries) with a plain text line now and
 then; seq is gap-free, so every claim is actually evaluated. It is written to a temporary
-directory and deleted afterwards. Peak RSS is the audit process's (getrusage of children).
+directory and deleted afterwards. Each tool runs ``--runs`` times, alternating, and the table gives
+medians: wall time (and MB/s from it), CPU time (user + system of the child alone: less
+sensitive to other work on a shared machine) and the auditor's peak RSS (wait4's rusage), with
+the CPU's model and vector flags. ``--audit-cmd`` times another auditor on the same log (a copy
+of an older checkout, for a before/after in one run).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
-import resource
+import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
+from typing import NamedTuple
 
 import orjson
 
@@ -100,51 +109,107 @@ def generate(path: Path, target_bytes: int, seed: int = 0) -> dict[str, int]:
             if len(buf) > 20_000:
                 fh.write(b"".join(buf))
                 buf.clear()
-        emit("boot.stop", reason="bench", in_flight=0)
+        emit(
+            "boot.stop", reason="sigterm", in_flight=0
+        )  # an orderly stop, as `engine serve` writes
         fh.write(b"".join(buf))
     counts["requests"] = n
     return counts
 
 
-def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    return time.perf_counter() - t0, r
+class Run(NamedTuple):
+    wall_s: float
+    cpu_s: float  # user + system, of the child alone
+    rss_mb: float  # the child's peak resident set
+    code: int
+    out: bytes
+    err: bytes
+
+
+def run(cmd: list[str]) -> Run:
+    """One child process, timed, with its own CPU time and peak RSS (wait4's rusage)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        out.seek(0)
+        err.seek(0)
+        return Run(wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, p.returncode,
+                   out.read(), err.read())  # fmt: skip
+
+
+def cpu() -> str:
+    """The CPU's model and its vector flags (the machine kind varies: print them with every
+    table)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")),
+        "?",
+    )
+    flags = sorted(set(re.findall(r"\b(avx2|avx512[a-z_0-9]*)\b", info)))
+    return f"{model}, {os.cpu_count()} cores; flags: {' '.join(flags) or 'no avx2/avx512'}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=1.0, help="log size in GB (10^9 bytes)")
     ap.add_argument("--keep", help="write the log here and keep it")
+    ap.add_argument("--log", help="read this log instead of generating one")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each tool, alternating")
+    ap.add_argument("--audit-cmd", help="the auditor to time (default: this checkout's)")
+    ap.add_argument("--verdict-out", help="write the last run's `audit verdict --json` here")
     args = ap.parse_args()
     d = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="audit-bench-"))
     d.mkdir(parents=True, exist_ok=True)
-    log = d / "boot.jsonl"
+    log = Path(args.log) if args.log else d / "boot.jsonl"
     try:
-        t0 = time.perf_counter()
-        counts = generate(log, int(args.gb * 1e9))
-        gen_s = time.perf_counter() - t0
-        size = log.stat().st_size
-        lines = sum(v for k, v in counts.items() if k != "requests")
-        print(f"generated {size / 1e6:.0f} MB, {lines} receipts, {counts['requests']} requests "
-              f"in {gen_s:.1f} s")  # fmt: skip
-        grep_s, g = timed(["grep", "-c", '"event":"admission.park"', str(log)])
-        audit_s, a = timed([sys.executable, "-m", "cli.audit_app", "verdict", str(log), "--json"])
-        rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        if a.returncode not in (0, 1, 2):
-            sys.exit(f"audit failed ({a.returncode}): {a.stderr}")
-        verdict = orjson.loads(a.stdout)
-        assert int(g.stdout) == counts["admission.park"], (g.stdout, counts["admission.park"])
-        mb = size / 1e6
-        print("| tool | seconds | MB/s | peak RSS |\n|---|---|---|---|")
-        print(f"| grep -c | {grep_s:.1f} | {mb / grep_s:.0f} | - |")
-        print(f"| audit verdict (5 windows, {sum(len(s['claims']) for s in verdict['specs'])} "
-              f"claims) | {audit_s:.1f} | {mb / audit_s:.1f} | {rss_mb:.0f} MB |")  # fmt: skip
-        print(f"ratio audit/grep: {audit_s / grep_s:.1f}x; overall verdict {verdict['verdict']} "
-              f"({', '.join(s['spec'] + ' ' + s['verdict'] for s in verdict['specs'])})")  # fmt: skip
+        print(f"CPU: {cpu()}")
+        counts = None
+        if not args.log:
+            t0 = time.perf_counter()
+            counts = generate(log, int(args.gb * 1e9))
+            lines = sum(v for k, v in counts.items() if k != "requests")
+            print(f"generated {log.stat().st_size / 1e6:.0f} MB, {lines} receipts, "
+                  f"{counts['requests']} requests in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+        audit = (
+            shlex.split(args.audit_cmd)
+            if args.audit_cmd
+            else [sys.executable, "-m", "cli.audit_app"]
+        )
+        grep, aud = [], []
+        for _ in range(args.runs):
+            grep.append(run(["grep", "-c", '"event":"admission.park"', str(log)]))
+            aud.append(run([*audit, "verdict", str(log), "--json"]))
+            if aud[-1].code not in (0, 1, 2):
+                sys.exit(f"audit failed ({aud[-1].code}): {aud[-1].err.decode()}")
+        if counts is not None:
+            assert all(int(g.out) == counts["admission.park"] for g in grep), grep[0].out
+        if args.verdict_out:
+            Path(args.verdict_out).write_bytes(aud[-1].out)
+        report(log.stat().st_size / 1e6, grep, aud, orjson.loads(aud[-1].out))
     finally:
         if not args.keep:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def report(mb: float, grep: list[Run], aud: list[Run], verdict: dict) -> None:
+    g, a = median([r.wall_s for r in grep]), median([r.wall_s for r in aud])
+    claims = sum(len(s["claims"]) for s in verdict["specs"])
+    print(f"| tool | runs | median s | MB/s | CPU s (median) | peak RSS |\n|{'---|' * 6}")
+    print(f"| grep -c | {len(grep)} | {g:.2f} | {mb / g:.0f} | "
+          f"{median([r.cpu_s for r in grep]):.2f} | - |")  # fmt: skip
+    print(f"| audit verdict ({len(verdict['specs'])} windows, {claims} claims) | {len(aud)} | "
+          f"{a:.2f} | {mb / a:.1f} | {median([r.cpu_s for r in aud]):.2f} | "
+          f"{max(r.rss_mb for r in aud):.0f} MB |")  # fmt: skip
+    print("each run, wall s: grep " + " ".join(f"{r.wall_s:.2f}" for r in grep)
+          + "; audit " + " ".join(f"{r.wall_s:.2f}" for r in aud))  # fmt: skip
+    print(f"ratio audit/grep: {a / g:.1f}x; overall verdict {verdict['verdict']} "
+          f"({', '.join(s['spec'] + ' ' + s['verdict'] for s in verdict['specs'])})")  # fmt: skip
 
 
 if __name__ == "__main__":

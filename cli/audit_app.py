@@ -1,7 +1,8 @@
 """`audit`: read boot logs back. (Imports nothing from torch.)
 
 Verdicts exit 0 PASS, 1 FAIL, 2 UNDECIDED. Anything else follows sysexits, never click's own:
-64 usage or bad spec, 66 unreadable input, 70 internal error, 73 a report file not writable.
+64 usage or bad spec, 66 unreadable input, 69 an optional dependency missing (`audit report`
+without plotly), 70 internal error, 73 a report file not writable.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ from rich.console import Console
 from rich.table import Table
 
 from audit import __version__
+from audit.diff import compare, diff_table
+from audit.diff import to_json as diff_json
 from audit.explain import detail, sparkline, summarize, timeline
 from audit.reader import UnreadableLog
 from audit.render import print_report, to_json, to_junit
+from audit.report_data import collect
 from audit.selftest import self_test
 from audit.spec import SpecError, acceptance_dir, load_spec, resolve, shipped
 from audit.verdict import evaluate
 
 EX_USAGE, EX_NOINPUT, EX_SOFTWARE, EX_CANTCREAT = 64, 66, 70, 73
+EX_UNAVAILABLE = 69
 # click's UsageError (unknown command or option, bad value), reached through typer's public
 # BadParameter whichever click typer ships
 UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -193,6 +198,55 @@ def summary(logs: list[str] = typer.Argument(..., metavar="LOG...")) -> int:
     incomplete = st.incomplete()
     if incomplete:
         console.print(f"incomplete ({incomplete[0]}): {incomplete[1]}", markup=False)
+    return 0
+
+
+@app.command()
+def diff(
+    a: str = typer.Argument(..., metavar="A", help="the first boot log (the baseline)"),
+    b: str = typer.Argument(..., metavar="B", help="the boot log to compare with it"),
+    spec: list[str] = typer.Option(
+        [], "--spec", help="a window's name or a spec path (repeatable); default: every shipped one"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON"),
+) -> int:
+    """Two boot logs side by side: receipts per kind, verdicts, latency, pool peaks; exit 0."""
+    d = _guard(lambda: compare(a, b, spec))
+    if as_json:
+        print(diff_json(d))
+    else:
+        _console().print(diff_table(d))
+    return 0
+
+
+@app.command()
+def report(
+    logs: list[str] = typer.Argument(..., metavar="LOG...", help="boot logs (.jsonl, text, .gz)"),
+    output: str = typer.Option("report.html", "-o", "--output", help="the HTML file to write"),
+    spec: list[str] = typer.Option(
+        [], "--spec", help="a window or spec path (repeatable); default: shipped ones that apply"
+    ),
+) -> int:
+    """One offline HTML page: verdicts, pool usage, pressure events, queue, latency; exit 0."""
+    try:  # plotly is the `audit` extra: the base install stays light
+        from audit.report import render
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] != "plotly":
+            raise
+        raise Fatal(
+            EX_UNAVAILABLE, "`audit report` needs plotly: pip install 'attest[audit]'"
+        ) from None
+
+    def run():
+        specs = [resolve(s) for s in spec] if spec else [load_spec(p) for p in shipped()]
+        return collect(logs), evaluate(specs, logs, only_applicable=not spec)
+
+    data, verdicts = _guard(run)
+    try:
+        Path(output).write_text(render(data, verdicts), encoding="utf-8")
+    except OSError as e:
+        raise Fatal(EX_CANTCREAT, f"cannot write {output}: {e.strerror or e}") from None
+    print(f"wrote {output} ({data.stats.receipts} receipts; verdict {verdicts.status.value})")
     return 0
 
 

@@ -47,6 +47,10 @@ class PoolSnapshot:
     kv_total: int = 0
     new_token_ratio: float = 0.0
     receipts: Mapping[str, int] = field(default_factory=dict)  # decisions since boot, by kind
+    # progress since boot, the iteration receipt's counters (schema.PROGRESS; counters, not gauges)
+    tokens_generated: int = 0  # tokens sampled
+    admissions: int = 0  # admission.admit receipts
+    requests_ended: int = 0  # requests finished or aborted
 
     @property
     def token_usage(self) -> float:
@@ -54,10 +58,19 @@ class PoolSnapshot:
         return 1 - self.kv_free / self.kv_total if self.kv_total else 0.0
 
     def gauges(self) -> dict[str, int]:
-        """The counts /health reports (everything but the receipt counts and the ratio)."""
+        """The counts /health reports (everything but the counters and the ratio)."""
         d = asdict(self)
-        del d["receipts"], d["new_token_ratio"]
+        for counter in ("receipts", "new_token_ratio", *self.progress()):
+            del d[counter]
         return d
+
+    def progress(self) -> dict[str, int]:
+        """The progress counters, named as the ``iteration`` receipt's fields."""
+        return {
+            "tokens_generated": self.tokens_generated,
+            "admissions": self.admissions,
+            "requests_ended": self.requests_ended,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,6 +7,7 @@ a breaking change bumps SCHEMA_VERSION.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 SCHEMA_VERSION = 1
@@ -28,6 +29,14 @@ _BUDGET = ("local_avail", "evictable", "decode_reserve", "floor", "offset", "rem
 _ENDING = ("tokens", "prompt_tokens", "cached", "parks", "retractions", "trace_id", "queue_s",
            "ttft_s", "e2e_s")  # fmt: skip
 _NET = ("site", "rid")
+# The progress counters of an `iteration`, cumulative since boot (tokens sampled, admission.admit
+# receipts, requests finished or aborted): a sampled receipt still shows what every step did.
+PROGRESS = ("tokens_generated", "admissions", "requests_ended")
+# The `boot.stop` reasons of an orderly stop (boot_health's `stopped_in_order` names the same
+# list; any other reason is a crash): a signal (the frontend's SIGTERM/SIGINT handler), the
+# defaults of EngineCore.shutdown / EngineDriver.stop ("shutdown") and LLM.close ("closed"), the
+# scheduler process after its frontend went away, and the reason the test suites close with.
+ORDERLY_STOPS = ("sigterm", "sigint", "shutdown", "closed", "frontend_gone", "test")
 
 BOOT_START = "boot.start"
 BOOT_POOL_SIZED = "boot.pool_sized"
@@ -63,7 +72,8 @@ _CATALOG = (
          "(from a memory budget), with the inputs of that path",
          ("mem_available", "fraction", "budget_bytes")),
     Kind(BOOT_READY, ("startup_s",), "the engine accepts work"),
-    Kind(BOOT_STOP, ("reason", "in_flight"), "orderly shutdown"),
+    Kind(BOOT_STOP, ("reason", "in_flight"),
+         "the boot ends: orderly (a reason in ORDERLY_STOPS) or not (a crash)"),
     Kind(REQUEST_RECEIVED, ("rid", "prompt_tokens", "max_new_tokens"), "a request was handed in",
          ("trace_id",)),
     Kind(REQUEST_FINISH, ("rid", "reason", "tokens"), "a request ended normally", _ENDING),
@@ -99,12 +109,20 @@ _CATALOG = (
     Kind(REQUEUE, ("rid",), "a retracted request was put back in line", ("generated",)),
     Kind(GROUP_FLOOR, ("floor", "local"), "the published floor of a multi-rank group"),
     Kind(ITERATION, ("running", "waiting"), "a sampled scheduler summary",
-         ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio")),
+         ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio") + PROGRESS),
     Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
     Kind(NOTICE, ("text",), "something said once", ("process",)),
 )  # fmt: skip
 
 CATALOG: dict[str, Kind] = {k.name: k for k in _CATALOG}
+
+
+def progress(tokens_generated: int, counts: Mapping[str, int]) -> dict[str, int]:
+    """The progress counters (``PROGRESS``) from the tokens sampled and the receipts written
+    since boot, by kind."""
+    ended = counts.get(REQUEST_FINISH, 0) + counts.get(REQUEST_ABORT, 0)
+    values = (tokens_generated, counts.get(ADMISSION_ADMIT, 0), ended)
+    return dict(zip(PROGRESS, values, strict=True))
 
 
 def missing_fields(event: str, fields: dict[str, object]) -> list[str]:

@@ -39,13 +39,11 @@ from engine.sched import checks
 from engine.sched.admission import NewTokenRatio
 from engine.sched.admitter import Admitter, Planned
 from engine.sched.group import GroupView
-from engine.sched.net import AllocationNet, KVPoolExhausted
+from engine.sched.net import AllocationNet
 from engine.sched.relief import ReliefRegistry
 from engine.sched.request import Request, State
 from engine.sched.traces import RequestTraces
 from engine.sched.victims import pick_victims, victim_order
-
-__all__ = ["KVPoolExhausted", "Scheduler", "StepOutput", "victim_order"]
 
 
 class Scheduler:
@@ -84,6 +82,7 @@ class Scheduler:
         self.net = AllocationNet(allocator, self.cache, req_table, self.relief, self.receipts)
         self._ids = itertools.count()
         self._was_busy = False
+        self.generated = 0  # tokens sampled since boot: progress the iteration receipt counts
         self.traces: RequestTraces | None = None  # set by RequestTraces.attach when tracing is on
         torch.manual_seed(config.seed)
 
@@ -252,6 +251,7 @@ class Scheduler:
             if banned := req.banned_stops():
                 logits[i, banned] = float("-inf")
         tokens = sample(logits, [r.params for r in reqs], [r.generator for r in reqs])
+        self.generated += len(tokens)
         outs = []
         opened = not self.allocator.group_open
         if opened:
@@ -332,12 +332,13 @@ class Scheduler:
             kv_evictable=cache.evictable_size(), kv_free=alloc.available_size(),
             kv_staged=alloc.staged_size(), kv_total=alloc.capacity,
             new_token_ratio=self.ratio.value, receipts=dict(self.receipts.counts),
+            **schema.progress(self.generated, self.receipts.counts),
         )  # fmt: skip
 
     def _iteration_receipt(self) -> None:
         s = self.snapshot()
         self.receipts.emit(
-            schema.ITERATION, running=s.running, waiting=s.waiting, parked=s.parked,
+            schema.ITERATION, running=s.running, waiting=s.waiting, parked=s.parked, **s.progress(),
             token_usage=round(s.token_usage, 4), avail=s.kv_free, evictable=s.kv_evictable,
             staged=s.kv_staged, cached=s.kv_cached, ratio=round(s.new_token_ratio, 4),
         )  # fmt: skip

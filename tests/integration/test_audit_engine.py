@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import orjson
 import pytest
 
@@ -133,3 +135,52 @@ def test_a_dropped_request_fails_no_request_lost_naming_the_rid(tiny_model_dir, 
     assert f"{reqs[2].rid} (rank 0)" in why and "1 of 4" in why
     for other in (reqs[0], reqs[1], reqs[3]):
         assert f"{other.rid} (rank" not in why
+
+
+PROGRESS = ("tokens_generated", "admissions", "requests_ended")
+
+
+def test_iteration_receipts_carry_progress_counted_since_boot(pressured):
+    """The wedge claim reads progress from these: cumulative, so a sampled receipt still shows
+    what every step in between did."""
+    recs = read(pressured)
+    before: Counter[str] = Counter()
+    last = (0, 0, 0)
+    for r in recs:  # one rank, one file: the lines are in seq order
+        if r["event"] == schema.ITERATION:
+            got = tuple(r[f] for f in PROGRESS)
+            ended = before[schema.REQUEST_FINISH] + before[schema.REQUEST_ABORT]
+            assert got[1:] == (before[schema.ADMISSION_ADMIT], ended), r
+            assert got >= last and got[0] >= last[0], (last, got)
+            last = got
+        before[r["event"]] += 1
+    finished = [r for r in recs if r["event"] == schema.REQUEST_FINISH]
+    assert 0 < last[0] <= sum(r["tokens"] for r in finished)
+
+
+def test_tokens_generated_counts_every_sampled_token(tiny_model_dir, tmp_path):
+    prompts, params = workload(300, n=8)
+    llm = LLM(model=tiny_model_dir, kv_tokens=16384, log_file=str(tmp_path / "b.jsonl"))
+    outs = llm.generate(prompts, params)
+    snap = llm.core.scheduler.snapshot()
+    assert snap.tokens_generated == sum(len(o.token_ids) for o in outs)
+    assert snap.progress() == {
+        "tokens_generated": snap.tokens_generated, "admissions": snap.receipts["admission.admit"],
+        "requests_ended": snap.receipts["request.finish"],
+    }  # fmt: skip
+    llm.close()
+
+
+def test_boot_health_reads_how_the_real_engine_stopped(tiny_model_dir, tmp_path):
+    def stopped_in_order(log) -> tuple[str, str | None]:
+        return audit_log(log, "boot_health")["boot_health"]["stopped_in_order"][:2]
+
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    for reason, verdict in ((None, ("PASS", None)), ("scheduler_died", ("FAIL", None))):
+        log = tmp_path / f"{reason}.jsonl"
+        llm = LLM(model=tiny_model_dir, kv_tokens=2048, log_file=str(log))
+        llm.core.scheduler.add_request([3, 4, 5, 6], params)
+        llm.core.scheduler.step()
+        assert stopped_in_order(log) == ("UNDECIDED", "in_flight_at_end")  # running, no stop
+        llm.close() if reason is None else llm.close(reason)  # None: LLM.close's own default
+        assert stopped_in_order(log) == verdict

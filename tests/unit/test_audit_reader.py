@@ -119,6 +119,6 @@ def test_arbitrary_lines_never_crash_the_reader_or_the_shipped_specs(
     st_ = report.stats
     assert st_.lines == sum(
         [st_.receipts, st_.text, st_.foreign_json, st_.blank, st_.garbage, st_.truncated,
-         st_.unknown_kind, st_.malformed]
+         st_.unknown_kind, st_.malformed, st_.seq_invalid]
     )  # fmt: skip
     assert sum(st_.kinds.values()) == st_.receipts  # every evaluated receipt counted by kind

@@ -1,0 +1,95 @@
+"""How a boot ended: a log cut with requests in flight cannot decide a claim that needs the end
+(`needs_end`: UNDECIDED, in_flight_at_end); a boot.stop for any reason but an orderly one is a
+crash (boot_health FAIL); a seq the engine never writes is its own reason (seq_invalid)."""
+
+from __future__ import annotations
+
+import pytest
+
+from audit.reader import scan
+from audit.spec import SpecError, resolve
+from audit.verdict import evaluate
+from engine.obs import schema
+from tests.unit.audit_logs import LogText
+from tests.unit.test_audit_claims import NEVER, decide
+from tests.unit.test_audit_every import parse
+
+ENDS = NEVER + "needs_end = true\n"
+
+
+def test_a_claim_that_needs_the_end_is_undecided_on_a_log_cut_with_requests_in_flight(tmp_path):
+    cut = LogText().ready().received("r-1").received("r-2").finish("r-1")
+    v = decide(tmp_path, ENDS, cut)
+    assert (v.status, v.reason) == ("UNDECIDED", "in_flight_at_end"), v.why
+    assert "1 request(s) received without an ending" in v.why and "rank 0" in v.why
+    assert decide(tmp_path, NEVER, cut).status == "PASS"  # a claim that does not need it
+    assert decide(tmp_path, ENDS, cut.stop()).status == "PASS"  # the boot ended
+    idle = LogText().ready().received("r-1").finish("r-1")  # cut, but nothing in flight
+    assert decide(tmp_path, ENDS, idle).status == "PASS"
+
+
+def test_in_flight_is_judged_per_rank(tmp_path):
+    log = LogText().ready(0).ready(1).received("r-1", 0).received("r-1", 1).finish("r-1", 0)
+    log.stop(0)  # rank 0 ended in order; rank 1 still has r-1 open and no boot.stop
+    v = decide(tmp_path, ENDS, log)
+    assert v.reason == "in_flight_at_end" and "rank 1" in v.why, v.why
+
+
+def test_needs_end_is_a_boolean_of_never_claims():
+    assert parse(ENDS).claims[0].needs_end is True
+    with pytest.raises(SpecError, match="needs_end is true or false"):
+        parse(NEVER + 'needs_end = "yes"\n')
+    with pytest.raises(SpecError, match="unknown key"):
+        parse('kind = "engaged"\nselect = { kind = "boot.ready" }\nneeds_end = true\n')
+
+
+def boot_health(tmp_path, log: LogText) -> dict[str, tuple[str, str | None]]:
+    report = evaluate([resolve("boot_health")], [log.write(tmp_path / "boot.log")])
+    return {c.claim: (c.status.value, c.reason) for c in report.specs[0].claims}
+
+
+def test_boot_health_over_a_cut_log_with_work_in_flight_is_undecided(tmp_path):
+    got = boot_health(tmp_path, LogText().ready().received("r-1"))
+    assert got["stopped_in_order"] == ("UNDECIDED", "in_flight_at_end")
+    assert {v[0] for v in got.values()} == {"PASS", "UNDECIDED"}
+
+
+@pytest.mark.parametrize("reason", ["scheduler_died", "group_split", "oom_killed", ""])
+def test_boot_health_fails_a_boot_that_stopped_for_any_but_an_orderly_reason(tmp_path, reason):
+    log = LogText().ready().received("r-1")
+    log.r("boot.stop", reason=reason, in_flight=1)
+    status, _ = boot_health(tmp_path, log)["stopped_in_order"]
+    assert status == "FAIL"
+
+
+@pytest.mark.parametrize("reason", schema.ORDERLY_STOPS)
+def test_boot_health_passes_every_orderly_stop(tmp_path, reason):
+    log = LogText().ready().received("r-1").r("request.abort", rid="r-1", reason=reason)
+    log.r("boot.stop", reason=reason, in_flight=1)
+    assert boot_health(tmp_path, log)["stopped_in_order"] == ("PASS", None)
+
+
+def test_the_spec_names_exactly_the_orderly_stops_of_the_schema():
+    claim = next(c for c in resolve("boot_health").claims if c.id == "stopped_in_order")
+    (pred,) = claim.select[0].where
+    assert (pred.field, pred.op) == ("reason", "not_in")
+    assert sorted(pred.value) == sorted(schema.ORDERLY_STOPS)
+
+
+@pytest.mark.parametrize("seq", [0, -3, "5", 2.5, None, True])
+def test_a_seq_the_engine_never_writes_is_seq_invalid_not_a_duplicate(tmp_path, seq):
+    log = LogText().ready().received("r-1").received("r-2")
+    shown = "null" if seq is None else repr(seq).replace("'", '"').replace("True", "true")
+    log.lines[2] = log.lines[2].replace('"seq":3', f'"seq":{shown}')  # r-1's receipt
+    stats = scan([log.write(tmp_path / "a.log")])
+    evaluated = type(seq) is int  # a receipt below 1 is still read; one that is not an int is not
+    got = (stats.receipts, stats.seq_invalid, stats.foreign_json)
+    assert got == ((4, 0, 0) if evaluated else (3, 1, 0))
+    reason, why = stats.incomplete()  # seq 3 is missing too: the invalid seq is named first
+    assert reason == "seq_invalid", why
+    assert "seen twice" not in why and "1 receipt(s)" in why and "rank 0" in why
+
+
+def test_a_receipt_read_twice_is_still_a_duplicate(tmp_path):
+    whole = LogText().ready().write(tmp_path / "a.log")
+    assert scan([whole, whole]).incomplete()[0] == "seq_duplicate"

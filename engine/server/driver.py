@@ -65,6 +65,7 @@ class EngineDriver:
         self._snapshot = PoolSnapshot()
         self._stopped = threading.Event()
         self.dead: str | None = None
+        self.in_flight_at_death = 0  # requests waiting on the scheduler process when it died
         self.stopping: str | None = None  # the reason, once an orderly stop has begun
         self.on_dead = on_dead
         self.info: EngineInfo | None = None  # set by start()
@@ -177,6 +178,7 @@ class EngineDriver:
         with self._subs_lock:
             if dead is not None:
                 self.dead = dead
+                self.in_flight_at_death = len(self._subs)
             rids = list(self._subs)
         self._deliver([(rid, RuntimeError(message), True) for rid in rids])
 

@@ -18,6 +18,7 @@ from types import FrameType
 import uvicorn
 
 from engine.config import EngineConfig
+from engine.obs.death import write_death
 from engine.obs.tracing import setup_tracing
 from engine.server.app import create_app
 from engine.server.driver import EngineDriver
@@ -57,6 +58,8 @@ def serve(
 
     def on_dead(reason: str) -> None:
         print(f"attest: the scheduler process died: {reason}; stopping the server", file=sys.stderr)
+        # its boot log ends in a crash, said as such (boot_health's stopped_in_order reads it)
+        write_death(cfg.log_file, "scheduler_died", driver.in_flight_at_death)
         status["code"] = EXIT_SCHEDULER_DIED
         if server:
             server[0].should_exit = True

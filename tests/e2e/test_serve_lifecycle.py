@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -89,6 +91,24 @@ def test_a_dead_scheduler_is_503_with_the_reason_then_exit_1(tmp_path):
         code, out = srv.stop(signal.SIGCONT, timeout=20)  # no signal needed: it exits by itself
         assert code == 1, out
         assert "scheduler process died" in out
+        # the frontend wrote the death into the boot log, continuing the dead process's seq
+        recs = [orjson.loads(line) for line in (tmp_path / "boot.jsonl").read_bytes().splitlines()]
+        stop, before = recs[-1], recs[-2]
+        assert stop["event"] == "boot.stop" and stop["reason"] == "scheduler_died"
+        assert stop["in_flight"] == 2
+        assert (stop["boot"], stop["rank"], stop["seq"]) == (
+            before["boot"], before["rank"], before["seq"] + 1,
+        )  # fmt: skip
+        # ... so the auditor reads a crash, not a cut log
+        verdict = subprocess.run(
+            [sys.executable, "-m", "cli.audit_app", "verdict", str(tmp_path / "boot.jsonl"),
+             "--spec", "boot_health", "--json"], capture_output=True, text=True,
+        )  # fmt: skip
+        assert verdict.returncode == 1, verdict.stdout + verdict.stderr
+        claims = {
+            c["claim"]: c["verdict"] for c in orjson.loads(verdict.stdout)["specs"][0]["claims"]
+        }
+        assert claims["stopped_in_order"] == "FAIL"
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()

@@ -176,13 +176,16 @@ class InFlight:
     def __init__(self, bus: Bus) -> None:
         self.open: Counter[tuple[str, int]] = Counter()
         self.stopped: set[tuple[str, int]] = set()
-        bus.kinds[schema.REQUEST_RECEIVED].append(lambda rec: self._add(rec, 1))
-        bus.kinds[schema.REQUEST_FINISH].append(lambda rec: self._add(rec, -1))
-        bus.kinds[schema.REQUEST_ABORT].append(lambda rec: self._add(rec, -1))
+        bus.kinds[schema.REQUEST_RECEIVED].append(self._received)
+        bus.kinds[schema.REQUEST_FINISH].append(self._ended)
+        bus.kinds[schema.REQUEST_ABORT].append(self._ended)
         bus.kinds[schema.BOOT_STOP].append(lambda rec: self.stopped.add((rec["boot"], rec["rank"])))
 
-    def _add(self, rec: dict[str, Any], n: int) -> None:
-        self.open[(rec["boot"], rec["rank"])] += n
+    def _received(self, rec: dict[str, Any]) -> None:
+        self.open[(rec["boot"], rec["rank"])] += 1
+
+    def _ended(self, rec: dict[str, Any]) -> None:
+        self.open[(rec["boot"], rec["rank"])] -= 1
 
     def at_end(self) -> ClaimVerdict | None:
         """UNDECIDED (in_flight_at_end) where a rank's log ends with requests in flight and no

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from audit import expr
@@ -24,6 +25,7 @@ from engine.obs import schema
 _LOW = (1 << 64) - 1  # Every packs three seqs into one int: when, then, close
 _WHEN, _THEN, _CLOSE = 128, 64, 0  # their shifts
 _MASK64 = (1 << 64) - 1
+_ONE128 = 1 << 128  # one decision more, in RanksAgree's digest
 
 
 class Engaged(Checker):
@@ -84,33 +86,59 @@ class Every(Checker):
         self.seen: dict[tuple[str, int], dict[Any, int]] = defaultdict(dict)
         self.stops: dict[tuple[str, int], int] = {}
         self.lines: dict[Any, str] = {}  # a text key's last `when` line, for the sentence
-        for s in claim.when:
-            bus.subscribe(s, self._fn(s, claim.when_key, _WHEN))
-        for s in claim.then:
-            bus.subscribe(s, self._fn(s, claim.then_key, _THEN))
-        for s in claim.closes:
-            bus.subscribe(s, self._fn(s, claim.close_key, _CLOSE))
+        # one receiver per kind, for every role the kind plays (when, then, close), in that order
+        roles: dict[Any, list[tuple[ReceiptSel, str, int]]] = {}
+        for sels, key, shift in (
+            (claim.when, claim.when_key, _WHEN),
+            (claim.then, claim.then_key, _THEN),
+            (claim.closes, claim.close_key, _CLOSE),
+        ):
+            for s in sels:
+                roles.setdefault(s.kind if s.event is None else s.event, []).append((s, key, shift))
+        for group in roles.values():
+            bus.subscribe(group[0][0], self._fn(group))
         bus.kinds[schema.BOOT_STOP].append(self._stop)
         for s in claim.stops:
             bus.subscribe(s, lambda rec, s=s: self._stop(rec) if s.matches(rec) else None)
 
-    def _fn(self, s: ReceiptSel, key: str, shift: int) -> Callable[[dict[str, Any]], None]:
+    def _fn(self, roles: list[tuple[ReceiptSel, str, int]]) -> Callable[[dict[str, Any]], None]:
+        """A kind's receiver: the roles whose selectors match mark the receipt's seq, each key
+        field read once for all the roles that read it."""
+        keys = {key for _, key, _ in roles}
+        if len(keys) == 1 and not any(s.where for s, _, _ in roles):  # the common case
+            return partial(self._mark, *keys, tuple((sh, ~(_LOW << sh)) for _, _, sh in roles))
+
         def fn(rec: dict[str, Any]) -> None:
-            if s.where and not s.matches(rec):
-                return
-            keys = rec.get(key)
-            table = self.seen[(rec["boot"], rec["rank"])]
-            seq = min(rec["seq"], _LOW)
-            for k in keys if isinstance(keys, list) else (keys,):
-                if k is None or isinstance(k, list | dict):
-                    continue
-                packed = table.get(k, 0)
-                if seq > packed >> shift & _LOW:
-                    table[k] = packed & ~(_LOW << shift) | seq << shift
-                    if shift == _WHEN and rec["boot"] == TEXT_BOOT:
-                        self.lines[k] = rec.get("where", "?")  # a text line has no seq to name
+            hit: dict[str, tuple[tuple[int, int], ...]] = {}
+            for s, key, shift in roles:
+                if not s.where or s.matches(rec):
+                    hit[key] = (*hit.get(key, ()), (shift, ~(_LOW << shift)))
+            for key, shifts in hit.items():
+                self._mark(key, shifts, rec)
 
         return fn
+
+    def _mark(self, key: str, shifts: tuple[tuple[int, int], ...], rec: dict[str, Any]) -> None:
+        """Each key's last seq of each role in ``shifts`` ((shift, the mask that clears its
+        field)): the later of what it had and this receipt's."""
+        keys = rec.get(key)
+        if keys is None or isinstance(keys, dict):
+            return
+        table = self.seen[(rec["boot"], rec["rank"])]
+        seq = rec["seq"]
+        if seq > _LOW:
+            seq = _LOW
+        for k in keys if isinstance(keys, list) else (keys,):
+            if k is None or isinstance(k, list | dict):
+                continue
+            packed = was = table.get(k, 0)
+            for shift, clear in shifts:
+                if seq > packed >> shift & _LOW:
+                    packed = packed & clear | seq << shift
+                    if shift == _WHEN and rec["boot"] == TEXT_BOOT:
+                        self.lines[k] = rec.get("where", "?")  # a text line has no seq to name
+            if packed != was:
+                table[k] = packed
 
     def _stop(self, rec: dict[str, Any]) -> None:
         key = (rec["boot"], rec["rank"])
@@ -256,7 +284,8 @@ class RanksAgree(Checker):
 
     def __init__(self, claim: Claim, bus: Bus) -> None:
         super().__init__(claim, bus)
-        # (boot, rank) -> iter -> count << 64 | (sum of the decisions' hashes mod 2^64)
+        # (boot, rank) -> iter -> count << 128 | the sum of the decisions' hashes, each mod 2^64
+        # (one add a decision; ``_digests`` gives count << 64 | the sum mod 2^64)
         self.digest: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
         self.decisions = 0
         for s in claim.select:
@@ -274,11 +303,15 @@ class RanksAgree(Checker):
             except TypeError:
                 h = hash((rec["event"], *(_frozen(rec.get(f)) for f in fields)))
             per_iter = self.digest[(rec["boot"], rec["rank"])]
-            d = per_iter.get(it, 0)
-            per_iter[it] = ((d >> 64) + 1) << 64 | ((d & _MASK64) + h) & _MASK64
+            per_iter[it] = per_iter.get(it, 0) + (_ONE128 | h & _MASK64)
             self.decisions += 1
 
         return fn
+
+    def _digests(self, boot: str, rank: int) -> dict[int, int]:
+        """iter -> count << 64 | (sum of the decisions' hashes mod 2^64)."""
+        got = self.digest.get((boot, rank), {})
+        return {it: (d >> 128) << 64 | d & _MASK64 for it, d in got.items()}
 
     def decide(self, ctx: Context) -> ClaimVerdict:
         ranks: dict[str, list[int]] = defaultdict(list)
@@ -306,7 +339,7 @@ class RanksAgree(Checker):
         compared, differ = 0, []
         for boot, rs in sorted(multi.items()):
             last = min(ctx.stats.seqs[(boot, r)].top_iter for r in rs)
-            per_rank = [self.digest.get((boot, r), {}) for r in rs]
+            per_rank = [self._digests(boot, r) for r in rs]
             # an iteration past a rank's last receipt has nothing from that rank to compare
             for it in sorted({i for d in per_rank for i in d if i <= last}):
                 compared += 1

@@ -76,12 +76,25 @@ class WedgeDetector:
 
     def feed(self, rec: dict[str, Any]) -> None:
         r = self.ranks.get((rec["boot"], rec["rank"]))
-        if r is not None and r.since is None and r.base is None and rec["event"] not in _STARTS:
-            return  # nothing waits on this rank and this receipt cannot start a wait: the common case
+        if r is not None and rec["event"] not in _STARTS:
+            # the rank's own rule's span: by progress once its iterations carry the counters
+            # (the scheduling rule's span goes unread then), else by scheduling (and then no
+            # progress span is open: only counters open one)
+            start, done = (r.base, r.reported) if r.counted else (r.since, False)
+            if start is None:
+                return  # nothing waits on this rank and this receipt cannot start a wait
+            ts = rec.get("ts")
+            if not isinstance(ts, int | float):
+                return
+            if done or ts - start[0] <= self.threshold_s:  # nothing to measure: it may end it
+                if rec["event"] in PROGRESS_KINDS:
+                    r.base = r.since = None
+                elif rec["event"] == schema.BOOT_STOP and not r.counted:
+                    r.since = None
+                return
         ts = rec.get("ts")
         if not isinstance(ts, int | float):
             return
-        r = self.ranks.get((rec["boot"], rec["rank"]))
         if r is None:
             r = self.ranks[(rec["boot"], rec["rank"])] = _Rank()
         counters = _counters(rec) if rec["event"] == schema.ITERATION else None

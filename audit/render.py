@@ -56,9 +56,11 @@ def print_report(report: Report, console: Console | None = None) -> None:
     console = console or Console()
     st = report.stats
     for sv in report.specs:
+        # every text from a spec or a log is plain, never Rich markup: a selector such as
+        # `line[queue == 0]` must print as written
         table = Table(
-            title=f"{sv.spec}: {sv.status.value}",
-            caption=sv.description or None,
+            title=Text(f"{sv.spec}: {sv.status.value}"),
+            caption=Text(sv.description) if sv.description else None,
             show_lines=True,
             expand=False,
         )
@@ -68,14 +70,14 @@ def print_report(report: Report, console: Console | None = None) -> None:
         table.add_column("why (with the numbers)")
         for cv in sv.claims:
             table.add_row(
-                cv.claim,
+                Text(cv.claim),
                 Text(cv.status.value, style=STYLE[cv.status]),
-                cv.reason or "",
-                cv.why,
+                Text(cv.reason or ""),
+                Text(cv.why),
             )
         console.print(table)
     for name, why in report.not_applicable:
-        console.print(f"[dim]{name}: not applicable ({why})[/dim]")
+        console.print(Text(f"{name}: not applicable ({why})", style="dim"))
     console.print(
         f"read {st.files} file(s), {st.lines} lines: {st.receipts} receipts, "
         f"{st.text} text, {st.foreign_json} foreign JSON, {st.garbage} garbage, "
@@ -84,6 +86,6 @@ def print_report(report: Report, console: Console | None = None) -> None:
     )
     incomplete = st.incomplete()
     if incomplete:
-        console.print(f"[yellow]incomplete log ({incomplete[0]}): {incomplete[1]}[/yellow]")
+        console.print(Text(f"incomplete log ({incomplete[0]}): {incomplete[1]}", style="yellow"))
     overall = report.status
     console.print(Text(f"overall: {overall.value}", style=STYLE[overall]))

@@ -66,3 +66,16 @@ def test_the_table_shows_verdicts_reasons_and_sentences():
 
 def test_report_of_no_spec_is_undecided():
     assert Report([str(Path("x"))], [], ReadStats()).status is U
+
+
+def test_the_table_prints_spec_and_log_text_as_written_never_as_markup():
+    claims = [ClaimVerdict("q", "final", F, "last sglang_batch line[queue == 0]: [bold]7[/bold]",
+                           None, {})]  # fmt: skip
+    rep = Report(
+        ["x"], [SpecVerdict("w", "see [red]this[/red] line[queue == 0]", claims)], ReadStats()
+    )
+    buf = io.StringIO()
+    print_report(rep, Console(file=buf, width=200))
+    out = buf.getvalue()
+    assert "line[queue == 0]: [bold]7[/bold]" in out
+    assert "see [red]this[/red] line[queue == 0]" in out

@@ -73,6 +73,9 @@ def _classify(raw: bytes, stats: ReadStats, last: bool) -> tuple[str, Any]:
         except orjson.JSONDecodeError:
             if last and not raw.endswith(b"\n"):
                 stats.truncated += 1
+            elif body is not line:  # a logger's "[head] " before a dict's repr: a text line
+                stats.text += 1
+                return TEXT, line.decode("utf-8", "replace")
             else:
                 stats.garbage += 1
             stats.examples.setdefault("garbage", line[:200].decode("utf-8", "replace"))

@@ -40,6 +40,16 @@ def test_mixed_lines_are_each_counted_once(tmp_path):
     assert stats.incomplete()[0] == "unparsed_lines"
 
 
+def test_a_logger_head_before_a_dict_repr_is_text_not_garbage(tmp_path):
+    # another engine's logger writes "[time TP0] " before a Python dict's repr: not a receipt
+    # behind a rank prefix, and not a line the reader failed to parse
+    log = LogText().ready()
+    log.text("[2025-01-01 12:00:11 TP0] {'model': 'x'}")
+    stats, receipts, texts = collect([log.write(tmp_path / "a.log")])
+    assert texts == [("text", "[2025-01-01 12:00:11 TP0] {'model': 'x'}")]
+    assert stats.garbage == 0 and stats.incomplete() is None
+
+
 def test_a_truncated_last_line_is_counted_as_truncated_not_garbage(tmp_path):
     log = LogText().ready().received("r-1")
     p = tmp_path / "a.log"

@@ -9,7 +9,6 @@ a reader sees. The exit code is 0 whatever changed: two real runs always differ 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from rich.text import Text
 
 from audit.reader import scan
 from audit.render import STYLE
+from audit.report_data import percentile
 from audit.spec import Spec, load_spec, resolve, shipped
 from audit.verdict import Report, Status, evaluate
 from engine.obs import schema
@@ -30,14 +30,6 @@ TIMINGS = ("ttft_s", "e2e_s")  # request.finish fields, seconds
 PERCENTILES = (50, 90, 99)
 PEAKS = ("token_usage", "running", "waiting", "parked")  # iteration fields, max over the log
 _WORSE = {Status.PASS.value: 0, Status.UNDECIDED.value: 1, Status.FAIL.value: 2}
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    """The nearest-rank percentile: a value that occurred (p100 is the maximum); None if empty."""
-    if not values:
-        return None
-    s = sorted(values)
-    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
 
 
 def _number(v: Any) -> bool:

@@ -125,8 +125,11 @@ def pool_capacity(rec: dict[str, Any]) -> int | None:
     return tokens // page * page
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile of non-empty ``values`` (``q`` in 0..100)."""
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank percentile (``q`` in 0..100): a value that occurred (p100 is the
+    maximum); None when there are none."""
+    if not values:
+        return None
     s = sorted(values)
     return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
 

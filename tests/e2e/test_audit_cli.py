@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tomllib
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import orjson
 import pytest
 
-
-def audit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.audit_app", *args], capture_output=True, text=True
-    )
+from tests.e2e.audit_cli import CASES, audit, case_log
 
 
 def test_an_unknown_command_is_a_usage_error_64_naming_it():
@@ -36,15 +28,6 @@ def test_version_and_help_exit_0():
 
 
 # -- verdicts and the sysexits of `audit verdict` -----------------------------------------------
-
-CASES = Path(__file__).resolve().parents[2] / "audit" / "acceptance"
-
-
-def case_log(tmp_path: Path, window: str, case: str) -> str:
-    t = tomllib.loads((CASES / window / "cases" / f"{case}.toml").read_text())
-    p = tmp_path / f"{window}-{case}.log"
-    p.write_text(t["log"])
-    return str(p)
 
 
 @pytest.mark.parametrize(

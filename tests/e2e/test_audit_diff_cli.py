@@ -3,19 +3,11 @@ unreadable log with the reason, 64 for a usage error or a bad spec)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import orjson
 import pytest
 
+from tests.e2e.audit_cli import audit
 from tests.unit.audit_logs import LogText
-
-
-def audit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.audit_app", *args], capture_output=True, text=True
-    )
 
 
 @pytest.fixture

@@ -4,28 +4,10 @@ whose text event is not scoped by a log prefix is a bad spec (64), never a verdi
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tomllib
-from pathlib import Path
-
 import orjson
 import pytest
 
-CASES = Path(__file__).resolve().parents[2] / "audit" / "acceptance"
-
-
-def audit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.audit_app", *args], capture_output=True, text=True
-    )
-
-
-def case_log(tmp_path: Path, window: str, case: str) -> str:
-    t = tomllib.loads((CASES / window / "cases" / f"{case}.toml").read_text())
-    p = tmp_path / f"{window}-{case}.log"
-    p.write_text(t["log"])
-    return str(p)
+from tests.e2e.audit_cli import audit, case_log
 
 
 @pytest.mark.parametrize(

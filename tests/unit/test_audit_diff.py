@@ -8,7 +8,8 @@ import io
 import orjson
 from rich.console import Console
 
-from audit.diff import NA, Row, compare, diff_table, percentile, to_json
+from audit.diff import NA, Row, compare, diff_table, to_json
+from audit.report_data import percentile
 from tests.unit.audit_logs import LogText
 
 

@@ -26,7 +26,8 @@ from typing import Any
 
 from audit.foreign import TEXT_BOOT, Matcher, plain
 from audit.model import Claim, ReceiptSel, Selector, TextEvent, TextSel, WedgeSel
-from audit.reader import TEXT, ReadStats
+from audit.reader import TEXT
+from audit.readstats import ReadStats
 from audit.status import ClaimVerdict, Status
 from audit.wedge import Wedge, WedgeDetector
 from engine.obs import schema

@@ -17,11 +17,13 @@ import orjson
 from rich.table import Table
 from rich.text import Text
 
+from audit.model import Spec
 from audit.reader import scan
 from audit.render import STYLE
 from audit.report_data import percentile
-from audit.spec import Spec, load_spec, resolve, shipped
-from audit.verdict import Report, Status, evaluate
+from audit.spec import load_spec, resolve, shipped
+from audit.status import Status
+from audit.verdict import Report, evaluate
 from engine.obs import schema
 
 Value = int | float | str | None

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from audit.reader import ReadStats, scan
+from audit.reader import scan
+from audit.readstats import ReadStats
 from engine.obs import schema
 
 BARS = "▁▂▃▄▅▆▇█"

@@ -10,8 +10,7 @@ The pass is the auditor's hot path (a gigabyte is four million lines): files are
 a time and split in C; a line that starts with ``{`` and parses into a receipt is handled inline
 (its seq extends a run, its kind is counted, its kind's receivers get it: ``routes``, one lookup
 a line); any other line goes through ``_classify``, the one place that decides what a line is.
-How the lines read is counted in ``audit.readstats`` (re-exported here, where callers have always
-found ``ReadStats``).
+How the lines read is counted in ``audit.readstats``.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ import orjson
 
 from audit.readstats import BITMAP_LIMIT, ReadStats, SeqTrack
 from engine.obs import schema
-
-__all__ = ["JSON", "SOURCES", "TEXT", "ReadStats", "SeqTrack", "UnreadableLog", "scan"]
 
 TEXT, JSON = "text", "json"  # the named text sources
 SOURCES = (TEXT, JSON)

@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from audit.verdict import Report, Status
+from audit.status import Status
+from audit.verdict import Report
 
 STYLE = {Status.PASS: "bold green", Status.FAIL: "bold red", Status.UNDECIDED: "bold yellow"}
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from audit.explain import detail
-from audit.reader import ReadStats, scan
+from audit.reader import scan
+from audit.readstats import ReadStats
 from engine.obs import schema
 
 Key = tuple[str, int]  # (boot, rank)

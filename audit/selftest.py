@@ -14,8 +14,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from audit.spec import CAN_FAIL, Spec, SpecError
-from audit.verdict import Status, evaluate
+from audit.model import CAN_FAIL, Spec
+from audit.parse import SpecError
+from audit.status import Status
+from audit.verdict import evaluate
 
 
 @dataclass(slots=True)

@@ -1,9 +1,6 @@
 """Acceptance specs: ``audit/acceptance/<window>/spec.toml`` (package data, so an installed
 wheel has them too), found by window name or path, read, and parsed (by ``audit.parse``) into the
 model of ``audit.model``.
-
-The model's names and the parser's entry points are re-exported here, where callers have always
-found them.
 """
 
 from __future__ import annotations
@@ -12,42 +9,8 @@ import os
 import re
 from pathlib import Path
 
-from audit.model import (
-    CAN_FAIL,
-    CLAIM_KINDS,
-    Claim,
-    Pred,
-    ReceiptSel,
-    Regime,
-    Selector,
-    Spec,
-    Sum,
-    TextSel,
-    WedgeSel,
-)
-from audit.parse import SpecError, parse_claim, parse_spec, selectors
-
-__all__ = [
-    "CAN_FAIL",
-    "CLAIM_KINDS",
-    "Claim",
-    "Pred",
-    "ReceiptSel",
-    "Regime",
-    "Selector",
-    "Spec",
-    "SpecError",
-    "Sum",
-    "TextSel",
-    "WedgeSel",
-    "acceptance_dir",
-    "load_spec",
-    "parse_claim",
-    "parse_spec",
-    "resolve",
-    "selectors",
-    "shipped",
-]
+from audit.model import Spec
+from audit.parse import SpecError, parse_spec
 
 
 def load_spec(path: str | Path) -> Spec:

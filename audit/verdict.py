@@ -15,11 +15,10 @@ from typing import Any
 from audit.checker import Bus, Context, SelCount
 from audit.claims import build_checker
 from audit.model import Spec
-from audit.reader import ReadStats, scan
+from audit.reader import scan
+from audit.readstats import ReadStats
 from audit.status import ClaimVerdict, Status, merge
 from engine.obs import schema
-
-__all__ = ["ClaimVerdict", "Report", "SpecVerdict", "Status", "evaluate", "merge"]
 
 
 @dataclass(slots=True)

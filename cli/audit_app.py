@@ -18,11 +18,12 @@ from audit import __version__
 from audit.diff import compare, diff_table
 from audit.diff import to_json as diff_json
 from audit.explain import detail, sparkline, summarize, timeline
+from audit.parse import SpecError
 from audit.reader import UnreadableLog
 from audit.render import print_report, to_json, to_junit
 from audit.report_data import collect
 from audit.selftest import self_test
-from audit.spec import SpecError, acceptance_dir, load_spec, resolve, shipped
+from audit.spec import acceptance_dir, load_spec, resolve, shipped
 from audit.verdict import evaluate
 
 EX_USAGE, EX_NOINPUT, EX_SOFTWARE, EX_CANTCREAT = 64, 66, 70, 73

@@ -84,7 +84,7 @@ def audit_log(log, *windows: str) -> dict[str, dict[str, tuple[str, str | None, 
 
 
 def overall(verdicts: dict[str, tuple[str, str | None, str]]) -> str:
-    from audit.verdict import Status, merge
+    from audit.status import Status, merge
 
     return merge([Status(v[0]) for v in verdicts.values()]).value
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from audit.spec import parse_spec
+from audit.parse import parse_spec
 from audit.verdict import evaluate
 from tests.unit.audit_logs import LogText
 

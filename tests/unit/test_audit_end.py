@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from audit.parse import SpecError
 from audit.reader import scan
-from audit.spec import SpecError, resolve
+from audit.spec import resolve
 from audit.verdict import evaluate
 from engine.obs import schema
 from tests.unit.audit_logs import LogText

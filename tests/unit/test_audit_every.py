@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from audit.spec import SpecError, parse_spec
+from audit.parse import SpecError, parse_spec
 from tests.unit.audit_logs import LogText
 from tests.unit.test_audit_claims import decide
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from audit.parse import SpecError, parse_spec
 from audit.selftest import self_test
-from audit.spec import SpecError, acceptance_dir, load_spec, parse_spec
+from audit.spec import acceptance_dir, load_spec
 from audit.verdict import evaluate
 from tests.unit.audit_logs import LogText
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.spec import ReceiptSel, SpecError, TextSel, parse_spec
+from audit.model import ReceiptSel, TextSel
+from audit.parse import SpecError, parse_spec
 
 
 def spec(claims: str, regime: str = "") -> str:

@@ -10,9 +10,10 @@ from pathlib import Path
 import orjson
 from rich.console import Console
 
-from audit.reader import ReadStats
+from audit.readstats import ReadStats
 from audit.render import print_report, to_json, to_junit
-from audit.verdict import ClaimVerdict, Report, SpecVerdict, Status, merge
+from audit.status import ClaimVerdict, Status, merge
+from audit.verdict import Report, SpecVerdict
 
 P, F, U = Status.PASS, Status.FAIL, Status.UNDECIDED
 

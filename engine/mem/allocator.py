@@ -88,6 +88,10 @@ class TokenAllocator:
         """Fresh pages a request holding ``held`` tokens needs to add ``extend`` more."""
         return fresh_pages(held, extend, self.page_size)
 
+    def fresh_slots(self, held: int, extend: int) -> int:
+        """The pool slots those fresh pages hold (what the allocation takes from ``available``)."""
+        return self.pages_needed(held, extend) * self.page_size
+
     def alloc_extend(self, held: int, extend: int, last_slot: int | None) -> torch.Tensor | None:
         """Slots for ``extend`` new tokens of a request that holds ``held`` tokens whose last
         one sits at ``last_slot``: first the rest of its partial last page, then fresh pages.

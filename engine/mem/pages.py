@@ -8,6 +8,11 @@ def pages_for(tokens: int, page_size: int) -> int:
     return -(-max(0, tokens) // page_size)
 
 
+def whole_pages(tokens: int, page_size: int) -> int:
+    """``tokens`` rounded up to whole pages, in tokens: what they occupy in the pool."""
+    return pages_for(tokens, page_size) * page_size
+
+
 def fresh_pages(held: int, extend: int, page_size: int) -> int:
     """Fresh pages a request holding ``held`` tokens needs to add ``extend`` more: its partial
     last page is filled first."""

@@ -70,15 +70,16 @@ class Admitter:
             floor=floor,
         )
         planned: Planned = []
-        cap = self.continue_chunk(budget, planned)
-        self.admit_waiting(budget, cap, planned)
+        chunking = [r for r in self.running if r.prefilling]
+        cap = self.continue_chunk(chunking, budget, planned)
+        self.admit_waiting(len(chunking), budget, cap, planned)
         return planned
 
-    def continue_chunk(self, budget: Budget, planned: Planned) -> int:
+    def continue_chunk(self, chunking: list[Request], budget: Budget, planned: Planned) -> int:
         """Phase 1: the in-flight chunked requests continue, or park. Returns the chunk budget
         left for phase 2."""
         cap = self.config.chunk_tokens
-        for req in [r for r in self.running if r.prefilling]:
+        for req in chunking:
             plan = plan_chunk(
                 held=req.kv_len, remaining=req.prefill_target - req.kv_len, chunk_tokens=cap,
                 budget=budget.remaining, page_size=self.page_size,
@@ -103,9 +104,9 @@ class Admitter:
             planned.append((req, plan.tokens))
         return cap
 
-    def admit_waiting(self, budget: Budget, cap: int, planned: Planned) -> None:
-        """Phase 2: requests in line, until one must wait (a defer receipt says why)."""
-        inflight = sum(1 for r in self.running if r.prefilling)
+    def admit_waiting(self, inflight: int, budget: Budget, cap: int, planned: Planned) -> None:
+        """Phase 2: requests in line, until one must wait (a defer receipt says why).
+        ``inflight``: chunked prefills already in flight (phase 1's, parked ones included)."""
         reason = None
         while self.waiting:
             reason = line_closed(

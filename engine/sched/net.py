@@ -52,7 +52,7 @@ class AllocationNet:
 
         slots = call()
         if slots is None:
-            need = self.allocator.pages_needed(req.kv_len, n) * self.allocator.page_size
+            need = self.allocator.fresh_slots(req.kv_len, n)
             slots = self.catch(call, need, site, req.rid)
         self.req_table.write(req.row, req.kv_len, slots)
         return slots

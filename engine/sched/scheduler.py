@@ -25,7 +25,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.mem.allocator import TokenAllocator
-from engine.mem.pages import pages_for
+from engine.mem.pages import whole_pages
 from engine.mem.radix import RadixCache
 from engine.mem.req_table import ReqToTokenPool
 from engine.messages import PoolSnapshot, StepOutput
@@ -150,7 +150,7 @@ class Scheduler:
         decode = self._fund_decode(outs)
         batch = [self._entry(req, [req.output_ids[-1]], "decode") for req in decode]
         chunks = self.admitter.admit(floor, decode)
-        need = self.page_size * sum(self.allocator.pages_needed(r.kv_len, n) for r, n in chunks)
+        need = sum(self.allocator.fresh_slots(r.kv_len, n) for r, n in chunks)
         if need > self.allocator.available_size():  # admission counted evictable tokens: pay them
             self.cache.evict(need - self.allocator.available_size(), reason="admission")
         batch += [self._entry(r, r.fill_ids[r.kv_len : r.kv_len + n], "extend") for r, n in chunks]
@@ -200,7 +200,7 @@ class Scheduler:
         alloc = self.allocator
         while True:
             decode = [r for r in self.running if r.state is State.RUNNING and not r.prefilling]
-            need = self.page_size * sum(alloc.pages_needed(r.kv_len, 1) for r in decode)
+            need = sum(alloc.fresh_slots(r.kv_len, 1) for r in decode)
             if need <= alloc.available_size() + alloc.staged_size():  # staged: the net flushes
                 return decode
             if self.cache.evictable_size() > 0:
@@ -311,12 +311,12 @@ class Scheduler:
 
     def _fits_pool(self, tokens: int) -> bool:
         """Whether ``tokens`` fit the whole pool at all (whole pages)."""
-        return pages_for(tokens, self.page_size) * self.page_size <= self.allocator.capacity
+        return whole_pages(tokens, self.page_size) <= self.allocator.capacity
 
     def _private_of(self, req: Request) -> int:
         if req.row is None:
             return 0
-        return pages_for(req.kv_len, self.page_size) * self.page_size - req.cached_len
+        return whole_pages(req.kv_len, self.page_size) - req.cached_len
 
     def private_tokens(self) -> int:
         """KV slots the running requests own privately (the ledger's ``private`` term)."""

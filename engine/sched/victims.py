@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.mem.pages import pages_for
+from engine.mem.pages import whole_pages
 from engine.sched.request import Request
 
 
@@ -27,7 +27,7 @@ def pick_victims(
     freed = available + evictable
     for req in victim_order(running)[: len(running) - 1]:
         victims.append(req)
-        freed += pages_for(req.kv_len, page_size) * page_size
+        freed += whole_pages(req.kv_len, page_size)
         if freed >= need + page_size * len(victims):
             break
     return victims

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from audit import expr
+from audit.recipe import Recipe
 
 CLAIM_KINDS = (
     "engaged",
@@ -162,6 +163,7 @@ class Regime:
     description: str
     applies: tuple[Selector, ...]
     min_ranks: int = 1  # ranks writing receipts; 0 for a window over foreign (text) logs
+    recipe: Recipe | None = None  # how `engine window` reaches the regime (audit.recipe)
 
 
 @dataclass(slots=True, frozen=True)

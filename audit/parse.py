@@ -27,7 +27,10 @@ from audit.parse_select import (
     parse_events,
     selectors,
 )
+from audit.recipe import RecipeError, parse_recipe
 from engine.obs import schema
+
+RECIPE_KEYS = ("engine", "load", "control")  # [regime.*] tables: audit.recipe
 
 __all__ = ["SpecError", "parse_claim", "parse_spec", "selectors"]
 
@@ -294,14 +297,18 @@ def _regime(t: dict[str, Any], where: str, events: Events) -> Regime:
     regime_t = t.get("regime", {})
     if not isinstance(regime_t, dict):
         raise err(where, "[regime] is a table")
-    keys(regime_t, {"description", "applies", "min_ranks"}, f"{where} [regime]")
+    keys(regime_t, {"description", "applies", "min_ranks", *RECIPE_KEYS}, f"{where} [regime]")
     applies = selectors(
         regime_t.get("applies", {"kind": schema.BOOT_START}), f"{where} [regime]", events=events
     )
     min_ranks = regime_t.get("min_ranks", 1)
     if not isinstance(min_ranks, int) or isinstance(min_ranks, bool) or min_ranks < 0:
         raise err(where, "[regime] min_ranks is an integer >= 0 (0: a window over text logs)")
-    return Regime(str(regime_t.get("description", "")), applies, min_ranks)
+    try:
+        recipe = parse_recipe(regime_t, where)
+    except RecipeError as e:
+        raise err(where, str(e)) from None
+    return Regime(str(regime_t.get("description", "")), applies, min_ranks, recipe)
 
 
 def parse_spec(text: str, path: Path, name: str | None = None) -> Spec:

@@ -244,6 +244,40 @@ def bench(
         typer.echo(f"attest / transformers throughput: {on.tok_s / res[2].tok_s:.2f}x")
 
 
+@app.command()
+def window(
+    name: Annotated[str, typer.Argument(help="A shipped window (audit specs) or a spec path.")],
+    control: Annotated[
+        bool, typer.Option(help="Also boot the control (the mechanism off) for control claims.")
+    ] = False,
+    model: ModelOpt = None,
+    flag: Annotated[
+        list[str] | None,
+        typer.Option(help="An extra `engine serve` flag, e.g. --flag=--threads=2 (repeatable)."),
+    ] = None,
+    out_dir: Annotated[str, typer.Option(help="Where the boot logs go.")] = "logs",
+) -> None:
+    """Boot the engine with a window's recipe, drive its load, stop it, and give the window's
+    verdict: exit 0 PASS, 1 FAIL, 2 UNDECIDED (64: no recipe; 69: the engine did not start)."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from audit.parse import SpecError
+    from cli.window import WindowError, run_window
+
+    extra = (["--model", model] if model else []) + [a for f in flag or [] for a in f.split("=", 1)]
+    try:
+        code = run_window(
+            name, control, extra, Path(out_dir), Console(width=None if sys.stdout.isatty() else 140)
+        )
+    except SpecError as e:
+        _fail(f"bad spec: {e}", 64)
+    except WindowError as e:
+        _fail(str(e), e.code)
+    raise typer.Exit(code)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,141 @@
+"""`engine window NAME`: boot the engine with the window's recipe, drive its load over loopback,
+stop it in order, and judge the boot log with the window's spec — one command.
+
+With ``--control`` a second boot runs the recipe with the mechanism under test off (the spec's
+``[regime.control]`` flags) and its log is the control log of ``control`` claims. The server's
+own output is kept beside each boot log and read by the auditor too (a traceback is a crash).
+Exits like `audit verdict` (0 PASS, 1 FAIL, 2 UNDECIDED); 64 for a window without a recipe,
+69 when the engine does not come up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from audit.recipe import Recipe
+from audit.render import print_report
+from audit.spec import resolve
+from audit.verdict import evaluate
+from engine.server.loadgen import LoadResult, LoadShape, drive
+
+EX_USAGE, EX_UNAVAILABLE = 64, 69
+BOOT_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 60.0
+
+
+class WindowError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(slots=True)
+class Boot:
+    log: Path
+    out: Path  # the server's stdout and stderr
+    load: LoadResult
+    exit_code: int
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(proc: subprocess.Popen, base: str, out: Path) -> None:
+    deadline = time.monotonic() + BOOT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = out.read_text(errors="replace")[-2000:]
+            raise WindowError(EX_UNAVAILABLE, f"the engine exited {proc.returncode}:\n{tail}")
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise WindowError(EX_UNAVAILABLE, f"the engine was not healthy in {BOOT_TIMEOUT_S:.0f} s")
+
+
+def boot_and_load(args: list[str], shape: LoadShape, log: Path, progress: Progress,
+                  label: str) -> Boot:  # fmt: skip
+    """One boot: `engine serve` on a free loopback port with ``args``, the load, SIGTERM."""
+    port, out = _free_port(), log.with_suffix(".out")
+    cmd = [sys.executable, "-m", "cli.engine_app", "serve", "--host", "127.0.0.1",
+           "--port", str(port), "--log-file", str(log), *args]  # fmt: skip
+    task = progress.add_task(f"{label}: booting", total=None)
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_healthy(proc, base, out)
+        total = None if shape.duration_s else shape.requests
+        progress.update(task, description=f"{label}: load", total=total)
+        result = asyncio.run(drive(base, shape, on_done=lambda: progress.advance(task)))
+        progress.update(task, description=f"{label}: stopping")
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        progress.remove_task(task)
+    return Boot(log, out, result, code)
+
+
+def load_shape(recipe: Recipe) -> LoadShape:
+    d = dict(recipe.load)
+    for k in ("prompt_tokens", "output_tokens"):
+        d[k] = tuple(d[k])
+    return LoadShape(**d)
+
+
+def run_window(name: str, control: bool, extra: list[str], out_dir: Path,
+               console: Console) -> int:  # fmt: skip
+    spec = resolve(name)
+    recipe = spec.regime.recipe
+    if recipe is None:
+        raise WindowError(EX_USAGE, f"window {spec.name!r} has no [regime.load] recipe to drive")
+    if control and not recipe.control:
+        raise WindowError(EX_USAGE, f"window {spec.name!r} has no [regime.control] flags")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    shape = load_shape(recipe)
+    boots: list[Boot] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        arms = [("window", False)] + ([("control", True)] if control else [])
+        for label, is_control in arms:
+            log = out_dir / f"{spec.name}-{stamp}-{label}.jsonl"
+            args = recipe.serve_args(control=is_control) + extra
+            boots.append(boot_and_load(args, shape, log, progress, label))
+    window = boots[0]
+    report = evaluate([spec], [window.log, window.out], boots[1].log if control else None)
+    print_report(report, console)
+    for label, b in zip(("boot log", "control log"), boots, strict=False):
+        r = b.load
+        console.print(f"{label}: {b.log} (server output {b.out}; exit {b.exit_code}); "
+                      f"{r.sent} requests in {r.seconds:.1f} s, answers {dict(r.status)}, "
+                      f"{r.tokens} tokens", markup=False, highlight=False)  # fmt: skip
+        for f in r.failures:
+            console.print(f"  not served: {f}", markup=False, highlight=False)
+    return report.status.exit_code

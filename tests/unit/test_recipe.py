@@ -76,7 +76,9 @@ def test_prompts_have_exact_lengths_a_shared_prefix_and_repeat_by_seed():
     assert all(10 <= len(ids) <= 40 and 3 <= m <= 5 for ids, m in work)
     assert all(ids[:9] == work[0][0][:9] for ids, _ in work)  # 0.5 * 40 = 20 shared, capped at n-1
     assert prompts(dataclasses.replace(shape, seed=1)) != work
-    assert len({tuple(ids) for ids, _ in prompts(dataclasses.replace(shape, shared_prefix=0))}) == 50
+    assert (
+        len({tuple(ids) for ids, _ in prompts(dataclasses.replace(shape, shared_prefix=0))}) == 50
+    )
 
 
 def test_recipe_errors_are_value_errors():

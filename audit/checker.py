@@ -19,12 +19,13 @@ which the lines of different ranks (or files) were interleaved.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from audit.foreign import TEXT_BOOT, Matcher, plain
+from audit.lastseq import LastSeq
 from audit.model import Claim, ReceiptSel, Selector, TextEvent, TextSel, WedgeSel
 from audit.reader import TEXT
 from audit.readstats import ReadStats
@@ -33,6 +34,7 @@ from audit.wedge import Wedge, WedgeDetector
 from engine.obs import schema
 
 MAX_NAMED = 5  # rids named in a sentence
+_OPENS, _ENDS = (schema.REQUEST_RECEIVED,), (schema.REQUEST_FINISH, schema.REQUEST_ABORT)
 
 
 class Bus:
@@ -46,6 +48,20 @@ class Bus:
         self.events: dict[TextEvent, list[Callable[[dict[str, Any]], None]]] = {}
         self.text_lines = 0  # text lines read so far: a text event's ``seq`` (line order)
         self._matcher: Matcher | None = None
+        self._last: dict[tuple[Any, str], LastSeq] = {}
+
+    def last_seq(self, sel: ReceiptSel, field: str) -> LastSeq:
+        """Each key's highest seq among ``sel``'s records, the key read from ``field``; one for
+        all who ask for a selector without ``where`` (and the same field)."""
+        if sel.where:
+            own = LastSeq(field)
+            self.subscribe(sel, lambda rec: own.mark(rec) if sel.matches(rec) else None)
+            return own
+        at = (sel.kind if sel.event is None else sel.event, field)
+        if at not in self._last:
+            self._last[at] = LastSeq(field)
+            self.subscribe(sel, self._last[at].mark)
+        return self._last[at]
 
     def subscribe(self, sel: ReceiptSel, fn: Callable[[dict[str, Any]], None]) -> None:
         """``fn`` gets every record of ``sel``'s kind: receipts, or its text event's events."""
@@ -170,39 +186,26 @@ class SelCount:
         return " | ".join(s.describe() for s in self.sels)
 
 
-class InFlight:
-    """Per (boot, rank): requests received less requests ended, and whether boot.stop was
-    written. Counts, not rid sets, so the order in which the lines come does not matter."""
-
-    def __init__(self, bus: Bus) -> None:
-        self.open: Counter[tuple[str, int]] = Counter()
-        self.stopped: set[tuple[str, int]] = set()
-        bus.kinds[schema.REQUEST_RECEIVED].append(self._received)
-        bus.kinds[schema.REQUEST_FINISH].append(self._ended)
-        bus.kinds[schema.REQUEST_ABORT].append(self._ended)
-        bus.kinds[schema.BOOT_STOP].append(lambda rec: self.stopped.add((rec["boot"], rec["rank"])))
-
-    def _received(self, rec: dict[str, Any]) -> None:
-        self.open[(rec["boot"], rec["rank"])] += 1
-
-    def _ended(self, rec: dict[str, Any]) -> None:
-        self.open[(rec["boot"], rec["rank"])] -= 1
-
-    def at_end(self) -> ClaimVerdict | None:
-        """UNDECIDED (in_flight_at_end) where a rank's log ends with requests in flight and no
-        boot.stop: the engine may still be running, or it died without a word."""
-        cut = sorted((k, n) for k, n in self.open.items() if n > 0 and k not in self.stopped)
-        if not cut:
-            return None
-        (boot, rank), n = cut[0]
-        return outcome(
-            Status.UNDECIDED,
-            f"boot {boot} rank {rank}: {n} request(s) received without an ending, and no "
-            f"boot.stop: the log ends with work in flight (still running, or it died unheard)"
-            + (f"; {len(cut) - 1} more rank(s) alike" if len(cut) > 1 else ""),
-            "in_flight_at_end",
-            in_flight=sum(n for _, n in cut),
-        )
+def in_flight_at_end(stats: ReadStats) -> ClaimVerdict | None:
+    """UNDECIDED (in_flight_at_end) where a rank's log ends with requests in flight (received
+    less finished and aborted, the reader's counts: the order of the lines does not matter) and
+    no boot.stop: the engine may still be running, or it died without a word."""
+    cut = []
+    for key, t in sorted(stats.seqs.items()):
+        n = sum(t.kinds[k] for k in _OPENS) - sum(t.kinds[k] for k in _ENDS)
+        if n > 0 and not t.kinds[schema.BOOT_STOP]:
+            cut.append((key, n))
+    if not cut:
+        return None
+    (boot, rank), n = cut[0]
+    return outcome(
+        Status.UNDECIDED,
+        f"boot {boot} rank {rank}: {n} request(s) received without an ending, and no "
+        f"boot.stop: the log ends with work in flight (still running, or it died unheard)"
+        + (f"; {len(cut) - 1} more rank(s) alike" if len(cut) > 1 else ""),
+        "in_flight_at_end",
+        in_flight=sum(n for _, n in cut),
+    )
 
 
 class Checker:
@@ -213,7 +216,6 @@ class Checker:
     def __init__(self, claim: Claim, bus: Bus) -> None:
         self.claim = claim
         self.requires = SelCount(claim.requires, bus) if claim.requires else None
-        self.in_flight = InFlight(bus) if claim.needs_end else None
 
     def subscribe_control(self, bus: Bus) -> None:
         """Only `control` claims read the control log."""
@@ -240,8 +242,8 @@ class Checker:
                     Status.PASS, f"vacuous pass (allowed by the spec): {not_engaged_why}", "vacuous"
                 )
             return outcome(Status.UNDECIDED, not_engaged_why, "no_engagement")
-        if self.in_flight is not None:
-            return self.in_flight.at_end()
+        if self.claim.needs_end:
+            return in_flight_at_end(ctx.stats)
         return None
 
 

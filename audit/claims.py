@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from audit import expr
@@ -18,14 +17,13 @@ from audit.checker import Bus, Checker, Context, SelCount, locate, name_some, ou
 from audit.derived import Derived
 from audit.final import Final
 from audit.foreign import TEXT_BOOT
+from audit.lastseq import highest
 from audit.model import Claim, ReceiptSel
 from audit.status import ClaimVerdict, Status
 from engine.obs import schema
 
-_LOW = (1 << 64) - 1  # Every packs three seqs into one int: when, then, close
-_WHEN, _THEN, _CLOSE = 128, 64, 0  # their shifts
 _MASK64 = (1 << 64) - 1
-_ONE128 = 1 << 128  # one decision more, in RanksAgree's digest
+_DECISION = 1 << 128 | 1 << 63  # one decision more in RanksAgree's digest, its hash made >= 0
 
 
 class Engaged(Checker):
@@ -81,93 +79,54 @@ class Every(Checker):
 
     def __init__(self, claim: Claim, bus: Bus) -> None:
         super().__init__(claim, bus)
-        # (boot, rank) -> key -> the last seq of `when`, of `then` and of a close, packed in one
-        # int (this is the state that grows with the number of requests)
-        self.seen: dict[tuple[str, int], dict[Any, int]] = defaultdict(dict)
+        # each role's records: per (boot, rank), each key's highest seq (the state that grows
+        # with the number of requests, shared with every claim that reads the same)
+        self.when = [bus.last_seq(s, claim.when_key) for s in claim.when]
+        self.then = [bus.last_seq(s, claim.then_key) for s in claim.then]
+        self.closes = [bus.last_seq(s, claim.close_key) for s in claim.closes]
         self.stops: dict[tuple[str, int], int] = {}
-        self.lines: dict[Any, str] = {}  # a text key's last `when` line, for the sentence
-        # one receiver per kind, for every role the kind plays (when, then, close), in that order
-        roles: dict[Any, list[tuple[ReceiptSel, str, int]]] = {}
-        for sels, key, shift in (
-            (claim.when, claim.when_key, _WHEN),
-            (claim.then, claim.then_key, _THEN),
-            (claim.closes, claim.close_key, _CLOSE),
-        ):
-            for s in sels:
-                roles.setdefault(s.kind if s.event is None else s.event, []).append((s, key, shift))
-        for group in roles.values():
-            bus.subscribe(group[0][0], self._fn(group))
         bus.kinds[schema.BOOT_STOP].append(self._stop)
         for s in claim.stops:
             bus.subscribe(s, lambda rec, s=s: self._stop(rec) if s.matches(rec) else None)
 
-    def _fn(self, roles: list[tuple[ReceiptSel, str, int]]) -> Callable[[dict[str, Any]], None]:
-        """A kind's receiver: the roles whose selectors match mark the receipt's seq, each key
-        field read once for all the roles that read it."""
-        keys = {key for _, key, _ in roles}
-        if len(keys) == 1 and not any(s.where for s, _, _ in roles):  # the common case
-            return partial(self._mark, *keys, tuple((sh, ~(_LOW << sh)) for _, _, sh in roles))
-
-        def fn(rec: dict[str, Any]) -> None:
-            hit: dict[str, tuple[tuple[int, int], ...]] = {}
-            for s, key, shift in roles:
-                if not s.where or s.matches(rec):
-                    hit[key] = (*hit.get(key, ()), (shift, ~(_LOW << shift)))
-            for key, shifts in hit.items():
-                self._mark(key, shifts, rec)
-
-        return fn
-
-    def _mark(self, key: str, shifts: tuple[tuple[int, int], ...], rec: dict[str, Any]) -> None:
-        """Each key's last seq of each role in ``shifts`` ((shift, the mask that clears its
-        field)): the later of what it had and this receipt's."""
-        keys = rec.get(key)
-        if keys is None or isinstance(keys, dict):
-            return
-        table = self.seen[(rec["boot"], rec["rank"])]
-        seq = rec["seq"]
-        if seq > _LOW:
-            seq = _LOW
-        for k in keys if isinstance(keys, list) else (keys,):
-            if k is None or isinstance(k, list | dict):
-                continue
-            packed = was = table.get(k, 0)
-            for shift, clear in shifts:
-                if seq > packed >> shift & _LOW:
-                    packed = packed & clear | seq << shift
-                    if shift == _WHEN and rec["boot"] == TEXT_BOOT:
-                        self.lines[k] = rec.get("where", "?")  # a text line has no seq to name
-            if packed != was:
-                table[k] = packed
-
     def _stop(self, rec: dict[str, Any]) -> None:
         key = (rec["boot"], rec["rank"])
         self.stops[key] = max(self.stops.get(key, 0), rec["seq"])
+
+    def _line(self, k: Any, seq: int) -> str | None:
+        """Where the text line of a key's `when` at ``seq`` is."""
+        return next(
+            (w.where.get(k) for w in self.when if w.tables.get((TEXT_BOOT, 0), {}).get(k) == seq),
+            None,
+        )
 
     def _windows(self, opened: str) -> tuple[int, list[tuple[str, str]], list[str]]:
         """(keys with a `when`, [(key, how its window closed)] without a follow-up, open keys);
         ``opened``: what to call the `when` receipt in a sentence."""
         total, failed, open_ = 0, [], []
         ended = "the run ended" if self.claim.stops else "boot.stop"
-        for (boot, rank), table in sorted(self.seen.items()):
-            stop = self.stops.get((boot, rank), 0)
-            for k, packed in table.items():
-                a, b, c = packed >> _WHEN, packed >> _THEN & _LOW, packed & _LOW
-                if not a:
-                    continue
-                total += 1
-                if b > a:
-                    continue
-                name, at, closed = f"{k} (rank {rank})", f"seq {a}", f" at seq {c}"
+        for at in sorted({at for w in self.when for at in w.tables}):
+            boot, rank = at
+            stop = self.stops.get(at, 0)
+            thens = [t for i in self.then if (t := i.tables.get(at))]
+            closes = [t for i in self.closes if (t := i.tables.get(at))]
+            whens = highest([t for i in self.when if (t := i.tables.get(at)) is not None])
+            total += len(whens)
+            late: Any = whens.items()  # the keys no `then` followed (yet), table by table
+            for t in thens:
+                late = [(k, a) for k, a in late if t.get(k, 0) <= a]
+            for k, a in late:
+                c = max((t.get(k, 0) for t in closes), default=0)
+                name, seen, closed = f"{k} (rank {rank})", f"seq {a}", f" at seq {c}"
                 if boot == TEXT_BOOT:  # a text line is named by its place in the file
-                    name, at, closed = f"{self.claim.when_key} {k!r}", self.lines.get(k), " later"
+                    name, seen, closed = f"{self.claim.when_key} {k!r}", self._line(k, a), " later"
                     stop_at = f"{ended} later"
                 else:
                     stop_at = f"{ended} at seq {stop}"
                 if c > a:
-                    failed.append((name, f"{opened} at {at}, its window closed{closed}"))
+                    failed.append((name, f"{opened} at {seen}, its window closed{closed}"))
                 elif stop > a:
-                    failed.append((name, f"{opened} at {at}, {stop_at}"))
+                    failed.append((name, f"{opened} at {seen}, {stop_at}"))
                 else:
                     open_.append(name)
         return total, sorted(failed), sorted(open_)
@@ -284,32 +243,38 @@ class RanksAgree(Checker):
 
     def __init__(self, claim: Claim, bus: Bus) -> None:
         super().__init__(claim, bus)
-        # (boot, rank) -> iter -> count << 128 | the sum of the decisions' hashes, each mod 2^64
-        # (one add a decision; ``_digests`` gives count << 64 | the sum mod 2^64)
-        self.digest: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
-        self.decisions = 0
+        # (boot, rank) -> iter -> the sum of (hash + _DECISION) over its decisions: the count
+        # above bit 128, below it the hashes (each in [0, 2^64) once shifted): one add a decision
+        self.digest: dict[tuple[str, int], dict[int, int]] = {}
         for s in claim.select:
             bus.subscribe(s, self._fn(s))
 
     def _fn(self, s: ReceiptSel) -> Callable[[dict[str, Any]], None]:
-        fields = self.claim.fields
+        fields, digest, where = self.claim.fields, self.digest, bool(s.where)
+        one = fields[0] if len(fields) == 1 else None
+        kind = s.kind  # every record this selector gets is of this kind (no text events here)
 
         def fn(rec: dict[str, Any]) -> None:
             it = rec.get("iter")
-            if type(it) is not int or (s.where and not s.matches(rec)):
+            if type(it) is not int or (where and not s.matches(rec)):
                 return
             try:  # the fields as read; only a list or an object among them needs _frozen
-                h = hash((rec["event"], *map(rec.get, fields)))
+                if one is not None:
+                    h = hash((kind, rec.get(one)))
+                else:
+                    h = hash((kind, *map(rec.get, fields)))
             except TypeError:
-                h = hash((rec["event"], *(_frozen(rec.get(f)) for f in fields)))
-            per_iter = self.digest[(rec["boot"], rec["rank"])]
-            per_iter[it] = per_iter.get(it, 0) + (_ONE128 | h & _MASK64)
-            self.decisions += 1
+                h = hash((kind, *(_frozen(rec.get(f)) for f in fields)))
+            at = (rec["boot"], rec["rank"])
+            per_iter = digest.get(at)
+            if per_iter is None:
+                per_iter = digest[at] = {}
+            per_iter[it] = per_iter.get(it, 0) + h + _DECISION
 
         return fn
 
     def _digests(self, boot: str, rank: int) -> dict[int, int]:
-        """iter -> count << 64 | (sum of the decisions' hashes mod 2^64)."""
+        """iter -> count << 64 | (sum of the decisions' hashes mod 2^64, shifted)."""
         got = self.digest.get((boot, rank), {})
         return {it: (d >> 128) << 64 | d & _MASK64 for it, d in got.items()}
 
@@ -333,7 +298,7 @@ class RanksAgree(Checker):
                 "every boot in the log has a single rank: there is nothing to agree with",
                 "single_rank",
             )
-        gated = self.gate(ctx, self.decisions > 0, "no decision receipts to compare")
+        gated = self.gate(ctx, any(self.digest.values()), "no decision receipts to compare")
         if gated:
             return gated
         compared, differ = 0, []

@@ -10,7 +10,9 @@ The pass is the auditor's hot path (a gigabyte is four million lines): files are
 a time and split in C; a line that starts with ``{`` and parses into a receipt is handled inline
 (its seq extends a run, its kind is counted, its kind's receivers get it: ``routes``, one lookup
 a line); any other line goes through ``_classify``, the one place that decides what a line is.
-How the lines read is counted in ``audit.readstats``.
+A receipt that nests containers deeper than ``MAX_DEPTH`` is malformed, as one without its
+kind's required fields is: its seq is tracked, its fields are not read. How the lines read is
+counted in ``audit.readstats``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from audit.readstats import BITMAP_LIMIT, ReadStats, SeqTrack
+from audit.readstats import BITMAP_LIMIT, MAX_DEPTH, ReadStats, SeqTrack
 from engine.obs import schema
 
 TEXT, JSON = "text", "json"  # the named text sources
@@ -96,6 +98,25 @@ def _classify(raw: bytes, stats: ReadStats, last: bool) -> tuple[str, Any]:
     return TEXT, line.decode("utf-8", "replace")
 
 
+_DEEP_LINE = 2 * MAX_DEPTH  # a shorter line cannot hold the brackets of a deeper receipt
+
+
+def _too_deep(line: bytes, obj: dict[str, Any]) -> bool:
+    """Whether containers nest deeper than MAX_DEPTH in ``obj`` (``line``, its text: a line with
+    fewer openers cannot), walked without recursion."""
+    if line.count(b"[") + line.count(b"{") <= MAX_DEPTH:
+        return False
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        for x in v.values() if type(v) is dict else v:
+            if type(x) is dict or type(x) is list:
+                stack.append((x, depth + 1))
+    return False
+
+
 def _blocks(fh: Any, path: Path) -> Iterator[tuple[list[bytes], int, bool]]:
     """A file's lines, a block at a time, without their newlines: (lines, their bytes, cut);
     ``cut`` marks the last block, of one line that had no newline. A read error before the first
@@ -145,6 +166,7 @@ class _Pass:
 
     def block(self, lines: list[bytes], lineno: int, name: str, cut: bool) -> None:
         routes, loads, bad = self.routes, orjson.loads, orjson.JSONDecodeError
+        limit, deep = BITMAP_LIMIT, _DEEP_LINE
         track, boot0, rank0, lo, hi, top_it, counts = self.at
         for lineno, line in enumerate(lines, lineno + 1):  # noqa: B020 (the count goes on)
             obj = None
@@ -169,12 +191,16 @@ class _Pass:
                     track.lo, track.hi, track.top_iter = lo, hi, top_it
                 track = self.track(boot, rank)
                 boot0, rank0, (lo, hi, top_it, counts) = boot, rank, track.state()
-            if seq == hi + 1 and hi and seq < BITMAP_LIMIT:
+            if seq == hi + 1 and hi and seq < limit:
                 hi = seq
             else:
                 lo, hi = track.restart(lo, hi, seq)
             route = routes.get(ev)
             if route is None or not obj.keys() >= route[0]:
+                self.unfit(route, line, cut)
+                continue
+            if len(line) > deep and _too_deep(line, obj):
+                self.stats.deep += 1
                 self.unfit(route, line, cut)
                 continue
             counts[route[2]] += 1
@@ -213,12 +239,13 @@ class _Pass:
         self.stats.examples.setdefault("malformed", raw[:200].decode("utf-8", "replace"))
 
     def end_file(self) -> None:
-        """Each (boot, rank)'s run into its bitmap, its counts into stats.kinds."""
+        """Each (boot, rank)'s run into its bitmap, its counts into its kinds and stats.kinds."""
         stats = self.stats
         for (_, rank), t in stats.seqs.items():
             t.flush()
             for kind, n in zip(_KINDS, t.counts):
                 if n:
+                    t.kinds[kind] += n
                     stats.kinds[(rank, kind)] += n
                     stats.receipts += n
             t.counts[:] = [0] * len(_KINDS)

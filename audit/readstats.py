@@ -14,13 +14,17 @@ from typing import Any
 from engine.obs import schema
 
 BITMAP_LIMIT = 1 << 28  # seqs beyond this go to a set: a hostile seq cannot allocate gigabytes
+# containers a receipt may nest, itself included: a deeper one is malformed (no engine writes
+# one, and walking such a value, to hash, compare or show it, runs out of Python's recursion)
+MAX_DEPTH = 256
 
 
 @dataclass(slots=True)
 class SeqTrack:
     """Which ``seq`` numbers one (boot, rank) wrote: a bitmap, so order does not matter. The
     reader's pass also keeps here what else it counts per pair: the top ``iter`` and the
-    evaluated receipts of each kind (folded into ``ReadStats.kinds`` at each file's end)."""
+    evaluated receipts of each kind (``counts`` in the file being read; at its end, into
+    ``kinds`` and ``ReadStats.kinds``)."""
 
     bits: bytearray = field(default_factory=bytearray)
     overflow: set[int] = field(default_factory=set)
@@ -34,6 +38,7 @@ class SeqTrack:
     lo: int = 0
     hi: int = 0
     counts: list[int] = field(default_factory=lambda: [0] * len(schema.CATALOG))  # per kind
+    kinds: Counter = field(default_factory=Counter)  # kind -> evaluated receipts, files read
 
     def add(self, seq: int) -> None:
         if seq < 1:
@@ -123,7 +128,8 @@ class ReadStats:
     garbage: int = 0
     truncated: int = 0
     unknown_kind: int = 0
-    malformed: int = 0  # known kind, required fields missing: seen (seq) but not evaluated
+    malformed: int = 0  # known kind, a required field missing or nested past MAX_DEPTH: seen
+    deep: int = 0  # (seq) but not evaluated; ``deep``: those nested past MAX_DEPTH
     seq_invalid: int = 0  # receipts whose seq is not an int: counted, not evaluated
     kinds: Counter = field(default_factory=Counter)  # (rank, kind) -> count
     seqs: dict[tuple[str, int], SeqTrack] = field(default_factory=dict)
@@ -183,8 +189,12 @@ class ReadStats:
                 f"first: {self.examples.get('garbage', '')[:80]!r}"
             )
         if self.malformed:
+            what = "lack required fields"
+            if self.deep:  # receipts nested past MAX_DEPTH are malformed too
+                deep = f"nest a value deeper than {MAX_DEPTH} levels"
+                what = deep if self.deep == self.malformed else f"{what} or {deep}"
             return "malformed_receipts", (
-                f"{self.malformed} receipt(s) lack required fields; "
+                f"{self.malformed} receipt(s) {what}; "
                 f"first: {self.examples.get('malformed', '')[:80]!r}"
             )
         return None

@@ -34,6 +34,10 @@ Counters = tuple[int, ...]
 # the receipts that can start a span (feed's fast path: any other changes nothing on a rank
 # where no span is open)
 _STARTS = frozenset((schema.ITERATION, schema.ADMISSION_DEFER, schema.ADMISSION_PARK))
+_WAITS = frozenset((schema.ADMISSION_DEFER, schema.ADMISSION_PARK))  # held back: a span starts
+_ENDS = PROGRESS_KINDS | {schema.BOOT_STOP}  # what ends the scheduling rule's span
+_ITERATION = schema.ITERATION
+_NUMBER = (int, float)
 
 
 class Wedge(NamedTuple):
@@ -49,6 +53,7 @@ class _Rank:
     since: tuple[float, dict[str, Any]] | None = None  # the scheduling rule's span
     base: tuple[float, Counters, dict[str, Any]] | None = None  # the progress rule's span
     reported: bool = False  # the progress rule's span is reported already
+    waits: bool = False  # its own rule's span is open (the other receipts measure it)
     by_scheduling: list[Wedge] = field(default_factory=list)
     by_progress: list[Wedge] = field(default_factory=list)
 
@@ -60,7 +65,7 @@ def _counters(rec: dict[str, Any]) -> Counters | None:
 
 def _num(rec: dict[str, Any], name: str) -> float:
     v = rec.get(name)
-    return v if isinstance(v, int | float) and not isinstance(v, bool) else 0
+    return v if isinstance(v, _NUMBER) and not isinstance(v, bool) else 0
 
 
 def _held(rec: dict[str, Any]) -> float:
@@ -73,34 +78,43 @@ class WedgeDetector:
     def __init__(self, threshold_s: float) -> None:
         self.threshold_s = threshold_s
         self.ranks: dict[tuple[str, int], _Rank] = {}
+        self._last: tuple[Any, Any, _Rank | None] = (None, None, None)  # boot, rank, its state
 
     def feed(self, rec: dict[str, Any]) -> None:
-        r = self.ranks.get((rec["boot"], rec["rank"]))
-        if r is not None and rec["event"] not in _STARTS:
-            # the rank's own rule's span: by progress once its iterations carry the counters
-            # (the scheduling rule's span goes unread then), else by scheduling (and then no
-            # progress span is open: only counters open one)
-            start, done = (r.base, r.reported) if r.counted else (r.since, False)
-            if start is None:
-                return  # nothing waits on this rank and this receipt cannot start a wait
-            ts = rec.get("ts")
-            if not isinstance(ts, int | float):
-                return
-            if done or ts - start[0] <= self.threshold_s:  # nothing to measure: it may end it
-                if rec["event"] in PROGRESS_KINDS:
-                    r.base = r.since = None
-                elif rec["event"] == schema.BOOT_STOP and not r.counted:
-                    r.since = None
-                return
+        boot, rank, r = self._last
+        if rec["rank"] != rank or rec["boot"] != boot:  # lines of one rank come in runs
+            boot, rank = rec["boot"], rec["rank"]
+            r = self.ranks.get((boot, rank))
+            self._last = boot, rank, r
+        event = rec["event"]
+        if r is not None and not r.waits and event not in _STARTS:
+            return  # nothing waits on this rank, and this receipt cannot start a wait
         ts = rec.get("ts")
-        if not isinstance(ts, int | float):
+        if not isinstance(ts, _NUMBER):
             return
-        if r is None:
-            r = self.ranks[(rec["boot"], rec["rank"])] = _Rank()
-        counters = _counters(rec) if rec["event"] == schema.ITERATION else None
-        r.counted |= counters is not None
-        self._by_scheduling(r, rec, ts)
-        self._by_progress(r, rec, ts, counters)
+        if r is None:  # ranks in the order first seen: the order of ``found``
+            r = self.ranks[(boot, rank)] = _Rank()
+            self._last = boot, rank, r
+        if not r.counted and event != _ITERATION:  # the scheduling rule's common steps, inline
+            since = r.since
+            if since is None and event in _WAITS:  # requests held back: a span starts
+                r.since, r.waits = (ts, rec), True
+                return
+            if since is not None and ts - since[0] <= self.threshold_s:  # not a wedge (yet)
+                if event in _ENDS:
+                    r.since, r.waits = None, False
+                return
+        counters = _counters(rec) if event == _ITERATION else None
+        # the rank's own rule: by progress once its iterations carry the counters (the
+        # scheduling rule's span goes unread then), else by scheduling (and then no progress
+        # span is open: only counters open one)
+        if r.counted or counters is not None:
+            r.counted = True
+            self._by_progress(r, rec, event, ts, counters)
+            r.waits = r.base is not None
+        else:
+            self._by_scheduling(r, rec, event, ts)
+            r.waits = r.since is not None
 
     def found(self) -> list[Wedge]:
         """The wedges, each rank by its own rule."""
@@ -110,26 +124,27 @@ class WedgeDetector:
             for w in (r.by_progress if r.counted else r.by_scheduling)
         ]
 
-    def _by_scheduling(self, r: _Rank, rec: dict[str, Any], ts: float) -> None:
+    def _by_scheduling(self, r: _Rank, rec: dict[str, Any], event: str, ts: float) -> None:
         start = r.since
         if start is not None and ts - start[0] > self.threshold_s:
             if not r.by_scheduling or r.by_scheduling[-1].start is not start[1]:
                 r.by_scheduling.append(Wedge(ts - start[0], start[1], rec, None))
-        event = rec["event"]
-        if event in PROGRESS_KINDS or event == schema.BOOT_STOP:
+        if event in _ENDS:
             r.since = None
-        elif event == schema.ITERATION:
+        elif event == _ITERATION:
             if _num(rec, "running") > 0 or _held(rec) == 0:
                 r.since = None
             elif start is None:
                 r.since = (ts, rec)
-        elif event in (schema.ADMISSION_DEFER, schema.ADMISSION_PARK) and start is None:
+        elif start is None and event in _WAITS:
             r.since = (ts, rec)
 
     def _by_progress(
-        self, r: _Rank, rec: dict[str, Any], ts: float, counters: Counters | None
+        self, r: _Rank, rec: dict[str, Any], event: str, ts: float, counters: Counters | None
     ) -> None:
         base = r.base
+        if base is None and counters is None:
+            return  # nothing open, and only counters open a span
         if base is not None and not r.reported and ts - base[0] > self.threshold_s:
             it = rec.get("iter")
             still = (
@@ -140,7 +155,7 @@ class WedgeDetector:
             if still:  # nothing progressed from the base to this receipt
                 r.reported = True
                 r.by_progress.append(Wedge(ts - base[0], base[2], rec, base[1]))
-        if rec["event"] in PROGRESS_KINDS:
+        if event in PROGRESS_KINDS:
             r.base = None
         elif counters is not None:
             if _held(rec) == 0:

@@ -2,7 +2,7 @@
 1 GB, against `grep -c` on the same file in the same run.
 
     .venv/bin/python bench/audit_throughput.py [--gb 1.0] [--runs 3] [--keep DIR | --log LOG]
-        [--audit-cmd CMD] [--verdict-out FILE]
+        [--audit-cmd CMD] [--baseline CMD [--baseline-name NAME]] [--verdict-out FILE]
 
 The log is a realistic single-rank receipt mix (received, chunked admits, defers, finishes,
 evictions, parks/unparks, retract/requeue, iteration summaries) with a plain text line now and
@@ -10,8 +10,10 @@ then; seq is gap-free, so every claim is actually evaluated. It is written to a 
 directory and deleted afterwards. Each tool runs ``--runs`` times, alternating, and the table gives
 medians: wall time (and MB/s from it), CPU time (user + system of the child alone: less
 sensitive to other work on a shared machine) and the auditor's peak RSS (wait4's rusage), with
-the CPU's model and vector flags. ``--audit-cmd`` times another auditor on the same log (a copy
-of an older checkout, for a before/after in one run).
+the CPU's model and vector flags. ``--audit-cmd`` times another auditor on the same log instead of
+this checkout's; ``--baseline`` times one beside it (a copy of an older checkout, run with
+``python -P`` so that the working directory's packages do not shadow it), alternating, and prints
+the speed ratio and whether the two gave the same verdicts (byte for byte, as ``--json``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
 import shlex
 import shutil
 import subprocess
@@ -31,6 +32,7 @@ from statistics import median
 from typing import NamedTuple
 
 import orjson
+from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
 BOOT = "b-bench001"
 
@@ -140,21 +142,6 @@ def run(cmd: list[str]) -> Run:
                    out.read(), err.read())  # fmt: skip
 
 
-def cpu() -> str:
-    """The CPU's model and its vector flags (the machine kind varies: print them with every
-    table)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown CPU"
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")),
-        "?",
-    )
-    flags = sorted(set(re.findall(r"\b(avx2|avx512[a-z_0-9]*)\b", info)))
-    return f"{model}, {os.cpu_count()} cores; flags: {' '.join(flags) or 'no avx2/avx512'}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=1.0, help="log size in GB (10^9 bytes)")
@@ -162,13 +149,15 @@ def main() -> None:
     ap.add_argument("--log", help="read this log instead of generating one")
     ap.add_argument("--runs", type=int, default=3, help="runs of each tool, alternating")
     ap.add_argument("--audit-cmd", help="the auditor to time (default: this checkout's)")
+    ap.add_argument("--baseline", help="another auditor to time beside it, named as below")
+    ap.add_argument("--baseline-name", default="baseline", help="the baseline's name in the table")
     ap.add_argument("--verdict-out", help="write the last run's `audit verdict --json` here")
     args = ap.parse_args()
     d = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="audit-bench-"))
     d.mkdir(parents=True, exist_ok=True)
     log = Path(args.log) if args.log else d / "boot.jsonl"
     try:
-        print(f"CPU: {cpu()}")
+        print(f"CPU: {describe()}")
         counts = None
         if not args.log:
             t0 = time.perf_counter()
@@ -181,35 +170,58 @@ def main() -> None:
             if args.audit_cmd
             else [sys.executable, "-m", "cli.audit_app"]
         )
-        grep, aud = [], []
+        auditors = {"audit verdict": audit}
+        if args.baseline:
+            auditors = {args.baseline_name: shlex.split(args.baseline), **auditors}
+        grep: list[Run] = []
+        runs: dict[str, list[Run]] = {name: [] for name in auditors}
         for _ in range(args.runs):
             grep.append(run(["grep", "-c", '"event":"admission.park"', str(log)]))
-            aud.append(run([*audit, "verdict", str(log), "--json"]))
-            if aud[-1].code not in (0, 1, 2):
-                sys.exit(f"audit failed ({aud[-1].code}): {aud[-1].err.decode()}")
+            for name, cmd in auditors.items():
+                runs[name].append(run([*cmd, "verdict", str(log), "--json"]))
+                if runs[name][-1].code not in (0, 1, 2):
+                    sys.exit(
+                        f"{name} failed ({runs[name][-1].code}): {runs[name][-1].err.decode()}"
+                    )
         if counts is not None:
             assert all(int(g.out) == counts["admission.park"] for g in grep), grep[0].out
+        aud = runs["audit verdict"]
         if args.verdict_out:
             Path(args.verdict_out).write_bytes(aud[-1].out)
-        report(log.stat().st_size / 1e6, grep, aud, orjson.loads(aud[-1].out))
+        report(log.stat().st_size / 1e6, grep, runs, orjson.loads(aud[-1].out))
+        if args.baseline:
+            same = {r.out for rs in runs.values() for r in rs} == {aud[-1].out}
+            print(f"verdicts of {args.baseline_name} and audit verdict, every run: "
+                  + ("the same, byte for byte" if same else "DIFFERENT"))  # fmt: skip
+            if not same:
+                sys.exit(1)
     finally:
         if not args.keep:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def report(mb: float, grep: list[Run], aud: list[Run], verdict: dict) -> None:
-    g, a = median([r.wall_s for r in grep]), median([r.wall_s for r in aud])
+def report(mb: float, grep: list[Run], runs: dict[str, list[Run]], verdict: dict) -> None:
+    g = median([r.wall_s for r in grep])
     claims = sum(len(s["claims"]) for s in verdict["specs"])
     print(f"| tool | runs | median s | MB/s | CPU s (median) | peak RSS |\n|{'---|' * 6}")
     print(f"| grep -c | {len(grep)} | {g:.2f} | {mb / g:.0f} | "
           f"{median([r.cpu_s for r in grep]):.2f} | - |")  # fmt: skip
-    print(f"| audit verdict ({len(verdict['specs'])} windows, {claims} claims) | {len(aud)} | "
-          f"{a:.2f} | {mb / a:.1f} | {median([r.cpu_s for r in aud]):.2f} | "
-          f"{max(r.rss_mb for r in aud):.0f} MB |")  # fmt: skip
-    print("each run, wall s: grep " + " ".join(f"{r.wall_s:.2f}" for r in grep)
-          + "; audit " + " ".join(f"{r.wall_s:.2f}" for r in aud))  # fmt: skip
+    for name, rs in runs.items():
+        a = median([r.wall_s for r in rs])
+        print(f"| {name} ({len(verdict['specs'])} windows, {claims} claims) | {len(rs)} | "
+              f"{a:.2f} | {mb / a:.1f} | {median([r.cpu_s for r in rs]):.2f} | "
+              f"{max(r.rss_mb for r in rs):.0f} MB |")  # fmt: skip
+    print("each run, wall s: grep " + " ".join(f"{r.wall_s:.2f}" for r in grep) + "".join(
+        f"; {name} " + " ".join(f"{r.wall_s:.2f}" for r in rs) for name, rs in runs.items()))  # fmt: skip
+    aud = runs["audit verdict"]
+    a = median([r.wall_s for r in aud])
     print(f"ratio audit/grep: {a / g:.1f}x; overall verdict {verdict['verdict']} "
           f"({', '.join(s['spec'] + ' ' + s['verdict'] for s in verdict['specs'])})")  # fmt: skip
+    for name, rs in runs.items():
+        if rs is not aud:
+            b = median([r.wall_s for r in rs])
+            cpu = median([r.cpu_s for r in rs]) / median([r.cpu_s for r in aud])
+            print(f"ratio {name}/audit verdict: {b / a:.2f}x wall, {cpu:.2f}x CPU")
 
 
 if __name__ == "__main__":

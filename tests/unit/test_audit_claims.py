@@ -235,6 +235,10 @@ ITER = dict(parked=0, token_usage=1.0)
           ("iteration", 45, dict(running=0, waiting=2))], "PASS"),
         # waiting 29 s then admitted: under the threshold
         ([("admission.defer", 0, {}), ("admission.admit", 29, dict(rid="r-1", tokens=4))], "PASS"),
+        # admitted after 1 s, then a quiet minute with nothing held back: the wait had ended
+        ([("admission.defer", 0, {}), ("admission.admit", 1, dict(rid="r-1", tokens=4)),
+          ("eviction", 60, dict(reason="decode", asked=1, evicted=1, staged=0,
+                                evictable_before=1, evictable_after=0))], "PASS"),
         # an engine that hung silently and was stopped 60 s later
         ([("admission.park", 0, dict(rid="r-1", reason="below_page", need=4, fundable=0)),
           ("boot.stop", 60, dict(reason="sigterm", in_flight=1))], "FAIL"),

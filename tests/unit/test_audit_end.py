@@ -94,3 +94,9 @@ def test_a_seq_the_engine_never_writes_is_seq_invalid_not_a_duplicate(tmp_path, 
 def test_a_receipt_read_twice_is_still_a_duplicate(tmp_path):
     whole = LogText().ready().write(tmp_path / "a.log")
     assert scan([whole, whole]).incomplete()[0] == "seq_duplicate"
+
+
+def test_an_aborted_request_is_not_in_flight(tmp_path):
+    log = LogText().ready().received("r-1").received("r-2").finish("r-1")
+    log.r("request.abort", rid="r-2", reason="client_disconnect")  # cut here: nothing open
+    assert decide(tmp_path, ENDS, log).status == "PASS"

@@ -53,12 +53,15 @@ def reference_scan(paths, on_receipt=None, on_text=None):
                     if kind is None:
                         stats.unknown_kind += 1
                         continue
-                    if any(f not in obj for f in kind.fields):
+                    deep = depth(obj) > readstats.MAX_DEPTH
+                    if any(f not in obj for f in kind.fields) or deep:
                         stats.malformed += 1
+                        stats.deep += deep
                         stats.examples.setdefault("malformed", raw[:200].decode("utf-8", "replace"))
                         continue
                     stats.receipts += 1
                     stats.kinds[(obj["rank"], obj["event"])] += 1
+                    track.kinds[obj["event"]] += 1
                     if type(obj.get("iter")) is int:  # what ranks_agree kept, per (boot, rank)
                         track.top_iter = max(track.top_iter, obj["iter"])
                     if on_receipt is not None:
@@ -67,6 +70,16 @@ def reference_scan(paths, on_receipt=None, on_text=None):
                     on_text(what, obj, f"{path.name}:{lineno}")
     stats.settle()
     return stats
+
+
+def depth(v) -> int:
+    """Containers nested in ``v``, itself included (level by level)."""
+    n, level = 0, [v]
+    while level:
+        n += 1
+        level = [x for c in level for x in (c.values() if isinstance(c, dict) else c)
+                 if isinstance(x, dict | list)]  # fmt: skip
+    return n
 
 
 def tracks(stats: ReadStats) -> dict:
@@ -112,6 +125,11 @@ line = st.one_of(
     st.builds(lambda r: "[rank1]: " + json.dumps(r), receipt),
     st.sampled_from(["", "  ", "\r", "plain text", "Traceback (most recent call last):",
                      '{"level": "info"}', '{"event": "request.received", ', "[x] y", "{"]),
+    # receipts 256 and 257 containers deep (themselves included), and one with a flat list of
+    # 300 lists: only the one past the limit (256) is malformed
+    st.builds(lambda r, n, flat: json.dumps(r | {"rid": [[]] * 300 if flat else
+                                                 json.loads("[" * n + "]" * n)}),
+              receipt, st.sampled_from([255, 256]), st.booleans()),
     st.text(max_size=30),
 )  # fmt: skip
 

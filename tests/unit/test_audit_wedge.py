@@ -104,3 +104,16 @@ def test_each_rank_is_judged_by_what_its_own_iterations_carry(tmp_path):
     log.r("iteration", 1, ts=t0 + 41, running=0, waiting=1, parked=0)
     v = decide(tmp_path, WEDGE, log)
     assert v.status == "FAIL" and "rank 1" in v.why and "no tokens scheduled" in v.why, v.why
+
+
+def test_each_boot_is_judged_apart(tmp_path):
+    # b-1 waits and says nothing more; b-2, booted 100 s later into the same file, is idle:
+    # b-2's receipts measure nothing of b-1's wait
+    log = deferred(LogText("b-1").ready(), 1000.5, 1)
+    log.boot = "b-2"
+    log.r("boot.start", ts=1100.0, config={}).r("boot.ready", ts=1100.1, startup_s=0.1)
+    assert decide(tmp_path, WEDGE, log).status == "PASS"
+    log.boot = "b-1"
+    log.r("iteration", ts=1101.0, iter=2, **BUSY)  # b-1 again, 100 s on: that is a wedge
+    v = decide(tmp_path, WEDGE, log)
+    assert v.status == "FAIL" and "boot b-1" in v.why, v.why

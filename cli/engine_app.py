@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -33,8 +34,9 @@ BackendOpt = Annotated[
     str,
     typer.Option(
         "--attention-backend",
-        help="Attention kernels: auto (torch on CPU, the best available on CUDA), torch, "
-        "triton (CPU only with TRITON_INTERPRET=1) or flashinfer (CUDA, bfloat16).",
+        help="Attention kernels: auto (torch; on CUDA a faster one only once bench/gpu_check.py "
+        "has verified it on a GPU), torch, triton (CPU only with TRITON_INTERPRET=1) or "
+        "flashinfer (CUDA, bfloat16).",
     ),
 ]
 DeviceOpt = Annotated[
@@ -48,8 +50,37 @@ ServedNameOpt = Annotated[
 ]
 ApiKeyOpt = Annotated[
     str | None,
-    typer.Option(help="Require `Authorization: Bearer KEY` on /v1/*.", envvar="ATTEST_API_KEY"),
+    typer.Option(
+        help="Require `Authorization: Bearer KEY` on /v1/* and /admin/*.", envvar="ATTEST_API_KEY"
+    ),
 ]
+PidFileOpt = Annotated[
+    str | None,
+    typer.Option(help="Pid file held while serving. Default: the boot log's path + .pid."),
+]
+DrainOpt = Annotated[
+    float,
+    typer.Option(
+        help="On SIGTERM/SIGINT, let requests in flight finish for up to this many seconds, "
+        "then abort the rest; 0: abort at once."
+    ),
+]
+StallOpt = Annotated[
+    float,
+    typer.Option(help="/health answers 503 after this many seconds without a scheduler heartbeat."),
+]
+ReadTimeoutOpt = Annotated[
+    float,
+    typer.Option(help="Seconds a client may take to send a request's headers, then its body."),
+]
+ClientConnOpt = Annotated[
+    int, typer.Option(help="Connections one client address may hold open at once; 0: no cap.")
+]
+RequestTimeoutOpt = Annotated[
+    float,
+    typer.Option(help="Seconds from a request's arrival to its last token, then it is aborted "
+                 "(504); 0: no deadline."),
+]  # fmt: skip
 KvFractionOpt = Annotated[
     float,
     typer.Option(help="Share of available memory for the KV pool when --kv-tokens is not given."),
@@ -60,6 +91,31 @@ LogFileOpt = Annotated[
 ]
 MaxLenOpt = Annotated[int | None, typer.Option(help="Context limit (default: the model's).")]
 PrefixCacheOpt = Annotated[bool, typer.Option(help="Reuse cached prompt prefixes (radix cache).")]
+HostKvOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Host KV tier in tokens: cold cached prefixes spill there instead of being dropped "
+        "and load back on a hit. 0: off. Default: off on the CPU, a share of host memory "
+        "(bounded by the cgroup limit) on CUDA."
+    ),
+]
+
+
+class OnOff(StrEnum):
+    on = "on"
+    off = "off"
+
+
+ThrottleOpt = Annotated[
+    int, typer.Option(help="Iterations the throttle rung keeps new admissions out once it pays.")
+]
+ReliefLadderOpt = Annotated[
+    OnOff,
+    typer.Option(
+        help="on: the relief ladder (evict, spill, throttle, retract) pays before admission "
+        "parks; off: no rung is registered (and the boot log says so once)."
+    ),
+]
 IterationIntervalOpt = Annotated[
     int, typer.Option(help="An `iteration` summary receipt every N steps; 0: off.")
 ]
@@ -178,6 +234,9 @@ def serve(
     chunk_tokens: Annotated[int, typer.Option(help="Prefill tokens per step.")] = 2048,
     max_model_len: MaxLenOpt = None,
     prefix_cache: PrefixCacheOpt = True,
+    host_kv_tokens: HostKvOpt = None,
+    relief_ladder: ReliefLadderOpt = OnOff.on,
+    relief_throttle_iterations: ThrottleOpt = 8,
     attention_backend: BackendOpt = "auto",
     device: DeviceOpt = "cpu",
     threads: Annotated[int | None, typer.Option(help="Torch CPU threads.")] = None,
@@ -187,10 +246,18 @@ def serve(
     console_receipts: ConsoleReceiptsOpt = False,
     check_invariants: CheckInvariantsOpt = False,
     otlp_endpoint: OtlpOpt = None,
+    pid_file: PidFileOpt = None,
+    drain_timeout: DrainOpt = 0.0,
+    stall_timeout: StallOpt = 10.0,
+    read_timeout: ReadTimeoutOpt = 30.0,
+    max_client_connections: ClientConnOpt = 128,
+    request_timeout: RequestTimeoutOpt = 600.0,
 ) -> None:
     """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
-    /health, /metrics). SIGTERM or Ctrl-C stops it in order: exit 0, with `boot.stop` logged."""
+    /health, /metrics). SIGTERM or Ctrl-C stops it in order: exit 0, with `boot.stop` logged.
+    A port, pid file or boot log another live process holds is refused at once (exit 75)."""
     from engine.config import EngineConfig
+    from engine.server.boot_guard import BootRefused
     from engine.server.launch import serve as run_server
 
     try:
@@ -201,9 +268,18 @@ def serve(
             prefix_cache=prefix_cache, attention_backend=attention_backend, threads=threads,
             seed=seed, iteration_receipt_interval=iteration_receipt_interval, receipts=receipts,
             console_receipts=console_receipts, check_invariants=check_invariants, device=device,
-            otlp_endpoint=otlp_endpoint,
+            otlp_endpoint=otlp_endpoint, host_kv_tokens=host_kv_tokens,
+            relief_ladder=relief_ladder is OnOff.on, read_timeout=read_timeout,
+            relief_throttle_iterations=relief_throttle_iterations,
+            max_client_connections=max_client_connections,
+            request_timeout=request_timeout or None,
         )  # fmt: skip
-        code = run_server(cfg, host, port, served_model_name, api_key)
+        code = run_server(
+            cfg, host, port, served_model_name, api_key, pid_file=pid_file,
+            drain_timeout=drain_timeout, stall_timeout=stall_timeout,
+        )  # fmt: skip
+    except BootRefused as e:
+        _fail(str(e), e.code)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         _fail(str(e))
     raise typer.Exit(code)

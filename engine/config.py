@@ -21,6 +21,10 @@ def _http_url(v: Any) -> bool:
     return u.scheme in ("http", "https") and bool(u.hostname)
 
 
+def _seconds(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str | None = None  # GGUF file or HF folder; None: the default model
@@ -35,6 +39,11 @@ class EngineConfig:
     threads: int | None = None  # torch intra-op threads; None: torch's default
     seed: int = 0  # seed of the shared generator used by unseeded sampling requests
     prefix_cache: bool = True  # reuse cached prefixes through the radix cache
+    # host KV tier in tokens (cold prefix KV spills there and loads back on a hit); 0: off;
+    # None: off on the CPU, a share of host memory (bounded by the cgroup limit) on CUDA
+    host_kv_tokens: int | None = None
+    relief_ladder: bool = True  # evict -> spill -> throttle -> retract; False: no rung registered
+    relief_throttle_iterations: int = 8  # how long the throttle rung closes the line
     iteration_receipt_interval: int = 50  # an `iteration` summary receipt every N steps; 0: off
     check_invariants: bool = False  # check the ledger after every step and raise (tests)
     receipts: bool = True  # False: write no receipts at all (for the on/off benchmark)
@@ -43,6 +52,12 @@ class EngineConfig:
     device: str = "cpu"  # where weights, KV pool and attention run: cpu, cuda or cuda:N
     # OTLP/HTTP collector base URL for traces; None: the OTEL_* variables decide (off if unset)
     otlp_endpoint: str | None = None
+    # the HTTP frontend's limits: seconds a client may take to send a request's headers, then its
+    # body; connections one client address may hold open (0: no cap); seconds from a request's
+    # arrival to its last token, past which it is aborted (None: no deadline)
+    read_timeout: float = 30.0
+    max_client_connections: int = 128
+    request_timeout: float | None = 600.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -52,8 +67,11 @@ class EngineConfig:
             if not ok:
                 raise ValueError(f"{field} must be {rule}, got {getattr(self, field)!r}")
 
+        def count(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
         def pos_int(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+            return count(v) and v >= 1
 
         need(self.model is None or isinstance(self.model, str), "model", "a path or None")
         need(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
@@ -69,6 +87,15 @@ class EngineConfig:
         need(pos_int(self.page_size), "page_size", "an integer >= 1")
         need(isinstance(self.check_invariants, bool), "check_invariants", "a boolean")
         need(isinstance(self.prefix_cache, bool), "prefix_cache", "a boolean")
+        need(
+            self.host_kv_tokens is None or count(self.host_kv_tokens),
+            "host_kv_tokens", "None or an integer >= 0",
+        )  # fmt: skip
+        need(isinstance(self.relief_ladder, bool), "relief_ladder", "a boolean")
+        need(
+            pos_int(self.relief_throttle_iterations), "relief_throttle_iterations",
+            "an integer >= 1",
+        )  # fmt: skip
         need(isinstance(self.receipts, bool), "receipts", "a boolean")
         need(
             isinstance(self.iteration_receipt_interval, int) and self.iteration_receipt_interval >= 0,
@@ -93,6 +120,15 @@ class EngineConfig:
         need(
             self.otlp_endpoint is None or _http_url(self.otlp_endpoint),
             "otlp_endpoint", "None or an http(s) URL such as http://127.0.0.1:4318",
+        )  # fmt: skip
+        need(_seconds(self.read_timeout), "read_timeout", "a number of seconds > 0")
+        need(
+            isinstance(self.max_client_connections, int) and self.max_client_connections >= 0,
+            "max_client_connections", "an integer >= 0 (0: no cap)",
+        )  # fmt: skip
+        need(
+            self.request_timeout is None or _seconds(self.request_timeout),
+            "request_timeout", "None or a number of seconds > 0",
         )  # fmt: skip
         need(
             self.device == "cpu" or self.kv_tokens is not None,

@@ -2,31 +2,71 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import socket
+import sys
 import time
+from typing import Any
 
 import torch
 
 from engine.config import EngineConfig
 from engine.mem.allocator import TokenAllocator
+from engine.mem.host_tier import attach_host_tier
 from engine.mem.kv_pool import KVPool, size_pool
 from engine.mem.req_table import ReqToTokenPool
-from engine.messages import EngineInfo, StepOutput
+from engine.messages import EngineInfo, Launch, StepOutput
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.runner import BatchEntry, ModelRunner
 from engine.sched.admission import running_ceiling
+from engine.sched.rungs import register_ladder
 from engine.sched.scheduler import Scheduler
-from kernels.select import get_backend
+from kernels.select import choose_backend, get_backend
 
 # the dtypes EngineConfig accepts (validated there, torch-free), as torch knows them
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def versions(device: str) -> dict[str, str]:
+    """The versions a boot ran with: the engine, Python, torch, and the device's own name."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        engine = version("attest")
+    except PackageNotFoundError:
+        engine = "unknown"
+    out = {"engine": engine, "python": platform.python_version(), "torch": torch.__version__}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        out["device"] = torch.cuda.get_device_name(torch.device(device))
+        out["cuda"] = str(torch.version.cuda)
+    else:
+        out["device"] = platform.processor() or platform.machine() or "cpu"
+    return out
+
+
+def boot_fields(config: EngineConfig, launch: Launch | None) -> dict[str, Any]:
+    """``boot.start``'s fields: the configuration and where this boot came from (this process's
+    pid; its parent, the HTTP frontend when served; host, command line, versions)."""
+    return {
+        "config": config.as_dict(), "pid": os.getpid(), "ppid": os.getppid(),
+        "host": socket.gethostname(), "argv": list(launch.argv if launch else sys.argv),
+        "versions": versions(config.device),
+    }  # fmt: skip
+
+
 class EngineCore:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+    """``launch``: the frontend's facts when served. Then ``boot.ready`` waits for ``ready()``,
+    called once the HTTP socket serves; offline it is written as soon as the engine is built."""
+
+    def __init__(
+        self, config: EngineConfig, loaded: LoadedModel | None = None, launch: Launch | None = None
+    ) -> None:
         t0 = time.perf_counter()
+        self._t0 = t0
         config.validate()
         self.config = config
         # without a boot log, the newest receipts are kept in memory (bounded) for inspection
@@ -36,12 +76,18 @@ class EngineCore:
             console=config.receipts and config.console_receipts,
             enabled=config.receipts,
         )
-        self.receipts.emit(schema.BOOT_START, config=config.as_dict())
+        self.receipts.emit(schema.BOOT_START, **boot_fields(config, launch))
+        if launch is not None and launch.stale_pid is not None:
+            self.receipts.emit(schema.BOOT_STALE_PID, **launch.stale_pid)
         if config.threads:
             torch.set_num_threads(config.threads)
         dtype = DTYPES[config.dtype]
+        choice = choose_backend(config.attention_backend, config.device, dtype)
+        if choice.note is not None:  # an unverified fast path is never taken silently
+            self.receipts.notice("attention_backend", choice.note, process="scheduler")
+            print(f"attest: {choice.note}", file=sys.stderr, flush=True)
         # a backend that cannot run here fails now, before any weight is loaded
-        backend = get_backend(config.attention_backend, config.device, dtype, config.page_size)
+        backend = get_backend(choice.name, config.device, dtype, config.page_size)
         self.loaded = loaded or load_model(config.model)
         cfg = self.loaded.config
         self.model_config = cfg
@@ -77,14 +123,38 @@ class EngineCore:
             self.max_context,
             self.receipts,
         )
+        cache = self.scheduler.cache
+        self.host_tier = attach_host_tier(
+            cache, self.kv, config.host_kv_tokens, config.device, self.receipts
+        )
+        if config.relief_ladder:  # off: the registry stays empty, and says so once
+            register_ladder(self.scheduler, config.relief_throttle_iterations)
         self._stopped = False
+        self._ready = False
         self.startup_seconds = time.perf_counter() - t0
-        self.receipts.emit(schema.BOOT_READY, startup_s=round(self.startup_seconds, 3))
+        if launch is None:
+            self.ready()
 
-    def shutdown(self, reason: str = "shutdown", outs: list[StepOutput] | None = None) -> int:
+    def ready(self, **where: Any) -> None:
+        """Write ``boot.ready`` once: the engine accepts work (``where``: the host and port it
+        serves on, once the HTTP socket is bound). Idempotent."""
+        if self._ready:
+            return
+        self._ready = True
+        startup = round(time.perf_counter() - self._t0, 3)
+        engine = {"engine_s": round(self.startup_seconds, 3)} if where else {}
+        self.receipts.emit(schema.BOOT_READY, startup_s=startup, **engine, **where)
+
+    def shutdown(
+        self,
+        reason: str = "shutdown",
+        outs: list[StepOutput] | None = None,
+        drained: int | None = None,
+    ) -> int:
         """An orderly stop: every request still in flight ends with an abort receipt (its final
         output appended to ``outs`` when given), then ``boot.stop`` says why and how many there
-        were. Returns that count. Idempotent."""
+        were (and ``drained``: how many ended during a drain before it). Returns that count.
+        Idempotent."""
         if self._stopped:
             return 0
         self._stopped = True
@@ -92,7 +162,8 @@ class EngineCore:
         ended = [o for rid in list(sched.requests) if (o := sched.abort(rid, reason=reason))]
         if outs is not None:
             outs.extend(ended)
-        self.receipts.emit(schema.BOOT_STOP, reason=reason, in_flight=len(ended))
+        extra = {} if drained is None else {"drained": drained}
+        self.receipts.emit(schema.BOOT_STOP, reason=reason, in_flight=len(ended), **extra)
         self.receipts.close()
         return len(ended)
 

@@ -1,8 +1,10 @@
 """Every message between the frontend process and the scheduler process, as frozen dataclasses.
 
-The frontend sends ``AddRequest``, ``AbortRequest``, ``Notice`` and ``Stop``; the scheduler
-process answers with ``Ready`` (once, at boot), ``Outputs`` (a step's outputs with the pool
-snapshot taken after that step), ``Rejected``, ``Stopped`` and ``Dead``. ``StepOutput`` is also
+The frontend sends ``AddRequest``, ``AbortRequest``, ``Notice``, ``Serving`` (once, when its
+HTTP socket serves) and ``Stop``; the scheduler process answers with ``Ready`` (once, at boot),
+``Outputs`` (a step's outputs with the pool snapshot taken after that step), ``Heartbeat`` (at
+least every ``HEARTBEAT_S`` while its loop turns, busy or idle), ``Rejected``, ``Stopped`` and
+``Dead``. ``Launch`` travels once, with the process's start. ``StepOutput`` is also
 what the offline API reads from ``Scheduler.step``. This module imports no torch: the HTTP
 process imports it, and must not pay for the model stack.
 """
@@ -14,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.sampling_params import SamplingParams
+
+HEARTBEAT_S = 0.5  # the scheduler process's loop says it turns at least this often
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,8 +135,25 @@ class Notice:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Serving:
+    """The HTTP socket is bound and the server accepts: the scheduler writes ``boot.ready``."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Stop:
     reason: str
+    drain_s: float = 0.0  # let the requests in flight finish for up to this long, then abort
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """What the frontend knows of this boot, for the scheduler process's boot receipts."""
+
+    argv: list[str]
+    stale_pid: Mapping[str, Any] | None = None  # a dead predecessor's pid file, taken over
 
 
 # -- scheduler -> frontend ------------------------------------------------------------------
@@ -152,6 +173,13 @@ class Outputs:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """The scheduler's loop turns; the pool as of now."""
+
+    snapshot: PoolSnapshot
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Rejected:
     rid: str
     message: str  # why the scheduler refused it (a 400 for the client)
@@ -168,5 +196,5 @@ class Dead:
     reason: str
 
 
-ToScheduler = AddRequest | AbortRequest | Notice | Stop
-ToFrontend = Ready | Outputs | Rejected | Stopped | Dead
+ToScheduler = AddRequest | AbortRequest | Notice | Serving | Stop
+ToFrontend = Ready | Outputs | Heartbeat | Rejected | Stopped | Dead

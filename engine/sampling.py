@@ -1,12 +1,24 @@
-"""The sampler: greedy, temperature, top-k, top-p, min-p, per-request seeds."""
+"""The sampler: logit bias and penalties, then greedy, temperature, top-k, top-p, min-p, with
+per-request seeds."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 from engine.sampling_params import SamplingParams
 
-__all__ = ["SamplingParams", "filtered_probs", "make_generator", "sample"]
+__all__ = ["SamplingParams", "adjust_logits", "filtered_probs", "make_generator", "sample"]
+
+
+class Sampled(Protocol):
+    """What the sampler reads of a request."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    output_ids: list[int]
 
 
 def make_generator(seed: int | None) -> torch.Generator | None:
@@ -18,18 +30,50 @@ def make_generator(seed: int | None) -> torch.Generator | None:
     return g
 
 
+def sample_for(logits: torch.Tensor, reqs: Sequence[Sampled]) -> list[int]:
+    """One token for each request, from its row of ``logits``."""
+    return sample(
+        logits, [r.params for r in reqs], [r.generator for r in reqs], [r.output_ids for r in reqs]
+    )
+
+
 def sample(
     logits: torch.Tensor,  # [B, V] fp32
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    outputs: Sequence[list[int]] | None = None,
 ) -> list[int]:
-    """One token per row. Greedy rows take the argmax; the rest sample from the filtered softmax."""
+    """One token per row. Rows whose request sets a bias or a penalty are adjusted first (on a
+    copy: ``logits`` is left as it was), over ``outputs``, the tokens each has generated. Greedy
+    rows take the argmax; the rest sample from the filtered softmax."""
+    rows = [i for i, p in enumerate(params) if p.adjusts_logits]
+    if rows:
+        logits = logits.clone()
+        for i in rows:
+            adjust_logits(logits[i], params[i], outputs[i] if outputs is not None else [])
     out = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         if p.greedy:
             continue
         out[i] = _sample_row(logits[i], p, generators[i])
     return out
+
+
+def adjust_logits(row: torch.Tensor, p: SamplingParams, generated: list[int]) -> None:
+    """Apply ``p``'s logit bias and its presence and frequency penalties to ``row``, in place.
+    A bias for an id outside the row is skipped: the HTTP layer refuses those, and the sampler
+    must not fail the whole batch for one request."""
+    vocab = row.numel()
+    if p.logit_bias:
+        bias = [(t, b) for t, b in p.logit_bias.items() if t < vocab]
+        if bias:
+            ids, values = zip(*bias)
+            row[list(ids)] += torch.tensor(values, dtype=row.dtype)
+    if (p.presence_penalty or p.frequency_penalty) and generated:
+        ids, counts = torch.tensor(generated).unique(return_counts=True)
+        keep = ids < vocab
+        ids, counts = ids[keep], counts[keep].to(row.dtype)
+        row[ids] -= p.frequency_penalty * counts + p.presence_penalty
 
 
 def filtered_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:

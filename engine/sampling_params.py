@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed, as OpenAI and vLLM take it
+PENALTY_LIMIT = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI defines them
+BIAS_LIMIT = 100.0  # a logit bias lies in [-100, 100]
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -18,6 +22,11 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    # OpenAI's penalties over the tokens generated so far: each logit loses
+    # frequency_penalty x (its count) + presence_penalty x (whether it occurred)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
 
     def __post_init__(self) -> None:
         self.validate()
@@ -55,6 +64,21 @@ class SamplingParams:
         need(is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
         need(self.seed is None or is_int(self.seed), "seed", "an integer or None", self.seed)
         need(
+            self.seed is None or SEED_MIN <= self.seed <= SEED_MAX,
+            "seed", "a signed 64-bit integer, in [-2**63, 2**63 - 1]", self.seed,
+        )  # fmt: skip
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            need(is_num(v) and abs(v) <= PENALTY_LIMIT, name, "a number in [-2, 2]", v)
+        bias = self.logit_bias
+        need(
+            bias is None or (isinstance(bias, dict) and all(
+                is_int(t) and t >= 0 and is_num(b) and abs(b) <= BIAS_LIMIT
+                for t, b in bias.items()
+            )),
+            "logit_bias", "a map of token ids to numbers in [-100, 100]", bias,
+        )  # fmt: skip
+        need(
             is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
             "min_tokens",
             f"an integer in [0, max_tokens={self.max_tokens}]",
@@ -83,3 +107,8 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the sampler must change this request's logits before it picks a token."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -18,7 +20,11 @@ from kernels.torch_ref import TorchReferenceBackend
 from kernels.triton_backend import TritonBackend
 
 BACKENDS = ("torch", "triton", "flashinfer")
-CHOICES = ("auto", *BACKENDS)  # auto: torch on CPU, the best one that can run on CUDA
+CHOICES = ("auto", *BACKENDS)  # auto: torch on CPU, the best verified one that runs on CUDA
+FAST = ("flashinfer", "triton")  # auto's candidates on CUDA, fastest first
+# The backends bench/gpu_check.py has passed on a GPU, its result recorded in BENCHMARKS.md.
+# Until one is, auto runs the torch reference on CUDA too: an unverified path is never a default.
+GPU_VERIFIED: tuple[str, ...] = ()
 HALF = (torch.float16, torch.bfloat16)
 
 
@@ -84,19 +90,50 @@ def unavailable_reason(
     return _flashinfer_reason(dev, dtype)
 
 
+class Choice(NamedTuple):
+    """The backend that runs, and why it is not the one a reader would expect (or None)."""
+
+    name: str
+    note: str | None
+
+
+def choose_backend(
+    name: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    verified: tuple[str, ...] = GPU_VERIFIED,
+    runs: Callable[[str, str | torch.device, torch.dtype], str | None] | None = None,
+) -> Choice:
+    """The concrete backend ``name`` stands for. A named backend is taken as asked. ``auto`` is
+    torch on CPU; on CUDA the first of FlashInfer, Triton that ``bench/gpu_check.py`` has
+    verified (``verified``) and that can run here (``runs``: ``unavailable_reason``), else torch,
+    with a note saying why the faster path was not taken."""
+    if name != "auto":
+        return Choice(name, None)
+    if torch.device(device).type != "cuda":
+        return Choice("torch", None)
+    runs = runs or unavailable_reason
+    for candidate in FAST:
+        if candidate in verified and runs(candidate, device, dtype) is None:
+            return Choice(candidate, None)
+    unverified = [c for c in FAST if c not in verified]
+    why = (
+        f"{' and '.join(unverified)} not yet verified on a GPU (bench/gpu_check.py)"
+        if unverified
+        else "no verified backend can run here"
+    )
+    note = (
+        f"attention backend auto chose torch (the reference) on {device}: {why}; "
+        f"ask for one with --attention-backend {'|'.join(FAST)}"
+    )
+    return Choice("torch", note)
+
+
 def resolve_backend(
     name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> str:
-    """The concrete backend ``name`` stands for: ``auto`` is torch on CPU; on CUDA FlashInfer
-    when it can run, else Triton when installed, else torch."""
-    if name != "auto":
-        return name
-    if torch.device(device).type != "cuda":
-        return "torch"
-    for candidate in ("flashinfer", "triton"):
-        if unavailable_reason(candidate, device, dtype) is None:
-            return candidate
-    return "torch"
+    """The concrete backend ``name`` stands for (``choose_backend`` without the note)."""
+    return choose_backend(name, device, dtype).name
 
 
 def get_backend(

@@ -68,14 +68,16 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: str | torch.device = "cpu",
+        pin: bool = False,  # page-locked host memory (a host tier beside a CUDA pool)
     ) -> None:
         # pool_slots includes the allocator's padding page
         self.pool_slots = pool_slots
         self.dtype = dtype
+        shape = (pool_slots, kv_heads, head_dim)
         self.layers = [
             LayerKV(
-                torch.zeros(pool_slots, kv_heads, head_dim, dtype=dtype, device=device),
-                torch.zeros(pool_slots, kv_heads, head_dim, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin),
+                torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin),
             )
             for _ in range(num_layers)
         ]

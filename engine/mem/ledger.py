@@ -2,6 +2,9 @@
 
 ``free + staged + cached + private == capacity``: free in the allocator, staged in its open
 free group, owned by a radix node, or privately held by one running request.
+
+The host tier, when there is one, has its own line: ``free + used == capacity``, free in its
+allocator or held by a radix node as that node's host copy.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.mem.allocator import TokenAllocator
+from engine.mem.host_tier import HostTier
 from engine.mem.radix import RadixCache
 
 
@@ -44,6 +48,21 @@ def read_ledger(allocator: TokenAllocator, cache: RadixCache | None, private: in
     )
 
 
+@dataclass(slots=True)
+class HostLedgerReading:
+    capacity: int
+    free: int
+    used: int
+
+    @property
+    def balanced(self) -> bool:
+        return self.free + self.used == self.capacity
+
+
+def read_host_ledger(tier: HostTier) -> HostLedgerReading:
+    return HostLedgerReading(tier.capacity, tier.alloc.available_size(), tier.used_size())
+
+
 def ledger_violations(
     allocator: TokenAllocator, cache: RadixCache | None, private: int
 ) -> list[tuple[str, dict[str, object]]]:
@@ -60,4 +79,15 @@ def ledger_violations(
             obj.check()
         except Exception as e:
             out.append((name, {"error": f"{type(e).__name__}: {e}"}))
+    tier = cache.tier if cache is not None else None
+    if tier is not None:
+        host = read_host_ledger(tier)
+        if not host.balanced:
+            out.append(
+                ("host_ledger", {"capacity": host.capacity, "free": host.free, "used": host.used})
+            )
+        try:
+            tier.check()
+        except Exception as e:
+            out.append(("host_tier", {"error": f"{type(e).__name__}: {e}"}))
     return out

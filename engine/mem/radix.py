@@ -2,18 +2,23 @@
 
 * Keys are page-aligned: a node's key length is a multiple of ``page_size``, so a cached
   prefix is always whole pages and can be shared without copying.
+* Where KV lives: on the device (``value``: pool slots), in the host tier (``host``), or both.
+  Device nodes hang only below device nodes, so a match is a device prefix and then a host
+  tail, which the host tier loads back before a request extends it (``host_tier.py``).
 * Lock refs: a running request locks the node its prefix ends at; ``inc_lock_ref`` and
   ``dec_lock_ref`` walk to the root, and a split copies the lock onto the new upper node, so
   ``lock_ref(parent) >= lock_ref(child)`` holds on every edge. Hence an unlocked node has no
-  locked descendant and peeling unlocked leaves reaches every unlocked token.
-* Counters: ``evictable_size()`` is the tokens in unlocked nodes, ``protected_size()`` the
-  tokens in locked ones. Because of the edge invariant, ``evict(evictable_size())`` frees
-  exactly ``evictable_size()`` tokens: the counter never promises what eviction cannot pay.
-* Eviction frees LRU unlocked leaves (and parents that become unlocked leaves) through the
-  allocator, whose open free group may stage them; the ``eviction`` receipt says how many.
+  locked descendant and peeling unlocked device leaves reaches every unlocked device token.
+* Counters count device tokens: ``evictable_size()`` is those of unlocked nodes, so
+  ``evict(evictable_size())`` frees exactly that: the counter never promises what eviction
+  cannot pay. ``protected_size()`` is those of locked nodes.
+* Eviction frees LRU unlocked device leaves through the allocator (whose open free group may
+  stage them): a node with a host copy sheds its device one, a device-only node is spilled to
+  the host tier when one is attached and dropped otherwise; the ``eviction`` receipt says so.
 
 Ownership: ``insert(tokens, slots)`` hands the cache the slots of the page-aligned part of
-``tokens``; slots that duplicate tokens already cached (with other slots) are freed by the cache.
+``tokens``; slots that duplicate tokens already cached (with other slots) are freed by the cache;
+over tokens whose KV is only on the host they become those nodes' device copy.
 """
 
 from __future__ import annotations
@@ -22,52 +27,50 @@ import heapq
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from engine.mem.allocator import TokenAllocator
+from engine.mem.radix_walk import TreeShape, check_tree, host_backed_reach, tree_shape
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 
 
 class TreeNode:
-    __slots__ = ("key", "value", "children", "parent", "lock_ref", "last_access", "id")
+    __slots__ = ("key", "value", "host", "children", "parent", "lock_ref", "last_access", "id")
 
     def __init__(
-        self, nid: int, key: list[int], value: torch.Tensor, parent: TreeNode | None
+        self,
+        nid: int,
+        key: list[int],
+        value: torch.Tensor | None,
+        parent: TreeNode | None,
+        host: torch.Tensor | None = None,
     ) -> None:
         self.id = nid
         self.key = key
-        self.value = value  # slots, len(value) == len(key)
+        self.value = value  # device slots, len(value) == len(key); None: not on the device
+        self.host = host  # host-tier slots, len(host) == len(key); None: not on the host
         self.children: dict[tuple[int, ...], TreeNode] = {}
         self.parent = parent
         self.lock_ref = 0
         self.last_access = time.monotonic()
 
     def __repr__(self) -> str:
-        return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref}, children={len(self.children)})"
+        where = "device" if self.host is None else ("host" if self.value is None else "both")
+        return f"TreeNode(id={self.id}, len={len(self.key)}, lock={self.lock_ref}, children={len(self.children)}, kv={where})"
 
 
 class MatchResult(NamedTuple):
-    slots: torch.Tensor  # slots of the matched prefix, page-aligned
-    node: TreeNode  # the node the match ends at (the root when nothing matched)
+    slots: torch.Tensor  # device slots of the matched prefix, page-aligned
+    node: TreeNode  # the deepest device node of the match (the root when none matched)
+    host_len: int = 0  # tokens matched past ``node`` whose KV is only in the host tier
+    host_node: TreeNode | None = None  # the node that host part ends at
 
     @property
     def length(self) -> int:
         return int(self.slots.numel())
-
-
-@dataclass(slots=True)
-class TreeShape:
-    nodes: int = 0  # excluding the root
-    tokens: int = 0
-    locked_nodes: int = 0
-    locked_tokens: int = 0
-    leaves: int = 0
-    depth: int = 0
-    problems: list[str] = field(default_factory=list)  # what the walk could not read
 
 
 def _common_len(a: list[int], b: list[int]) -> int:
@@ -76,6 +79,10 @@ def _common_len(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def _cut(t: torch.Tensor | None, n: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return (None, None) if t is None else (t[:n], t[n:])
 
 
 class RadixCache:
@@ -90,13 +97,22 @@ class RadixCache:
         self.page_size = allocator.page_size
         self.disabled = disabled
         self.receipts = receipts or Receipts()
+        # the host tier (host_tier.HostTier: spill, adopt, clear) once one is attached to it
+        self.tier: Any = None
         self._ids = itertools.count()
         self._tick = itertools.count()  # tie-breaker: LRU order among equal timestamps
         self.reset()
 
     def reset_to_empty(self) -> None:
-        """Evict everything (locked nodes stay): for benchmarks that must start cold."""
-        self.evict(self.evictable_size(), reason="reset")
+        """Evict everything (locked nodes stay) and empty the host tier: for benchmarks that must
+        start cold."""
+        tier, self.tier = self.tier, None
+        try:
+            if tier is not None:
+                tier.clear()
+            self.evict(self.evictable_size(), reason="reset")
+        finally:
+            self.tier = tier
 
     def reset(self) -> None:
         self.root = TreeNode(next(self._ids), [], torch.empty(0, dtype=torch.int64), None)
@@ -108,7 +124,7 @@ class RadixCache:
         self._heap: list[tuple[float, int, TreeNode]] = []
         self._last_stamp = -math.inf
 
-    # -- counters -----------------------------------------------------------------------------
+    # -- counters (device tokens) -------------------------------------------------------------
 
     def evictable_size(self) -> int:
         return self._evictable
@@ -127,6 +143,10 @@ class RadixCache:
     def _aligned(self, n: int) -> int:
         return n - n % self.page_size
 
+    @staticmethod
+    def _has_device_child(node: TreeNode) -> bool:
+        return any(c.value is not None for c in node.children.values())
+
     def _touch(self, node: TreeNode, now: float) -> None:
         # Stamps are strictly increasing: a heap entry is current only if its stamp is still the
         # node's, so a clock that repeats a reading (a coarse one) must not make an older entry
@@ -135,20 +155,22 @@ class RadixCache:
             now = math.nextafter(self._last_stamp, math.inf)
         self._last_stamp = now
         node.last_access = now
-        if not node.children and node.lock_ref == 0:
+        if node.lock_ref == 0 and node.value is not None and not self._has_device_child(node):
             heapq.heappush(self._heap, (now, next(self._tick), node))
             self._maybe_compact()  # stale entries pile up while nothing evicts
 
     def match_prefix(self, tokens: list[int]) -> MatchResult:
-        """The longest cached page-aligned prefix of ``tokens``. A match ending inside a node
-        splits it there, so the returned node covers exactly the matched prefix."""
+        """The longest cached page-aligned prefix of ``tokens``: its device part, and the tail
+        whose KV is only in the host tier. A match ending inside a node splits it there, so the
+        returned nodes cover exactly the matched prefix."""
         empty = torch.empty(0, dtype=torch.int64)
         if self.disabled:
             return MatchResult(empty, self.root)
         key = list(tokens[: self._aligned(len(tokens))])
         node, values, now = self.root, [], time.monotonic()
+        cur, host_len, host_node = self.root, 0, None
         while key:
-            child = node.children.get(self._child_key(key))
+            child = cur.children.get(self._child_key(key))
             if child is None:
                 break
             n = self._aligned(_common_len(child.key, key))
@@ -156,16 +178,21 @@ class RadixCache:
                 break
             if n < len(child.key):
                 child = self._split(child, n)
-            values.append(child.value)
-            node = child
-            self._touch(node, now)
+            if child.value is None:  # from here down the KV is only on the host
+                host_len, host_node = host_len + n, child
+            else:
+                values.append(child.value)
+                node = child
+            cur = child
+            self._touch(child, now)
             key = key[n:]
         slots = torch.cat(values) if values else empty
-        return MatchResult(slots, node)
+        return MatchResult(slots, node, host_len, host_node)
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut ``child`` after ``n`` tokens; the new upper node takes the first ``n``."""
-        upper = TreeNode(next(self._ids), child.key[:n], child.value[:n], child.parent)
+        (value, child.value), (host, child.host) = _cut(child.value, n), _cut(child.host, n)
+        upper = TreeNode(next(self._ids), child.key[:n], value, child.parent, host)
         upper.lock_ref = child.lock_ref  # both halves are held by whoever held the whole
         upper.last_access = child.last_access
         upper.children = {self._child_key(child.key[n:]): child}
@@ -173,7 +200,8 @@ class RadixCache:
         child.parent.children[self._child_key(child.key)] = upper
         child.parent = upper
         child.key = child.key[n:]
-        child.value = child.value[n:]
+        if host is not None and self.tier is not None:
+            self.tier.adopt(upper)
         return upper
 
     # -- insertion ----------------------------------------------------------------------------
@@ -181,7 +209,8 @@ class RadixCache:
     def insert(self, tokens: list[int], slots: torch.Tensor) -> int:
         """Cache ``tokens`` (page-aligned part) with their ``slots``; returns the tokens newly
         added. The cache owns those slots afterwards: the ones that duplicate an already cached
-        prefix with different slots are freed here."""
+        prefix with different slots are freed here; over a node whose KV is only on the host
+        they become its device copy."""
         n = self._aligned(min(len(tokens), int(slots.numel())))
         key, value = list(tokens[:n]), slots[:n].to(torch.int64)
         if self.disabled:
@@ -196,9 +225,12 @@ class RadixCache:
             if m < len(child.key):
                 child = self._split(child, m)
             dup = value[:m]
-            differs = dup != child.value
-            if bool(differs.any()):
-                self.allocator.free(dup[differs])
+            if child.value is None:
+                self.adopt_device(child, dup)
+            else:
+                differs = dup != child.value
+                if bool(differs.any()):
+                    self.allocator.free(dup[differs])
             node = child
             self._touch(node, now)
             key, value = key[m:], value[m:]
@@ -212,11 +244,27 @@ class RadixCache:
         self._touch(leaf, now)  # the parent, if it was a leaf, now has a stale heap entry
         return added
 
+    def adopt_device(self, node: TreeNode, slots: torch.Tensor) -> None:
+        """``slots`` become the device copy of a node whose KV was only on the host."""
+        node.value = slots
+        size = len(node.key)
+        self._total += size
+        if node.lock_ref:
+            self._protected += size
+        else:
+            self._evictable += size
+
+    def detach(self, node: TreeNode) -> None:
+        """Take ``node`` (and what hangs below it) out of the tree."""
+        assert node.parent is not None
+        del node.parent.children[self._child_key(node.key)]
+        node.parent = None
+
     # -- locks --------------------------------------------------------------------------------
 
     def inc_lock_ref(self, node: TreeNode) -> None:
         while node is not self.root:
-            if node.lock_ref == 0:
+            if node.lock_ref == 0 and node.value is not None:
                 self._evictable -= len(node.key)
                 self._protected += len(node.key)
             node.lock_ref += 1
@@ -229,9 +277,10 @@ class RadixCache:
                 raise RuntimeError(f"dec_lock_ref on unlocked node {node!r}")
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                self._evictable += len(node.key)
-                self._protected -= len(node.key)
-                if not node.children:
+                if node.value is not None:
+                    self._evictable += len(node.key)
+                    self._protected -= len(node.key)
+                if not self._has_device_child(node):
                     self._touch(node, now)
             node = node.parent
 
@@ -241,48 +290,76 @@ class RadixCache:
         return (
             node.parent is not None
             and node.lock_ref == 0
-            and not node.children
+            and node.value is not None
+            and not self._has_device_child(node)
             and node.last_access == stamp
             and node.parent.children.get(self._child_key(node.key)) is node
         )
 
-    def evict(self, n: int, reason: str = "requested") -> int:
-        """Free at least ``n`` tokens of LRU unlocked leaves if that many are evictable;
-        returns the tokens actually freed (whole nodes, so possibly more than ``n``)."""
-        before = self._evictable
+    def evict(
+        self,
+        n: int,
+        reason: str = "requested",
+        *,
+        host_backed_only: bool = False,
+        rid: str | None = None,
+    ) -> int:
+        """Free at least ``n`` device tokens of LRU unlocked device leaves if that many are
+        evictable; returns the tokens freed (whole nodes, so possibly more than ``n``).
+        ``host_backed_only``: only nodes with a host copy, which shed the device one (no copy,
+        nothing lost). ``rid``: the request waiting for the memory, named in the spill receipt."""
+        # the promise this pass is held to: what the counter says, or what the shed can reach
+        before = host_backed_reach(self) if host_backed_only else self._evictable
         staged_before = self.allocator.staged_size()
         evicted = 0
+        spill: list[tuple[TreeNode, torch.Tensor]] = []
+        passed: list[tuple[float, int, TreeNode]] = []
         while evicted < n and self._heap:
-            stamp, _, node = heapq.heappop(self._heap)
+            entry = heapq.heappop(self._heap)
+            stamp, _, node = entry
             if not self._evictable_leaf(node, stamp):
                 continue  # stale: touched again, locked, grown children or already gone
-            self.allocator.free(node.value)
+            if host_backed_only and node.host is None:
+                passed.append(entry)
+                continue
             size = len(node.key)
             evicted += size
             self._evictable -= size
             self._total -= size
-            parent = node.parent
-            del parent.children[self._child_key(node.key)]
-            node.parent = None
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            slots, node.value, parent = node.value, None, node.parent
+            if node.host is not None:  # it lives on in the host tier
+                self.allocator.free(slots)
+            elif self.tier is not None:
+                spill.append((node, slots))  # its device pages are freed once it is copied
+            else:
+                self.allocator.free(slots)
+                self.detach(node)
+            if (
+                parent is not self.root
+                and parent.lock_ref == 0
+                and not self._has_device_child(parent)
+            ):
                 heapq.heappush(self._heap, (parent.last_access, next(self._tick), parent))
+        for entry in passed:
+            heapq.heappush(self._heap, entry)
+        after: dict[str, object] = {"evictable_after": self._evictable}
+        if host_backed_only:
+            after = {"scope": "host_backed", "evictable_after": host_backed_reach(self)}
+        if self.tier is not None:
+            after["spilled"] = self.tier.spill(spill, rid) if spill else 0
         self._maybe_compact()
         if n > 0:
-            self._report(reason, n, evicted, before, staged_before)
+            decision = dict(reason=reason, asked=n, evicted=evicted, evictable_before=before)
+            self._report(decision, staged_before, after)
         return evicted
 
-    def _report(
-        self, reason: str, asked: int, evicted: int, before: int, staged_before: int
-    ) -> None:
-        decision = dict(reason=reason, asked=asked, evicted=evicted, evictable_before=before)
+    def _report(self, decision: dict, staged_before: int, after: dict[str, object]) -> None:
+        staged = self.allocator.staged_size() - staged_before
+        available = self.allocator.available_size()
         self.receipts.emit(
-            schema.EVICTION,
-            **decision,
-            staged=self.allocator.staged_size() - staged_before,
-            evictable_after=self._evictable,
-            available_after=self.allocator.available_size(),
+            schema.EVICTION, **decision, staged=staged, **after, available_after=available
         )
-        if evicted < min(asked, before):
+        if decision["evicted"] < min(decision["asked"], decision["evictable_before"]):
             self.receipts.emit(
                 schema.EVICTION_UNDER_DELIVERED,
                 **decision,
@@ -299,69 +376,13 @@ class RadixCache:
         self._heap = [e for e in self._heap if self._evictable_leaf(e[2], e[0])]
         heapq.heapify(self._heap)
 
-    # -- diagnostics --------------------------------------------------------------------------
+    # -- diagnostics (radix_walk.py) ----------------------------------------------------------
 
     def shape(self) -> TreeShape:
-        """Walk the whole tree (iteratively: depth is unbounded) and count what is there.
-        Never raises: a node that cannot be read is reported in ``problems`` and skipped."""
-        out = TreeShape()
-        try:
-            stack: list[tuple[TreeNode, int]] = [(self.root, 0)]
-        except Exception as e:  # pragma: no cover - the root itself unreadable
-            out.problems.append(f"root: {type(e).__name__}: {e}")
-            return out
-        seen: set[int] = set()
-        while stack:
-            node, depth = stack.pop()
-            try:
-                if id(node) in seen:
-                    out.problems.append(f"node {node.id} reached twice (a cycle)")
-                    continue
-                seen.add(id(node))
-                children = list(node.children.values())
-                if node is not self.root:
-                    out.nodes += 1
-                    out.tokens += len(node.key)
-                    if node.lock_ref > 0:
-                        out.locked_nodes += 1
-                        out.locked_tokens += len(node.key)
-                    if not children:
-                        out.leaves += 1
-                    out.depth = max(out.depth, depth)
-                for c in children:
-                    if c.parent is not node:
-                        out.problems.append(
-                            f"node {c.id} does not point back to its parent {node.id}"
-                        )
-                    stack.append((c, depth + 1))
-            except Exception as e:
-                out.problems.append(f"node {getattr(node, 'id', '?')}: {type(e).__name__}: {e}")
-        return out
+        """Walk the whole tree and count what is there; never raises (``problems`` says what
+        could not be read)."""
+        return tree_shape(self)
 
     def check(self) -> None:
         """Counters agree with the tree and the edge invariant holds; raises AssertionError."""
-        total = evictable = protected = 0
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            for c in node.children.values():
-                if c.lock_ref > node.lock_ref and node is not self.root:
-                    raise AssertionError(
-                        f"lock ref grows from parent {node.id} ({node.lock_ref}) to child {c.id} ({c.lock_ref})"
-                    )
-                if len(c.key) % self.page_size or len(c.key) != int(c.value.numel()) or not c.key:
-                    raise AssertionError(
-                        f"node {c.id} has key {len(c.key)} / value {c.value.numel()} tokens"
-                    )
-                stack.append(c)
-            if node is not self.root:
-                total += len(node.key)
-                if node.lock_ref:
-                    protected += len(node.key)
-                else:
-                    evictable += len(node.key)
-        got = (self._total, self._evictable, self._protected)
-        if got != (total, evictable, protected):
-            raise AssertionError(
-                f"radix counters (total, evictable, protected) = {got}, tree has {(total, evictable, protected)}"
-            )
+        check_tree(self)

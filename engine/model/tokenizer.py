@@ -64,9 +64,10 @@ class Tokenizer:
         return "" if tid is None else (self.backend.id_to_token(tid) or "")
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.backend.encode(
-            text, add_special_tokens=add_special_tokens and self.post_processor_specials
-        ).ids
+        # encode_batch, unlike encode, releases the GIL: the server tokenizes in a worker thread
+        ids = self.backend.encode_batch(
+            [text], add_special_tokens=add_special_tokens and self.post_processor_specials
+        )[0].ids
         if add_special_tokens and self.add_bos and self.bos_id is not None:
             if not ids or ids[0] != self.bos_id:
                 ids = [self.bos_id, *ids]

@@ -90,9 +90,13 @@ class ServerMetrics:
         self.generation_tokens = Counter(
             "attest:generation_tokens", "Tokens generated.", registry=r
         )
+        # one count per scheduler request (a choice), when its ending arrives: stop and length
+        # (each a request.finish receipt), abort (each a request.abort receipt), rejected (the
+        # scheduler refused it), error (the scheduler never took it: no receipt)
         self.requests = Counter(
-            "attest:requests", "Requests ended, by finish reason.", ["finish_reason"], registry=r
-        )
+            "attest:requests", "Requests ended, by finish reason (stop, length, abort, rejected, "
+            "error).", ["finish_reason"], registry=r,
+        )  # fmt: skip
         self.ttft = Histogram(
             "attest:time_to_first_token_seconds", "Time to first token, as the client sees it.",
             buckets=_LATENCY_BUCKETS, registry=r,

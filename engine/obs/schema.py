@@ -38,10 +38,17 @@ PROGRESS = ("tokens_generated", "admissions", "requests_ended")
 # scheduler process after its frontend went away, and the reason the test suites close with.
 ORDERLY_STOPS = ("sigterm", "sigint", "shutdown", "closed", "frontend_gone", "test")
 
+# The `request.abort` reasons the HTTP frontend gives (engine/server/job.py): the client went
+# away, the request's deadline passed (--request-timeout), or another choice of the same request
+# failed (the scheduler refused it, or could not take it), so this one was aborted with it.
+FRONTEND_ABORTS = ("client_disconnect", "deadline", "sibling_failed")
+
 BOOT_START = "boot.start"
 BOOT_POOL_SIZED = "boot.pool_sized"
 BOOT_READY = "boot.ready"
 BOOT_STOP = "boot.stop"
+BOOT_DRAIN = "boot.drain"
+BOOT_STALE_PID = "boot.stale_pid"
 REQUEST_RECEIVED = "request.received"
 REQUEST_FINISH = "request.finish"
 REQUEST_ABORT = "request.abort"
@@ -58,6 +65,11 @@ ALLOC_RETRY = "alloc.retry"
 ALLOC_OOM = "alloc.oom"
 RELIEF_ENGAGE = "relief.engage"
 RELIEF_RUNG = "relief.rung"
+RELIEF_THROTTLE = "relief.throttle"
+TIER_SIZED = "tier.sized"
+TIER_SPILL = "tier.spill"
+TIER_LOAD = "tier.load"
+TIER_DROP = "tier.drop"
 RETRACT = "retract"
 REQUEUE = "requeue"
 GROUP_FLOOR = "group.floor"
@@ -66,14 +78,22 @@ INVARIANT_VIOLATION = "invariant.violation"
 NOTICE = "notice"
 
 _CATALOG = (
-    Kind(BOOT_START, ("config",), "the engine starts; its whole configuration"),
+    Kind(BOOT_START, ("config",), "the engine starts; its whole configuration",
+         ("pid", "ppid", "host", "argv", "versions")),
     Kind(BOOT_POOL_SIZED, ("path", "kv_tokens", "bytes_per_token", "page_size"),
          "the KV pool was sized: path is 'configured' (a token count was given) or 'measured' "
          "(from a memory budget), with the inputs of that path",
          ("mem_available", "fraction", "budget_bytes")),
-    Kind(BOOT_READY, ("startup_s",), "the engine accepts work"),
+    Kind(BOOT_READY, ("startup_s",),
+         "the engine accepts work (served: its HTTP socket is bound and serving)",
+         ("host", "port", "engine_s")),
+    Kind(BOOT_STALE_PID, ("path", "pid", "running"),
+         "the pid file of a dead predecessor was taken over (running: its pid was reused)"),
+    Kind(BOOT_DRAIN, ("reason", "in_flight", "timeout_s"),
+         "an orderly stop lets the requests in flight finish for up to timeout_s"),
     Kind(BOOT_STOP, ("reason", "in_flight"),
-         "the boot ends: orderly (a reason in ORDERLY_STOPS) or not (a crash)"),
+         "the boot ends: orderly (a reason in ORDERLY_STOPS) or not (a crash)",
+         ("signal", "exit_code", "drained")),
     Kind(REQUEST_RECEIVED, ("rid", "prompt_tokens", "max_new_tokens"), "a request was handed in",
          ("trace_id",)),
     Kind(REQUEST_FINISH, ("rid", "reason", "tokens"), "a request ended normally", _ENDING),
@@ -89,7 +109,9 @@ _CATALOG = (
     Kind(ADMISSION_DEFER, ("count", "reason"), "requests held back this iteration",
          ("running",) + _BUDGET),
     Kind(EVICTION, ("reason", "asked", "evicted", "staged", "evictable_before", "evictable_after"),
-         "the prefix cache evicted", ("available_after",)),
+         "the prefix cache evicted (scope 'host_backed': only device copies of nodes whose KV "
+         "is also on the host, and evictable_before/after count what such a pass can reach)",
+         ("available_after", "spilled", "scope")),
     Kind(EVICTION_UNDER_DELIVERED, ("reason", "asked", "evicted", "evictable_before", "note"),
          "eviction freed less than min(asked, evictable_before): the counter promised what the "
          "actuator did not pay"),
@@ -100,9 +122,26 @@ _CATALOG = (
     Kind(ALLOC_RETRY, ("need", "ok"), "the allocation retried after relief", _NET),
     Kind(ALLOC_OOM, ("need", "available"), "the allocation failed after the net",
          ("staged", "evictable", "capacity") + _NET),
-    Kind(RELIEF_ENGAGE, ("shortfall",), "the relief ladder engaged", ("rungs",)),
+    Kind(RELIEF_ENGAGE, ("shortfall",), "the relief ladder engaged", ("rungs", "site")),
     Kind(RELIEF_RUNG, ("rung", "asked", "paid", "outcome"),
-         "one rung of the ladder: outcome paid, short or raised", ("error",)),
+         "one rung of the ladder: outcome paid, short or raised", ("error", "site")),
+    Kind(RELIEF_THROTTLE, ("iterations", "until"),
+         "the throttle rung closed the line to new admissions for some iterations",
+         ("running", "waiting", "site")),
+    Kind(TIER_SIZED, ("path", "host_kv_tokens", "bytes_per_token"),
+         "the host KV tier was sized: path 'off', 'configured' or 'measured' (a share of host "
+         "memory, bounded by the cgroup limit where one is set), with the inputs of that path",
+         ("page_size", "mem_available", "cgroup_limit", "cgroup_usage", "fraction",
+          "budget_bytes", "cap_tokens", "reason")),
+    Kind(TIER_SPILL, ("tokens", "bytes", "seconds"),
+         "cold prefix KV copied device -> host instead of dropped; its device pages freed",
+         ("nodes", "dropped", "rid", "host_free", "error")),
+    Kind(TIER_LOAD, ("tokens", "bytes", "seconds"),
+         "a prefix hit's host-only KV copied host -> device before the request's extend",
+         ("nodes", "rid", "asked", "error")),
+    Kind(TIER_DROP, ("reason", "tokens"),
+         "host copies dropped (least recently used first) to make room, or at a reset",
+         ("nodes", "need", "host_free")),
     Kind(RETRACT, ("rids", "tokens_freed"), "decode requests retracted",
          ("ratio_old", "ratio_new", "need", "available", "evictable", "candidates",
           "running_after")),

@@ -113,12 +113,18 @@ def decode_reserve(remaining_max: list[int], ratio: float, clip: int = 4096) -> 
     return sum(-(-int(min(r, clip) * ratio * 1000) // 1000) for r in remaining_max)
 
 
-def line_closed(*, chunk_budget: int, running: int, max_running: int) -> str | None:
-    """Why no waiting request can be looked at this round (None: the line is open)."""
+def line_closed(
+    *, chunk_budget: int, running: int, max_running: int, throttled: bool = False
+) -> str | None:
+    """Why no waiting request can be looked at this round (None: the line is open).
+    ``throttled``: the relief ladder's throttle holds new admissions while anything runs (with
+    nothing running there is nothing to protect, and a closed line would only idle)."""
     if chunk_budget <= 0:
         return "chunk_budget"
     if running >= running_ceiling(max_running):
         return "max_running"
+    if throttled and running > 0:
+        return "throttle"
     return None
 
 

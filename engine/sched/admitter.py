@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Any
 
 import torch
 
 from engine.config import EngineConfig
-from engine.mem.radix import RadixCache
+from engine.mem.radix import MatchResult, RadixCache
 from engine.mem.req_table import ReqToTokenPool
 from engine.obs import schema
 from engine.obs.receipts import Receipts
@@ -58,6 +59,7 @@ class Admitter:
         self.running = running
         self.waiting = waiting
         self.page_size = cache.allocator.page_size
+        self.throttle: Any = None  # the relief ladder's throttle (rungs.Throttle) when registered
 
     def admit(self, floor: int | None, decode: list[Request]) -> Planned:
         """This round's chunks. ``floor``: the group's published floor (None: none was);
@@ -99,7 +101,7 @@ class Admitter:
                     schema.ADMISSION_UNPARK, rid=req.rid, tokens=plan.tokens, **budget.as_fields()
                 )
             self._emit_admit(req, plan, budget, chunked=True)
-            budget.spend(plan.tokens)
+            budget.spend(plan.pages * self.page_size)  # what the pool gives: whole pages
             cap -= plan.tokens
             planned.append((req, plan.tokens))
         return cap
@@ -109,9 +111,11 @@ class Admitter:
         ``inflight``: chunked prefills already in flight (phase 1's, parked ones included)."""
         reason = None
         while self.waiting:
+            throttled = self.throttle is not None and self.throttle.active(self.receipts.iter)
             reason = line_closed(
-                chunk_budget=cap, running=len(self.running), max_running=self.config.max_running
-            )
+                chunk_budget=cap, running=len(self.running), max_running=self.config.max_running,
+                throttled=throttled,
+            )  # fmt: skip
             if reason is not None:
                 break
             req = self.waiting[0]
@@ -120,7 +124,6 @@ class Admitter:
             if match.length:  # lock first: its own prefix is not evictable for its budget
                 self.cache.inc_lock_ref(match.node)
             budget.evictable = self.cache.evictable_size()
-            remaining = len(fill) - match.length
             # the decode tokens it is expected to need come out of the same budget; with nothing
             # running there is no one to protect, and an estimate must not wedge an idle engine
             reserve = 0
@@ -128,6 +131,9 @@ class Admitter:
                 reserve = decode_reserve(
                     [req.params.max_tokens - len(req.output_ids)], self.ratio.value
                 )
+            if match.host_len and self.cache.tier is not None:  # a hit in the host tier
+                match = self._load(req, match, budget, reserve)
+            remaining = len(fill) - match.length
             plan = plan_chunk(
                 held=match.length, remaining=remaining, chunk_tokens=cap,
                 budget=budget.remaining - reserve, page_size=self.page_size,
@@ -145,7 +151,7 @@ class Admitter:
             self.waiting.popleft()
             self._start(req, match.node, match.slots)
             self._emit_admit(req, plan, budget, chunked=chunked)
-            budget.spend(plan.tokens + reserve)
+            budget.spend(plan.pages * self.page_size + reserve)
             cap -= plan.tokens
             inflight += int(chunked)
             planned.append((req, plan.tokens))
@@ -154,6 +160,16 @@ class Admitter:
                 schema.ADMISSION_DEFER, count=len(self.waiting), reason=reason,
                 running=len(self.running), **budget.as_fields(),
             )  # fmt: skip
+
+    def _load(self, req: Request, match: MatchResult, budget: Budget, reserve: int) -> MatchResult:
+        """Load the host part of ``req``'s prefix hit back into device pages, as much as the
+        round's budget funds (loaded tokens take device memory as computed ones would). The
+        lock moves to the loaded end; the budget reads the pool again (eviction may have paid
+        for the load)."""
+        match = self.cache.tier.load(match, budget.remaining - reserve, req.rid)
+        budget.local_avail = self.cache.allocator.available_size()
+        budget.evictable = self.cache.evictable_size()
+        return match
 
     def _start(self, req: Request, node: object, prefix: torch.Tensor) -> None:
         """Give a request its row and its cached prefix (which the caller has locked)."""

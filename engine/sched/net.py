@@ -1,7 +1,8 @@
 """The allocation-site net (law 5): the one way the scheduler takes KV memory.
 
 An allocation that fails is not an error yet: flush the staged frees, evict from the prefix
-cache, ask the relief registry once, then retry the very same call. Only when the retry fails
+cache and ask the relief ladder once (the ladder first when rungs are registered), then retry
+the very same call. Only when the retry fails
 too does the original error surface, with the numbers at the raise. Every step of the net is a
 receipt. The net is rank-local by contract: the group has already committed to this batch, so
 nothing here may take a collective.
@@ -68,9 +69,16 @@ class AllocationNet:
             r.emit(schema.ALLOC_FLUSH, need=need, staged=staged, freed=freed, site=site, rid=rid)
         short = need - alloc.available_size()
         if short > 0:
-            evicted = self.cache.evict(short, reason="alloc_net")
+            # with rungs registered the ladder goes first (its first rung is eviction) and the
+            # cache's own eviction pays what is still short; without, eviction and then the
+            # empty registry, which says so once
+            ladder = self.relief.serves("alloc_net")
+            relieved = self.relief.relieve(short, "alloc_net", rid) if ladder else 0
             short = need - alloc.available_size()
-            relieved = self.relief.relieve(short) if short > 0 else 0
+            evicted = self.cache.evict(short, reason="alloc_net", rid=rid) if short > 0 else 0
+            short = need - alloc.available_size()
+            if short > 0 and not ladder:
+                self.relief.relieve(short, "alloc_net", rid)
             r.emit(
                 schema.ALLOC_RELIEF, need=need, freed=evicted + relieved, evicted=evicted,
                 relieved=relieved, site=site, rid=rid,

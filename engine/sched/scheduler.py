@@ -34,7 +34,7 @@ from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.prompt import check_prompt
 from engine.runner import BatchEntry, ModelRunner
-from engine.sampling import SamplingParams, sample
+from engine.sampling import SamplingParams, sample_for
 from engine.sched import checks
 from engine.sched.admission import NewTokenRatio
 from engine.sched.admitter import Admitter, Planned
@@ -42,8 +42,9 @@ from engine.sched.group import GroupView
 from engine.sched.net import AllocationNet
 from engine.sched.relief import ReliefRegistry
 from engine.sched.request import Request, State
+from engine.sched.rungs import relieve_decode
 from engine.sched.traces import RequestTraces
-from engine.sched.victims import pick_victims, victim_order
+from engine.sched.victims import victim_order
 
 
 class Scheduler:
@@ -151,8 +152,8 @@ class Scheduler:
         batch = [self._entry(req, [req.output_ids[-1]], "decode") for req in decode]
         chunks = self.admitter.admit(floor, decode)
         need = sum(self.allocator.fresh_slots(r.kv_len, n) for r, n in chunks)
-        if need > self.allocator.available_size():  # admission counted evictable tokens: pay them
-            self.cache.evict(need - self.allocator.available_size(), reason="admission")
+        # admission counted evictable tokens: pay them (the ladder, then eviction as its floor)
+        self.relief.pay("admission", need, self.allocator.available_size, self.cache.evict)
         batch += [self._entry(r, r.fill_ids[r.kv_len : r.kv_len + n], "extend") for r, n in chunks]
         if batch:
             outs += self._forward(batch, decode, chunks)
@@ -203,15 +204,7 @@ class Scheduler:
             need = sum(alloc.fresh_slots(r.kv_len, 1) for r in decode)
             if need <= alloc.available_size() + alloc.staged_size():  # staged: the net flushes
                 return decode
-            if self.cache.evictable_size() > 0:
-                self.cache.evict(need - alloc.available_size(), reason="decode")
-                continue
-            if len(self.running) > 1:
-                victims = pick_victims(
-                    self.running, need=need, available=alloc.available_size(),
-                    evictable=self.cache.evictable_size(), page_size=self.page_size,
-                )  # fmt: skip
-                self._retract(victims, need)
+            if relieve_decode(self, need):  # the ladder, then evict / retract as its floor
                 continue
             req = self.running[0]
             if not self._fits_pool(req.kv_len + 1):
@@ -250,7 +243,7 @@ class Scheduler:
         for i, req in enumerate(reqs):
             if banned := req.banned_stops():
                 logits[i, banned] = float("-inf")
-        tokens = sample(logits, [r.params for r in reqs], [r.generator for r in reqs])
+        tokens = sample_for(logits, reqs)
         self.generated += len(tokens)
         outs = []
         opened = not self.allocator.group_open

@@ -4,15 +4,22 @@ The frontend never touches the scheduler: it sends the small typed messages of
 ``engine.messages`` (add, abort, notice, stop) and receives each step's outputs, together with a
 snapshot of the pool taken right after that step. Nothing here imports torch: the engine is built
 in the scheduler process only.
-A reader thread hands outputs to the asyncio queue of their request. If the scheduler process
-dies, every waiting request hears it at once and the frontend reports it: nothing hangs.
+A reader thread hands outputs to the asyncio queue of their request; a writer thread sends,
+so a scheduler that is slow to read (or stopped) never blocks the event loop. Every message
+from the scheduler process, its heartbeats included, says its loop still turns: ``heard`` is
+when the last one came (``/health`` reports its age). If the scheduler process dies, every
+waiting request hears it at once and the frontend reports it: nothing hangs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import queue
+import signal
+import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +30,14 @@ from engine.messages import (
     AddRequest,
     Dead,
     EngineInfo,
+    Heartbeat,
+    Launch,
     Notice,
     Outputs,
     PoolSnapshot,
     Ready,
     Rejected,
+    Serving,
     Stop,
     Stopped,
     ToFrontend,
@@ -46,31 +56,59 @@ class Submission:
     out: asyncio.Queue
 
 
+def how_it_ended(code: int | None) -> str:
+    """A process's end in words, from its multiprocessing exit code (-N: killed by signal N)."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited (code {code})"
+
+
 class EngineDriver:
     """The frontend's handle on the scheduler process.
 
     ``on_dead`` is called once, from the reader thread, when the scheduler process dies or
-    reports a fatal error: the server uses it to stop with a non-zero status."""
+    reports a fatal error: the server uses it to stop with a non-zero status. ``launch``: this
+    boot's facts for the scheduler's boot receipts; ``drain_s``: how long an orderly stop lets
+    the requests in flight finish before aborting them; ``stall_s``: how long a silence of the
+    scheduler process is a stall (``/health`` answers 503 past it)."""
 
-    def __init__(self, config: EngineConfig, on_dead: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        on_dead: Callable[[str], None] | None = None,
+        launch: Launch | None = None,
+        drain_s: float = 0.0,
+        stall_s: float = 10.0,
+    ) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=scheduler_main, args=(config, child), name="attest-scheduler", daemon=True
-        )
+            target=scheduler_main, args=(config, child, launch), name="attest-scheduler",
+            daemon=True,
+        )  # fmt: skip
         self._child = child
-        self._send_lock = threading.Lock()
+        self.drain_s = drain_s
+        self.stall_s = stall_s
+        self._send_lock = threading.Lock()  # one order for submit, drain and the messages
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._subs: dict[str, Submission] = {}
         self._subs_lock = threading.Lock()
         self._snapshot = PoolSnapshot()
         self._stopped = threading.Event()
         self.dead: str | None = None
-        self.in_flight_at_death = 0  # requests waiting on the scheduler process when it died
+        self.lost_at_death: list[str] = []  # requests waiting on the scheduler when it died
+        self.exit_code: int | None = None  # the dead scheduler process's (-N: signal N)
+        self.heard = time.monotonic()  # when the scheduler process last said anything
+        self._stall_said = False
         self.stopping: str | None = None  # the reason, once an orderly stop has begun
         self.on_dead = on_dead
         self.info: EngineInfo | None = None  # set by start()
         self.tokenizer: Any = None
         self._reader = threading.Thread(target=self._read, name="attest-ipc-reader", daemon=True)
+        self._writer = threading.Thread(target=self._write, name="attest-ipc-writer", daemon=True)
 
     def start(self, timeout: float = 600) -> None:
         """Start the scheduler process and wait until its engine is built."""
@@ -89,7 +127,34 @@ class EngineDriver:
         if not isinstance(msg, Ready):
             raise RuntimeError(msg.reason)  # Dead: why the engine could not start
         self.info, self.tokenizer, self._snapshot = msg.info, msg.tokenizer, msg.snapshot
+        self.heard = time.monotonic()
         self._reader.start()
+        self._writer.start()
+
+    @property
+    def pid(self) -> int | None:
+        """The scheduler process's pid."""
+        return self._proc.pid
+
+    def heartbeat_age(self) -> float:
+        """Seconds since the scheduler process last said anything (it beats every 0.5 s)."""
+        return time.monotonic() - self.heard
+
+    def stalled(self) -> float | None:
+        """The silence's age when it is past ``stall_s`` (the scheduler stopped turning), else
+        None. Its start and its end are each said once on stderr."""
+        age = self.heartbeat_age()
+        stalled = age > self.stall_s and not self.dead
+        if stalled != self._stall_said:
+            self._stall_said = stalled
+            what = "has not been heard from for" if stalled else "is heard from again after"
+            print(f"attest: the scheduler process (pid {self.pid}) {what} {age:.1f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        return age if stalled else None
+
+    def serving(self, host: str, port: int) -> None:
+        """The HTTP socket serves: the scheduler process writes ``boot.ready``."""
+        self._send(Serving(host=host, port=port))
 
     @property
     def max_context(self) -> int:
@@ -100,29 +165,46 @@ class EngineDriver:
         return self.info.vocab
 
     def drain(self, reason: str) -> None:
-        """Begin an orderly stop: refuse new work; the scheduler aborts what is in flight
-        (each with a receipt), writes ``boot.stop`` and exits. Safe to call more than once."""
+        """Begin an orderly stop: refuse new work; the scheduler lets what is in flight finish
+        for up to ``drain_s``, aborts the rest (each with a receipt), writes ``boot.stop`` and
+        exits. Safe to call more than once."""
         with self._send_lock:  # one order with submit: no request can slip in after the stop
             if self.stopping is not None or self.dead:
                 return
             self.stopping = reason
-            try:
-                self._conn.send(Stop(reason=reason))
-            except (OSError, ValueError):
-                pass  # the process is already gone; the reader reports it
+            self._outbox.put(Stop(reason=reason, drain_s=self.drain_s))
 
-    def stop(self, reason: str = "shutdown", timeout: float = 10.0) -> None:
-        """Drain and wait for the scheduler process to exit (killing it only past ``timeout``)."""
+    def stop(self, reason: str = "shutdown", timeout: float | None = None) -> None:
+        """Drain and wait for the scheduler process to exit: ``drain_s`` plus ``timeout``
+        (default 10 s) at most, then it is terminated, and killed if that does not end it
+        (a stopped process does not act on SIGTERM)."""
         self.drain(reason)
-        self._stopped.wait(timeout)
-        self._proc.join(timeout)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(5)
+        deadline = time.monotonic() + self.drain_s + (10.0 if timeout is None else timeout)
+        self._stopped.wait(max(0.0, deadline - time.monotonic()))
+        self._proc.join(max(0.0, deadline - time.monotonic()))
+        for end, sig in ((self._proc.terminate, "SIGTERM"), (self._proc.kill, "SIGKILL")):
+            if self._proc.is_alive():
+                print(f"attest: the scheduler process (pid {self.pid}) did not stop in time; "
+                      f"sending {sig}", file=sys.stderr, flush=True)  # fmt: skip
+                end()
+                self._proc.join(5)
+        if self._reader.is_alive():  # it reports a death it saw (on_dead) before we return
+            self._reader.join(5)
 
     def _send(self, msg: ToScheduler) -> None:
         with self._send_lock:
-            self._conn.send(msg)
+            self._outbox.put(msg)
+
+    def _write(self) -> None:
+        """The one thread that writes to the pipe: a slow reader blocks it, never the caller.
+        A failed send ends it; the reader reports the death. It outlives a ``Stop``: a client
+        that leaves during the drain still aborts its request."""
+        while True:
+            msg = self._outbox.get()
+            try:
+                self._conn.send(msg)
+            except (OSError, ValueError):
+                return
 
     def submit(self, sub: Submission, trace_id: str | None = None) -> None:
         """``trace_id``: the W3C traceparent the request's scheduler spans go under (or None)."""
@@ -133,15 +215,12 @@ class EngineDriver:
                 if self.dead:
                     raise RuntimeError(f"scheduler is not running: {self.dead}")
                 self._subs[sub.rid] = sub
-            msg = AddRequest(
-                rid=sub.rid, prompt_ids=sub.prompt_ids, params=sub.params, trace=trace_id
+            # a send that fails is a death the reader reports to every request, this one too
+            self._outbox.put(
+                AddRequest(
+                    rid=sub.rid, prompt_ids=sub.prompt_ids, params=sub.params, trace=trace_id
+                )
             )
-            try:
-                self._conn.send(msg)
-            except (OSError, ValueError) as e:  # it died before the reader noticed
-                with self._subs_lock:
-                    self._subs.pop(sub.rid, None)
-                raise RuntimeError(f"scheduler is not running: {e}") from e
 
     def notice(self, key: str, text: str, **fields: Any) -> None:
         """Say something once in the boot log (the scheduler process writes it). Never raises."""
@@ -178,19 +257,19 @@ class EngineDriver:
         with self._subs_lock:
             if dead is not None:
                 self.dead = dead
-                self.in_flight_at_death = len(self._subs)
+                self.lost_at_death = list(self._subs)
             rids = list(self._subs)
         self._deliver([(rid, RuntimeError(message), True) for rid in rids])
 
     def _read(self) -> None:
         try:
             while self._on(self._conn.recv()):
-                pass
+                self.heard = time.monotonic()
         except (EOFError, OSError, RuntimeError) as e:
             self._proc.join(1)
-            code = self._proc.exitcode
+            self.exit_code = code = self._proc.exitcode
             dead = (
-                str(e) if isinstance(e, RuntimeError) else f"scheduler process exited (code {code})"
+                str(e) if isinstance(e, RuntimeError) else f"scheduler process {how_it_ended(code)}"
             )
             self._fail_all(f"scheduler failed: {dead}", dead=dead)
             self._stopped.set()
@@ -203,6 +282,8 @@ class EngineDriver:
             case Outputs(outputs=outs, snapshot=snap):
                 self._snapshot = snap  # before the outputs: a finished request's memory is back
                 self._deliver([(out.rid, out, out.finished) for out in outs])
+            case Heartbeat(snapshot=snap):
+                self._snapshot = snap
             case Rejected(rid=rid, message=message):
                 self._deliver([(rid, ValueError(message), True)])
             case Stopped(reason=reason):
@@ -215,5 +296,5 @@ class EngineDriver:
 
 
 def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:
-    for queue, item in puts:
-        queue.put_nowait(item)
+    for q, item in puts:
+        q.put_nowait(item)

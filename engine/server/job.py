@@ -1,34 +1,60 @@
 """Job: one HTTP request's choices in the scheduler, from submission to the last output.
 
-A request for ``n`` choices is ``n`` scheduler requests sharing one queue. The job yields each
-output with its choice index, times it for /metrics, counts usage, ends the request's server span
-and aborts whatever has not finished when it is closed (a client that went away).
+A request for ``n`` choices is ``n`` scheduler requests sharing one queue. Each output is counted
+as it arrives (tokens, timings, the choice's ending), whether or not anyone still reads it, so
+/metrics counts each choice's ending once, the way its receipt does: ``stop`` and ``length`` as
+``request.finish``, ``abort`` as ``request.abort`` (the frontend writes those of a scheduler that
+died), ``rejected`` as the scheduler's refusal, and ``error`` for a choice the scheduler never
+took, which has no receipt. The job yields each
+output with its choice index, ends the request's server span, and aborts whatever has not
+finished when it is closed, saying why: the client went away, the deadline passed, or another
+choice of the same request failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.messages import StepOutput
+from engine.obs import schema
 from engine.obs import tracing as tr
 from engine.obs.metrics import ServerMetrics
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SEED_MIN, SamplingParams
 from engine.server.driver import EngineDriver, Submission
+
+# why the frontend aborts a choice (the request.abort receipt's reason)
+CLIENT_DISCONNECT, DEADLINE, SIBLING_FAILED = schema.FRONTEND_ABORTS
 
 
 class JobFailed(Exception):
-    """A request that cannot complete: the scheduler refused it, died, or is stopping."""
+    """A request that cannot complete: the scheduler refused it, died, or is stopping, or the
+    request ran past its deadline."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
 
 
+class _Inbox:
+    """One choice's inbox as the driver sees it (``put_nowait``, on the event loop): the job
+    counts the output, then queues it for its reader tagged with the choice's index."""
+
+    __slots__ = ("job", "i")
+
+    def __init__(self, job: Job, i: int) -> None:
+        self.job, self.i = job, i
+
+    def put_nowait(self, item: object) -> None:
+        self.job._arrived(self.i, item)
+
+
 class Job:
-    """One HTTP request in the scheduler; ``t0_ns`` is its arrival (wall clock)."""
+    """One HTTP request in the scheduler; ``t0_ns`` is its arrival (wall clock), from which
+    ``deadline_s`` (None: no deadline) counts."""
 
     def __init__(
         self,
@@ -39,19 +65,25 @@ class Job:
         params: SamplingParams,
         n: int,
         t0_ns: int,
+        deadline_s: float | None = None,
     ) -> None:
         self.driver = driver
         self.rid = rid
         self.queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
+        self.rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
         self.subs = [
             # several seeded choices must still differ: each draws from its own seed
-            Submission(r, ids, choice_params(params, i), loop, self.queue)
-            for i, r in enumerate(rids)
+            Submission(r, ids, choice_params(params, i), loop, _Inbox(self, i))
+            for i, r in enumerate(self.rids)
         ]
-        self.index = {r: i for i, r in enumerate(rids)}
-        self.open = set(rids)
+        self.index = {r: i for i, r in enumerate(self.rids)}
+        self.open = set(self.rids)  # no ending has arrived yet
+        self.asked: set[str] = set()  # asked to abort
+        self.unread = n  # endings not yet read by events()
+        self.deadline_s = deadline_s
+        waited = (time.time_ns() - t0_ns) / 1e9
+        self.deadline = None if deadline_s is None else loop.time() + deadline_s - waited
         # time to first token counts from the request's arrival (t0_ns), for /metrics and spans
         self.started_ns = t0_ns
         self.timers = [metrics.timer(len(ids) if i == 0 else 0, t0_ns) for i in range(n)]
@@ -64,43 +96,78 @@ class Job:
         self.span: Any = None  # the HTTP server span (tracing on)
 
     def submit(self) -> None:
-        try:
-            for sub in self.subs:
+        for k, sub in enumerate(self.subs):
+            try:
                 self.driver.submit(sub, self.trace)
-        except RuntimeError as e:
-            self.close()
-            raise JobFailed(str(e), 503) from e
+            except RuntimeError as e:
+                for i in range(k, len(self.subs)):  # never reached the scheduler
+                    self._ended(i, "error")
+                self.close(SIBLING_FAILED)
+                raise JobFailed(str(e), 503) from e
 
-    async def events(self) -> AsyncIterator[tuple[int, StepOutput]]:
-        while self.open:
-            item = await self.queue.get()
-            if isinstance(item, Exception):
-                raise JobFailed(str(item), 400 if isinstance(item, ValueError) else 503)
-            i = self.index[item.rid]
+    def _arrived(self, i: int, item: object) -> None:
+        """Count one output of choice ``i`` (read or not), then queue it for events()."""
+        if isinstance(item, StepOutput):
             n_new = len(item.new_token_ids)
             self.timers[i].tokens(n_new, item.cached_tokens)
             self.completion[i] += n_new
             self.cached = max(self.cached, item.cached_tokens)
             if item.finished:
-                self._finish(i, item)
+                self.reasons[i] = item.finish_reason
+                self.parks += item.parks
+                self.retractions += item.retractions
+                self._ended(i, item.finish_reason or "abort")
+        elif isinstance(item, ValueError):  # the scheduler refused it
+            self._ended(i, "rejected")
+        else:  # the scheduler died (each is then a request.abort the frontend writes) or stopped
+            self._ended(i, "abort" if self.driver.dead else "error")
+        self.queue.put_nowait((i, item))
+
+    def _ended(self, i: int, how: str) -> None:
+        if self.rids[i] in self.open:
+            self.open.discard(self.rids[i])
+            self.timers[i].end(how)
+
+    async def events(self) -> AsyncIterator[tuple[int, StepOutput]]:
+        """Each output with its choice's index, until every choice has ended. A failed choice
+        aborts the others (``sibling_failed``) and raises JobFailed; so does the deadline."""
+        while self.unread:
+            i, item = await self._next()
+            if isinstance(item, Exception):
+                self.unread -= 1
+                self.close(SIBLING_FAILED)
+                raise JobFailed(str(item), 400 if isinstance(item, ValueError) else 503)
+            if item.finished:
+                self.unread -= 1
+                if item.finish_reason == "abort" and self.driver.stopping:
+                    self.close(SIBLING_FAILED)
+                    raise JobFailed(
+                        f"server is shutting down ({self.driver.stopping}); the request was "
+                        "aborted",
+                        503,
+                    )
             yield i, item
 
-    def _finish(self, i: int, item: StepOutput) -> None:
-        self.open.discard(item.rid)
-        self.reasons[i] = item.finish_reason
-        self.parks += item.parks
-        self.retractions += item.retractions
-        self.timers[i].end(item.finish_reason)
-        if item.finish_reason == "abort" and self.driver.stopping:
+    async def _next(self) -> tuple[int, Any]:
+        if self.deadline is None:
+            return await self.queue.get()
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                return await self.queue.get()
+        except TimeoutError:
+            self.close(DEADLINE)
             raise JobFailed(
-                f"server is shutting down ({self.driver.stopping}); the request was aborted", 503
-            )
+                f"the request did not finish within the server's deadline of "
+                f"{self.deadline_s:g} s (--request-timeout); it was aborted",
+                504,
+            ) from None
 
-    def close(self) -> None:
-        for rid in self.open:
-            self.driver.abort(rid)
-            self.timers[self.index[rid]].end("abort")
-        self.open = set()
+    def close(self, reason: str = CLIENT_DISCONNECT) -> None:
+        """Abort every choice that has not ended, once, saying why. Their endings still arrive
+        (the abort's own output) and are counted then."""
+        for rid in self.open - self.asked:
+            self.driver.abort(rid, reason)
+        self.asked |= self.open
 
     def end_span(self, status: int, error: str | None = None) -> None:
         """End the server span (once) with what the response reports. Never raises."""
@@ -138,6 +205,8 @@ class Job:
 
 
 def choice_params(params: SamplingParams, i: int) -> SamplingParams:
+    """Choice ``i``'s params: seed + i, wrapped into the signed 64-bit range (the generator
+    takes a seed modulo 2**64, so a wrapped seed draws what seed + i would)."""
     if i == 0 or params.seed is None:
         return params
-    return dataclasses.replace(params, seed=params.seed + i)
+    return dataclasses.replace(params, seed=(params.seed + i - SEED_MIN) % 2**64 + SEED_MIN)

@@ -1,35 +1,55 @@
 """`engine serve`'s processes: the scheduler process, then the HTTP frontend in this one.
 
 Lifecycle, as the server promises it:
-- SIGTERM / SIGINT: stop accepting, abort in-flight requests (each with a receipt), write
-  ``boot.stop``, exit 0. A second SIGINT forces the exit.
-- The scheduler process dies: in-flight and new requests get a 503 naming the reason, the reason
-  is printed, and the frontend exits 1. It never hangs.
+- Before anything heavy: the boot log, the pid file and the port are claimed, or the boot is
+  refused at once naming the PID that holds them (``boot_guard``). The listening socket is bound
+  here and handed to uvicorn, so ``boot.ready`` (written when uvicorn serves) means serving.
+- SIGTERM / SIGINT: stop accepting; what is in flight may finish for up to ``drain_timeout``
+  seconds (``boot.drain``), the rest is aborted (each with a receipt); ``boot.stop``; exit 0.
+  A second SIGINT forces the exit.
+- The scheduler process dies: in-flight and new requests get a 503 naming the reason, the
+  frontend ends each in the boot log and writes ``boot.stop`` with the signal, and exits 1.
+- The scheduler process stops turning (frozen, stopped): ``/health`` says so past
+  ``stall_timeout`` seconds without a heartbeat. It never hangs unseen.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import threading
+from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
 from engine.config import EngineConfig
+from engine.messages import Launch
 from engine.obs.death import write_death
 from engine.obs.tracing import setup_tracing
 from engine.server.app import create_app
+from engine.server.boot_guard import claim
 from engine.server.driver import EngineDriver
+from engine.server.limits import HttpLimits, protocol_class
 
 EXIT_SCHEDULER_DIED = 1
+EXIT_STARTUP_FAILED = 3  # uvicorn's own code for a server that never started
+SHUTDOWN_MARGIN_S = 10.0  # past the drain: connections close, the scheduler process exits
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, driver: EngineDriver) -> None:
+    def __init__(self, config: uvicorn.Config, driver: EngineDriver, sock: socket.socket) -> None:
         super().__init__(config)
         self.driver = driver
+        self.sock = sock
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:  # serving now: only now is the boot ready
+            host, port = self.sock.getsockname()[:2]
+            self.driver.serving(host, port)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # uvicorn would re-raise the signal after its shutdown, turning an orderly stop into a
@@ -50,33 +70,58 @@ def serve(
     port: int = 8000,
     served_model_name: str | None = None,
     api_key: str | None = None,
+    *,
+    pid_file: str | None = None,
+    drain_timeout: float = 0.0,
+    stall_timeout: float = 10.0,
 ) -> int:
     """Boot the engine, serve until told to stop, and return the process exit status.
-    Raises RuntimeError (with the reason) when the engine cannot start."""
+    ``pid_file`` defaults to the boot log's path + ``.pid``. Raises BootRefused when the log,
+    the pid file or the port is held, RuntimeError (with the reason) when the engine cannot
+    start."""
+    if not drain_timeout >= 0:
+        raise ValueError(f"drain_timeout must be a number of seconds >= 0, got {drain_timeout!r}")
+    if not stall_timeout > 0:
+        raise ValueError(f"stall_timeout must be a number of seconds > 0, got {stall_timeout!r}")
+    if pid_file is None and cfg.log_file:
+        pid_file = cfg.log_file + ".pid"
+    claims = claim(cfg.log_file, pid_file, host, port)  # before anything heavy
+    try:
+        stale = asdict(claims.stale) if claims.stale else None
+        launch = Launch(argv=list(sys.argv), stale_pid=stale)
+        return _serve(cfg, claims.sock, served_model_name, api_key, launch, drain_timeout,
+                      stall_timeout)  # fmt: skip
+    finally:
+        claims.release()
+
+
+def _serve(
+    cfg: EngineConfig,
+    sock: socket.socket,
+    served_model_name: str | None,
+    api_key: str | None,
+    launch: Launch,
+    drain_timeout: float,
+    stall_timeout: float,
+) -> int:
     status = {"code": 0}
     server: list[_Server] = []
 
     def on_dead(reason: str) -> None:
         print(f"attest: the scheduler process died: {reason}; stopping the server", file=sys.stderr)
         # its boot log ends in a crash, said as such (boot_health's stopped_in_order reads it)
-        write_death(cfg.log_file, "scheduler_died", driver.in_flight_at_death)
+        write_death(cfg.log_file, "scheduler_died", driver.lost_at_death, driver.exit_code)
         status["code"] = EXIT_SCHEDULER_DIED
         if server:
             server[0].should_exit = True
 
-    driver = EngineDriver(cfg, on_dead=on_dead)
-    driver.start()  # the scheduler process builds the engine
-    d = driver.info
-    name = served_model_name or Path(d.model).stem
-    print(f"Attest serving {name} at http://{host}:{port}/v1", flush=True)
-    print(
-        f"  model {d.model} ({d.parameters:,} parameters, {d.dtype}), "
-        f"loaded in {d.load_seconds} s\n"
-        f"  KV pool {d.kv_tokens:,} tokens x {d.kv_bytes_per_token:,} B "
-        f"= {d.kv_pool_bytes / 2**20:,.0f} MiB ({d.kv_sizing}); context {d.context:,}\n"
-        f"  boot log {cfg.log_file}; audit it with: audit verdict {cfg.log_file}",
-        flush=True,
+    driver = EngineDriver(
+        cfg, on_dead=on_dead, launch=launch, drain_s=drain_timeout, stall_s=stall_timeout
     )
+    driver.start()  # the scheduler process builds the engine
+    host, port = sock.getsockname()[:2]
+    name = served_model_name or Path(driver.info.model).stem
+    _banner(driver, cfg, name, f"http://{host}:{port}/v1")
     # this process's own provider: the scheduler process has its own
     tracing = setup_tracing(
         cfg.otlp_endpoint,
@@ -85,17 +130,37 @@ def serve(
     )
     if tracing.enabled:
         print(f"  traces to {tracing.endpoint} (OTLP/HTTP)", flush=True)
-    app = create_app(driver, name, api_key=api_key, tracing=tracing)
+    limits = HttpLimits.of(cfg)
+    app = create_app(driver, name, api_key=api_key, tracing=tracing, limits=limits)
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30
-    )
-    srv = _Server(config, driver)
+        app, host=host, port=port, log_level="warning",
+        timeout_graceful_shutdown=int(drain_timeout + SHUTDOWN_MARGIN_S),
+        http=protocol_class(limits),  # header timeout, connections per client address
+    )  # fmt: skip
+    srv = _Server(config, driver, sock)
     server.append(srv)
     try:
-        if driver.dead:  # it died while we were printing (the reader has said so)
-            return EXIT_SCHEDULER_DIED
-        srv.run()
-        return status["code"]
+        if not driver.dead:  # it may have died while we were printing (the reader said so)
+            srv.run(sockets=[sock])
     finally:
-        driver.stop()  # after uvicorn has closed its connections; a no-op when already stopped
+        # after uvicorn has closed its connections; a no-op when already stopped. A scheduler
+        # that had to be killed here is a death (on_dead has run when stop returns).
+        driver.stop()
         tracing.shutdown()  # bounded: a dead collector must not hold up the exit
+    if status["code"] == 0 and not srv.started:
+        return EXIT_STARTUP_FAILED
+    return status["code"]
+
+
+def _banner(driver: EngineDriver, cfg: EngineConfig, name: str, url: str) -> None:
+    d = driver.info
+    print(f"Attest serving {name} at {url}", flush=True)
+    print(
+        f"  model {d.model} ({d.parameters:,} parameters, {d.dtype}), "
+        f"loaded in {d.load_seconds} s; attention {d.attention_backend} on {d.device}\n"
+        f"  KV pool {d.kv_tokens:,} tokens x {d.kv_bytes_per_token:,} B "
+        f"= {d.kv_pool_bytes / 2**20:,.0f} MiB ({d.kv_sizing}); context {d.context:,}\n"
+        f"  boot log {cfg.log_file}; audit it with: audit verdict {cfg.log_file}\n"
+        f"  scheduler process pid {driver.pid}; SIGTERM drains for up to {driver.drain_s:g} s",
+        flush=True,
+    )

@@ -1,14 +1,24 @@
-"""OpenAI request schemas, and their translation into SamplingParams with 4xx-grade errors."""
+"""OpenAI request schemas, the fields this server refuses, and the translation of a request into
+SamplingParams with 4xx-grade errors that name the field.
+
+The schemas are what the server publishes in its OpenAPI document and what it accepts: unknown
+fields are refused (as OpenAI itself does), and so are the OpenAI fields it has not built, unless
+they carry the value that asks for nothing. Silently ignoring a field a client relies on (JSON
+output, tools) would answer a different question than the one asked.
+"""
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
-from engine.sampling_params import SamplingParams
+from engine.prompt import PromptError, fit_max_tokens
+from engine.sampling_params import BIAS_LIMIT, PENALTY_LIMIT, SEED_MAX, SEED_MIN, SamplingParams
 
 MAX_N = 16  # choices per request; each is its own request in the scheduler, sharing the prefix
+MAX_STOPS = 4  # stop strings per request, as OpenAI allows
 
 
 class ProtocolError(ValueError):
@@ -20,88 +30,189 @@ class ProtocolError(ValueError):
         self.status = status
 
 
-class StreamOptions(BaseModel):
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """What the served engine can take: the numbers a request is checked against."""
+
+    max_context: int
+    kv_tokens: int  # the whole KV pool
+    vocab_size: int
+    token_chars: int  # the most characters one token stands for (engine.prompt)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are ignored, as vLLM does
+# a token id: the document says its upper bound too, the served vocabulary (openapi.publish)
+TokenId = Annotated[int, Field(ge=0, json_schema_extra={"x-token-id": True})]
+StopString = Annotated[str, Field(min_length=1)]
+Penalty = Annotated[float, Field(ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)]
+_BIAS = {"type": "number", "minimum": -BIAS_LIMIT, "maximum": BIAS_LIMIT}
+BiasMap = Annotated[
+    dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-BIAS_LIMIT, le=BIAS_LIMIT)]],
+    WithJsonSchema({"type": "object", "patternProperties": {"^[0-9]+$": _BIAS},
+                    "additionalProperties": False}),
+]  # fmt: skip
+One = Field(json_schema_extra={"maxItems": 1})  # one prompt: the document says so, run() checks
 
+
+class _Common(_Strict):
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    stream: bool = False
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = -1
+    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
+    stop: str | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = 1
     ignore_eos: bool = False
-    min_tokens: int = 0
-    logprobs: Any = None
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    presence_penalty: Penalty | None = 0.0
+    frequency_penalty: Penalty | None = 0.0
+    logit_bias: BiasMap | None = None  # token id (a JSON key, so a string) -> bias
     user: str | None = None
+
+    @field_validator("temperature", "top_p", "stream", "n", "presence_penalty",
+                     "frequency_penalty", mode="before")  # fmt: skip
+    @classmethod
+    def _null_is_the_default(cls, v: Any, info: Any) -> Any:
+        return cls.model_fields[info.field_name].default if v is None else v
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | Annotated[list[str], One] | Annotated[list[list[TokenId]], One]
+    echo: bool | None = False  # the prompt's text comes before the completion's
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
 
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     add_generation_prompt: bool = True
-    top_logprobs: int | None = None
+
+
+def _none(v: Any) -> bool:
+    return v is None or v is False or v == [] or v == ""
+
+
+# OpenAI fields this server has not built: each is ignored when it carries the value that asks
+# for nothing, and refused otherwise (field -> (accepts, why not)).
+_UNBUILT: dict[str, tuple[Any, str]] = {
+    "response_format": (lambda v: v is None or v == {"type": "text"},
+                        'is not supported: this server writes plain text only ({"type": "text"})'),
+    "tools": (_none, "(tool calling) are not supported by this server"),
+    "tool_choice": (lambda v: v in (None, "none"), "is not supported: this server calls no tools"),
+    "functions": (_none, "(function calling) are not supported by this server"),
+    "function_call": (lambda v: v in (None, "none"), "is not supported: this server calls no functions"),
+    "parallel_tool_calls": (lambda v: True, ""),  # without tools it asks for nothing
+    "suffix": (_none, "(text insertion) is not supported by this server"),
+    "logprobs": (_none, "are not supported by this server"),
+    "top_logprobs": (lambda v: v is None or (v == 0 and v is not False), "is not supported: logprobs are not"),
+    "modalities": (lambda v: v is None or v == ["text"], 'is not supported: this server writes text only (["text"])'),
+    "audio": (lambda v: v is None, "output is not supported by this server"),
+    "prediction": (lambda v: v is None, "(predicted outputs) is not supported by this server"),
+}  # fmt: skip
+# fields that change nothing a client receives, accepted and ignored
+_INERT = frozenset({"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
+
+
+def refuse_unbuilt(data: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """The body without the fields that ask for nothing; a ProtocolError naming the first field
+    that asks for something this server does not do, or that it does not know."""
+    n = data.get("n") or 1
+    best_of = data.get("best_of")
+    if best_of not in (None, 1, n) or isinstance(best_of, bool):
+        raise ProtocolError(
+            f"best_of must be 1 or equal to n ({n}), got {best_of!r}: this server does not "
+            "generate candidates to rank",
+            "best_of",
+        )
+    kept = {}
+    for key, value in data.items():
+        if key in model.model_fields:
+            kept[key] = value
+        elif key in _UNBUILT:
+            accepts, why = _UNBUILT[key]
+            if not accepts(value):
+                raise ProtocolError(f"{key} {why}", key)
+        elif key not in _INERT and key != "best_of":
+            raise ProtocolError(f"{key} is not a supported request field", key)
+    return kept
+
+
+def validation_error(model: type[BaseModel], e: ValidationError) -> ProtocolError:
+    """A pydantic error as the client should read it: the field, the rule, the value sent."""
+    errors = e.errors()
+    # the deepest fault, and one about a value over one about another union branch's type
+    first = max(errors, key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
+    loc = first["loc"]
+    if first["type"] == "extra_forbidden":  # the unknown field is the location's last part
+        param = ".".join(p for p in (field_path(model, loc[:-1]) if loc[:-1] else "", loc[-1]) if p)
+        return ProtocolError(f"{param} is not supported by this server", param)
+    param = field_path(model, loc)
+    message = f"{param}: {first['msg']}"
+    value = first.get("input")
+    if isinstance(value, (int, float, str)) and "ctx" in first:
+        message += f" (got {str(value)[:40]!r})" if isinstance(value, str) else f" (got {value})"
+    return ProtocolError(message, param)
 
 
 def sampling_params(
-    req: _Common, prompt_len: int, max_context: int, default_max: int
+    req: _Common, prompt_len: int, limits: ModelLimits, default_max: int
 ) -> SamplingParams:
-    """Validate and translate; every failure names the field, as OpenAI's errors do."""
-    if not 1 <= req.n <= MAX_N:
-        raise ProtocolError(f"n must be between 1 and {MAX_N}, got {req.n}", "n")
-    if req.logprobs not in (None, False) or getattr(req, "top_logprobs", None):
-        raise ProtocolError("logprobs are not supported by this server", "logprobs")
-    max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
-    room = max_context - prompt_len
-    if max_tokens is None:
-        max_tokens = min(default_max, room)
-    elif max_tokens < 1:
-        raise ProtocolError(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-    elif max_tokens > room:
-        raise ProtocolError(
-            f"max_tokens {max_tokens} + prompt {prompt_len} tokens exceed the context limit "
-            f"{max_context}",
-            "max_tokens",
-        )
+    """Validate and translate; every failure names the field, as OpenAI's errors do. Whether
+    the request can ever fit (prompt + max_tokens against the context and the pool) is decided
+    here, before anything is submitted."""
+    asked = getattr(req, "max_completion_tokens", None) or req.max_tokens
+    try:
+        max_tokens = fit_max_tokens(
+            prompt_len, asked, max_context=limits.max_context, kv_tokens=limits.kv_tokens,
+            default=default_max,
+        )  # fmt: skip
+    except PromptError as e:
+        raise ProtocolError(str(e), e.param) from e
+    bias = {int(t): b for t, b in (req.logit_bias or {}).items()} or None
+    for name, ids in (("stop_token_ids", req.stop_token_ids or ()), ("logit_bias", bias or ())):
+        bad = next((t for t in ids if t >= limits.vocab_size), None)
+        if bad is not None:
+            raise ProtocolError(
+                f"{name}: token id {bad} is outside the vocabulary (0..{limits.vocab_size - 1})",
+                name,
+            )
     try:
         return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            min_p=req.min_p,
-            seed=req.seed,
-            stop=req.stop or None,
-            stop_token_ids=req.stop_token_ids,
-            ignore_eos=req.ignore_eos,
-            min_tokens=req.min_tokens,
-        )
+            max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+            top_k=req.top_k, min_p=req.min_p, seed=req.seed, stop=req.stop or None,
+            stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty, logit_bias=bias,
+        )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(str(e), str(e).split(" ", 1)[0]) from e
 
 
 def field_path(model: type[BaseModel], loc: tuple) -> str:
-    """The request field a validation error is about (``messages.0.content``), without the
-    union-branch tags pydantic appends to its location (``prompt.str``)."""
+    """The request field a validation error is about (``messages.0.content.0.type``), without
+    the union-branch tags and dict keys pydantic puts in its location (``prompt.str``)."""
     parts: list[str] = []
     cur: Any = model
     for x in loc:
@@ -109,10 +220,9 @@ def field_path(model: type[BaseModel], loc: tuple) -> str:
             parts.append(str(x))
             continue
         fields = getattr(cur, "model_fields", None)
-        if not fields or x not in fields:
-            break
-        parts.append(x)
-        cur = _inner_model(fields[x].annotation)
+        if fields and x in fields:
+            parts.append(x)
+            cur = _inner_model(fields[x].annotation)
     return ".".join(parts) or ".".join(str(x) for x in loc)
 
 
@@ -127,13 +237,12 @@ def _inner_model(annotation: Any) -> Any:
     return None
 
 
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               408: "timeout_error", 413: "invalid_request_error", 429: "rate_limit_error",
+               504: "timeout_error"}  # fmt: skip
+
+
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
-    return {
-        "error": {
-            "message": message,
-            "type": kind.get(status, "invalid_request_error" if status < 500 else "server_error"),
-            "param": param,
-            "code": status,
-        }
-    }
+    """OpenAI's error object, the one shape of every error this server answers."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}

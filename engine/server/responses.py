@@ -1,4 +1,5 @@
-"""OpenAI response shapes: a whole completion, its server-sent-event stream, an error body.
+"""OpenAI response shapes: a whole completion, its server-sent-event stream, and the error
+object every error of every route answers with (the framework's 404 and 405 included).
 
 ``kind`` is ``"text"`` (/v1/completions) or ``"chat"`` (/v1/chat/completions); ``meta`` is what
 every body and chunk of one response repeats (``id``, ``created``, ``model``).
@@ -6,18 +7,62 @@ every body and chunk of one response repeats (``id``, ``created``, ``model``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from engine.server.job import Job, JobFailed
-from engine.server.protocol import error_body
+from engine.server.limits import ClientGone, went_away
+from engine.server.protocol import ProtocolError, error_body
+
+# answers after which the connection is closed: the client may still be sending its body
+_CLOSE = frozenset({408, 413, 429})
 
 
-def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param), status_code=status)
+def error_response(
+    message: str, status: int, param: str | None = None, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    extra = {"connection": "close"} if status in _CLOSE else {}
+    return JSONResponse(
+        error_body(message, status, param), status_code=status, headers={**extra, **(headers or {})}
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape; a client that left is one line on stderr."""
+
+    @app.exception_handler(ProtocolError)
+    async def _protocol(_: Request, e: ProtocolError) -> Response:
+        return error_response(str(e), e.status, e.param)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, e: HTTPException) -> Response:
+        where = f"{request.method} {request.url.path}"
+        message = {404: f"{where}: no such route (the routes are in /openapi.json)",
+                   405: f"{where}: method not allowed; allowed: {(e.headers or {}).get('Allow')}",
+                   }.get(e.status_code, f"{where}: {e.detail}")  # fmt: skip
+        return error_response(message, e.status_code, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> Response:
+        first = e.errors()[0]
+        param = ".".join(str(x) for x in first["loc"][1:]) or None
+        return error_response(f"{param}: {first['msg']}", 400, param)
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, e: ClientGone) -> Response:
+        went_away(request, str(e))
+        return Response(status_code=499)  # nobody reads it
+
+    @app.exception_handler(Exception)
+    async def _crash(_: Request, e: Exception) -> Response:
+        # a bug: the traceback is still printed; the client gets the error object
+        return error_response(f"internal error: {type(e).__name__}", 500)
 
 
 def completion_body(
@@ -65,15 +110,16 @@ def _stream_object(kind: str) -> str:
 
 
 async def stream(
-    job: Job, kind: str, meta: dict[str, Any], include_usage: bool
+    job: Job, kind: str, meta: dict[str, Any], include_usage: bool, echo: str = ""
 ) -> AsyncIterator[bytes]:
-    """The SSE body: a chunk per delta, an error event if the job fails midway, the usage
-    (when asked) and ``[DONE]``. Closing it early aborts what is still running."""
+    """The SSE body: the echoed prompt (``echo``), a chunk per delta, an error event if the job
+    fails midway (the deadline included), the usage (when asked) and ``[DONE]``. Closing it
+    early aborts what is still running."""
     status, error = 499, "the client went away"
     try:
-        if kind == "chat":
+        if kind == "chat" or echo:
             for i in range(len(job.subs)):
-                yield _chunk(kind, meta, i, "", None, first=True)
+                yield _chunk(kind, meta, i, echo, None, first=True)
         try:
             async for i, item in job.events():
                 if item.text_delta or item.finished:

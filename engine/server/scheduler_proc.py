@@ -9,28 +9,45 @@ torch or the model (import-linter's frontend contract ignores exactly those impo
 from __future__ import annotations
 
 import signal
+import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.messages import (
+    HEARTBEAT_S,
     AbortRequest,
     AddRequest,
     Dead,
     EngineInfo,
+    Heartbeat,
+    Launch,
     Notice,
     Outputs,
     Ready,
     Rejected,
+    Serving,
     Stop,
     Stopped,
     ToScheduler,
 )
+from engine.obs import schema
 
 
-def scheduler_main(config: EngineConfig, conn: Any) -> None:
-    """The scheduler process: build the engine, then step while there is work."""
+@dataclass(slots=True)
+class _Drain:
+    """An orderly stop under way: what is in flight may finish until ``deadline``."""
+
+    reason: str
+    deadline: float
+    ended_before: int | None  # requests ended when a timed drain began; None: no drain
+
+
+def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None) -> None:
+    """The scheduler process: build the engine, then step while there is work. ``launch``:
+    the frontend's facts for the boot receipts (``boot.ready`` then waits for ``Serving``)."""
     # the frontend owns the terminal's signals; this process stops when told, over the pipe
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from engine.obs.tracing import setup_tracing
@@ -46,7 +63,7 @@ def scheduler_main(config: EngineConfig, conn: Any) -> None:
         from engine.sched.traces import RequestTraces
 
         with tracing.span("boot", **{"attest.process": "scheduler"}) as span:
-            core = EngineCore(config)
+            core = EngineCore(config, launch=launch)
             info = core.info()
             if span is not None:
                 span.set_attributes(_boot_attributes(core, info))
@@ -77,16 +94,27 @@ def _boot_attributes(core: Any, info: EngineInfo) -> dict[str, Any]:
 
 def _serve_loop(core: Any, conn: Any) -> None:
     sched = core.scheduler
+    drain: _Drain | None = None
+    beat = time.monotonic() + HEARTBEAT_S
     try:
         while True:
             # block briefly when idle; never when there is work to do
-            while conn.poll(0 if sched.has_work() else 0.5):
-                if not _handle(core, conn, conn.recv()):
-                    return
+            while conn.poll(0 if sched.has_work() else HEARTBEAT_S):
+                msg = conn.recv()
+                if isinstance(msg, Stop) and drain is None:
+                    drain = _begin_drain(core, msg)
+                elif not isinstance(msg, Stop):
+                    _handle(core, conn, msg)
+            if drain is not None and (not sched.has_work() or time.monotonic() >= drain.deadline):
+                _stop(core, conn, drain)
+                return
             if sched.has_work():
                 outs = sched.step()
                 if outs:  # a step that only prefilled has nothing to say yet
                     conn.send(Outputs(outputs=outs, snapshot=sched.snapshot()))
+            if (now := time.monotonic()) >= beat:  # busy or idle: the frontend sees us turn
+                conn.send(Heartbeat(snapshot=sched.snapshot()))
+                beat = now + HEARTBEAT_S
     except (EOFError, BrokenPipeError):
         core.shutdown("frontend_gone")  # nobody to answer, but the log still ends honestly
     except BaseException as e:
@@ -97,8 +125,8 @@ def _serve_loop(core: Any, conn: Any) -> None:
             pass
 
 
-def _handle(core: Any, conn: Any, msg: ToScheduler) -> bool:
-    """Act on one message from the frontend; False once it said stop."""
+def _handle(core: Any, conn: Any, msg: ToScheduler) -> None:
+    """Act on one message from the frontend (``Stop`` is the loop's own)."""
     sched = core.scheduler
     match msg:
         case AddRequest(rid=rid, prompt_ids=ids, params=params, trace=trace):
@@ -112,17 +140,33 @@ def _handle(core: Any, conn: Any, msg: ToScheduler) -> bool:
                 conn.send(Outputs(outputs=[out], snapshot=sched.snapshot()))
         case Notice(key=key, text=text, fields=fields):  # written to the one boot log
             core.receipts.notice(key, text, **fields)
-        case Stop(reason=reason):
-            _stop(core, conn, reason)
-            return False
-    return True
+        case Serving(host=host, port=port):
+            core.ready(host=host, port=port)
 
 
-def _stop(core: Any, conn: Any, reason: str) -> None:
-    """An orderly stop: in-flight requests abort with receipts, ``boot.stop`` is written, and
-    each waiting client hears that its request ended."""
+def _begin_drain(core: Any, msg: Stop) -> _Drain:
+    """A stop with time to drain says so (``boot.drain``) when there is something to drain."""
+    sched = core.scheduler
+    if msg.drain_s > 0 and sched.has_work():
+        core.receipts.emit(
+            schema.BOOT_DRAIN, reason=msg.reason, in_flight=len(sched.requests),
+            timeout_s=msg.drain_s,
+        )  # fmt: skip
+        return _Drain(msg.reason, time.monotonic() + msg.drain_s, _ended(core))
+    return _Drain(msg.reason, time.monotonic(), None)
+
+
+def _ended(core: Any) -> int:
+    counts = core.receipts.counts
+    return counts[schema.REQUEST_FINISH] + counts[schema.REQUEST_ABORT]
+
+
+def _stop(core: Any, conn: Any, drain: _Drain) -> None:
+    """An orderly stop: what is still in flight aborts with receipts, ``boot.stop`` is written
+    (with how many finished while draining), and each waiting client hears its request ended."""
     outs: list[Any] = []
-    n = core.shutdown(reason, outs)
+    before = drain.ended_before
+    n = core.shutdown(drain.reason, outs, None if before is None else _ended(core) - before)
     if outs:
         conn.send(Outputs(outputs=outs, snapshot=core.scheduler.snapshot()))
-    conn.send(Stopped(reason=reason, in_flight=n))
+    conn.send(Stopped(reason=drain.reason, in_flight=n))

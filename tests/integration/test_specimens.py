@@ -109,7 +109,10 @@ def test_the_net_flushes_staged_frees_before_giving_up(tiny_model_dir):
 
 
 def test_the_net_retries_with_relieved_memory_instead_of_raising(tiny_model_dir):
-    llm = tiny(tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False)
+    # the net alone, with only the providers this test registers (no production rung)
+    llm = tiny(
+        tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False, relief_ladder=False
+    )
     sched, alloc = llm.core.scheduler, llm.core.allocator
     req = sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
     sched.step()
@@ -131,7 +134,10 @@ def test_the_net_retries_with_relieved_memory_instead_of_raising(tiny_model_dir)
 
 
 def test_each_relief_rung_leaves_a_receipt_and_a_raising_one_is_an_outcome(tiny_model_dir):
-    llm = tiny(tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False)
+    # the net alone, with only the providers this test registers (no production rung)
+    llm = tiny(
+        tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False, relief_ladder=False
+    )
     sched, alloc = llm.core.scheduler, llm.core.allocator
     sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
     sched.step()
@@ -157,7 +163,10 @@ def test_each_relief_rung_leaves_a_receipt_and_a_raising_one_is_an_outcome(tiny_
 
 
 def test_an_empty_net_raises_the_original_error_with_the_numbers(tiny_model_dir):
-    llm = tiny(tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False)
+    # the net alone, with only the providers this test registers (no production rung)
+    llm = tiny(
+        tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False, relief_ladder=False
+    )
     sched = llm.core.scheduler
     sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
     sched.step()

@@ -1,0 +1,155 @@
+"""The HTTP limits a client cannot talk its way past: how long it may take to send a request (its
+headers, then its body), how many connections one address may hold open, and the request's
+deadline. uvicorn bounds neither header nor body time (a client that declares 100 bytes and
+sends 20 holds its connection forever) and caps connections only for the whole server, so the
+first two live here: the body read in ``read_body``, the rest in ``protocol_class``, uvicorn's
+HTTP/1.1 protocol with a header timer and a count of connections per address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from engine.config import EngineConfig
+from engine.server.protocol import ProtocolError, error_body
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    read_timeout_s: float = 30.0  # to send the headers, and then the body, each
+    max_client_connections: int = 128  # open at once from one address; 0: no cap
+    request_timeout_s: float | None = 600.0  # arrival to the last token; None: no deadline
+    max_body_bytes: int = MAX_BODY_BYTES
+
+    @classmethod
+    def of(cls, cfg: EngineConfig) -> HttpLimits:
+        return cls(cfg.read_timeout, cfg.max_client_connections, cfg.request_timeout)
+
+
+class ClientGone(Exception):
+    """The client hung up before its request was read: said in one line, never a traceback."""
+
+
+def went_away(request: Request, what: str) -> None:
+    """One line on stderr for a client that left: an ordinary event, not a crash."""
+    client = request.client
+    who = f"{client.host}:{client.port}" if client else "a client"
+    print(f"attest: {who} went away {what} ({request.method} {request.url.path}); "
+          "nothing was queued", file=sys.stderr, flush=True)  # fmt: skip
+
+
+async def read_body(request: Request, limits: HttpLimits) -> bytes:
+    """The whole body, within ``max_body_bytes`` (413) and ``read_timeout_s`` (408)."""
+    body = bytearray()
+    declared = request.headers.get("content-length")
+    try:
+        async with asyncio.timeout(limits.read_timeout_s):
+            async for part in request.stream():  # bounded even when no length was declared
+                body += part
+                if len(body) > limits.max_body_bytes:
+                    raise ProtocolError(
+                        f"request body exceeds {limits.max_body_bytes} bytes", None, 413
+                    )
+    except TimeoutError:
+        of = f" of the {declared} declared" if declared else ""
+        raise ProtocolError(
+            f"request body not received within {limits.read_timeout_s:g} s (got {len(body)} "
+            f"bytes{of}); send the whole body at once",
+            None,
+            408,
+        ) from None
+    except ClientDisconnect:
+        of = f" of {declared}" if declared else ""
+        raise ClientGone(f"while sending its request body ({len(body)}{of} bytes)") from None
+    return bytes(body)
+
+
+def raw_error(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error response that closes the connection, for the protocol level where
+    no request (or no valid one) was read."""
+    body = orjson.dumps(error_body(message, status))
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")  # fmt: skip
+    return head.encode() + body
+
+
+def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol (``uvicorn.Config(http=...)``) for one server, with its own
+    count of open connections per client address."""
+    open_by_host: dict[str, int] = {}
+    cap, timeout = limits.max_client_connections, limits.read_timeout_s
+
+    class GuardedH11Protocol(H11Protocol):
+        _host = ""
+        _timer: asyncio.TimerHandle | None = None
+        _armed_at: Any = None
+        _heard = False  # bytes arrived since the timer was armed
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._host = self.client[0] if self.client else ""
+            open_by_host[self._host] = open_by_host.get(self._host, 0) + 1
+            if cap and open_by_host[self._host] > cap:
+                self.app = _over_cap(self._host, cap)  # its request is answered 429, then closed
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            left = open_by_host.get(self._host, 1) - 1
+            if left > 0:
+                open_by_host[self._host] = left
+            else:
+                open_by_host.pop(self._host, None)
+            if self._timer is not None:
+                self._timer.cancel()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()  # the next request's headers get the same time
+
+        def data_received(self, data: bytes) -> None:
+            self._heard = True
+            super().data_received(data)
+
+        def _arm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._armed_at, self._heard = self.cycle, False
+            self._timer = self.loop.call_later(timeout, self._headers_late)
+
+        def _headers_late(self) -> None:
+            # no new request began since the timer was armed: its headers never completed
+            if self.cycle is self._armed_at and not self.transport.is_closing():
+                if self._heard:  # an idle connection is closed without a word, as keep-alive's
+                    message = f"request headers not received within {timeout:g} s"
+                    self.transport.write(raw_error(408, "Request Timeout", message))
+                self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            self.transport.write(raw_error(400, "Bad Request", f"malformed HTTP request: {msg}"))
+            self.transport.close()
+
+    return GuardedH11Protocol
+
+
+def _over_cap(host: str, cap: int) -> Any:
+    message = (f"too many open connections from {host}: at most {cap} at once "
+               "(--max-client-connections); close some and retry")  # fmt: skip
+    body = orjson.dumps(error_body(message, 429))
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                   (b"content-length", str(len(body)).encode())]  # fmt: skip
+        await send({"type": "http.response.start", "status": 429, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app

@@ -1,0 +1,91 @@
+"""The server's OpenAPI document, kept to what the server accepts and answers.
+
+FastAPI derives the routes. The completion routes read their bodies themselves (bounded in size
+and time, errors naming the field), so FastAPI cannot see those bodies: they are declared here
+from the same pydantic models that validate them, and every route lists the error object its
+errors carry. A fuzzer that reads this document (tests/e2e/test_fuzz_api.py) tests what runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+
+class ErrorObject(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape: every error of every route."""
+
+    error: ErrorObject
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": what}
+    for status, what in (
+        (400, "the request asks for something invalid or unsupported (error.param names it)"),
+        (401, "a missing or wrong API key"),
+        (404, "no such route, or no such model"),
+        (405, "the route does not take this method"),
+        (408, "the request's headers or body did not arrive in time"),
+        (413, "the body is over the limit"),
+        (429, "too many open connections from this address"),
+        (503, "the scheduler is not running or the server is stopping"),
+        (504, "the request ran past its deadline and was aborted"),
+    )
+}
+
+
+def body(model: type[BaseModel]) -> dict[str, Any]:
+    """A POST route's keywords declaring ``model`` as its JSON body and its two answers: one
+    JSON body, or a stream of server-sent events."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    request_body = {"required": True, "content": {"application/json": {"schema": ref}}}
+    ok = {"description": "the completion", "content": {"application/json": {},
+                                                      "text/event-stream": {}}}  # fmt: skip
+    return {"openapi_extra": {"requestBody": request_body}, "responses": {200: ok}}
+
+
+def publish(app: FastAPI, models: list[type[BaseModel]], served_name: str, vocab_size: int) -> None:
+    """Make ``app``'s document carry ``models`` (and what they refer to) as components, with
+    what only the running server knows: the one model name it serves, the vocabulary's size."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(
+                title=app.title, version=app.version, routes=app.routes, description=app.description
+            )
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(schema.pop("$defs", {}))
+                schemas[model.__name__] = schema
+                schema["properties"]["model"] = {
+                    "anyOf": [{"const": served_name}, {"type": "null"}],
+                    "default": None,
+                }
+            _pin_token_ids(schemas, vocab_size)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _pin_token_ids(node: Any, vocab_size: int) -> None:
+    """Give every token id (``x-token-id``) its upper bound, the last id of the vocabulary."""
+    if isinstance(node, dict):
+        if node.pop("x-token-id", False):
+            node["maximum"] = vocab_size - 1
+        for value in node.values():
+            _pin_token_ids(value, vocab_size)
+    elif isinstance(node, list):
+        for value in node:
+            _pin_token_ids(value, vocab_size)

@@ -1,0 +1,241 @@
+"""The completion service: one /v1/completions or /v1/chat/completions request from its body to
+its response (parse, prompt checks, tokenizing, the job in the scheduler, the response).
+
+Nothing a request sends can hold the event loop: the body is read within a time limit, a prompt
+too long for the context is refused on its character count before any tokenizing, and the
+tokenizer runs in a worker thread (``tokenizers`` releases the GIL while it encodes), so a
+4 MB prompt costs its own client a 400 and nobody else a stall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from engine.model.chat import ChatTemplateError
+from engine.obs import tracing as tr
+from engine.obs.metrics import ServerMetrics
+from engine.prompt import PromptError, check_chars, check_prompt, longest_token_chars
+from engine.server.driver import EngineDriver
+from engine.server.job import Job, JobFailed
+from engine.server.limits import HttpLimits, read_body
+from engine.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelLimits,
+    ProtocolError,
+    refuse_unbuilt,
+    sampling_params,
+    validation_error,
+)
+from engine.server.responses import completion_body, error_response, stream
+
+DEFAULT_MAX_TOKENS = 256
+
+
+async def parse(
+    request: Request, model: type[BaseModel], served_model_name: str, limits: HttpLimits
+) -> Any:
+    """The request body as ``model``; every fault is a ProtocolError naming the field."""
+    body = await read_body(request, limits)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ProtocolError(f"request body is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ProtocolError("request body must be a JSON object")
+    try:
+        req = model.model_validate(refuse_unbuilt(data, model))
+    except ValidationError as e:
+        raise validation_error(model, e) from e
+    if req.model not in (None, served_model_name):
+        raise ProtocolError(
+            f"model {req.model!r} does not exist; this server serves {served_model_name!r}",
+            "model",
+            404,
+        )
+    return req
+
+
+def chat_chars(req: ChatCompletionRequest) -> int:
+    """The characters of the messages' text: the rendered prompt holds at least these."""
+    n = 0
+    for m in req.messages:
+        parts = [m.content] if isinstance(m.content, str) else [p.text for p in m.content or ()]
+        n += sum(len(p) for p in parts)
+    return n
+
+
+class CompletionService:
+    """Runs completion requests against a started driver: prompt checks, the request's trace,
+    the job in the scheduler, and the response. With tracing on, each request gets a SERVER
+    span that continues an incoming ``traceparent``."""
+
+    def __init__(
+        self,
+        driver: EngineDriver,
+        metrics: ServerMetrics,
+        served_name: str,
+        tracing: tr.Tracing,
+        limits: HttpLimits,
+    ) -> None:
+        self.driver = driver
+        self.metrics = metrics
+        self.served_name = served_name
+        self.tracing = tracing
+        self.http = limits
+        vocab = driver.tokenizer.backend.get_vocab(with_added_tokens=True)
+        self.limits = ModelLimits(
+            max_context=driver.max_context, kv_tokens=driver.info.kv_tokens,
+            vocab_size=driver.vocab_size, token_chars=longest_token_chars(vocab),
+        )  # fmt: skip
+
+    def check_chars(self, chars: int, param: str) -> None:
+        try:
+            check_chars(
+                chars, max_context=self.limits.max_context, token_chars=self.limits.token_chars,
+                param=param,
+            )  # fmt: skip
+        except PromptError as e:
+            raise ProtocolError(str(e), e.param) from e
+
+    async def completions(self, request: Request) -> Response:
+        t0 = time.time_ns()
+        req = await parse(request, CompletionRequest, self.served_name, self.http)
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ProtocolError("batched prompts are not supported; send one prompt", "prompt")
+            prompt = prompt[0]
+        tok = self.driver.tokenizer
+        if isinstance(prompt, str):
+            self.check_chars(len(prompt), "prompt")
+            ids = await asyncio.to_thread(tok.encode, prompt)
+        else:
+            ids = list(prompt)
+        self.check_prompt(ids)
+        echo = "" if not req.echo else prompt if isinstance(prompt, str) else tok.decode(ids)
+        return await self.run(ids, req, "text", request, t0, echo)
+
+    async def chat(self, request: Request) -> Response:
+        t0 = time.time_ns()
+        req = await parse(request, ChatCompletionRequest, self.served_name, self.http)
+        self.check_chars(chat_chars(req), "messages")
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        try:
+            tok = self.driver.tokenizer
+            ids = await asyncio.to_thread(tok.encode_chat, messages, req.add_generation_prompt)
+        except ChatTemplateError as e:
+            raise ProtocolError(str(e), "messages") from e
+        self.check_prompt(ids)
+        return await self.run(ids, req, "chat", request, t0)
+
+    def check_prompt(self, ids: list[int]) -> None:
+        try:
+            check_prompt(
+                ids, vocab_size=self.limits.vocab_size, max_context=self.limits.max_context
+            )
+        except PromptError as e:
+            raise ProtocolError(str(e), e.param) from e
+
+    async def run(
+        self, ids: list[int], req: Any, kind: str, request: Request, t0: int, echo: str = ""
+    ) -> Response:
+        """Submit and answer one checked request (``kind``: ``"text"`` or ``"chat"``);
+        ``echo``: text each choice's output starts with."""
+        params = sampling_params(req, len(ids), self.limits, DEFAULT_MAX_TOKENS)
+        rid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
+        deadline = self.http.request_timeout_s
+        job = Job(self.driver, self.metrics, rid, ids, params, req.n, t0, deadline)
+        self.trace(job, request, kind, req, params, t0)
+        try:
+            job.submit()
+        except JobFailed as e:
+            job.end_span(e.status, str(e))
+            return error_response(str(e), e.status)
+        meta = {"id": rid, "created": int(time.time()), "model": self.served_name}
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                stream(job, kind, meta, include_usage, echo), media_type="text/event-stream"
+            )
+        return await self.collect(job, kind, meta, req.n, request, echo)
+
+    async def collect(
+        self, job: Job, kind: str, meta: dict[str, Any], n: int, request: Request, echo: str
+    ) -> Response:
+        """The whole response at once, unless the client hangs up first (then 499, aborted)."""
+        texts: list[list[str]] = [[echo] for _ in range(n)]
+
+        async def gather() -> None:
+            async for i, out in job.events():
+                texts[i].append(out.text_delta)
+
+        try:
+            if not await unless_disconnected(gather(), request):
+                job.end_span(499, "the client went away")
+                return Response(status_code=499)  # nobody reads it; the request is aborted
+        except JobFailed as e:
+            job.end_span(e.status, str(e))
+            return error_response(str(e), e.status)
+        except BaseException:
+            job.end_span(499, "the client went away")
+            raise
+        finally:
+            job.close()  # nothing, unless the client went away (cancelled) mid-request
+        job.end_span(200)
+        return JSONResponse(completion_body(job, kind, meta, texts))
+
+    def trace(self, job: Job, request: Request, kind: str, req: Any, params: Any, t0: int) -> None:
+        """The request's trace context: a server span (tracing on), else an incoming
+        traceparent passed through so the receipts still name the caller's trace."""
+        headers, tracing, name = request.headers, self.tracing, self.served_name
+        if not tracing.enabled:
+            incoming = headers.get("traceparent")
+            job.trace = incoming if tr.parse_traceparent(incoming) else None
+            return
+        try:
+            op = "text_completion" if kind == "text" else "chat"
+            attrs = tr.request_attributes(op, name, params, req.n, bool(req.stream))
+            attrs.update({"gen_ai.response.id": job.rid, "gen_ai.response.model": name,
+                          "attest.rid": job.rid, "http.request.method": "POST",
+                          "url.path": request.url.path})  # fmt: skip
+            job.span = tracing.start_span(
+                f"{op} {name}", parent=tracing.context_from(headers), kind="SERVER",
+                start_ns=t0, attributes=attrs,
+            )  # fmt: skip
+            job.trace = tr.traceparent_of(job.span)
+        except Exception:
+            job.span = None  # tracing never fails a request
+
+
+async def unless_disconnected(work: Awaitable[None], request: Request) -> bool:
+    """Run ``work`` unless the client hangs up first (the body is already read, so the next
+    message can only be the disconnect). False when it hung up; the caller aborts."""
+    task = asyncio.ensure_future(work)
+
+    async def hangup() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(hangup())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if task.done():
+        task.result()  # re-raise what the work raised
+        return True
+    task.cancel()
+    return False

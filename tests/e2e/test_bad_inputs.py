@@ -1,0 +1,327 @@
+"""Bad inputs against a real `engine serve`: each gets a 4xx in OpenAI's error shape naming what
+is wrong, nothing reaches the scheduler, and the server goes on serving. Also the limits no
+single field can show: slow bodies, connections per client, tokenizing off the event loop, the
+request deadline, and a client that leaves mid-body (one line on stderr, never a traceback).
+
+The table is printed at the end of the module (run with -s) and kept in runbooks/serve.md."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+from typing import NamedTuple
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import requires_default_model
+from tests.e2e.http_raw import exchange, head, hold
+from tests.e2e.server_proc import ServerProc
+
+pytestmark = requires_default_model
+
+READ_TIMEOUT, CAP, DEADLINE, POOL = 1, 6, 4, 1024
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+ROWS: list[tuple[str, int, str]] = []  # (input, status, message): the table, printed at the end
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    log = tmp_path_factory.mktemp("bad-inputs") / "boot.jsonl"
+    s = ServerProc(
+        log, "--kv-tokens", str(POOL), "--max-running", "4", "--read-timeout", str(READ_TIMEOUT),
+        "--max-client-connections", str(CAP), "--request-timeout", str(DEADLINE),
+    )  # fmt: skip
+    yield s
+    s.stop()
+    if ROWS:
+        print("\n| input | status | message |\n|---|---|---|")
+        for name, status, message in ROWS:
+            print(f"| {name} | {status} | {message} |")
+
+
+def receipts(srv, kind: str) -> list[dict]:
+    return [orjson.loads(x) for x in srv.log_file.read_bytes().splitlines() if kind.encode() in x]
+
+
+def idle(srv) -> dict:
+    """/health once nothing runs (an abort's memory comes back within moments)."""
+    deadline = time.monotonic() + 5
+    while True:
+        h = httpx.get(srv.base + "/health", timeout=10).json()
+        if (h["running"], h["waiting"], h["kv_used"]) == (0, 0, 0) or time.monotonic() > deadline:
+            return h
+        time.sleep(0.1)
+
+
+def js(**body) -> bytes:
+    return orjson.dumps(body)
+
+
+def chat(*messages, **extra) -> bytes:
+    return js(messages=list(messages) or [{"role": "user", "content": "hi"}], **extra)
+
+
+class Bad(NamedTuple):
+    name: str
+    path: str
+    body: bytes | None  # None: a GET
+    status: int
+    param: str | None
+    words: str  # in the message
+    raw: tuple[bytes, list[bytes], float] | None = None  # sent by hand: start, parts, pause
+
+
+def _nested(depth: int) -> bytes:
+    return b'{"prompt": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+TEN_MB = 10 * 1024 * 1024
+TABLE = [
+    Bad("max_tokens of the wrong type", COMPLETIONS, js(prompt="hi", max_tokens="many"), 400,
+        "max_tokens", "valid integer"),
+    Bad("temperature of the wrong type", COMPLETIONS, js(prompt="hi", temperature="hot"), 400,
+        "temperature", "valid number"),
+    Bad("negative max_tokens", COMPLETIONS, js(prompt="hi", max_tokens=-5), 400, "max_tokens",
+        "greater than or equal to 1"),
+    Bad("huge max_tokens", COMPLETIONS, js(prompt="hi", max_tokens=10**12), 400, "max_tokens",
+        "exceed the KV pool"),
+    Bad("n over the limit", COMPLETIONS, js(prompt="hi", n=17), 400, "n", "less than or equal"),
+    Bad("empty prompt", COMPLETIONS, js(prompt=""), 400, "prompt", "prompt is empty"),
+    Bad("oversized prompt (4 MB of text)", COMPLETIONS, js(prompt="a" * 4_000_000), 400,
+        "prompt", "characters, more than the context limit"),
+    Bad("token ids outside the vocabulary", COMPLETIONS, js(prompt=[1, 2, 999_999]), 400,
+        "prompt", "outside the vocabulary"),
+    Bad("invalid UTF-8", COMPLETIONS, b'{"prompt": "\xff\xfe"}', 400, None, "not valid JSON"),
+    Bad("deeply nested JSON (5000 levels)", COMPLETIONS, _nested(5000), 400, None,
+        "not valid JSON"),
+    Bad("unknown role", CHAT, chat({"role": "wizard", "content": "hi"}), 400, "messages.0.role",
+        "Input should be"),
+    Bad("a tool call (tools)", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+        400, "tools", "tool calling"),
+    Bad("a tool call in the history", CHAT, chat({"role": "assistant", "tool_calls": []}), 400,
+        "messages.0.tool_calls", "not supported"),
+    Bad("logprobs (chat)", CHAT, chat(logprobs=True, top_logprobs=2), 400, "logprobs",
+        "not supported"),
+    Bad("logprobs (completions)", COMPLETIONS, js(prompt="hi", logprobs=3), 400, "logprobs",
+        "not supported"),
+    Bad("stop of the wrong type", COMPLETIONS, js(prompt="hi", stop=5), 400, "stop",
+        "valid string"),
+    Bad("five stop strings", COMPLETIONS, js(prompt="hi", stop=list("abcde")), 400, "stop",
+        "at most 4"),
+    Bad("a 10 MB body (declared)", COMPLETIONS, None, 413, None, "exceeds",
+        raw=(head(COMPLETIONS, TEN_MB), [b"x" * 65536], 0.0)),
+    Bad("a 10 MB body (chunked, undeclared)", COMPLETIONS, None, 413, None, "exceeds",
+        raw=(head(COMPLETIONS, None, "Transfer-Encoding: chunked\r\n"),
+             [b"10000\r\n" + b"x" * 65536 + b"\r\n"] * 160, 0.0)),
+    Bad("a slow-loris body (100 declared, 20 sent)", COMPLETIONS, None, 408, None,
+        "not received within", raw=(head(COMPLETIONS, 100) + b'{"prompt": "aaaaaaaa', [], 0.0)),
+    Bad("seed 2**64-1", COMPLETIONS, js(prompt="hi", seed=2**64 - 1, n=3), 400, "seed",
+        "less than or equal to 9223372036854775807"),
+    Bad("response_format json_schema", CHAT,
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), 400,
+        "response_format", "plain text only"),
+    Bad("presence_penalty out of range", COMPLETIONS, js(prompt="hi", presence_penalty=3), 400,
+        "presence_penalty", "less than or equal to 2"),
+    Bad("logit_bias for a token outside the vocabulary", COMPLETIONS,
+        js(prompt="hi", logit_bias={"999999": 5}), 400, "logit_bias", "outside the vocabulary"),
+    Bad("stop_token_ids outside the vocabulary", COMPLETIONS,
+        js(prompt="hi", min_tokens=1, stop_token_ids=[99_999_999]), 400, "stop_token_ids",
+        "outside the vocabulary"),
+    Bad("best_of 3", COMPLETIONS, js(prompt="hi", best_of=3), 400, "best_of", "equal to n"),
+    Bad("suffix", COMPLETIONS, js(prompt="hi", suffix="!"), 400, "suffix", "insertion"),
+    Bad("an unknown field", COMPLETIONS, js(prompt="hi", frobnicate=1), 400, "frobnicate",
+        "not a supported request field"),
+    Bad("1,000-token prompt + max_tokens 100 on a 1,024-token pool", COMPLETIONS,
+        js(prompt=[28] * 1000, max_tokens=100), 400, "max_tokens", "exceed the KV pool of 1024"),
+    Bad("an image content part", CHAT,
+        chat({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}),
+        400, "messages.0.content.0.type", "'text'"),
+    Bad("batched prompts", COMPLETIONS, js(prompt=["a", "b"]), 400, "prompt", "batched"),
+    Bad("no messages", CHAT, js(messages=[]), 400, "messages", "at least 1"),
+    Bad("min_tokens over max_tokens", COMPLETIONS, js(prompt="hi", min_tokens=9, max_tokens=2),
+        400, "min_tokens", "max_tokens=2"),
+    Bad("a model it does not serve", COMPLETIONS, js(prompt="hi", model="gpt-9"), 404, "model",
+        "does not exist"),
+    Bad("a body that is not an object", COMPLETIONS, b"[1, 2]", 400, None, "JSON object"),
+    Bad("GET of a route that does not exist", "/v1/nope", None, 404, None, "no such route"),
+    Bad("GET of a POST route", COMPLETIONS, None, 405, None, "method not allowed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", TABLE, ids=[b.name for b in TABLE])
+def test_a_bad_input_gets_a_4xx_naming_the_field(srv, bad):
+    t0 = time.monotonic()
+    if bad.raw:
+        status, body, _ = exchange(srv.port, *bad.raw)
+    elif bad.body is None:
+        r = httpx.get(srv.base + bad.path, timeout=30)
+        status, body = r.status_code, r.json()
+    else:
+        r = httpx.post(srv.base + bad.path, content=bad.body, timeout=30,
+                       headers={"content-type": "application/json"})  # fmt: skip
+        status, body = r.status_code, r.json()
+    took = time.monotonic() - t0
+    err = body["error"]
+    ROWS.append((bad.name, status, err["message"][:160]))
+    assert status == bad.status, body
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+    assert err["param"] == bad.param and bad.words in err["message"], err
+    if bad.param:
+        assert err["message"].startswith(bad.param.split(".")[0]) or bad.param in err["message"]
+    assert took < (READ_TIMEOUT + 3 if status == 408 else 5), took  # refused at once
+    h = idle(srv)
+    assert h["status"] == "ok" and h["kv_used"] == 0
+
+
+def test_nothing_bad_reached_the_scheduler(srv):
+    assert receipts(srv, '"request.received"') == []
+    assert receipts(srv, '"request.abort"') == []
+
+
+def test_the_fields_it_implements_change_the_output(srv):
+    """echo, logit_bias and a list of stop strings are honoured, not accepted and ignored."""
+    prompt = "The capital of France is"
+    base = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+
+    def text(**extra):
+        r = httpx.post(srv.base + COMPLETIONS, json={**base, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"], r.json()["usage"]["completion_tokens"]
+
+    plain, n = text()
+    assert text(echo=True) == (prompt + plain, n)
+    forced, _ = text(logit_bias={"28": 100})
+    assert forced == forced[: len(forced) // 4] * 4 and forced != plain  # one token, four times
+    assert text(stop=["zz", plain[1:3], "yy", "xx"])[0] == plain[:1]
+
+
+def test_a_4mb_prompt_is_refused_at_once_and_health_does_not_wait(srv):
+    """Refused on its character count, before any tokenizing."""
+    results = []
+    health_s = watch_health(srv, lambda: results.extend(send_prompts(srv, ["a" * 4_000_000] * 3)))
+    assert len(results) == 3 and all("characters, more than the context" in m for m in results)
+    assert max(health_s) < 0.5, max(health_s)
+
+
+def test_a_long_prompt_is_tokenized_off_the_event_loop(srv):
+    """~660k CJK characters pass the character bound (8,192 tokens x 81 characters) and take
+    the tokenizer most of a second each; tokenized on the event loop, /health would wait."""
+    text = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(650_000))
+    results = []
+    health_s = watch_health(srv, lambda: results.extend(send_prompts(srv, [text] * 2)))
+    assert len(results) == 2
+    assert all("tokens; the context limit is 8192" in m for m in results), results
+    assert max(health_s) < 0.4, max(health_s)
+
+
+def send_prompts(srv, prompts: list[str]) -> list[str]:
+    def one(p: str) -> str:
+        t0 = time.monotonic()
+        r = httpx.post(srv.base + COMPLETIONS, json={"prompt": p}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+        assert time.monotonic() - t0 < 20  # a loaded machine is slow, not wrong
+        return r.json()["error"]["message"]
+
+    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+        return list(ex.map(one, prompts))
+
+
+def watch_health(srv, work) -> list[float]:
+    """Run ``work`` while timing /health every 50 ms; the times /health took."""
+    times, done = [], threading.Event()
+
+    def poll():
+        with httpx.Client(base_url=srv.base, timeout=30) as c:
+            while not done.is_set():
+                t0 = time.monotonic()
+                assert c.get("/health").status_code == 200
+                times.append(time.monotonic() - t0)
+                time.sleep(0.05)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        work()
+    finally:
+        done.set()
+        t.join()
+    return times
+
+
+def test_connections_past_the_cap_get_429_and_the_rest_are_served(srv):
+    time.sleep(0.2)  # the earlier tests' connections are closed
+    held = [hold(srv.port, head(COMPLETIONS, 100) + b"{") for _ in range(CAP)]
+    try:
+        status, body, _ = exchange(srv.port, head(COMPLETIONS, 15) + b'{"prompt":"hi"}')
+        assert status == 429 and body["error"]["type"] == "rate_limit_error", body
+        assert "at most 6" in body["error"]["message"]
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.2)
+    r = httpx.post(srv.base + COMPLETIONS, json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def test_slow_headers_get_408_and_the_connection_closes(srv):
+    start = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # and never the rest
+    status, body, took = exchange(srv.port, start)
+    assert status == 408 and "headers not received within 1 s" in body["error"]["message"]
+    assert took < READ_TIMEOUT + 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_past_the_deadline_a_request_is_aborted_as_deadline_and_answered_504(srv, stream):
+    before = srv.metrics()
+    body = {"prompt": "Write a long story.", "max_tokens": 900, "ignore_eos": True, "n": 2,
+            "stream": stream}  # fmt: skip
+    t0 = time.monotonic()
+    r = httpx.post(srv.base + COMPLETIONS, json=body, timeout=60)
+    took = time.monotonic() - t0
+    if stream:
+        assert r.status_code == 200
+        events = [x[6:] for x in r.text.splitlines() if x.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        err = orjson.loads(events[-2])["error"]
+    else:
+        assert r.status_code == 504, r.text
+        err = r.json()["error"]
+    assert err["code"] == 504 and "deadline of 4 s" in err["message"]
+    assert DEADLINE <= took < DEADLINE + 3
+    idle(srv)
+    aborts = receipts(srv, '"request.abort"')[-2:]
+    assert [a["reason"] for a in aborts] == ["deadline", "deadline"]
+    after = srv.metrics()  # /metrics counts the two aborts the receipts count
+
+    def grew(name):
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert grew('attest:requests_total{finish_reason="abort"}') == 2
+    assert grew("attest:aborts_total") == 2
+
+
+def test_an_n_choice_request_refused_before_submission_moves_no_counter(srv):
+    before = srv.metrics()
+    r = httpx.post(srv.base + COMPLETIONS, json={"prompt": "hi", "n": 3, "seed": 2**64 - 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
+    after = srv.metrics()
+    moved = {k for k in after if after[k] != before.get(k, 0) and "requests_total" in k}
+    assert moved == set() and after["attest:aborts_total"] == before["attest:aborts_total"]
+
+
+def test_clients_that_leave_mid_body_are_one_line_each_never_a_traceback(srv):
+    for i in range(5):
+        s = hold(srv.port, head(COMPLETIONS, 100) + b'{"prompt": "' + b"x" * i)
+        time.sleep(0.1)
+        s.close()
+    time.sleep(0.3)
+    r = httpx.post(srv.base + COMPLETIONS, json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200
+    code, out = srv.stop()
+    assert code == 0, out
+    assert "Traceback" not in out and "ClientDisconnect" not in out, out[-3000:]
+    lines = [x for x in out.splitlines() if "went away while sending its request body" in x]
+    assert len(lines) >= 5 + CAP, out[-3000:]  # these five, and the connection cap's six

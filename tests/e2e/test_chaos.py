@@ -1,0 +1,304 @@
+"""Faults from outside against a real `engine serve` (a tiny model) on loopback: the scheduler
+process killed (SIGKILL) or stopped (SIGSTOP) under load, SIGTERM under heavy load with a bounded
+drain, and a trace collector that never answers or refuses. Each ends with the receipts read
+back: what every request became, and what the auditor says."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import orjson
+import pytest
+
+from tests.e2e.server_proc import ServerProc
+from tests.tiny_model import make_tiny_model
+
+LONG = {"prompt": [5, 6, 7, 8], "max_tokens": 3000, "ignore_eos": True}
+SHORT = {"prompt": [9, 10, 11], "max_tokens": 30, "ignore_eos": True}
+# one torch thread: two servers' thread pools fighting over a shared machine's cores turn
+# milliseconds into seconds, which the timing bounds here would mistake for the fault
+ONE = ("--threads", "1")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    """A tiny model with room for long generations (4,096 positions)."""
+    return str(make_tiny_model(tmp_path_factory.mktemp("chaos-model"), max_position=4096))
+
+
+def receipts(path) -> list[dict]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.startswith(b"{")]
+
+
+def audit(log, spec: str) -> tuple[int, dict[str, str]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.audit_app", "verdict", str(log), "--spec", spec, "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    claims = orjson.loads(done.stdout)["specs"][0]["claims"]
+    return done.returncode, {c["claim"]: c["verdict"] for c in claims}
+
+
+def every_request_ends(recs: list[dict]) -> None:
+    received = [r["rid"] for r in recs if r["event"] == "request.received"]
+    ends = [r["rid"] for r in recs if r["event"] in ("request.finish", "request.abort")]
+    assert sorted(received) == sorted(ends), "a request without exactly one ending"
+
+
+class Client(threading.Thread):
+    """One request in the background: its status, its SSE data (streaming), and when it ended."""
+
+    def __init__(
+        self, base: str, body: dict, stream: bool, leave: threading.Event | None = None
+    ) -> None:
+        super().__init__(daemon=True)
+        self.base, self.body, self.stream = base, {**body, "stream": stream}, stream
+        self.leave = leave  # set: a streaming client hangs up at its next chunk
+        self.first = threading.Event()  # a first token (streaming) or the answer
+        self.status: int | None = None
+        self.data: list[str] = []
+        self.error: dict | None = None
+        self.ended_at: float | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", self.base + "/v1/completions", json=self.body,
+                              timeout=60) as r:  # fmt: skip
+                self.status = r.status_code
+                if not self.stream or r.status_code != 200:
+                    body = orjson.loads(r.read())
+                    self.error = body.get("error")
+                    self.data.append(body)
+                for line in r.iter_lines() if self.stream and r.status_code == 200 else ():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        chunk = orjson.loads(line[6:])
+                        self.error = chunk.get("error") or self.error
+                        self.data.append(chunk)
+                        self.first.set()
+                    if self.leave is not None and self.leave.is_set():
+                        break
+        except httpx.HTTPError as e:
+            self.error = {"message": f"transport: {e}"}
+        finally:
+            self.ended_at = time.monotonic()
+            self.first.set()
+
+
+def test_sigkill_of_the_scheduler_under_load_errors_every_request_and_audits_fail(model, tmp_path):
+    log = tmp_path / "boot.jsonl"
+    srv = ServerProc(log, "--model", model, "--kv-tokens", "8192", "--max-running", "8", *ONE)
+    try:
+        health = httpx.get(srv.base + "/health", timeout=5).json()
+        assert health["scheduler_pid"] == srv.scheduler_pid()
+        streams = [Client(srv.base, LONG, stream=True) for _ in range(5)]
+        plain = [Client(srv.base, LONG, stream=False) for _ in range(3)]
+        assert all(c.first.wait(30) for c in streams), "the load never started"
+        assert all(c.ended_at is None for c in streams + plain), "the load ended before the kill"
+        killed = time.monotonic()
+        os.kill(health["scheduler_pid"], signal.SIGKILL)
+        for c in streams + plain:
+            c.join(10)
+        for c in streams + plain:  # each hears it, by its own channel, within a second
+            assert c.ended_at - killed < 1.0, (c.stream, c.ended_at - killed)
+            assert c.error and "scheduler" in c.error["message"], c.error
+            assert c.status == (200 if c.stream else 503)  # a stream's headers were already sent
+        code, out = srv.stop(signal.SIGCONT, timeout=20)  # it exits by itself
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    assert code == 1, out
+    assert "was killed by SIGKILL" in out
+    recs = receipts(log)
+    stop = recs[-1]
+    assert (stop["event"], stop["reason"]) == ("boot.stop", "scheduler_died")
+    assert (stop["signal"], stop["exit_code"]) == ("SIGKILL", -9)
+    lost = [r for r in recs if r["event"] == "request.abort" and r["reason"] == "scheduler_died"]
+    assert len(lost) == stop["in_flight"] == 8
+    assert [r["seq"] for r in recs] == list(range(1, len(recs) + 1))  # one unbroken log
+    every_request_ends(recs)
+    rc, claims = audit(log, "boot_health")
+    assert rc == 1 and claims["stopped_in_order"] == "FAIL", claims
+
+
+def test_sigterm_under_heavy_load_drains_within_its_bound_with_receipts(model, tmp_path):
+    log = tmp_path / "boot.jsonl"
+    drain = 3.0
+    # long enough to be in flight when the signal lands, short enough to finish within the drain
+    medium = {**SHORT, "max_tokens": 100}
+    srv = ServerProc(
+        log, "--model", model, "--kv-tokens", "8192", "--max-running", "32",
+        "--drain-timeout", str(drain), *ONE,
+    )  # fmt: skip
+    try:
+        longs = [Client(srv.base, LONG, stream=i % 2 == 0) for i in range(12)]
+        leave = threading.Event()  # a client that hangs up while the server drains
+        leaver = Client(srv.base, LONG, stream=True, leave=leave)
+        assert all(c.first.wait(30) for c in [*longs[::2], leaver]), "the load never started"
+        shorts = [Client(srv.base, medium, stream=i % 2 == 0) for i in range(12)]
+        deadline = time.monotonic() + 10  # most requests are in the scheduler
+        while time.monotonic() < deadline:
+            m = srv.metrics()
+            if m["attest:num_requests_running"] + m["attest:num_requests_waiting"] >= 20:
+                break
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        threading.Timer(0.5, leave.set).start()
+        code, out = srv.stop(signal.SIGTERM, timeout=30)
+        took = time.monotonic() - t0
+        late = Client(srv.base, SHORT, stream=False)  # after the stop: refused or unreachable
+        late.join(10)
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    assert code == 0, out
+    assert drain <= took < drain + 8, f"{took:.1f} s for a {drain} s drain"
+    for c in longs + shorts:
+        c.join(10)
+        assert not c.is_alive()
+        if c.error:  # aborted at the deadline: a clean 503 naming the stop
+            assert "shutting down" in c.error["message"], c.error
+        else:  # or finished while the server drained
+            assert c.status == 200
+    assert any(c.error for c in longs) and any(not c.error for c in shorts)
+    assert late.error is not None
+    recs = receipts(log)
+    (begin,) = [r for r in recs if r["event"] == "boot.drain"]
+    assert (begin["reason"], begin["timeout_s"]) == ("sigterm", drain)
+    stop = recs[-1]
+    assert (stop["event"], stop["reason"]) == ("boot.stop", "sigterm")
+    after = recs[recs.index(begin) :]
+    aborted = [r for r in after if r["event"] == "request.abort"]
+    finished = [r for r in after if r["event"] == "request.finish"]
+    # the one that left during the drain is aborted as such, not as part of the stop
+    (left,) = [r for r in aborted if r["rid"] == leaver.data[0]["id"]]
+    assert left["reason"] == "client_disconnect"
+    stopped = [r for r in aborted if r is not left]
+    assert {r["reason"] for r in stopped} == {"sigterm"} and stop["in_flight"] == len(stopped)
+    assert stop["drained"] == len(finished) + 1 and finished
+    every_request_ends(recs)
+    for spec in ("boot_health", "no_request_lost"):
+        rc, claims = audit(log, spec)
+        assert rc == 0, (spec, claims)
+
+
+def test_a_frozen_scheduler_turns_health_to_503_naming_the_stall(model, tmp_path):
+    # one request at a time: the big ones below then share one prefill through the prefix cache
+    srv = ServerProc(tmp_path / "boot.jsonl", "--model", model, "--kv-tokens", "8192",
+                     "--max-running", "1", "--stall-timeout", "1", *ONE)  # fmt: skip
+    # 8 choices of 4,000 tokens: ~100 KB to send the scheduler
+    big = {"prompt": [256 + i * 7 % 64 for i in range(4000)], "max_tokens": 1, "n": 8}
+
+    try:
+        time.sleep(1.5)  # idle: the scheduler still beats
+        ok = httpx.get(srv.base + "/health", timeout=5)
+        assert ok.status_code == 200 and ok.json()["heartbeat_age_s"] < 1.0, ok.json()
+        pid = ok.json()["scheduler_pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # ten of them overfill the pipe's buffers (about 400 KB)
+            waiting = [Client(srv.base, big, stream=False) for _ in range(10)]
+            time.sleep(1.6)
+            t0 = time.monotonic()  # what is sent to a stopped scheduler never blocks the server
+            frozen = httpx.get(srv.base + "/health", timeout=5)
+            assert time.monotonic() - t0 < 1.0
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert frozen.status_code == 503, frozen.text
+        body = frozen.json()
+        assert "stalled" in body["error"]["message"] and f"pid {pid}" in body["error"]["message"]
+        assert body["heartbeat_age_s"] >= 1.0 and body["scheduler_pid"] == pid
+        deadline = time.monotonic() + 5
+        while httpx.get(srv.base + "/health", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline, "health never recovered after SIGCONT"
+            time.sleep(0.1)
+        for c in waiting:  # held while it was stopped, served once it went on
+            c.join(30)
+            assert c.status == 200, c.error
+        r = httpx.post(srv.base + "/v1/completions", json=SHORT, timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        code, out = srv.stop()
+    assert code == 0, out
+    assert f"scheduler process (pid {pid}) has not been heard from" in out
+    assert f"scheduler process (pid {pid}) is heard from again" in out
+
+
+class _BlackHole:
+    """A collector that accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        try:
+            while True:
+                self.held.append(self.sock.accept()[0])
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for s in self.held:
+            s.close()
+
+
+class _Refuser:
+    """A collector that refuses every export (HTTP 503, the retryable refusal)."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the http.server API)
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(503)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.mark.parametrize("collector", [_BlackHole, _Refuser], ids=["never_answers", "refuses"])
+def test_a_collector_that_hangs_or_refuses_costs_no_request(model, tmp_path, collector):
+    col = collector()
+    srv = ServerProc(
+        tmp_path / "boot.jsonl", "--model", model, "--kv-tokens", "1024",
+        "--otlp-endpoint", col.url, *ONE, env={"OTEL_BSP_SCHEDULE_DELAY": "100"},
+    )  # fmt: skip
+    try:
+        for i in range(6):
+            t0 = time.monotonic()
+            r = httpx.post(srv.base + "/v1/completions", json={**SHORT, "prompt": [5, 6 + i]},
+                           timeout=30)  # fmt: skip
+            assert r.status_code == 200, r.text
+            # an export holds on for its 10 s timeout (never answers) or 1, 2, 4 ... s between
+            # retries (refuses): a request that waited on one would take that long
+            assert time.monotonic() - t0 < 5.0, "a request waited on the collector"
+            time.sleep(0.2)  # several export batches, each stuck or refused
+        assert httpx.get(srv.base + "/health", timeout=5).status_code == 200
+    finally:
+        t0 = time.monotonic()
+        code, out = srv.stop()
+        took = time.monotonic() - t0
+        col.close()
+    assert code == 0, out
+    assert took < 10, f"the collector held up the exit: {took:.1f} s"

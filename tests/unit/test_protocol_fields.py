@@ -1,0 +1,159 @@
+"""What the HTTP layer accepts, refuses and translates: unbuilt OpenAI fields are refused unless
+they ask for nothing, unknown fields are refused, and every refusal names the field."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from engine.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelLimits,
+    ProtocolError,
+    error_body,
+    refuse_unbuilt,
+    sampling_params,
+    validation_error,
+)
+
+LIMITS = ModelLimits(max_context=100, kv_tokens=1000, vocab_size=50, token_chars=4)
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format",
+         "plain text only"),
+        ({"response_format": {"type": "json_object"}}, "response_format", "plain text only"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling"),
+        ({"tool_choice": "auto"}, "tool_choice", "calls no tools"),
+        ({"functions": [{"name": "f"}]}, "functions", "function calling"),
+        ({"function_call": "auto"}, "function_call", "calls no functions"),
+        ({"suffix": "end"}, "suffix", "insertion"),
+        ({"logprobs": True}, "logprobs", "not supported"),
+        ({"logprobs": 2}, "logprobs", "not supported"),
+        ({"top_logprobs": 3}, "top_logprobs", "logprobs are not"),
+        ({"best_of": 3}, "best_of", "equal to n"),
+        ({"best_of": 2, "n": 3}, "best_of", "equal to n"),
+        ({"modalities": ["text", "audio"]}, "modalities", "text only"),
+        ({"audio": {"voice": "x"}}, "audio", "not supported"),
+        ({"repetition_penalty": 1.2}, "repetition_penalty", "not a supported request field"),
+        ({"frobnicate": True}, "frobnicate", "not a supported request field"),
+    ],
+)  # fmt: skip
+def test_a_field_that_asks_for_what_is_not_built_is_refused_by_name(extra, param, words):
+    with pytest.raises(ProtocolError) as e:
+        refuse_unbuilt({**CHAT, **extra}, ChatCompletionRequest)
+    assert e.value.param == param and e.value.status == 400
+    assert str(e.value).startswith(param) and words in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"response_format": {"type": "text"}}, {"tools": []}, {"tool_choice": "none"},
+        {"functions": None}, {"logprobs": False}, {"top_logprobs": 0}, {"best_of": 1},
+        {"best_of": 2, "n": 2}, {"suffix": ""}, {"parallel_tool_calls": True},
+        {"metadata": {"k": "v"}}, {"store": False}, {"modalities": ["text"]},
+    ],
+)  # fmt: skip
+def test_a_field_that_asks_for_nothing_is_accepted_and_dropped(extra):
+    kept = refuse_unbuilt({**CHAT, **extra}, ChatCompletionRequest)
+    assert set(kept) == set(CHAT) | ({"n"} & set(extra))
+    ChatCompletionRequest.model_validate(kept)
+
+
+def _error(model, body) -> ProtocolError:
+    try:
+        model.model_validate(body)
+    except ValidationError as e:
+        return validation_error(model, e)
+    raise AssertionError(f"{body} validated")
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "param", "words"),
+    [
+        (ChatCompletionRequest, {"messages": [{"role": "tool", "content": "x"}]},
+         "messages.0.role", "'user'"),
+        (ChatCompletionRequest, {"messages": [{"role": "assistant", "tool_calls": []}]},
+         "messages.0.tool_calls", "not supported"),
+        (ChatCompletionRequest,
+         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+         "messages.0.content.0.type", "'text'"),
+        (CompletionRequest, {"prompt": "x", "seed": 2**64 - 1}, "seed",
+         "less than or equal to 9223372036854775807 (got 18446744073709551615)"),
+        (CompletionRequest, {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop",
+         "at most 4"),
+        (CompletionRequest, {"prompt": "x", "stop": 5}, "stop", "valid"),
+        (CompletionRequest, {"prompt": "x", "stop": [""]}, "stop.0", "at least 1"),
+        (CompletionRequest, {"prompt": "x", "n": 17}, "n", "less than or equal to 16"),
+        (CompletionRequest, {"prompt": "x", "presence_penalty": 2.5}, "presence_penalty",
+         "less than or equal to 2"),
+        (CompletionRequest, {"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias", "pattern"),
+        (CompletionRequest, {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias",
+         "less than or equal to 100"),
+        (CompletionRequest, {"prompt": "x", "max_tokens": -3}, "max_tokens", "(got -3)"),
+        (CompletionRequest, {"prompt": "x", "stream_options": {"x": 1}}, "stream_options.x",
+         "not supported"),
+    ],
+)  # fmt: skip
+def test_a_schema_fault_names_the_deepest_field_and_the_value(model, body, param, words):
+    e = _error(model, body)
+    assert e.param == param and words in str(e), str(e)
+
+
+def test_null_means_the_default_for_the_fields_clients_send_as_null():
+    req = CompletionRequest.model_validate(
+        {"prompt": "x", "temperature": None, "n": None, "top_p": None, "stream": None}
+    )
+    assert (req.temperature, req.n, req.top_p, req.stream) == (1.0, 1, 1.0, False)
+
+
+def _params(body, prompt_len=10, model=CompletionRequest):
+    return sampling_params(model.model_validate(body), prompt_len, LIMITS, 16)
+
+
+def test_penalties_bias_and_seed_reach_the_sampler():
+    p = _params({"prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -1,
+                 "logit_bias": {"7": -100, "3": 2.5}, "seed": -5})  # fmt: skip
+    assert (p.presence_penalty, p.frequency_penalty, p.seed) == (0.5, -1, -5)
+    assert p.logit_bias == {7: -100, 3: 2.5}
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"prompt": "x", "stop_token_ids": [50]}, "stop_token_ids", "token id 50 is outside"),
+        ({"prompt": "x", "logit_bias": {"99": 1}}, "logit_bias", "token id 99 is outside"),
+        ({"prompt": "x", "max_tokens": 91}, "max_tokens", "context limit of 100"),
+        ({"prompt": "x", "min_tokens": 20, "max_tokens": 5}, "min_tokens", "max_tokens=5"),
+    ],
+)
+def test_a_request_refused_before_submission_names_the_field(body, param, words):
+    with pytest.raises(ProtocolError) as e:
+        _params(body)
+    assert e.value.param == param and words in str(e.value), str(e.value)
+
+
+def test_the_pool_bounds_max_tokens_before_anything_runs():
+    small = ModelLimits(max_context=8192, kv_tokens=1024, vocab_size=50, token_chars=4)
+    body = CompletionRequest.model_validate({"prompt": "x", "max_tokens": 100})
+    with pytest.raises(ProtocolError) as e:
+        sampling_params(body, 1000, small, 16)
+    assert e.value.param == "max_tokens" and "KV pool of 1024 tokens" in str(e.value)
+    assert sampling_params(body, 924, small, 16).max_tokens == 100  # exactly fits
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(400, "invalid_request_error"), (404, "not_found_error"), (405, "invalid_request_error"),
+     (408, "timeout_error"), (429, "rate_limit_error"), (503, "server_error"),
+     (504, "timeout_error")],
+)  # fmt: skip
+def test_every_error_is_the_openai_error_object(status, kind):
+    assert error_body("m", status, "p") == {
+        "error": {"message": "m", "type": kind, "param": "p", "code": status}
+    }

@@ -32,7 +32,7 @@ from engine.messages import PoolSnapshot, StepOutput
 from engine.model.tokenizer import Tokenizer
 from engine.obs import schema
 from engine.obs.receipts import Receipts
-from engine.prompt import check_prompt
+from engine.prompt import check_param_ids, check_prompt
 from engine.runner import BatchEntry, ModelRunner
 from engine.sampling import SamplingParams, sample_for
 from engine.sched import checks
@@ -101,6 +101,7 @@ class Scheduler:
         params.validate()
         vocab = self.runner.model.cfg.vocab_size
         check_prompt(prompt_ids, vocab_size=vocab, max_context=self.max_context)
+        check_param_ids(params, vocab_size=vocab)
         rid = rid or f"r-{next(self._ids)}"
         if not self._fits_pool(len(prompt_ids) + 1):  # a decision: it could never run here
             cap = self.allocator.capacity

@@ -10,11 +10,12 @@ output, tools) would answer a different question than the one asked.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
-from engine.prompt import PromptError, fit_max_tokens
+from engine.prompt import PromptError, check_param_ids, fit_max_tokens
 from engine.sampling_params import BIAS_LIMIT, PENALTY_LIMIT, SEED_MAX, SEED_MIN, SamplingParams
 
 MAX_N = 16  # choices per request; each is its own request in the scheduler, sharing the prefix
@@ -191,13 +192,11 @@ def sampling_params(
     except PromptError as e:
         raise ProtocolError(str(e), e.param) from e
     bias = {int(t): b for t, b in (req.logit_bias or {}).items()} or None
-    for name, ids in (("stop_token_ids", req.stop_token_ids or ()), ("logit_bias", bias or ())):
-        bad = next((t for t in ids if t >= limits.vocab_size), None)
-        if bad is not None:
-            raise ProtocolError(
-                f"{name}: token id {bad} is outside the vocabulary (0..{limits.vocab_size - 1})",
-                name,
-            )
+    ids = SimpleNamespace(stop_token_ids=req.stop_token_ids, logit_bias=bias)
+    try:
+        check_param_ids(ids, vocab_size=limits.vocab_size)
+    except PromptError as e:
+        raise ProtocolError(str(e), e.param) from e
     try:
         return SamplingParams(
             max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,

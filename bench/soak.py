@@ -15,7 +15,7 @@ The baseline is the run's own first fifth: RSS growth is a ratio to it. Prints t
 the oversubscription reached (tokens asked of the engine at once over the pool's size), the
 latency percentiles and the RSS curve.
 
-    .venv/bin/python bench/soak.py [--minutes 10] [--concurrency 48] [--kv-tokens 1024]
+    .venv/bin/python bench/soak.py [--minutes 10] [--concurrency 64] [--kv-tokens 1024]
         [--model PATH] [--json out.json]
 """
 
@@ -67,7 +67,7 @@ MALFORMED: tuple[tuple[str, object], ...] = (
 @dataclass(slots=True)
 class SoakConfig:
     duration_s: float = 600.0
-    concurrency: int = 48
+    concurrency: int = 64
     kv_tokens: int = 1024
     max_running: int = 16
     model: str | None = None  # None: the default model
@@ -318,7 +318,7 @@ def _verdict(log: Path, windows: tuple[str, ...]) -> tuple[subprocess.CompletedP
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--concurrency", type=int, default=48)
+    ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--kv-tokens", type=int, default=1024)
     ap.add_argument("--max-running", type=int, default=16)
     ap.add_argument("--model", default=None)
@@ -344,7 +344,9 @@ def main() -> int:
     print(f"audit verdict ({', '.join(SOAK_WINDOWS)}): {aud['verdict']} (exit {aud['exit_code']});"
           f" relief_ladder: {aud['relief_ladder']}; log {log}")  # fmt: skip
     if a.json:
-        Path(a.json).write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
+        Path(a.json).write_bytes(
+            orjson.dumps(res, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+        )
     for p in res["problems"]:
         print("PROBLEM:", p)
     return 1 if res["problems"] else 0

@@ -32,5 +32,5 @@ def test_short_soak_loses_nothing(tiny_model_dir, tmp_path):
 @pytest.mark.soak
 @requires_default_model
 def test_ten_minute_soak_on_the_default_model(tmp_path):
-    cfg = SoakConfig(duration_s=600, concurrency=48, kv_tokens=1024, max_running=16)
+    cfg = SoakConfig(duration_s=600, concurrency=64, kv_tokens=1024, max_running=16)
     _assert_nothing_lost(run_soak(cfg, tmp_path / "boot.jsonl"), min_oversubscription=10)

@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
+from audit.report_data import percentile  # noqa: E402
 from tests.e2e.server_proc import ServerProc  # noqa: E402
 
 WORDS = ("memory page cache request token admit park evict retract queue budget floor ledger "
@@ -229,13 +230,6 @@ def _receipts(log: Path) -> tuple[set[str], set[str], Counter, int]:
     return received, ended, reasons, peak
 
 
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
-
-
 def run_soak(cfg: SoakConfig, log: Path) -> dict:
     """Boot, load for ``cfg.duration_s``, stop with SIGTERM, and judge. The result's
     ``problems`` is empty when nothing was lost."""
@@ -298,7 +292,7 @@ def judge(cfg: SoakConfig, log: Path, t: Tally, rss: list, idle: dict, code: int
         "disconnected": t.disconnected, "malformed_4xx": t.malformed_4xx,
         "received": len(received), "abort_reasons": dict(reasons),
         "oversubscription": round(peak / cfg.kv_tokens, 1),
-        "latency_s": {"p50": pct(t.latencies, 50), "p99": pct(t.latencies, 99)},
+        "latency_s": {q: percentile(t.latencies, n) or float("nan") for q, n in (("p50", 50), ("p99", 99))},
         "rss_mb": rss, "rss_growth_mb": round(growth, 1), "idle": idle,
         "audit": {"exit_code": verdict.returncode, "verdict": report.get("verdict"),
                   "relief_ladder": ladder.get("verdict")},

@@ -79,12 +79,13 @@ def fit_max_tokens(
     )
 
 
-def check_param_ids(params: object, *, vocab_size: int) -> None:
-    """Raise PromptError naming the field when ``stop_token_ids`` or a ``logit_bias`` key is
+def check_param_ids(
+    stop_token_ids: Iterable[int] | None, logit_bias: Iterable[int] | None, *, vocab_size: int
+) -> None:
+    """Raise PromptError naming the field when a ``stop_token_ids`` id or a ``logit_bias`` key is
     outside the vocabulary (the sampler indexes the logits with them)."""
-    for name in ("stop_token_ids", "logit_bias"):
-        ids = getattr(params, name, None) or ()
-        bad = next((t for t in ids if not 0 <= int(t) < vocab_size), None)
+    for name, ids in (("stop_token_ids", stop_token_ids), ("logit_bias", logit_bias)):
+        bad = next((t for t in ids or () if not 0 <= int(t) < vocab_size), None)
         if bad is not None:
             raise PromptError(
                 f"{name}: token id {bad} is outside the vocabulary (0..{vocab_size - 1})", name

@@ -101,7 +101,7 @@ class Scheduler:
         params.validate()
         vocab = self.runner.model.cfg.vocab_size
         check_prompt(prompt_ids, vocab_size=vocab, max_context=self.max_context)
-        check_param_ids(params, vocab_size=vocab)
+        check_param_ids(params.stop_token_ids, params.logit_bias, vocab_size=vocab)
         rid = rid or f"r-{next(self._ids)}"
         if not self._fits_pool(len(prompt_ids) + 1):  # a decision: it could never run here
             cap = self.allocator.capacity

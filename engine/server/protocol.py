@@ -10,7 +10,6 @@ output, tools) would answer a different question than the one asked.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
@@ -192,9 +191,8 @@ def sampling_params(
     except PromptError as e:
         raise ProtocolError(str(e), e.param) from e
     bias = {int(t): b for t, b in (req.logit_bias or {}).items()} or None
-    ids = SimpleNamespace(stop_token_ids=req.stop_token_ids, logit_bias=bias)
     try:
-        check_param_ids(ids, vocab_size=limits.vocab_size)
+        check_param_ids(req.stop_token_ids, bias, vocab_size=limits.vocab_size)
     except PromptError as e:
         raise ProtocolError(str(e), e.param) from e
     try:

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+import h11
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -21,6 +22,7 @@ from engine.config import EngineConfig
 from engine.server.protocol import ProtocolError, error_body
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
+LINGER_S = 5.0  # the most a refused body's rest is read and dropped after the answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,36 @@ def raw_error(status: int, reason: str, message: str) -> bytes:
     return head.encode() + body
 
 
+class LingeringTransport:
+    """A connection's transport whose ``close`` lingers while the client is still sending a body
+    the server will never read (it was refused: 413, 408). Closing a socket with unread bytes
+    makes the kernel answer them with a reset, and a reset destroys the refusal the client has
+    not read yet. So, as web servers do: send the answer and a FIN (half-close), read and drop
+    what the client still sends until it closes or ``linger_s`` passes, then close."""
+
+    def __init__(self, transport: asyncio.Transport, sending_body: Any, linger_s: float) -> None:
+        self._transport, self._sending_body, self._linger_s = transport, sending_body, linger_s
+        self.lingering = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        t = self._transport
+        if self.lingering or t.is_closing():
+            return
+        if not (self._sending_body() and t.can_write_eof()):
+            t.close()
+            return
+        self.lingering = True
+        t.write_eof()  # the answer already written goes out first, then the FIN
+        t.resume_reading()
+        asyncio.get_running_loop().call_later(self._linger_s, t.close)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+
 def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
     """uvicorn's HTTP/1.1 protocol (``uvicorn.Config(http=...)``) for one server, with its own
     count of open connections per client address."""
@@ -95,7 +127,8 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
         _heard = False  # bytes arrived since the timer was armed
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            linger = min(LINGER_S, timeout)
+            super().connection_made(LingeringTransport(transport, self._sending_body, linger))  # type: ignore[arg-type]
             self._host = self.client[0] if self.client else ""
             open_by_host[self._host] = open_by_host.get(self._host, 0) + 1
             if cap and open_by_host[self._host] > cap:
@@ -117,8 +150,13 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
             self._arm()  # the next request's headers get the same time
 
         def data_received(self, data: bytes) -> None:
+            if self.transport.lingering:  # the rest of a refused body: dropped
+                return
             self._heard = True
             super().data_received(data)
+
+        def _sending_body(self) -> bool:
+            return self.conn.their_state is h11.SEND_BODY
 
         def _arm(self) -> None:
             if self._timer is not None:

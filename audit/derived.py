@@ -73,9 +73,10 @@ class Derived(Checker):
             early = self._control_gate(ctx)
             if early:
                 return early
-        gated = self.gate(
-            ctx, self.numbers.any_nonzero(), "every count is zero: nothing to derive from"
-        )
+        # a control claim that names its engagement (``requires``) is engaged by it: zero in
+        # this run (no park at all) is then a result to compare, not nothing to derive from
+        engaged = self.numbers.any_nonzero() or (c.kind == "control" and self.requires is not None)
+        gated = self.gate(ctx, engaged, "every count is zero: nothing to derive from")
         env = self.numbers.env()
         if self.control is not None:
             env.update(self.control.env("control."))

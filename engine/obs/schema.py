@@ -144,7 +144,7 @@ _CATALOG = (
          ("nodes", "need", "host_free")),
     Kind(RETRACT, ("rids", "tokens_freed"), "decode requests retracted",
          ("ratio_old", "ratio_new", "need", "available", "evictable", "candidates",
-          "running_after")),
+          "running_after", "site")),
     Kind(REQUEUE, ("rid",), "a retracted request was put back in line", ("generated",)),
     Kind(GROUP_FLOOR, ("floor", "local"), "the published floor of a multi-rank group"),
     Kind(ITERATION, ("running", "waiting"), "a sampled scheduler summary",

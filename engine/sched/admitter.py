@@ -1,12 +1,16 @@
 """Admission, wired: the round's two phases over the pure decisions of ``admission.py``.
 
 1. The in-flight chunked prefill (at most one) continues first. It takes what the budget funds;
-   below one page it parks (law 3): zero tokens, its KV kept, retried next round.
+   below one page the relief ladder is asked first (site ``park``: the throttle closes the line,
+   the retract rung may send decoders back in line), and what it still cannot fund parks
+   (law 3): zero tokens, its KV kept, retried next round.
 2. Then requests in line, first come first served, each with its cached prefix locked before
    its budget is read (its own prefix is not evictable for itself). The first request that must
    wait closes the line for this round, with one ``admission.defer`` receipt saying why.
 
-Every admission, park and unpark is a receipt carrying the budget it was decided on.
+Every admission, park and unpark is a receipt carrying the budget it was decided on. Admission
+runs before the step's decode slots are taken (a decoder the ladder retracts must not hold
+one), so the budget counts those slots as already gone (``pending_decode``).
 """
 
 from __future__ import annotations
@@ -60,17 +64,15 @@ class Admitter:
         self.waiting = waiting
         self.page_size = cache.allocator.page_size
         self.throttle: Any = None  # the relief ladder's throttle (rungs.Throttle) when registered
+        self.relief: Any = None  # the ladder (relief.ReliefRegistry) when rungs are registered
+        self.decode: list[Request] = []  # this step's decoding requests, slots not yet taken
 
     def admit(self, floor: int | None, decode: list[Request]) -> Planned:
         """This round's chunks. ``floor``: the group's published floor (None: none was);
         ``decode``: this step's decoding requests, whose remaining tokens are reserved."""
-        rem = [r.params.max_tokens - len(r.output_ids) for r in decode]
-        budget = Budget(
-            local_avail=self.cache.allocator.available_size(),
-            evictable=self.cache.evictable_size(),
-            decode_reserve=decode_reserve(rem, self.ratio.value),
-            floor=floor,
-        )
+        self.decode = list(decode)
+        budget = Budget(0, 0, 0, floor)
+        self._reread(budget)
         planned: Planned = []
         chunking = [r for r in self.running if r.prefilling]
         cap = self.continue_chunk(chunking, budget, planned)
@@ -86,6 +88,11 @@ class Admitter:
                 held=req.kv_len, remaining=req.prefill_target - req.kv_len, chunk_tokens=cap,
                 budget=budget.remaining, page_size=self.page_size,
             )  # fmt: skip
+            if isinstance(plan, Park) and self._relieve(req, min(plan.need, cap), budget):
+                plan = plan_chunk(
+                    held=req.kv_len, remaining=plan.need, chunk_tokens=cap,
+                    budget=budget.remaining, page_size=self.page_size,
+                )  # fmt: skip
             if isinstance(plan, Park):
                 if req.state is not State.PARKED:
                     req.state = State.PARKED
@@ -161,14 +168,36 @@ class Admitter:
                 running=len(self.running), **budget.as_fields(),
             )  # fmt: skip
 
+    def _reread(self, budget: Budget) -> None:
+        """The budget's memory terms, read from the pool and the step's decoders now."""
+        alloc = self.cache.allocator
+        pending = sum(alloc.fresh_slots(r.kv_len, 1) for r in self.decode)
+        avail = alloc.available_size()
+        if avail < pending:  # the net flushes staged frees before such an allocation fails
+            avail += alloc.staged_size()
+        budget.local_avail = avail - pending
+        budget.evictable = self.cache.evictable_size()
+        rem = [r.params.max_tokens - len(r.output_ids) for r in self.decode]
+        budget.decode_reserve = decode_reserve(rem, self.ratio.value)
+
+    def _relieve(self, req: Request, want: int, budget: Budget) -> bool:
+        """Before ``req`` parks: ask the ladder (site ``park``) for what its next chunk of
+        ``want`` tokens lacks. True when the budget, read again, grew."""
+        if self.relief is None or not self.relief.serves("park"):
+            return False
+        before = budget.remaining
+        self.relief.relieve(want - max(0, before), "park", req.rid)
+        self.decode = [r for r in self.decode if r.state is State.RUNNING]  # retracted: gone
+        self._reread(budget)
+        return budget.remaining > before
+
     def _load(self, req: Request, match: MatchResult, budget: Budget, reserve: int) -> MatchResult:
         """Load the host part of ``req``'s prefix hit back into device pages, as much as the
         round's budget funds (loaded tokens take device memory as computed ones would). The
         lock moves to the loaded end; the budget reads the pool again (eviction may have paid
         for the load)."""
         match = self.cache.tier.load(match, budget.remaining - reserve, req.rid)
-        budget.local_avail = self.cache.allocator.available_size()
-        budget.evictable = self.cache.evictable_size()
+        self._reread(budget)
         return match
 
     def _start(self, req: Request, node: object, prefix: torch.Tensor) -> None:

@@ -6,7 +6,8 @@ arrived alone. An empty registry (``--relief-ladder off``) is a legitimate state
 once, so "no relief existed" is never silent. The production rungs are in ``rungs.py``.
 
 The ladder is asked where memory runs short, and says where (``site``): ``decode`` (the step's
-decode tokens cannot be funded), ``admission`` (the chunks admission planned on evictable tokens
+decode tokens cannot be funded), ``park`` (the in-flight chunked prefill would park: the budget
+cannot fund one page of it), ``admission`` (the chunks admission planned on evictable tokens
 must now be paid), ``alloc_net`` (an allocation failed after flushing staged frees). A rung
 serves the sites it was registered for: retraction cannot run once the step's batch is being
 built, and a provider registered without sites serves the allocation-site net alone.
@@ -20,7 +21,7 @@ from engine.obs import schema
 from engine.obs.receipts import Receipts
 
 Provider = Callable[[int], int]  # asked for n tokens, returns the tokens it freed
-SITES = ("decode", "admission", "alloc_net")
+SITES = ("decode", "park", "admission", "alloc_net")
 
 
 class ReliefRegistry:

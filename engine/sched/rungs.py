@@ -12,10 +12,17 @@ rank's own memory and takes no collective.
 * throttle: pays nothing now. It closes the line to new admissions for K iterations
   (``relief.throttle``; ``admission.defer`` reason ``throttle``), so what the next rung frees is
   not handed straight back to newcomers and the retraction does not repeat next round.
-* retract (decode funding only: the step's batch is not built yet there): running requests go
-  back to the front of the line through the one actuator (``Scheduler._retract``), chosen by
-  ``pick_victims``; what they held goes to the prefix cache and is evicted (or spilled) to pay.
+* retract (decode funding and a would-be park: the step's slots are not taken yet at either):
+  running requests go back to the front of the line through the one actuator
+  (``retract.py``), chosen by ``pick_victims``. At ``decode`` what they held goes to the prefix
+  cache and is evicted (or spilled) to pay. At ``park`` the victims are decoders only (never the
+  chunk being funded, never the last decoder); what they held and the decode tokens reserved
+  for them come back to admission's budget, and the throttle asked just before keeps newcomers
+  from taking it.
 * park is not a rung: it is admission's floor. A chunk the budget still cannot fund parks.
+
+Evict and spill are not asked at ``park``: the budget a chunk parks on already counts evictable
+tokens, so shedding them pays nothing there.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from engine.mem.radix import RadixCache
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.sched.relief import SITES, ReliefRegistry
-from engine.sched.request import Request
+from engine.sched.request import Request, State
 from engine.sched.victims import pick_victims
 
 
@@ -44,7 +51,7 @@ class Laddered(Protocol):
     waiting: deque[Request]
     page_size: int
 
-    def _retract(self, victims: list[Request], need: int) -> None: ...
+    def _retract(self, victims: list[Request], need: int, site: str = ...) -> None: ...
 
 
 class Throttle:
@@ -87,6 +94,8 @@ class Rungs:
 
     def retract(self, asked: int) -> int:
         s = self.sched
+        if s.relief.site == "park":
+            return self._retract_decoders(asked)
         if len(s.running) < 2:
             return 0  # never the last running request: alone, it fits or is aborted
         before = s.allocator.available_size()
@@ -101,6 +110,20 @@ class Rungs:
             s.cache.evict(short, reason=self._site(), rid=s.relief.rid)
         return s.allocator.available_size() - before
 
+    def _retract_decoders(self, asked: int) -> int:
+        """Decoders back in line until their memory covers ``asked``; paid: what available +
+        evictable grew by, measured."""
+        s = self.sched
+        decoders = [r for r in s.running if r.state is State.RUNNING and not r.prefilling]
+        if len(decoders) < 2:
+            return 0  # the last decoder finishes first; the chunk waits for it
+        before = s.allocator.available_size() + s.cache.evictable_size()
+        victims = pick_victims(
+            decoders, need=asked, available=0, evictable=0, page_size=s.page_size
+        )
+        s._retract(victims, asked, "park")
+        return s.allocator.available_size() + s.cache.evictable_size() - before
+
 
 def register_ladder(sched: Laddered, throttle_iterations: int) -> list[str]:
     """Register the production rungs, in order, on ``sched``'s registry; returns their names.
@@ -108,12 +131,13 @@ def register_ladder(sched: Laddered, throttle_iterations: int) -> list[str]:
     throttle = Throttle(throttle_iterations)
     rungs = Rungs(sched, throttle)
     reg = sched.relief
-    reg.register("evict", rungs.evict, SITES)
+    memory = [site for site in SITES if site != "park"]  # a park's budget counted them already
+    reg.register("evict", rungs.evict, memory)
     if sched.cache.tier is not None:
-        reg.register("spill", rungs.spill, SITES)
+        reg.register("spill", rungs.spill, memory)
     reg.register("throttle", rungs.hold, SITES)
-    reg.register("retract", rungs.retract, ("decode",))  # the batch is not built yet there
-    sched.admitter.throttle = throttle
+    reg.register("retract", rungs.retract, ("decode", "park"))  # no slot of the step taken yet
+    sched.admitter.throttle, sched.admitter.relief = throttle, reg
     names = [name for name, _, _ in reg.providers]
     sched.receipts.notice("relief_ladder", "relief ladder: " + " -> ".join(names) + " -> park")
     return names

@@ -5,14 +5,15 @@ plus prefill chunks admitted within this round's budget. The order inside a step
 
 1. read the group's published floor (once, before any branch);
 2. fund the decodes: evict, else retract victims (requeued, never lost);
-3. admit: the in-flight chunked request first (it may park), then waiting requests;
-4. forward, sample, and apply the results inside a free group (frees are batched).
+3. admit: the in-flight chunked request first (before it parks the ladder is asked, and may
+   retract decoders: no slot of the step is taken yet), then waiting requests;
+4. take the step's slots, forward, sample, and apply the results inside a free group.
 
 Every decision writes a receipt with its inputs. The decisions themselves are pure functions
 elsewhere (``admission.py``, ``victims.py``); admission's two phases are wired in
 ``admitter.py``; memory is taken only through the allocation-site net (``net.py``); the
-invariant checks live in ``checks.py``. This module keeps intake, the ordered step, retraction
-and endings.
+retraction actuator is ``retract.py``; the invariant checks live in ``checks.py``. This module
+keeps intake, the ordered step, decode funding and endings.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from engine.sched.group import GroupView
 from engine.sched.net import AllocationNet
 from engine.sched.relief import ReliefRegistry
 from engine.sched.request import Request, State
+from engine.sched.retract import retract
 from engine.sched.rungs import relieve_decode
 from engine.sched.traces import RequestTraces
-from engine.sched.victims import victim_order
 
 
 class Scheduler:
@@ -150,8 +151,9 @@ class Scheduler:
             self.receipts.emit(schema.GROUP_FLOOR, floor=floor, local=local)
         outs: list[StepOutput] = []
         decode = self._fund_decode(outs)
+        chunks = self.admitter.admit(floor, decode)  # before any slot is taken: it may retract
+        decode = [r for r in decode if r.state is State.RUNNING]  # what a retraction left
         batch = [self._entry(req, [req.output_ids[-1]], "decode") for req in decode]
-        chunks = self.admitter.admit(floor, decode)
         need = sum(self.allocator.fresh_slots(r.kv_len, n) for r, n in chunks)
         # admission counted evictable tokens: pay them (the ladder, then eviction as its floor)
         self.relief.pay("admission", need, self.allocator.available_size, self.cache.evict)
@@ -215,28 +217,9 @@ class Scheduler:
                 continue
             return decode  # the pool is held elsewhere: the allocation-site net takes over
 
-    def _retract(self, victims: list[Request], need: int) -> None:
+    def _retract(self, victims: list[Request], need: int, site: str = "decode") -> None:
         """The one actuator that takes running requests back to the front of the line."""
-        candidates = [[r.rid, len(r.output_ids), r.prompt_len] for r in victim_order(self.running)]
-        available, evictable = self.allocator.available_size(), self.cache.evictable_size()
-        decoded = sum(len(r.output_ids) for r in self.running)
-        remaining = sum(r.params.max_tokens - len(r.output_ids) for r in self.running)
-        freed = 0
-        for req in victims:
-            freed += self._private_of(req) + req.cached_len
-            self.release(req)
-            req.retractions += 1
-            req.state = State.WAITING
-        old, new = self.ratio.on_retract(decoded, remaining, len(victims))
-        # candidates: [rid, generated, prompt_tokens] in retraction order
-        self.receipts.emit(
-            schema.RETRACT, rids=[r.rid for r in victims], tokens_freed=freed,
-            ratio_old=round(old, 4), ratio_new=round(new, 4), need=need, available=available,
-            evictable=evictable, candidates=candidates, running_after=len(self.running),
-        )  # fmt: skip
-        self.waiting.extendleft(reversed(victims))  # the first victim ends up first in line
-        for req in victims:
-            self.receipts.emit(schema.REQUEUE, rid=req.rid, generated=len(req.output_ids))
+        retract(self, victims, need, site)
 
     # -- results and endings ------------------------------------------------------------------
 

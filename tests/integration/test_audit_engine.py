@@ -19,6 +19,7 @@ def read(log) -> list[dict]:
 
 
 def pressured_log(model: str, log, n: int = 32) -> None:
+    """A pressured run with the relief ladder off: admission's floor (parks) is what pays."""
     prompts, params = workload(300, n=n)
     llm = LLM(
         model=model,
@@ -28,6 +29,7 @@ def pressured_log(model: str, log, n: int = 32) -> None:
         check_invariants=True,
         log_file=str(log),
         iteration_receipt_interval=5,
+        relief_ladder=False,
     )
     llm.generate(prompts, params)
     llm.close("test")

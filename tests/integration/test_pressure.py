@@ -45,18 +45,17 @@ def roomy_and_tight(model, prompts, params, **tight):
     return expected, got, llm
 
 
-def assert_engaged_and_complete(receipts, n_requests: int) -> Counter:
+def assert_engaged_and_complete(receipts, n_requests: int, ladder: bool = True) -> Counter:
+    """Every request finished, and pressure engaged what pays for it: with the relief ladder its
+    rungs (a chunk that would park retracts decoders instead), without it admission's floor
+    (parks) and decode funding's retractions."""
     kinds = Counter(r["event"] for r in receipts.records)
     assert kinds["request.finish"] == n_requests and kinds["request.abort"] == 0
-    for kind in (
-        "admission.park",
-        "admission.unpark",
-        "retract",
-        "requeue",
-        "eviction",
-        "admission.defer",
-    ):
+    paid = ("relief.engage", "relief.rung") if ladder else ("admission.park", "admission.unpark")
+    for kind in ("retract", "requeue", "eviction", "admission.defer", *paid):
         assert kinds[kind] > 0, f"pressure never engaged {kind}: {dict(kinds)}"
+    sites = {r.get("site") for r in receipts.of("retract")}
+    assert ("park" in sites) == ladder, sites
     retracted = [rid for r in receipts.of("retract") for rid in r["rids"]]
     requeued = [r["rid"] for r in receipts.of("requeue")]
     assert sorted(retracted) == sorted(requeued)  # every retracted request was put back
@@ -67,12 +66,15 @@ def assert_engaged_and_complete(receipts, n_requests: int) -> Counter:
     return kinds
 
 
+@pytest.mark.parametrize("ladder", [True, False], ids=["ladder", "no-ladder"])
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_pressure_changes_nothing_but_timing(tiny_model_dir, page_size):
+def test_pressure_changes_nothing_but_timing(tiny_model_dir, page_size, ladder):
     prompts, params = workload(300)
-    expected, got, tight = roomy_and_tight(tiny_model_dir, prompts, params, page_size=page_size)
+    expected, got, tight = roomy_and_tight(
+        tiny_model_dir, prompts, params, page_size=page_size, relief_ladder=ladder
+    )
     assert got == expected
-    assert_engaged_and_complete(tight.core.receipts, len(prompts))
+    assert_engaged_and_complete(tight.core.receipts, len(prompts), ladder)
     # retracted requests finished with their full length, not cut short
     assert [len(t) for t in got] == [p.max_tokens for p in params]
 

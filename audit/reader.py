@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,7 @@ def _blocks(fh: Any, path: Path) -> Iterator[tuple[list[bytes], int, bool]]:
     while True:
         try:
             data = fh.read1(_BLOCK)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:  # zlib's errors are not OSErrors
             if not seen:
                 raise UnreadableLog(f"{path}: {e}") from e
             yield [], 0, True

@@ -3,6 +3,11 @@
 Both load the same default GGUF (float32). Each figure is the median of --runs runs, measured in
 this process, alternating engine and baseline; the ratio is Attest / transformers.
 
+Every Attest run, warm-up included, gets a prompt it has never seen (its first token differs),
+and the run asserts from its `request.finish` receipt that nothing came from the prefix cache:
+a prefill served from the cache is not prefill work. Attest's decode rate is read from the same
+receipt (tokens after the first over e2e - ttft), not from a second, cached, generate.
+
     .venv/bin/python bench/decode_single_stream.py [--runs 3] [--new-tokens 128] [--dtype float32]
 """
 
@@ -14,6 +19,7 @@ import statistics
 import time
 
 import torch
+from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
 
 def main() -> None:
@@ -43,17 +49,23 @@ def main() -> None:
     long_prompt = (llm.tokenizer.encode("The quick brown fox jumps over the lazy dog. ") * 64)[
         : args.prefill_tokens
     ]
+    firsts = iter(range(1000, llm.core.scheduler.runner.model.cfg.vocab_size))
+
+    def unseen(ids: list[int]) -> list[int]:
+        """``ids`` with a first token no earlier run had: the prefix cache cannot match it."""
+        return [next(firsts), *ids[1:]]
+
+    def finished_uncached(ids: list[int], new: int) -> dict:
+        """Generate ``new`` tokens after ``ids``; its finish receipt, asserted cache-free."""
+        out = llm.generate([ids], SamplingParams(max_tokens=new, temperature=0, ignore_eos=True))
+        fin = llm.core.receipts.of("request.finish")[-1]
+        assert len(out[0].token_ids) == new and fin["tokens"] == new, fin
+        assert fin["cached"] == 0, f"a timed run hit the prefix cache: {fin}"
+        return fin
 
     def attest_decode() -> float:
-        p = SamplingParams(max_tokens=n + 1, temperature=0, ignore_eos=True)
-        t = time.perf_counter()
-        llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0))  # prefill alone
-        t_prefill = time.perf_counter() - t
-        t = time.perf_counter()
-        out = llm.generate([prompt], p)[0]
-        total = time.perf_counter() - t
-        assert len(out.token_ids) == n + 1
-        return n / (total - t_prefill)
+        fin = finished_uncached(unseen(prompt), n + 1)
+        return n / (fin["e2e_s"] - fin["ttft_s"])
 
     def hf_decode() -> float:
         x = torch.tensor([prompt])
@@ -69,9 +81,10 @@ def main() -> None:
         return n / (total - t_prefill)
 
     def attest_prefill() -> float:
+        ids = unseen(long_prompt)
         t = time.perf_counter()
-        llm.generate([long_prompt], SamplingParams(max_tokens=1, temperature=0))
-        return len(long_prompt) / (time.perf_counter() - t)
+        finished_uncached(ids, 1)
+        return len(ids) / (time.perf_counter() - t)
 
     def hf_prefill() -> float:
         x = torch.tensor([long_prompt])
@@ -96,6 +109,8 @@ def main() -> None:
     print(
         f"\nmodel: {path}\ndtype: {args.dtype}, threads: {torch.get_num_threads()}, runs: {args.runs}"
     )
+    print(f"cpu: {describe()}")
+    print("prefix cache: every timed Attest run asserted cached_tokens == 0")
     print(f"load seconds: attest {attest_load:.1f}, transformers {hf_load:.1f}")
     print(f"{'measure':<32} {'attest':>10} {'transformers':>13} {'ratio':>7}")
     for name, ma, mb, r, a, b in rows:

@@ -11,12 +11,14 @@ Exits like `audit verdict` (0 PASS, 1 FAIL, 2 UNDECIDED); 64 for a window withou
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import datetime
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from engine.server.loadgen import LoadResult, LoadShape, drive
 EX_USAGE, EX_UNAVAILABLE = 64, 69
 BOOT_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class WindowError(Exception):
@@ -71,6 +74,30 @@ def _wait_healthy(proc: subprocess.Popen, base: str, out: Path) -> None:
     raise WindowError(EX_UNAVAILABLE, f"the engine was not healthy in {BOOT_TIMEOUT_S:.0f} s")
 
 
+def _dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux to send the engine SIGTERM when this process dies, even
+    by SIGKILL, when no cleanup of ours can run: it then drains and stops in order instead of
+    living on as an orphan that holds its port and the CPU. Resolved here, in the parent: the
+    child only makes the one call between fork and exec."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the finally below is what there is
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    term = int(signal.SIGTERM)
+    return lambda: prctl(PR_SET_PDEATHSIG, term, 0, 0, 0) and None
+
+
+def _term_as_interrupt() -> None:
+    """SIGTERM (a timeout, a supervisor) ends `engine window` like Ctrl-C: through the finally
+    that stops the engine, instead of exiting past it."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def boot_and_load(args: list[str], shape: LoadShape, log: Path, progress: Progress,
                   label: str) -> Boot:  # fmt: skip
     """One boot: `engine serve` on a free loopback port with ``args``, the load, SIGTERM."""
@@ -79,7 +106,9 @@ def boot_and_load(args: list[str], shape: LoadShape, log: Path, progress: Progre
            "--port", str(port), "--log-file", str(log), *args]  # fmt: skip
     task = progress.add_task(f"{label}: booting", total=None)
     with out.open("wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_dies_with_parent()
+        )
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_healthy(proc, base, out)
@@ -117,6 +146,7 @@ def run_window(name: str, control: bool, extra: list[str], out_dir: Path,
     if control and not recipe.control:
         raise WindowError(EX_USAGE, f"window {spec.name!r} has no [regime.control] flags")
     out_dir.mkdir(parents=True, exist_ok=True)
+    _term_as_interrupt()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     shape = load_shape(recipe)
     boots: list[Boot] = []

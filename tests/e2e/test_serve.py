@@ -185,7 +185,9 @@ def test_a_client_that_goes_away_frees_its_memory(server, boot_log):
         for line in r.iter_lines():
             if line.startswith("data: "):
                 break  # one chunk, then hang up
-    deadline = time.monotonic() + 1.0  # freed within a second of the hang-up
+    # freed within moments of the hang-up (a leak would be forever; 3 s leaves room for a busy
+    # host, where one such wait of 1 s ran out)
+    deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
         h = server.get("/health").json()
         if h["running"] == 0 and h["kv_used"] == 0:
@@ -264,7 +266,7 @@ def test_a_non_streaming_client_that_goes_away_frees_its_memory(served, server, 
         while server.get("/health").json()["running"] == 0:  # wait until it is decoding
             assert time.monotonic() < deadline
             time.sleep(0.1)
-    deadline = time.monotonic() + 1.0  # hung up: freed within a second
+    deadline = time.monotonic() + 3.0  # hung up: freed within moments (as above)
     while time.monotonic() < deadline:
         h = server.get("/health").json()
         if h["running"] == 0 and h["kv_used"] == 0:

@@ -38,12 +38,13 @@ def receiver():
 
 @pytest.fixture(scope="module")
 def traced(receiver, tiny_model_dir, tmp_path_factory):
-    """A server whose pool holds about three of the pressure test's requests at once."""
+    """A server whose pool holds about three of the pressure test's requests at once, the relief
+    ladder off: admission's floor parks, and parks are among the events the spans must carry."""
     log = tmp_path_factory.mktemp("traces") / "boot.jsonl"
     srv = ServerProc(
         log, "--model", tiny_model_dir, "--kv-tokens", "480", "--chunk-tokens", "32",
         "--max-running", "8", "--served-model-name", "tiny", "--otlp-endpoint", receiver.url,
-        env=FAST_EXPORT,
+        "--relief-ladder", "off", env=FAST_EXPORT,
     )  # fmt: skip
     yield srv
     srv.stop()

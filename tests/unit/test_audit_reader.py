@@ -80,6 +80,13 @@ def test_unreadable_inputs_raise_unreadable_log(tmp_path):
     (tmp_path / "bad.gz").write_bytes(b"\x1f\x8b" + b"\x00" * 40)
     with pytest.raises(UnreadableLog):
         scan([tmp_path / "bad.gz"])
+    # a valid gzip header, then a stored block whose lengths disagree: zlib's own error, which
+    # is not an OSError, is still a log that cannot be read, never a crash
+    (tmp_path / "stored.gz").write_bytes(
+        b"\x1f\x8b\x08\x00" + b"\x00" * 6 + b"\x01\x01\x00\x00\x00"
+    )
+    with pytest.raises(UnreadableLog, match="invalid stored block lengths"):
+        scan([tmp_path / "stored.gz"])
 
 
 def test_a_seq_gap_and_a_duplicate_are_found_in_any_line_order(tmp_path):

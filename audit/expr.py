@@ -1,4 +1,4 @@
-"""Small arithmetic expressions for specs: names, numbers, + - * /, min/max/abs/len, and one
+"""Small arithmetic expressions for specs: names, numbers, + - * /, min/max/abs/len/distinct, and one
 comparison. Parsed once with ``ast`` into a closure; anything else is a spec error.
 
 Division by zero is not an error: it yields ``ZeroDivision``, which a claim turns into
@@ -23,7 +23,16 @@ _CMP = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
 }
-_FUNCS: dict[str, Callable[..., Any]] = {"min": min, "max": max, "abs": abs, "len": len}
+
+
+def _distinct(*lists: Any) -> int:
+    """How many different items the lists hold together (a rid in two lists counts once)."""
+    return len({x for items in lists for x in items})
+
+
+_FUNCS: dict[str, Callable[..., Any]] = {
+    "min": min, "max": max, "abs": abs, "len": len, "distinct": _distinct,
+}  # fmt: skip
 
 
 class ExprError(ValueError):

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from cli.cutover import cutover
+
 app = typer.Typer(
     help="Attest serving engine. Start with `engine info` to see the model, then "
     '`engine generate "Hello"` for a one-shot completion, or `engine serve` for the HTTP API.',
@@ -352,6 +354,9 @@ def window(
     except WindowError as e:
         _fail(str(e), e.code)
     raise typer.Exit(code)
+
+
+app.command()(cutover)
 
 
 def main() -> None:

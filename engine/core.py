@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
+from engine.cutover import Cutovers
 from engine.mem.allocator import TokenAllocator
 from engine.mem.host_tier import attach_host_tier
 from engine.mem.kv_pool import KVPool, size_pool
@@ -129,11 +130,27 @@ class EngineCore:
         )
         if config.relief_ladder:  # off: the registry stays empty, and says so once
             register_ladder(self.scheduler, config.relief_throttle_iterations)
+        self.cutovers = Cutovers(self)
         self._stopped = False
         self._ready = False
         self.startup_seconds = time.perf_counter() - t0
         if launch is None:
             self.ready()
+
+    def build_model(self, loaded: LoadedModel) -> LlamaModel:
+        """A model of ``loaded``'s weights on this engine's dtype, backend and device (a weights
+        cutover builds the new one beside the serving one); the file's copies are let go."""
+        model = LlamaModel(
+            loaded.config, loaded.weights, DTYPES[self.config.dtype], self.model.backend,
+            device=self.config.device,
+        )  # fmt: skip
+        loaded.weights = {}
+        return model
+
+    def swap_model(self, loaded: LoadedModel, model: LlamaModel) -> None:
+        """Serve ``model`` from the next step on (at an iteration boundary, nothing resident)."""
+        self.loaded, self.model, self.model_config = loaded, model, loaded.config
+        self.runner.model = model
 
     def ready(self, **where: Any) -> None:
         """Write ``boot.ready`` once: the engine accepts work (``where``: the host and port it

@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.messages import Cutover
 from engine.sampling import SamplingParams
 
 
@@ -32,6 +33,21 @@ class LLM:
     def close(self, reason: str = "closed") -> None:
         """End the engine's boot: in-flight requests abort, ``boot.stop`` is written."""
         self.core.shutdown(reason)
+
+    def cutover(
+        self, kind: str, mode: str = "carry", path: str | None = None, kv_tokens: int | None = None
+    ) -> dict[str, Any]:
+        """A live change of weights (``path``) or pool size (``kv_tokens``), ``mode`` drain or
+        carry (``engine/cutover.py``); steps the engine until it has ended. Returns its
+        ``cutover.end`` fields; a refused or failed cutover raises ValueError or RuntimeError
+        with the reason (and changed nothing)."""
+        ask = Cutover(kind=kind, mode=mode, path=path, kv_tokens=kv_tokens)
+        fields = self.core.cutovers.run(ask)
+        if fields["outcome"] == "rejected":
+            raise ValueError(fields["reason"])
+        if fields["outcome"] == "failed":
+            raise RuntimeError(fields["reason"])
+        return fields
 
     def __enter__(self) -> LLM:
         return self

@@ -1,10 +1,10 @@
 """Every message between the frontend process and the scheduler process, as frozen dataclasses.
 
-The frontend sends ``AddRequest``, ``AbortRequest``, ``Notice``, ``Serving`` (once, when its
-HTTP socket serves) and ``Stop``; the scheduler process answers with ``Ready`` (once, at boot),
-``Outputs`` (a step's outputs with the pool snapshot taken after that step), ``Heartbeat`` (at
-least every ``HEARTBEAT_S`` while its loop turns, busy or idle), ``Rejected``, ``Stopped`` and
-``Dead``. ``Launch`` travels once, with the process's start. ``StepOutput`` is also
+The frontend sends ``AddRequest``, ``AbortRequest``, ``Notice``, ``Cutover``, ``Serving`` (once,
+when its HTTP socket serves) and ``Stop``; the scheduler process answers with ``Ready`` (once, at
+boot), ``Outputs`` (a step's outputs with the pool snapshot taken after that step), ``Heartbeat``
+(at least every ``HEARTBEAT_S`` while its loop turns, busy or idle), ``Rejected``,
+``CutoverDone`` (when a cutover has ended), ``Stopped`` and ``Dead``. ``Launch`` travels once, with the process's start. ``StepOutput`` is also
 what the offline API reads from ``Scheduler.step``. This module imports no torch: the HTTP
 process imports it, and must not pay for the model stack.
 """
@@ -135,6 +135,19 @@ class Notice:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Cutover:
+    """A live change of serving configuration (``engine/cutover.py``): ``kind`` weights (from
+    ``path``) or pool (to ``kv_tokens``), ``mode`` drain or carry. ``ticket``: the frontend's
+    name for the answer."""
+
+    kind: str
+    mode: str
+    path: str | None = None
+    kv_tokens: int | None = None
+    ticket: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Serving:
     """The HTTP socket is bound and the server accepts: the scheduler writes ``boot.ready``."""
 
@@ -186,6 +199,14 @@ class Rejected:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CutoverDone:
+    """A cutover ended: its ``cutover.end`` fields (``status``: the HTTP answer)."""
+
+    ticket: int
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Stopped:
     reason: str
     in_flight: int  # requests aborted by the stop
@@ -196,5 +217,5 @@ class Dead:
     reason: str
 
 
-ToScheduler = AddRequest | AbortRequest | Notice | Serving | Stop
-ToFrontend = Ready | Outputs | Heartbeat | Rejected | Stopped | Dead
+ToScheduler = AddRequest | AbortRequest | Notice | Cutover | Serving | Stop
+ToFrontend = Ready | Outputs | Heartbeat | Rejected | CutoverDone | Stopped | Dead

@@ -188,6 +188,41 @@ class TokenAllocator:
         self._group_open = False
         return freed
 
+    # -- resizing (a pool cutover) ----------------------------------------------------------------
+
+    def page_map(self, capacity: int) -> torch.Tensor:
+        """Where each page in use goes in a pool of ``capacity`` tokens: the pages in use, in
+        order, onto pages 1..k (-1: not in use). Changes nothing; raises ValueError when they
+        do not fit or frees are staged (the caller flushes them first)."""
+        if self._group_open or self._staged_pages:
+            raise ValueError("a pool resize needs no open free group and no staged frees")
+        used = torch.nonzero(self._state[1:] == IN_USE).flatten() + 1
+        pages = capacity // self.page_size
+        if pages < 1 or int(used.numel()) > pages:
+            raise ValueError(
+                f"{int(used.numel()) * self.page_size} tokens in use do not fit a pool of "
+                f"{capacity} tokens"
+            )
+        out = torch.full((self.num_pages + 1,), -1, dtype=torch.int64)
+        out[used] = torch.arange(1, int(used.numel()) + 1, dtype=torch.int64)
+        return out
+
+    def slot_map(self, page_map: torch.Tensor) -> torch.Tensor:
+        """``page_map`` slot by slot: old slot -> new slot (-1: not in use)."""
+        offs = torch.arange(self.page_size, dtype=torch.int64)
+        slots = (page_map[:, None] * self.page_size + offs).flatten()
+        return torch.where(page_map.repeat_interleave(self.page_size) < 0, -1, slots)
+
+    def resize(self, capacity: int, in_use: int) -> None:
+        """Become a pool of ``capacity`` tokens whose pages 1..``in_use`` are in use (where
+        ``page_map`` put the old ones) and the rest free."""
+        pages = capacity // self.page_size
+        self.num_pages, self.capacity = pages, pages * self.page_size
+        self.pool_slots = (pages + 1) * self.page_size
+        self._state = torch.zeros(pages + 1, dtype=torch.int8)
+        self._state[: in_use + 1] = IN_USE  # page 0: the padding page
+        self._free = list(range(pages, in_use, -1))
+
     # -- checking -----------------------------------------------------------------------------
 
     def check(self) -> None:

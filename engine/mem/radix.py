@@ -103,14 +103,14 @@ class RadixCache:
         self._tick = itertools.count()  # tie-breaker: LRU order among equal timestamps
         self.reset()
 
-    def reset_to_empty(self) -> None:
+    def reset_to_empty(self, reason: str = "reset") -> None:
         """Evict everything (locked nodes stay) and empty the host tier: for benchmarks that must
-        start cold."""
+        start cold, and for a weights cutover (the cached KV belongs to the old weights)."""
         tier, self.tier = self.tier, None
         try:
             if tier is not None:
                 tier.clear()
-            self.evict(self.evictable_size(), reason="reset")
+            self.evict(self.evictable_size(), reason=reason)
         finally:
             self.tier = tier
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from engine.messages import PoolSnapshot
@@ -109,7 +109,22 @@ class ServerMetrics:
             "attest:e2e_request_latency_seconds", "Request latency, arrival to last token.",
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        self.cutovers = Counter(
+            "attest:cutovers", "Cutovers ended, by kind (weights, pool) and outcome (ok, "
+            "rejected, failed).", ["kind", "outcome"], registry=r,
+        )  # fmt: skip
+        self.cutover_pause = Gauge(
+            "attest:cutover_last_pause_seconds", "Seconds the last cutover that ended held new "
+            "work from starting, by kind.", ["kind"], registry=r,
+        )  # fmt: skip
         r.register(_EngineCollector(snapshot))
+
+    def cutover(self, fields: dict) -> None:
+        """Count a cutover that ended (its ``cutover.end`` fields)."""
+        kind = str(fields.get("kind"))
+        self.cutovers.labels(kind, str(fields.get("outcome"))).inc()
+        if fields.get("outcome") == "ok":
+            self.cutover_pause.labels(kind).set(float(fields.get("pause_s") or 0.0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -38,6 +38,11 @@ PROGRESS = ("tokens_generated", "admissions", "requests_ended")
 # scheduler process after its frontend went away, and the reason the test suites close with.
 ORDERLY_STOPS = ("sigterm", "sigint", "shutdown", "closed", "frontend_gone", "test")
 
+# A cutover's census: the rids running, parked and waiting, and the prompt tokens not yet
+# prefilled (counted once per request); the end repeats the census taken before as *_before.
+_CENSUS = ("running", "parked", "waiting", "rids", "backlog")
+CUTOVER_OUTCOMES = ("ok", "rejected", "failed")
+
 # The `request.abort` reasons the HTTP frontend gives (engine/server/job.py): the client went
 # away, the request's deadline passed (--request-timeout), or another choice of the same request
 # failed (the scheduler refused it, or could not take it), so this one was aborted with it.
@@ -71,6 +76,9 @@ TIER_SPILL = "tier.spill"
 TIER_LOAD = "tier.load"
 TIER_DROP = "tier.drop"
 RETRACT = "retract"
+CUTOVER_BEGIN = "cutover.begin"
+CUTOVER_CARRY = "cutover.carry"
+CUTOVER_END = "cutover.end"
 REQUEUE = "requeue"
 GROUP_FLOOR = "group.floor"
 ITERATION = "iteration"
@@ -145,6 +153,20 @@ _CATALOG = (
     Kind(RETRACT, ("rids", "tokens_freed"), "decode requests retracted",
          ("ratio_old", "ratio_new", "need", "available", "evictable", "candidates",
           "running_after", "site")),
+    Kind(CUTOVER_BEGIN, ("id", "kind", "mode") + _CENSUS,
+         "a live change of serving configuration begins (kind weights or pool, mode drain or "
+         "carry), with the census before it",
+         ("path", "kv_tokens", "ceiling", "census_error")),
+    Kind(CUTOVER_CARRY, ("id", "rids", "tokens"),
+         "what a cutover carried: residents re-homed with their KV (rids, tokens) and those "
+         "put back in line with the tokens they generated (requeued)",
+         ("requeued", "requeued_tokens", "cached_tokens", "evicted")),
+    Kind(CUTOVER_END, ("id", "kind", "mode", "outcome") + _CENSUS,
+         "a cutover ended: outcome ok, rejected (with the reason; nothing changed) or failed "
+         "(rolled back); the census after it, the census before (*_before), the rids that "
+         "ended during it (ended) and the seconds no new work could start (pause_s)",
+         ("reason", "status", "pause_s", "seconds", "ended", "backlog_before", "rids_before",
+          "ceiling", "kv_tokens", "path", "census_error")),
     Kind(REQUEUE, ("rid",), "a retracted request was put back in line", ("generated",)),
     Kind(GROUP_FLOOR, ("floor", "local"), "the published floor of a multi-rank group"),
     Kind(ITERATION, ("running", "waiting"), "a sampled scheduler summary",

@@ -65,6 +65,7 @@ class Admitter:
         self.page_size = cache.allocator.page_size
         self.throttle: Any = None  # the relief ladder's throttle (rungs.Throttle) when registered
         self.relief: Any = None  # the ladder (relief.ReliefRegistry) when rungs are registered
+        self.held: str | None = None  # why the line is held for good (a drain cutover), if it is
         self.decode: list[Request] = []  # this step's decoding requests, slots not yet taken
 
     def admit(self, floor: int | None, decode: list[Request]) -> Planned:
@@ -118,6 +119,9 @@ class Admitter:
         ``inflight``: chunked prefills already in flight (phase 1's, parked ones included)."""
         reason = None
         while self.waiting:
+            if self.held is not None:  # nothing new starts while a cutover drains the residents
+                reason = self.held
+                break
             throttled = self.throttle is not None and self.throttle.active(self.receipts.iter)
             reason = line_closed(
                 chunk_budget=cap, running=len(self.running), max_running=self.config.max_running,

@@ -8,7 +8,9 @@ the numbers the choice was made on, then one ``requeue`` per victim.
 Where it was asked (``site``) decides what the retraction says about the new-token ratio:
 at ``decode`` the running requests needed more tokens than the ratio predicted, so the ratio
 rises; at ``park`` (the relief ladder funding a parked chunk) the prediction was not wrong,
-it was what left no room, and raising it would only park the next chunk sooner.
+it was what left no room, and raising it would only park the next chunk sooner; at
+``cutover`` (residents a smaller pool or new weights cannot keep) it says nothing about decode
+needs either.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def retract(sched: Any, victims: list[Request], need: int, site: str = "decode")
     """Requeue ``victims`` (running requests of ``sched``) to free ``need`` tokens."""
     running = sched.running
     # who the victims were chosen from: at a park, the decoders only (never a chunk in flight)
-    pool = running if site == "decode" else [r for r in running if not r.prefilling]
+    pool = [r for r in running if not r.prefilling] if site == "park" else running
     candidates = [[r.rid, len(r.output_ids), r.prompt_len] for r in victim_order(pool)]
     available, evictable = sched.allocator.available_size(), sched.cache.evictable_size()
     decoded = sum(len(r.output_ids) for r in running)

@@ -31,3 +31,10 @@ def pick_victims(
         if freed >= need + page_size * len(victims):
             break
     return victims
+
+
+def cutover_order(reqs: Sequence[Request]) -> list[Request]:
+    """Who a pool cutover puts back in line first when the residents do not all fit: decoding
+    requests, fewest generated first; a request mid-prefill last (put back, its prompt would
+    count again in the backlog)."""
+    return sorted(reqs, key=lambda r: (not r.output_ids, len(r.output_ids), -r.prompt_len))

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from engine.obs import tracing as tr
 from engine.obs.metrics import CONTENT_TYPE, ServerMetrics
-from engine.server import openapi
+from engine.server import admin, openapi
 from engine.server.driver import EngineDriver
 from engine.server.limits import MAX_BODY_BYTES, HttpLimits
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -85,6 +85,10 @@ def create_app(
     @app.get("/v1/models")
     async def _models() -> dict[str, Any]:
         return model_list(driver, served_model_name)
+
+    @app.post("/admin/cutover", include_in_schema=False)  # an operator's route, not the API's
+    async def _cutover(request: Request) -> Response:
+        return await admin.cutover(request, driver, metrics, limits or HttpLimits())
 
     app.post("/v1/completions", **openapi.body(CompletionRequest))(service.completions)
     app.post("/v1/chat/completions", **openapi.body(ChatCompletionRequest))(service.chat)

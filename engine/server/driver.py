@@ -14,6 +14,8 @@ waiting request hears it at once and the frontend reports it: nothing hangs.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import itertools
 import multiprocessing as mp
 import queue
 import signal
@@ -28,6 +30,8 @@ from engine.config import EngineConfig
 from engine.messages import (
     AbortRequest,
     AddRequest,
+    Cutover,
+    CutoverDone,
     Dead,
     EngineInfo,
     Heartbeat,
@@ -96,6 +100,8 @@ class EngineDriver:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._subs: dict[str, Submission] = {}
         self._subs_lock = threading.Lock()
+        self._cutovers: dict[int, concurrent.futures.Future] = {}  # by ticket, under _subs_lock
+        self._tickets = itertools.count(1)
         self._snapshot = PoolSnapshot()
         self._stopped = threading.Event()
         self.dead: str | None = None
@@ -237,6 +243,22 @@ class EngineDriver:
             except Exception:
                 pass
 
+    def cutover(
+        self, kind: str, mode: str, path: str | None, kv_tokens: int | None
+    ) -> concurrent.futures.Future:
+        """Ask for a cutover; the future holds its ``cutover.end`` fields once it has ended (a
+        RuntimeError when the scheduler stops or dies first)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._send_lock:
+            with self._subs_lock:
+                if self.dead or self.stopping:
+                    raise RuntimeError(f"scheduler is not serving: {self.dead or self.stopping}")
+                ticket = next(self._tickets)
+                self._cutovers[ticket] = fut
+            msg = Cutover(kind=kind, mode=mode, path=path, kv_tokens=kv_tokens, ticket=ticket)
+            self._outbox.put(msg)
+        return fut
+
     def stats(self) -> PoolSnapshot:
         """The pool as of the latest step (frozen: the reader replaces it, never edits it)."""
         return self._snapshot
@@ -259,7 +281,10 @@ class EngineDriver:
                 self.dead = dead
                 self.lost_at_death = list(self._subs)
             rids = list(self._subs)
+            cutovers, self._cutovers = list(self._cutovers.values()), {}
         self._deliver([(rid, RuntimeError(message), True) for rid in rids])
+        for fut in cutovers:
+            fut.set_exception(RuntimeError(message))
 
     def _read(self) -> None:
         try:
@@ -286,6 +311,11 @@ class EngineDriver:
                 self._snapshot = snap
             case Rejected(rid=rid, message=message):
                 self._deliver([(rid, ValueError(message), True)])
+            case CutoverDone(ticket=ticket, fields=fields):
+                with self._subs_lock:
+                    fut = self._cutovers.pop(ticket, None)
+                if fut is not None:
+                    fut.set_result(dict(fields))
             case Stopped(reason=reason):
                 self._fail_all(f"server is shutting down ({reason})")
                 self._stopped.set()

@@ -20,6 +20,8 @@ from engine.messages import (
     HEARTBEAT_S,
     AbortRequest,
     AddRequest,
+    Cutover,
+    CutoverDone,
     Dead,
     EngineInfo,
     Heartbeat,
@@ -95,6 +97,7 @@ def _boot_attributes(core: Any, info: EngineInfo) -> dict[str, Any]:
 def _serve_loop(core: Any, conn: Any) -> None:
     sched = core.scheduler
     drain: _Drain | None = None
+    tickets: list[int] = []  # the cutover under way (at most one): whom to answer
     beat = time.monotonic() + HEARTBEAT_S
     try:
         while True:
@@ -103,8 +106,12 @@ def _serve_loop(core: Any, conn: Any) -> None:
                 msg = conn.recv()
                 if isinstance(msg, Stop) and drain is None:
                     drain = _begin_drain(core, msg)
+                elif isinstance(msg, Cutover):
+                    _cutover(core, conn, msg, tickets)
                 elif not isinstance(msg, Stop):
                     _handle(core, conn, msg)
+            if tickets and (fields := core.cutovers.advance()) is not None:
+                conn.send(CutoverDone(ticket=tickets.pop(), fields=fields))
             if drain is not None and (not sched.has_work() or time.monotonic() >= drain.deadline):
                 _stop(core, conn, drain)
                 return
@@ -142,6 +149,16 @@ def _handle(core: Any, conn: Any, msg: ToScheduler) -> None:
             core.receipts.notice(key, text, **fields)
         case Serving(host=host, port=port):
             core.ready(host=host, port=port)
+
+
+def _cutover(core: Any, conn: Any, msg: Cutover, tickets: list[int]) -> None:
+    """Begin a cutover; answered at once when refused or done at this boundary, else when the
+    loop's ``advance`` ends it."""
+    fields = core.cutovers.begin(msg)
+    if fields is None:
+        tickets.append(msg.ticket)
+    else:
+        conn.send(CutoverDone(ticket=msg.ticket, fields=fields))
 
 
 def _begin_drain(core: Any, msg: Stop) -> _Drain:

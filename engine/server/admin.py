@@ -1,0 +1,67 @@
+"""The admin routes: ``POST /admin/cutover`` (a live change of weights or pool size).
+
+The body is ``{"kind": "weights" | "pool", "mode": "drain" | "carry", "path": ..., "kv_tokens":
+N}``; the answer comes when the cutover has ended, with its ``cutover.end`` fields: 200 when it
+was done, else the error body (400 bad input, 409 another cutover under way, 500 failed) with
+those fields under ``cutover``. The API key guards ``/admin`` as it guards ``/v1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from engine.obs.metrics import ServerMetrics
+from engine.server.driver import EngineDriver
+from engine.server.limits import HttpLimits, read_body
+from engine.server.protocol import ProtocolError, error_body
+from engine.server.responses import error_response
+
+_FIELDS = {"kind": str, "mode": str, "path": str, "kv_tokens": int}
+
+
+def parse_cutover(body: bytes) -> dict[str, Any]:
+    """The cutover asked for; a ProtocolError (400, naming the field) when malformed. What the
+    values mean (a known kind, a file that exists, a pool that fits) the scheduler decides."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ProtocolError(f"request body is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ProtocolError("request body must be a JSON object")
+    if extra := sorted(set(data) - set(_FIELDS)):
+        raise ProtocolError(f"unknown field {extra[0]!r}", extra[0])
+    for name in ("kind", "mode"):
+        if name not in data:
+            raise ProtocolError(f"{name!r} is required", name)
+    for name, typ in _FIELDS.items():
+        v = data.get(name)
+        if v is not None and (not isinstance(v, typ) or isinstance(v, bool)):
+            raise ProtocolError(f"{name!r} must be a {typ.__name__}", name)
+    return {name: data.get(name) for name in _FIELDS}
+
+
+async def cutover(
+    request: Request, driver: EngineDriver, metrics: ServerMetrics, limits: HttpLimits
+) -> Response:
+    try:
+        ask = parse_cutover(await read_body(request, limits))
+        fut = driver.cutover(**ask)
+    except ProtocolError as e:
+        return error_response(str(e), e.status, e.param)
+    except RuntimeError as e:
+        return error_response(str(e), 503)
+    try:
+        fields = await asyncio.wrap_future(fut)
+    except RuntimeError as e:
+        return error_response(str(e), 503)
+    metrics.cutover(fields)
+    status = int(fields.get("status", 200))
+    if fields.get("outcome") == "ok":
+        return JSONResponse(fields)
+    body = error_body(str(fields.get("reason", "cutover refused")), status)
+    return JSONResponse({**body, "cutover": fields}, status_code=status)

@@ -173,10 +173,12 @@ async def _load(base: str, cfg: SoakConfig, t: Tally) -> None:
 
         async def worker(i: int) -> None:
             rng = random.Random(cfg.seed * 1000 + i)
+            first = i == 0  # one malformed body always, however few requests a slow host sends
             while time.monotonic() < deadline:
                 t.sent += 1
                 try:
-                    if rng.random() < cfg.malformed:
+                    if rng.random() < cfg.malformed or first:
+                        first = False
                         await _bad(client, rng, t)
                     else:
                         await _good(client, rng, t, cfg)

@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.obs.metrics import ServerMetrics
 from engine.server.driver import EngineDriver
 from engine.server.limits import HttpLimits, read_body
-from engine.server.protocol import ProtocolError, error_body
+from engine.server.protocol import ProtocolError, error_body, json_object
 from engine.server.responses import error_response
 
 _FIELDS = {"kind": str, "mode": str, "path": str, "kv_tokens": int}
@@ -27,12 +26,7 @@ _FIELDS = {"kind": str, "mode": str, "path": str, "kv_tokens": int}
 def parse_cutover(body: bytes) -> dict[str, Any]:
     """The cutover asked for; a ProtocolError (400, naming the field) when malformed. What the
     values mean (a known kind, a file that exists, a pool that fits) the scheduler decides."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise ProtocolError(f"request body is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise ProtocolError("request body must be a JSON object")
+    data = json_object(body)
     if extra := sorted(set(data) - set(_FIELDS)):
         raise ProtocolError(f"unknown field {extra[0]!r}", extra[0])
     for name in ("kind", "mode"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
 from engine.prompt import PromptError, check_param_ids, fit_max_tokens
@@ -28,6 +29,17 @@ class ProtocolError(ValueError):
         super().__init__(message)
         self.param = param
         self.status = status
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body parsed as a JSON object; a ProtocolError (400) saying what it is not."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ProtocolError(f"request body is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ProtocolError("request body must be a JSON object")
+    return data
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
-import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
@@ -32,6 +31,7 @@ from engine.server.protocol import (
     CompletionRequest,
     ModelLimits,
     ProtocolError,
+    json_object,
     refuse_unbuilt,
     sampling_params,
     validation_error,
@@ -45,13 +45,7 @@ async def parse(
     request: Request, model: type[BaseModel], served_model_name: str, limits: HttpLimits
 ) -> Any:
     """The request body as ``model``; every fault is a ProtocolError naming the field."""
-    body = await read_body(request, limits)
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise ProtocolError(f"request body is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise ProtocolError("request body must be a JSON object")
+    data = json_object(await read_body(request, limits))
     try:
         req = model.model_validate(refuse_unbuilt(data, model))
     except ValidationError as e:

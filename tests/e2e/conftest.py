@@ -1,6 +1,7 @@
 import httpx
 import pytest
 
+from tests.e2e.otlp_receiver import OTLPReceiver
 from tests.e2e.server_proc import ServerProc
 
 API_KEY = "test-key-123"
@@ -27,3 +28,11 @@ def server(served):
     headers = {"Authorization": f"Bearer {API_KEY}"}
     with httpx.Client(base_url=served.base, headers=headers, timeout=60) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    """An OTLP/HTTP receiver on loopback, one per test module that asks for it."""
+    rec = OTLPReceiver()
+    yield rec
+    rec.close()

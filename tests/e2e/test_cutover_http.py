@@ -15,19 +15,11 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.otlp_receiver import OTLPReceiver
 from tests.e2e.server_proc import ServerProc
 
 KEY = "cutover-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 POOL = 1024
-
-
-@pytest.fixture(scope="module")
-def receiver():
-    rec = OTLPReceiver()
-    yield rec
-    rec.close()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.otlp_receiver import OTLPReceiver
 from tests.e2e.server_proc import ServerProc, free_port
 
 SERVER, INTERNAL, ERROR = 2, 1, 2  # protobuf enums: span kinds, status code
@@ -27,13 +26,6 @@ def traceparent(i: int, sampled: bool = True) -> tuple[str, str, str]:
 
 def receipts(log) -> list[dict]:
     return [orjson.loads(line) for line in open(log, "rb") if line.strip()]
-
-
-@pytest.fixture(scope="module")
-def receiver():
-    rec = OTLPReceiver()
-    yield rec
-    rec.close()
 
 
 @pytest.fixture(scope="module")

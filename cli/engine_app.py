@@ -37,7 +37,8 @@ BackendOpt = Annotated[
     typer.Option(
         "--attention-backend",
         help="Attention kernels: auto (torch; on CUDA a faster one only once bench/gpu_check.py "
-        "has verified it on a GPU), torch, triton (CPU only with TRITON_INTERPRET=1) or "
+        "has verified it on a GPU), torch, torch-padded (its older decode path, to compare), "
+        "triton (CPU only with TRITON_INTERPRET=1) or "
         "flashinfer (CUDA, bfloat16).",
     ),
 ]

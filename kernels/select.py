@@ -19,7 +19,8 @@ from kernels.flashinfer_backend import FlashInferBackend
 from kernels.torch_ref import TorchReferenceBackend
 from kernels.triton_backend import TritonBackend
 
-BACKENDS = ("torch", "triton", "flashinfer")
+# torch-padded: the torch backend's earlier decode path (padded gather, SDPA), kept to measure
+BACKENDS = ("torch", "torch-padded", "triton", "flashinfer")
 CHOICES = ("auto", *BACKENDS)  # auto: torch on CPU, the best verified one that runs on CUDA
 FAST = ("flashinfer", "triton")  # auto's candidates on CUDA, fastest first
 # The backends bench/gpu_check.py has passed on a GPU, its result recorded in BENCHMARKS.md.
@@ -81,7 +82,7 @@ def unavailable_reason(
     dev = torch.device(device).type
     if name not in CHOICES:
         return f"attention backend {name!r} is not available; choose one of {CHOICES}"
-    if name in ("torch", "auto"):
+    if name in ("torch", "torch-padded", "auto"):
         return None
     if dev not in ("cpu", "cuda"):
         return f"attention backend {name!r} runs on cpu or cuda, not {dev}"
@@ -152,4 +153,6 @@ def get_backend(
         return TritonBackend()
     if name == "flashinfer":
         return FlashInferBackend(page_size)
+    if name == "torch-padded":
+        return TorchReferenceBackend(decode="padded")
     return TorchReferenceBackend()

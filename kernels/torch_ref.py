@@ -1,4 +1,12 @@
-"""The torch reference attention backend: CPU, always present, the oracle for the others."""
+"""The torch reference attention backend: CPU, always present, the oracle for the others.
+
+A batch of decodes runs one of two ways (``decode``): ``grouped`` (the default) reads the pool
+through one index per forward and multiplies each KV head against its group of query heads
+(``kernels.paged_decode``); ``padded`` gathers each request's context into a padded batch and
+hands it to SDPA, which expands K/V for GQA (the earlier path, kept as ``torch-padded`` to
+measure against). Both give the same tokens; the equivalence is pinned by
+``tests/unit/test_paged_decode.py``.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +14,21 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV, store_kv
+from kernels.paged_decode import IndexBuffers, build_plan, grouped_decode
+
+DECODE_PATHS = ("grouped", "padded")
 
 
 class TorchReferenceBackend(AttentionBackend):
     name = "torch"
+
+    def __init__(self, decode: str = "grouped") -> None:
+        if decode not in DECODE_PATHS:
+            raise ValueError(f"decode path {decode!r}: choose one of {DECODE_PATHS}")
+        self.decode = decode
+        if decode == "padded":
+            self.name = "torch-padded"
+        self._buffers = IndexBuffers()
 
     def forward(
         self,
@@ -22,7 +41,13 @@ class TorchReferenceBackend(AttentionBackend):
     ) -> torch.Tensor:
         store_kv(k, v, kv, meta.out_slots)
         if len(meta.req_rows) > 1 and meta.is_decode:
-            return self._decode_padded(q, kv, meta, scale)
+            if self.decode == "padded":
+                return self._decode_padded(q, kv, meta, scale)
+            plan = meta.scratch.get("grouped")
+            if plan is None:  # the same for every layer of this forward
+                plan = build_plan(meta, kv.k.shape[1], q.dtype, self._buffers)
+                meta.scratch["grouped"] = plan
+            return grouped_decode(q, kv.k, kv.v, plan, scale)
         out = torch.empty_like(q)
         gqa = q.shape[1] != kv.k.shape[1]
         for start, ext, slots, mask, causal in self._extend_plan(meta):

@@ -1,0 +1,100 @@
+"""Where one decode step's time goes at batch B: the whole forward, the attention backend's share,
+and the top operators by self CPU time (torch.profiler), for one attention backend.
+
+B requests with unseen random prompts are prefilled, then every decode forward of exactly B
+requests is timed; after a few warm steps one is profiled. The figures are medians over the
+timed steps.
+
+    .venv/bin/python bench/decode_step_profile.py [--backend torch] [--batch 32] [--steps 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+from cpuinfo import describe  # bench/cpuinfo.py, beside this script
+from torch.profiler import ProfilerActivity, profile
+
+
+def profile_step(llm, batch: int, prompt_len: int, steps: int, top: int, seed: int = 0) -> dict:
+    """Time the decode forwards of ``batch`` requests; profile one. Returns medians in ms and
+    the profiler's table."""
+    from engine import SamplingParams
+
+    runner = llm.core.scheduler.runner
+    backend = runner.model.backend
+    forward, attend = runner.forward, backend.forward
+    step_ms, attn_ms, table, acc = [], [], [""], [0.0]
+
+    def timed_attend(*a, **k):
+        t = time.perf_counter()
+        out = attend(*a, **k)
+        acc[0] += time.perf_counter() - t
+        return out
+
+    def timed_forward(b, *a, **k):
+        if len(b) != batch or any(len(e.token_ids) != 1 for e in b):
+            return forward(b, *a, **k)
+        acc[0] = 0.0
+        if len(step_ms) == 3:  # warm by now: profile this one, untimed
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                out = forward(b, *a, **k)
+            table[0] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+            step_ms.append(float("nan"))
+            attn_ms.append(float("nan"))
+            return out
+        t = time.perf_counter()
+        out = forward(b, *a, **k)
+        step_ms.append((time.perf_counter() - t) * 1e3)
+        attn_ms.append(acc[0] * 1e3)
+        return out
+
+    rng = random.Random(seed)
+    vocab = runner.model.cfg.vocab_size
+    prompts = [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(batch)]
+    runner.forward, backend.forward = timed_forward, timed_attend
+    try:
+        llm.generate(prompts, SamplingParams(max_tokens=steps + 5, temperature=0, ignore_eos=True))
+    finally:
+        runner.forward, backend.forward = forward, attend
+    steps_ok = [s for s in step_ms if s == s]
+    attn_ok = [a for a in attn_ms if a == a]
+    return {
+        "step_ms": statistics.median(steps_ok),
+        "attention_ms": statistics.median(attn_ok),
+        "steps": len(steps_ok),
+        "table": table[0],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="torch")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args()
+
+    from engine import LLM
+
+    llm = LLM(
+        attention_backend=args.backend, kv_tokens=args.batch * (args.prompt_len + args.steps + 16),
+        max_running=args.batch, receipts=False,
+    )  # fmt: skip
+    r = profile_step(llm, args.batch, args.prompt_len, args.steps, args.top)
+    print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
+    print(
+        f"backend {args.backend}, batch {args.batch}, prompt {args.prompt_len}: decode step "
+        f"{r['step_ms']:.1f} ms, attention {r['attention_ms']:.1f} ms "
+        f"(median of {r['steps']} steps)"
+    )
+    print(r["table"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,7 @@
 """The claim kinds that read receipts one by one (``engaged``, ``never``, ``every``,
-``invariant``, ``ranks_agree``), and ``build_checker``, which picks the checker for a claim's
-kind (the derived-number kinds are in ``audit.derived``, ``final`` in ``audit.final``).
+``invariant``), and ``build_checker``, which picks the checker for a claim's kind (the
+derived-number kinds are in ``audit.derived``, ``final`` in ``audit.final``, ``ranks_agree`` in
+``audit.ranks``).
 
 Each checker subscribes to the receipts and text lines its selectors scope, keeps the least state
 its question needs, and gives one verdict at the end, through the gates of ``audit.checker``.
@@ -8,7 +9,6 @@ its question needs, and gives one verdict at the end, through the gates of ``aud
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -19,11 +19,9 @@ from audit.final import Final
 from audit.foreign import TEXT_BOOT
 from audit.lastseq import highest
 from audit.model import Claim, ReceiptSel
+from audit.ranks import RanksAgree
 from audit.status import ClaimVerdict, Status
 from engine.obs import schema
-
-_MASK64 = (1 << 64) - 1
-_DECISION = 1 << 128 | 1 << 63  # one decision more in RanksAgree's digest, its hash made >= 0
 
 
 class Engaged(Checker):
@@ -235,112 +233,6 @@ class Invariant(Checker):
         return outcome(
             Status.PASS, f"{c.check.source} holds in all {self.checked} {sel} receipts", **nums
         )
-
-
-class RanksAgree(Checker):
-    """Per iteration, every rank of a boot made the same decisions (an order-free multiset
-    digest of the selected receipts' fields)."""
-
-    def __init__(self, claim: Claim, bus: Bus) -> None:
-        super().__init__(claim, bus)
-        # (boot, rank) -> iter -> the sum of (hash + _DECISION) over its decisions: the count
-        # above bit 128, below it the hashes (each in [0, 2^64) once shifted): one add a decision
-        self.digest: dict[tuple[str, int], dict[int, int]] = {}
-        for s in claim.select:
-            bus.subscribe(s, self._fn(s))
-
-    def _fn(self, s: ReceiptSel) -> Callable[[dict[str, Any]], None]:
-        fields, digest, where = self.claim.fields, self.digest, bool(s.where)
-        one = fields[0] if len(fields) == 1 else None
-        kind = s.kind  # every record this selector gets is of this kind (no text events here)
-
-        def fn(rec: dict[str, Any]) -> None:
-            it = rec.get("iter")
-            if type(it) is not int or (where and not s.matches(rec)):
-                return
-            try:  # the fields as read; only a list or an object among them needs _frozen
-                if one is not None:
-                    h = hash((kind, rec.get(one)))
-                else:
-                    h = hash((kind, *map(rec.get, fields)))
-            except TypeError:
-                h = hash((kind, *(_frozen(rec.get(f)) for f in fields)))
-            at = (rec["boot"], rec["rank"])
-            per_iter = digest.get(at)
-            if per_iter is None:
-                per_iter = digest[at] = {}
-            per_iter[it] = per_iter.get(it, 0) + h + _DECISION
-
-        return fn
-
-    def _digests(self, boot: str, rank: int) -> dict[int, int]:
-        """iter -> count << 64 | (sum of the decisions' hashes mod 2^64, shifted)."""
-        got = self.digest.get((boot, rank), {})
-        return {it: (d >> 128) << 64 | d & _MASK64 for it, d in got.items()}
-
-    def decide(self, ctx: Context) -> ClaimVerdict:
-        ranks: dict[str, list[int]] = defaultdict(list)
-        for boot, rank in ctx.stats.seqs:
-            ranks[boot].append(rank)
-        multi = {b: sorted(r) for b, r in ranks.items() if len(r) > 1}
-        if not multi:
-            incomplete = ctx.stats.incomplete()
-            if incomplete is not None:
-                return outcome(Status.UNDECIDED, incomplete[1], incomplete[0])
-            if self.claim.allow_vacuous:
-                return outcome(
-                    Status.PASS,
-                    "vacuous pass (allowed by the spec): every boot has one rank",
-                    "vacuous",
-                )
-            return outcome(
-                Status.UNDECIDED,
-                "every boot in the log has a single rank: there is nothing to agree with",
-                "single_rank",
-            )
-        gated = self.gate(ctx, any(self.digest.values()), "no decision receipts to compare")
-        if gated:
-            return gated
-        compared, differ = 0, []
-        for boot, rs in sorted(multi.items()):
-            last = min(ctx.stats.seqs[(boot, r)].top_iter for r in rs)
-            per_rank = [self._digests(boot, r) for r in rs]
-            # an iteration past a rank's last receipt has nothing from that rank to compare
-            for it in sorted({i for d in per_rank for i in d if i <= last}):
-                compared += 1
-                got = [d.get(it, 0) for d in per_rank]
-                if len(set(got)) > 1:
-                    counts = ", ".join(f"rank {r}: {g >> 64}" for r, g in zip(rs, got))
-                    differ.append(f"boot {boot} iter {it} ({counts} decisions)")
-        nums = {
-            "iterations": compared,
-            "differ": len(differ),
-            "ranks": sum(len(r) for r in multi.values()),
-        }
-        if differ:
-            return outcome(
-                Status.FAIL,
-                f"{len(differ)} of {compared} iterations decided differently across ranks; first: {differ[0]}",
-                **nums,
-            )
-        if not compared:
-            return outcome(
-                Status.UNDECIDED, "no iteration was reached by every rank", "no_engagement", **nums
-            )
-        fields = ", ".join(self.claim.fields)
-        return outcome(
-            Status.PASS,
-            f"all ranks made the same decisions ({fields}) in each of {compared} iterations",
-            **nums,
-        )
-
-
-def _frozen(v: Any) -> Any:
-    if isinstance(v, list):
-        return tuple(_frozen(x) for x in v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _frozen(x)) for k, x in v.items()))
-    return v
 
 
 _CHECKERS: dict[str, type[Checker]] = {

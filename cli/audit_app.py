@@ -18,6 +18,7 @@ from audit import __version__
 from audit.diff import compare, diff_table
 from audit.diff import to_json as diff_json
 from audit.explain import detail, sparkline, summarize, timeline
+from audit.inputs import NoLogs, expand_logs
 from audit.parse import SpecError
 from audit.reader import UnreadableLog
 from audit.render import print_report, to_json, to_junit
@@ -31,6 +32,11 @@ EX_UNAVAILABLE = 69
 # click's UsageError (unknown command or option, bad value), reached through typer's public
 # BadParameter whichever click typer ships
 UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+LOGS_HELP = (
+    "boot logs (.jsonl, text, .gz): files, quoted glob patterns ('logs/boot-*.jsonl') or "
+    "directories (their *.jsonl, *.log and *.gz files); rank logs: one file per rank"
+)
 
 app = typer.Typer(
     help="Attest auditor: turns boot logs into verdicts.",
@@ -62,6 +68,8 @@ def _guard(fn):
         return fn()
     except SpecError as e:
         raise Fatal(EX_USAGE, f"bad spec: {e}") from None
+    except NoLogs as e:
+        raise Fatal(EX_USAGE, f"no logs: {e}") from None
     except UnreadableLog as e:
         raise Fatal(EX_NOINPUT, f"cannot read log: {e}") from None
 
@@ -74,7 +82,7 @@ def version() -> None:
 
 @app.command()
 def verdict(
-    logs: list[str] = typer.Argument(..., metavar="LOG...", help="boot logs (.jsonl, text, .gz)"),
+    logs: list[str] = typer.Argument(..., metavar="LOG...", help=LOGS_HELP),
     spec: list[str] = typer.Option(
         [],
         "--spec",
@@ -88,13 +96,14 @@ def verdict(
     """PASS / FAIL / UNDECIDED per claim; exit 0 / 1 / 2."""
 
     def run():
+        files = expand_logs(logs)
         if spec:
             specs = [resolve(s) for s in spec]
         else:
             specs = [load_spec(p) for p in shipped()]
             if not specs:
                 raise Fatal(EX_USAGE, f"no shipped specs under {acceptance_dir()}; pass --spec")
-        return evaluate(specs, logs, control, only_applicable=not spec)
+        return evaluate(specs, files, control, only_applicable=not spec)
 
     report = _guard(run)
     if junit:
@@ -150,11 +159,11 @@ def specs() -> None:
 
 @app.command()
 def explain(
-    logs: list[str] = typer.Argument(..., metavar="LOG..."),
+    logs: list[str] = typer.Argument(..., metavar="LOG...", help=LOGS_HELP),
     rid: str = typer.Option(..., "--rid", help="the request id"),
 ) -> int:
     """One request's receipts as a timeline."""
-    found, _ = _guard(lambda: timeline(logs, rid))
+    found, _ = _guard(lambda: timeline(expand_logs(logs), rid))
     if not found:
         print(f"no receipt names {rid}")
         return 1
@@ -171,9 +180,9 @@ def explain(
 
 
 @app.command()
-def summary(logs: list[str] = typer.Argument(..., metavar="LOG...")) -> int:
+def summary(logs: list[str] = typer.Argument(..., metavar="LOG...", help=LOGS_HELP)) -> int:
     """Receipts per kind and rank; pool usage over time."""
-    s = _guard(lambda: summarize(logs))
+    s = _guard(lambda: summarize(expand_logs(logs)))
     console = _console()
     by_kind = s.kinds_by_rank()
     ranks = sorted(s.stats.ranks)
@@ -222,7 +231,7 @@ def diff(
 
 @app.command()
 def report(
-    logs: list[str] = typer.Argument(..., metavar="LOG...", help="boot logs (.jsonl, text, .gz)"),
+    logs: list[str] = typer.Argument(..., metavar="LOG...", help=LOGS_HELP),
     output: str = typer.Option("report.html", "-o", "--output", help="the HTML file to write"),
     spec: list[str] = typer.Option(
         [], "--spec", help="a window or spec path (repeatable); default: shipped ones that apply"
@@ -239,8 +248,9 @@ def report(
         ) from None
 
     def run():
+        files = expand_logs(logs)
         specs = [resolve(s) for s in spec] if spec else [load_spec(p) for p in shipped()]
-        return collect(logs), evaluate(specs, logs, only_applicable=not spec)
+        return collect(files), evaluate(specs, files, only_applicable=not spec)
 
     data, verdicts = _guard(run)
     try:

@@ -7,7 +7,8 @@ a breaking change bumps SCHEMA_VERSION.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 SCHEMA_VERSION = 1
@@ -169,8 +170,11 @@ _CATALOG = (
           "ceiling", "kv_tokens", "path", "census_error")),
     Kind(REQUEUE, ("rid",), "a retracted request was put back in line", ("generated",)),
     Kind(GROUP_FLOOR, ("floor", "local"), "the published floor of a multi-rank group"),
-    Kind(ITERATION, ("running", "waiting"), "a sampled scheduler summary",
-         ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio") + PROGRESS),
+    Kind(ITERATION, ("running", "waiting"),
+         "a sampled scheduler summary; with more than one rank, one on every iteration that "
+         "scheduled work, with the digest of the batch about to run (batch_digest)",
+         ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio", "digest")
+         + PROGRESS),
     Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
     Kind(NOTICE, ("text",), "something said once", ("process",)),
 )  # fmt: skip
@@ -184,6 +188,15 @@ def progress(tokens_generated: int, counts: Mapping[str, int]) -> dict[str, int]
     ended = counts.get(REQUEST_FINISH, 0) + counts.get(REQUEST_ABORT, 0)
     values = (tokens_generated, counts.get(ADMISSION_ADMIT, 0), ended)
     return dict(zip(PROGRESS, values, strict=True))
+
+
+def batch_digest(entries: Sequence[tuple[str, int]]) -> str:
+    """The digest of a batch (its (rid, tokens scheduled) in the order it runs): 16 hex
+    characters, the same in every process (blake2b, never Python's per-process ``hash``), so the
+    ranks of a group that agree write the same one. Each rid is length-prefixed: no rid can
+    spell the end of one entry and the start of the next."""
+    text = "".join(f"{len(rid)}:{rid}={int(tokens)};" for rid, tokens in entries)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 def missing_fields(event: str, fields: dict[str, object]) -> list[str]:

@@ -38,8 +38,11 @@ def test_an_unreadable_log_is_66_with_the_reason_and_writes_nothing(tmp_path):
     assert r.returncode == 66
     assert r.stderr.strip() == f"audit: cannot read log: {missing}: No such file or directory"
     assert not out.exists()
-    r = audit("report", str(tmp_path), "-o", str(out))
-    assert (r.returncode, "is a directory" in r.stderr) == (66, True)
+    empty = tmp_path / "empty"  # a directory is read as the logs in it; one with none is 64
+    empty.mkdir()
+    r = audit("report", str(empty), "-o", str(out))
+    assert (r.returncode, "holds no log" in r.stderr) == (64, True)
+    assert not out.exists()
 
 
 def test_an_unwritable_output_is_73_naming_it(tmp_path):

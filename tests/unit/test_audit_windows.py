@@ -15,7 +15,8 @@ from audit.selftest import self_test
 from audit.spec import load_spec, shipped
 
 WINDOWS = {
-    "boot_health", "no_request_lost", "admission_park", "eviction_honesty", "relief_ladder", "cutover"
+    "boot_health", "no_request_lost", "admission_park", "eviction_honesty", "relief_ladder", "cutover",
+    "group_agreement",
 }  # fmt: skip
 
 

@@ -1,0 +1,239 @@
+"""The ranks of a boot: how many its ``boot.start`` says it has (``WorldSize``), and the
+``ranks_agree`` claim (``RanksAgree``): per (boot, iteration), every rank made the same decisions.
+
+A boot's rank count is ``config.tp`` in its ``boot.start`` (the engine's configuration as
+written: ``--tp N``, ``LLM(tp=N)``). A boot that says N ranks and whose logs hold fewer cannot
+be judged for agreement: a rank log is missing (not passed, or the rank never wrote one).
+
+What RanksAgree decides, boot by boot (ranks are compared only within their boot):
+- an iteration at which the ranks' decisions differ is a FAIL naming the boot, the iteration, and
+  each rank's decisions (a single decision is shown with its fields: two digests side by side);
+- a rank with no selected receipt at an iteration where another rank has one, while its own log
+  goes on past that iteration (a complete log, by seq), decided differently: a FAIL ("no
+  receipt"). Where its log ended before that iteration (the rank stopped, died, or its file was
+  cut) nothing can be said of it: UNDECIDED (``rank_log_ended``);
+- a rank the boot declared and no log holds: UNDECIDED (``rank_missing``), even where the claim
+  allows a vacuous pass (a missing log is not a single-rank boot);
+- every boot with one rank: UNDECIDED (``single_rank``), or a vacuous PASS where allowed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from itertools import islice
+from typing import Any
+
+from audit.checker import MAX_NAMED, Bus, Checker, Context, name_some, outcome
+from audit.model import Claim, ReceiptSel
+from audit.status import ClaimVerdict, Status
+from engine.obs import schema
+
+WORLD_FIELD = "tp"  # boot.start's config field that says how many ranks the boot has
+_MASK64 = (1 << 64) - 1
+_DECISION = 1 << 128 | 1 << 63  # one decision more in a digest sum, its hash made >= 0
+_SHOWN = 40  # characters of a field's value in a sentence
+
+
+class WorldSize:
+    """Per boot, the rank count its boot.start declares (``config.tp``), where one says it."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.declared: dict[str, int] = {}
+        bus.kinds[schema.BOOT_START].append(self._start)
+
+    def _start(self, rec: dict[str, Any]) -> None:
+        config = rec.get("config")
+        n = config.get(WORLD_FIELD) if isinstance(config, dict) else None
+        if type(n) is int and n > 0:
+            self.declared[rec["boot"]] = max(self.declared.get(rec["boot"], 0), n)
+
+    def most(self) -> int:
+        return max(self.declared.values(), default=0)
+
+    def missing(self, seen: dict[str, list[int]]) -> list[tuple[str, list[int], int, int]]:
+        """(boot, the first ranks no log holds, how many, ranks declared) for each boot that
+        lacks some (a count, never a list of them all: a hostile ``tp`` stays cheap)."""
+        out = []
+        for boot, n in sorted(self.declared.items()):
+            here = {r for r in seen.get(boot, ()) if 0 <= r < n}
+            if len(here) < n:
+                first = islice((r for r in range(n) if r not in here), MAX_NAMED)
+                out.append((boot, list(first), n - len(here), n))
+        return out
+
+
+def _hashed(raw: tuple) -> int:
+    try:
+        return hash(raw)
+    except TypeError:  # a list or an object among the fields: hashed by value
+        return hash(tuple(_frozen(x) for x in raw))
+
+
+def _frozen(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_frozen(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _frozen(x)) for k, x in v.items()))
+    return v
+
+
+class RanksAgree(Checker):
+    """Per (boot, iteration), every rank of the boot made the same decisions: the selected
+    receipts' fields, as an order-free multiset."""
+
+    def __init__(self, claim: Claim, bus: Bus) -> None:
+        super().__init__(claim, bus)
+        # (boot, rank) -> iter -> its decisions: one decision as read, (kind, *fields), so a
+        # FAIL can show it; more than one as the sum of (hash + _DECISION) over them: the count
+        # above bit 128, below it the hashes (each in [0, 2^64) once shifted), one add each
+        self.digest: dict[tuple[str, int], dict[int, Any]] = {}
+        self.world = WorldSize(bus)
+        for s in claim.select:
+            bus.subscribe(s, self._fn(s))
+
+    def _fn(self, s: ReceiptSel) -> Callable[[dict[str, Any]], None]:
+        fields, digest, where = self.claim.fields, self.digest, bool(s.where)
+        one = fields[0] if len(fields) == 1 else None
+        kind = s.kind  # every record this selector gets is of this kind (no text events here)
+
+        def fn(rec: dict[str, Any]) -> None:
+            it = rec.get("iter")
+            if type(it) is not int or (where and not s.matches(rec)):
+                return
+            raw = (kind, rec.get(one)) if one is not None else (kind, *map(rec.get, fields))
+            at = (rec["boot"], rec["rank"])
+            per_iter = digest.get(at)
+            if per_iter is None:
+                per_iter = digest[at] = {}
+            old = per_iter.get(it)
+            if old is None:
+                per_iter[it] = raw
+            elif type(old) is tuple:
+                per_iter[it] = _hashed(old) + _hashed(raw) + 2 * _DECISION
+            else:
+                per_iter[it] = old + _hashed(raw) + _DECISION
+
+        return fn
+
+    def _digests(self, boot: str, rank: int) -> dict[int, Any]:
+        """iter -> one decision as read, or count << 64 | (sum of hashes mod 2^64, shifted)."""
+        got = self.digest.get((boot, rank), {})
+        return {
+            it: d if type(d) is tuple else (d >> 128) << 64 | d & _MASK64 for it, d in got.items()
+        }
+
+    def _shown(self, d: Any) -> str:
+        """A rank's decisions at one iteration, for a sentence."""
+        if d is None:
+            return "no receipt"
+        if type(d) is not tuple:
+            return f"{d >> 64} decisions"
+        values = ", ".join(f"{f} {_cut(repr(v))}" for f, v in zip(self.claim.fields, d[1:]))
+        return f"{d[0]} {values}"
+
+    def _compare(
+        self, ctx: Context, multi: dict[str, list[int]]
+    ) -> tuple[int, list[str], list[str]]:
+        """(iterations compared, where ranks differ, where a rank's log had ended)."""
+        compared, differ, ended = 0, [], []
+        for boot, rs in sorted(multi.items()):
+            top = {r: ctx.stats.seqs[(boot, r)].top_iter for r in rs}
+            per_rank = {r: self._digests(boot, r) for r in rs}
+            for it in sorted({i for d in per_rank.values() for i in d}):
+                present = [r for r in rs if top[r] >= it]  # logs that reach this iteration
+                gone = [r for r in rs if top[r] < it]
+                if gone:
+                    last = ", ".join(f"rank {r} at iter {top[r]}" for r in gone)
+                    ended.append(f"boot {boot} iter {it} (the log of {last} ended before it)")
+                if len(present) < 2:
+                    continue
+                compared += 1
+                got = [per_rank[r].get(it) for r in present]
+                if any(g != got[0] for g in got[1:]):
+                    each = ", ".join(f"rank {r}: {self._shown(g)}" for r, g in zip(present, got))
+                    differ.append(f"boot {boot} iter {it} ({each})")
+        return compared, differ, ended
+
+    def decide(self, ctx: Context) -> ClaimVerdict:
+        ranks: dict[str, list[int]] = defaultdict(list)
+        for boot, rank in ctx.stats.seqs:
+            ranks[boot].append(rank)
+        multi = {b: sorted(r) for b, r in ranks.items() if len(r) > 1}
+        missing = self.world.missing(ranks)
+        if not multi and not missing:
+            return self._single_rank(ctx)
+        gated = self.gate(ctx, True, "")  # an incomplete log, or what the claim requires unseen
+        if gated:
+            return gated
+        compared, differ, ended = self._compare(ctx, multi)
+        nums = {
+            "iterations": compared,
+            "differ": len(differ),
+            "ranks": sum(len(r) for r in ranks.values()),
+            "ranks_missing": sum(k for _, _, k, _ in missing),
+            "unmatched": len(ended),
+        }
+        if differ:
+            return outcome(
+                Status.FAIL,
+                f"{len(differ)} of {compared} iterations decided differently across ranks; "
+                f"first: {differ[0]}",
+                **nums,
+            )
+        if missing:
+            shown = [
+                f"boot {b} says {n} ranks ({schema.BOOT_START} config.{WORLD_FIELD}), no log "
+                f"holds rank {', '.join(map(str, a))}"
+                + (f" and {k - len(a)} more" if k > len(a) else "")
+                for b, a, k, n in missing
+            ]
+            return outcome(
+                Status.UNDECIDED,
+                f"{name_some(shown)}: a rank log is missing (pass every rank's log: a directory "
+                "or a glob), so agreement cannot be judged",
+                "rank_missing",
+                **nums,
+            )
+        gated = self.gate(ctx, any(self.digest.values()), "no decision receipts to compare")
+        if gated:
+            gated.numbers.update(nums)
+            return gated
+        if ended:
+            return outcome(
+                Status.UNDECIDED,
+                f"{len(ended)} iteration(s) with decisions after a rank's log ended (it "
+                f"stopped, died, or its file was cut): {name_some(ended)}",
+                "rank_log_ended",
+                **nums,
+            )
+        if not compared:
+            return outcome(
+                Status.UNDECIDED, "no iteration was reached by every rank", "no_engagement", **nums
+            )
+        fields = ", ".join(self.claim.fields)
+        return outcome(
+            Status.PASS,
+            f"all ranks made the same decisions ({fields}) in each of {compared} iterations",
+            **nums,
+        )
+
+    def _single_rank(self, ctx: Context) -> ClaimVerdict:
+        incomplete = ctx.stats.incomplete()
+        if incomplete is not None:
+            return outcome(Status.UNDECIDED, incomplete[1], incomplete[0])
+        if self.claim.allow_vacuous:
+            return outcome(
+                Status.PASS,
+                "vacuous pass (allowed by the spec): every boot has one rank",
+                "vacuous",
+            )
+        return outcome(
+            Status.UNDECIDED,
+            "every boot in the log has a single rank: there is nothing to agree with",
+            "single_rank",
+        )
+
+
+def _cut(s: str) -> str:
+    return s if len(s) <= _SHOWN else s[: _SHOWN - 3] + "..."

@@ -10,6 +10,16 @@ from typing import Annotated
 import typer
 
 from cli.cutover import cutover
+from cli.ranks import (
+    DistInitOpt,
+    FloorOpt,
+    GroupCheckOpt,
+    GroupTimeoutOpt,
+    KvOpt,
+    TpOpt,
+    kv_tokens,
+    worker,
+)
 
 app = typer.Typer(
     help="Attest serving engine. Start with `engine info` to see the model, then "
@@ -25,13 +35,6 @@ ModelOpt = Annotated[
     ),
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 (exact) or bfloat16 (faster).")]
-KvOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--kv-tokens",
-        help="KV pool size in tokens. Default: a share of free memory (--kv-memory-fraction).",
-    ),
-]
 BackendOpt = Annotated[
     str,
     typer.Option(
@@ -167,9 +170,10 @@ def generate(
         bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")
     ] = True,
     dtype: DtypeOpt = "float32",
-    kv_tokens: KvOpt = 8192,
+    kv_tokens: KvOpt = "8192",
     attention_backend: BackendOpt = "auto",
     device: DeviceOpt = "cpu",
+    tp: TpOpt = 1,
 ) -> None:
     """Generate one completion and stream it to the terminal."""
     from engine import LLM, SamplingParams
@@ -180,8 +184,8 @@ def generate(
             min_p=min_p, seed=seed, stop=stop or None,
         )  # fmt: skip
         llm = LLM(
-            model=model, dtype=dtype, kv_tokens=kv_tokens, max_running=1,
-            attention_backend=attention_backend, device=device,
+            model=model, dtype=dtype, kv_tokens=_kv(kv_tokens), max_running=1,
+            attention_backend=attention_backend, device=device, tp=tp,
         )  # fmt: skip
         tok = llm.tokenizer
         ids = tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
@@ -189,6 +193,7 @@ def generate(
             sys.stdout.write(delta)
             sys.stdout.flush()
         sys.stdout.write("\n")
+        llm.close()  # with --tp, the other ranks stop with it
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
 
@@ -197,7 +202,7 @@ def generate(
 def info(
     model: ModelOpt = None,
     dtype: DtypeOpt = "float32",
-    kv_tokens: KvOpt = 8192,
+    kv_tokens: KvOpt = "8192",
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Show the model, its configuration, parameter count and KV bytes per token."""
@@ -205,7 +210,7 @@ def info(
     from engine.core import EngineCore
 
     try:
-        core = EngineCore(EngineConfig(model=model, dtype=dtype, kv_tokens=kv_tokens))
+        core = EngineCore(EngineConfig(model=model, dtype=dtype, kv_tokens=_kv(kv_tokens)))
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     d = core.describe()
@@ -255,6 +260,11 @@ def serve(
     read_timeout: ReadTimeoutOpt = 30.0,
     max_client_connections: ClientConnOpt = 128,
     request_timeout: RequestTimeoutOpt = 600.0,
+    tp: TpOpt = 1,
+    dist_init: DistInitOpt = "spawn",
+    group_check_interval: GroupCheckOpt = 16,
+    group_timeout: GroupTimeoutOpt = 30.0,
+    published_floor: FloorOpt = True,
 ) -> None:
     """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics). SIGTERM or Ctrl-C stops it in order: exit 0, with `boot.stop` logged.
@@ -265,7 +275,7 @@ def serve(
 
     try:
         cfg = EngineConfig(
-            model=model, dtype=dtype, kv_tokens=kv_tokens, max_running=max_running,
+            model=model, dtype=dtype, kv_tokens=_kv(kv_tokens), max_running=max_running,
             chunk_tokens=chunk_tokens, max_model_len=max_model_len, page_size=page_size,
             kv_memory_fraction=kv_memory_fraction, log_file=log_file or default_log_file(),
             prefix_cache=prefix_cache, attention_backend=attention_backend, threads=threads,
@@ -275,7 +285,9 @@ def serve(
             relief_ladder=relief_ladder is OnOff.on, read_timeout=read_timeout,
             relief_throttle_iterations=relief_throttle_iterations,
             max_client_connections=max_client_connections,
-            request_timeout=request_timeout or None,
+            request_timeout=request_timeout or None, tp=tp, dist_init=dist_init,
+            group_check_interval=group_check_interval, group_timeout=group_timeout,
+            published_floor=published_floor,
         )  # fmt: skip
         code = run_server(
             cfg, host, port, served_model_name, api_key, pid_file=pid_file,
@@ -302,15 +314,24 @@ def bench(
     baseline: Annotated[
         bool, typer.Option(help="Also time transformers' batched generate.")
     ] = True,
+    tp: TpOpt = 1,
 ) -> None:
     """Offline throughput vs transformers' batched generate, and receipts on vs off, one run."""
     from engine.benchmark import run_offline
 
     res = run_offline(
-        model, num_prompts, prompt_len, output_len, runs=runs, dtype=dtype, baseline=baseline
+        model,
+        num_prompts,
+        prompt_len,
+        output_len,
+        runs=runs,
+        dtype=dtype,
+        baseline=baseline,
+        tp=tp,
     )
     typer.echo(
-        f"{num_prompts} prompts x {prompt_len} tokens, {output_len} new tokens each, {dtype}, median of {runs}"
+        f"{num_prompts} prompts x {prompt_len} tokens, {output_len} new tokens each, {dtype}, "
+        f"tp {tp}, median of {runs}"
     )
     typer.echo(f"{'arm':<36} {'median s':>9} {'out tok/s':>10}  runs")
     for r in res:
@@ -358,6 +379,15 @@ def window(
 
 
 app.command()(cutover)
+app.command()(worker)
+
+
+def _kv(text: str | None) -> int | list[int] | None:
+    try:
+        return kv_tokens(text)
+    except ValueError as e:
+        _fail(str(e))
+        raise
 
 
 def main() -> None:

@@ -11,14 +11,11 @@ Exits like `audit verdict` (0 PASS, 1 FAIL, 2 UNDECIDED); 64 for a window withou
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import datetime
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,12 +27,12 @@ from audit.recipe import Recipe
 from audit.render import print_report
 from audit.spec import resolve
 from audit.verdict import evaluate
+from engine.dist.spawn import dies_with_parent, free_port
 from engine.server.loadgen import LoadResult, LoadShape, drive
 
 EX_USAGE, EX_UNAVAILABLE = 64, 69
 BOOT_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class WindowError(Exception):
@@ -50,12 +47,6 @@ class Boot:
     out: Path  # the server's stdout and stderr
     load: LoadResult
     exit_code: int
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(proc: subprocess.Popen, base: str, out: Path) -> None:
@@ -74,20 +65,6 @@ def _wait_healthy(proc: subprocess.Popen, base: str, out: Path) -> None:
     raise WindowError(EX_UNAVAILABLE, f"the engine was not healthy in {BOOT_TIMEOUT_S:.0f} s")
 
 
-def _dies_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that asks Linux to send the engine SIGTERM when this process dies, even
-    by SIGKILL, when no cleanup of ours can run: it then drains and stops in order instead of
-    living on as an orphan that holds its port and the CPU. Resolved here, in the parent: the
-    child only makes the one call between fork and exec."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: the finally below is what there is
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    term = int(signal.SIGTERM)
-    return lambda: prctl(PR_SET_PDEATHSIG, term, 0, 0, 0) and None
-
-
 def _term_as_interrupt() -> None:
     """SIGTERM (a timeout, a supervisor) ends `engine window` like Ctrl-C: through the finally
     that stops the engine, instead of exiting past it."""
@@ -101,13 +78,13 @@ def _term_as_interrupt() -> None:
 def boot_and_load(args: list[str], shape: LoadShape, log: Path, progress: Progress,
                   label: str) -> Boot:  # fmt: skip
     """One boot: `engine serve` on a free loopback port with ``args``, the load, SIGTERM."""
-    port, out = _free_port(), log.with_suffix(".out")
+    port, out = free_port(), log.with_suffix(".out")
     cmd = [sys.executable, "-m", "cli.engine_app", "serve", "--host", "127.0.0.1",
            "--port", str(port), "--log-file", str(log), *args]  # fmt: skip
     task = progress.add_task(f"{label}: booting", total=None)
     with out.open("wb") as sink:
         proc = subprocess.Popen(
-            cmd, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_dies_with_parent()
+            cmd, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=dies_with_parent()
         )
     try:
         base = f"http://127.0.0.1:{port}"

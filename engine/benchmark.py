@@ -58,21 +58,27 @@ def run_offline(
     max_running: int = 64,
     baseline: bool = True,
     seed: int = 0,
+    tp: int = 1,
 ) -> list[ArmResult]:
     from engine import LLM, SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     kv = num_prompts * (prompt_len + output_len) + 64
     with tempfile.TemporaryDirectory() as tmp:
-        on = LLM(model=model, dtype=dtype, kv_tokens=kv, max_running=max_running,
+        on = LLM(model=model, dtype=dtype, kv_tokens=kv, max_running=max_running, tp=tp,
                  log_file=str(Path(tmp) / "boot.jsonl"))  # fmt: skip
         prompts = _workload(num_prompts, prompt_len, on.core.model_config.vocab_size, seed)
         total = num_prompts * output_len
-        off = LLM(model=model, dtype=dtype, kv_tokens=kv, max_running=max_running, receipts=False)
+        off = LLM(
+            model=model, dtype=dtype, kv_tokens=kv, max_running=max_running, receipts=False, tp=tp
+        )
         results = _receipt_arms(on, off, prompts, params, total, runs)
-        del off  # its weights and KV pool go before transformers loads its own
+        off.close()  # its ranks stop, its weights and KV pool go before transformers loads its own
+        del off
+        path = on.core.loaded.path
+        on.close()
         if baseline:
-            hf_arm = _transformers_arm(on.core.loaded.path, dtype, prompts, output_len, runs)
+            hf_arm = _transformers_arm(path, dtype, prompts, output_len, runs)
             results.append(hf_arm)
     return results
 

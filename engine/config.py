@@ -6,6 +6,14 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 DTYPES = ("float32", "bfloat16")
+DIST_INITS = ("spawn", "env")
+
+
+def _per_rank(v: Any, tp: int) -> bool:
+    """One pool size per rank, each an integer >= 1."""
+    if not isinstance(v, (list, tuple)) or len(v) != tp or tp < 2:
+        return False
+    return all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v)
 
 
 def _http_url(v: Any) -> bool:
@@ -29,7 +37,9 @@ def _seconds(v: Any) -> bool:
 class EngineConfig:
     model: str | None = None  # GGUF file or HF folder; None: the default model
     dtype: str = "float32"  # float32 is the exact mode; bfloat16 is about 2x faster here
-    kv_tokens: int | None = None  # KV pool size in tokens; None: a share of free memory
+    # KV pool size in tokens; None: a share of free memory; with several ranks, one size per
+    # rank may be given ([2048, 1536]: each rank its own pool, as uneven devices have)
+    kv_tokens: int | list[int] | None = None
     kv_memory_fraction: float = 0.2  # that share, when kv_tokens is None
     page_size: int = 1  # KV slots per page
     max_running: int = 64  # requests decoding at once
@@ -58,6 +68,20 @@ class EngineConfig:
     read_timeout: float = 30.0
     max_client_connections: int = 128
     request_timeout: float | None = 600.0
+    # tensor parallelism: ranks, each holding a shard of the weights and its own KV pool; they
+    # run the same scheduler on the same inputs and decide from the published floor
+    tp: int = 1
+    # "spawn": rank 0 starts the other ranks on this machine; "env": each rank is started on its
+    # own (torchrun, or one command per node) and MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK say
+    # who is who
+    dist_init: str = "spawn"
+    group_timeout: float = 30.0  # seconds a collective waits for a rank that stopped answering
+    # every N iterations the ranks compare their batch digests (an all-gather before the
+    # forward); in check mode, every iteration
+    group_check_interval: int = 16
+    # False makes admission read this rank's own pool instead of the published floor: a test
+    # switch that splits a group with uneven pools (it exists to prove the split is caught)
+    published_floor: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -76,10 +100,11 @@ class EngineConfig:
         need(self.model is None or isinstance(self.model, str), "model", "a path or None")
         need(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
         need(
-            self.kv_tokens is None or pos_int(self.kv_tokens),
+            self.kv_tokens is None or pos_int(self.kv_tokens) or _per_rank(self.kv_tokens, self.tp),
             "kv_tokens",
-            "None or an integer >= 1",
-        )
+            "None or an integer >= 1"
+            + ("" if self.tp == 1 else f", or one integer >= 1 per rank ({self.tp})"),
+        )  # fmt: skip
         need(
             isinstance(self.kv_memory_fraction, (int, float)) and 0 < self.kv_memory_fraction <= 0.9,
             "kv_memory_fraction", "in (0, 0.9]",
@@ -134,6 +159,32 @@ class EngineConfig:
             self.device == "cpu" or self.kv_tokens is not None,
             "kv_tokens", "given off the CPU (otherwise the pool is sized from host memory)",
         )  # fmt: skip
+
+        need(pos_int(self.tp), "tp", "an integer >= 1")
+        need(self.dist_init in DIST_INITS, "dist_init", f"one of {DIST_INITS}")
+        need(_seconds(self.group_timeout), "group_timeout", "a number of seconds > 0")
+        need(pos_int(self.group_check_interval), "group_check_interval", "an integer >= 1")
+        need(isinstance(self.published_floor, bool), "published_floor", "a boolean")
+        need(
+            self.tp == 1 or not self.host_kv_tokens,
+            "host_kv_tokens", "0 or None with more than one rank (the host tier is one rank's)",
+        )  # fmt: skip
+
+    def log_file_of(self, rank: int) -> str | None:
+        """Rank ``rank``'s boot log: rank 0 writes ``log_file``, rank r ``NAME.rankR.EXT``
+        beside it (one file per rank, all under one boot id)."""
+        if self.log_file is None or rank == 0:
+            return self.log_file
+        from pathlib import Path
+
+        p = Path(self.log_file)
+        return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+
+    def kv_tokens_of(self, rank: int) -> int | None:
+        """Rank ``rank``'s KV pool size (None: sized from free memory)."""
+        if isinstance(self.kv_tokens, list):
+            return self.kv_tokens[rank]
+        return self.kv_tokens
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

@@ -13,6 +13,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.cutover import Cutovers
+from engine.dist.comm import Comm, GroupFailure
 from engine.mem.allocator import TokenAllocator
 from engine.mem.host_tier import attach_host_tier
 from engine.mem.kv_pool import KVPool, size_pool
@@ -20,10 +21,12 @@ from engine.mem.req_table import ReqToTokenPool
 from engine.messages import EngineInfo, Launch, StepOutput
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
+from engine.model.shard import plan_shard
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.runner import BatchEntry, ModelRunner
 from engine.sched.admission import running_ceiling
+from engine.sched.group import GroupSplit, GroupView, Intake, PublishedGroup
 from engine.sched.rungs import register_ladder
 from engine.sched.scheduler import Scheduler
 from kernels.select import choose_backend, get_backend
@@ -64,24 +67,41 @@ class EngineCore:
     called once the HTTP socket serves; offline it is written as soon as the engine is built."""
 
     def __init__(
-        self, config: EngineConfig, loaded: LoadedModel | None = None, launch: Launch | None = None
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel | None = None,
+        launch: Launch | None = None,
+        member: Any = None,
+        join: Any = None,
     ) -> None:
+        """``member``: this rank's place in a group (``engine.ranks.Member``) when it joined
+        before the engine was built (ranks above 0); ``join``: how rank 0 joins its group,
+        called once the model's shapes are checked against ``tp`` (``engine.ranks.boot``)."""
         t0 = time.perf_counter()
         self._t0 = t0
         config.validate()
+        if config.tp > 1 and member is None and join is None:
+            raise ValueError(f"tp {config.tp} needs its ranks: build it with engine.ranks.boot")
         self.config = config
+        self.member = member
+        rank = member.rank if member is not None else 0
+        self.rank = rank
         # without a boot log, the newest receipts are kept in memory (bounded) for inspection
         self.receipts = Receipts(
-            config.log_file if config.receipts else None,
+            config.log_file_of(rank) if config.receipts else None,
             capture=config.receipts and config.log_file is None,
             console=config.receipts and config.console_receipts,
             enabled=config.receipts,
+            boot=member.boot if member is not None else None,
+            rank=rank,
         )
         self.receipts.emit(schema.BOOT_START, **boot_fields(config, launch))
         if launch is not None and launch.stale_pid is not None:
             self.receipts.emit(schema.BOOT_STALE_PID, **launch.stale_pid)
         if config.threads:
             torch.set_num_threads(config.threads)
+        elif config.tp > 1 and config.dist_init == "spawn":  # the ranks share this machine's cores
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // config.tp))
         dtype = DTYPES[config.dtype]
         choice = choose_backend(config.attention_backend, config.device, dtype)
         if choice.note is not None:  # an unverified fast path is never taken silently
@@ -93,21 +113,32 @@ class EngineCore:
         cfg = self.loaded.config
         self.model_config = cfg
         self.tokenizer = self.loaded.tokenizer
-        self.model = LlamaModel(cfg, self.loaded.weights, dtype, backend, device=config.device)
+        if config.tp > 1:
+            # before any other rank starts: a ValueError naming the numbers (exit 2)
+            plan_shard(
+                cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size, config.tp, 0
+            )
+        if join is not None:
+            self.member = member = join(config, self.receipts.boot)
+        self.comm = member.comm if member is not None else Comm()
+        self.model = LlamaModel(
+            cfg, self.loaded.weights, dtype, backend, device=config.device, comm=self.comm
+        )
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
         self.max_context = min(config.max_model_len or cfg.max_position, cfg.max_position)
         itemsize = torch.finfo(dtype).bits // 8
+        kv_heads = self.model.local_kv_heads  # this rank's share of them
         self.sizing = size_pool(
-            config.kv_tokens,
+            config.kv_tokens_of(rank),
             config.kv_memory_fraction,
-            cfg.kv_bytes_per_token(itemsize),
+            cfg.kv_bytes_per_token(itemsize) * kv_heads // cfg.num_kv_heads,
             config.page_size,
         )
         self.allocator = TokenAllocator(self.sizing.kv_tokens, config.page_size)
         self.kv = KVPool(
             cfg.num_layers,
             self.allocator.pool_slots,
-            cfg.num_kv_heads,
+            kv_heads,
             cfg.head_dim,
             dtype,
             device=config.device,
@@ -123,6 +154,7 @@ class EngineCore:
             self.tokenizer,
             self.max_context,
             self.receipts,
+            group=self._group(),
         )
         cache = self.scheduler.cache
         self.host_tier = attach_host_tier(
@@ -137,12 +169,50 @@ class EngineCore:
         if launch is None:
             self.ready()
 
+    def _group(self) -> GroupView | None:
+        """This rank's view of its group (None: one rank alone)."""
+        if self.config.tp == 1:
+            return None
+        c = self.config
+        every = 1 if c.check_invariants else c.group_check_interval
+        return PublishedGroup(
+            self.comm, self.receipts, self.allocator.capacity, every, c.published_floor
+        )
+
+    def step(self) -> list[StepOutput]:
+        """One scheduler iteration; a group that failed ends this boot with receipts first."""
+        try:
+            return self.scheduler.step()
+        except GroupFailure as e:
+            self.fail(e)
+            raise
+
+    def fail(self, error: BaseException) -> None:
+        """The group failed (a split, a rank lost, a collective that timed out): every request
+        in flight aborts with the reason, ``boot.stop`` says it and which ranks are known lost,
+        and this rank leaves the group without another collective. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        reason = "group_split" if isinstance(error, GroupSplit) else "rank_lost"
+        sched = self.scheduler
+        ended = [o for rid in list(sched.requests) if (o := sched.abort(rid, reason=reason))]
+        lost = self.member.lost() if self.member is not None else []
+        self.receipts.emit(
+            schema.BOOT_STOP, reason=reason, in_flight=len(ended), lost_ranks=lost,
+            error=str(error)[:500],
+        )  # fmt: skip
+        self.receipts.close()
+        self.comm.close()
+        if self.member is not None:
+            self.member.reap(self.config.group_timeout + 5)
+
     def build_model(self, loaded: LoadedModel) -> LlamaModel:
         """A model of ``loaded``'s weights on this engine's dtype, backend and device (a weights
         cutover builds the new one beside the serving one); the file's copies are let go."""
         model = LlamaModel(
             loaded.config, loaded.weights, DTYPES[self.config.dtype], self.model.backend,
-            device=self.config.device,
+            device=self.config.device, comm=self.comm,
         )  # fmt: skip
         loaded.weights = {}
         return model
@@ -182,7 +252,22 @@ class EngineCore:
         extra = {} if drained is None else {"drained": drained}
         self.receipts.emit(schema.BOOT_STOP, reason=reason, in_flight=len(ended), **extra)
         self.receipts.close()
+        self._leave(reason)
         return len(ended)
+
+    def _leave(self, reason: str) -> None:
+        """Rank 0 tells the others to stop (with the aborts it just made) and waits for them."""
+        if self.member is None:
+            return
+        if self.rank == 0:
+            group = self.scheduler.group
+            ops, group.ops = group.ops, []
+            try:
+                self.comm.broadcast(Intake(ops=ops, stop=reason))
+            except GroupFailure:
+                pass  # a rank already gone stops on its own
+        self.comm.close()
+        self.member.reap()
 
     def sequence_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits [len, vocab] at every position of one sequence, in one prefill (for scoring
@@ -223,7 +308,7 @@ class EngineCore:
             vocab=cfg.vocab_size,
             context=self.max_context,
             dtype=self.config.dtype,
-            kv_tokens=self.allocator.capacity,
+            kv_tokens=self.scheduler.pool.capacity,  # the group's: its smallest rank's
             kv_sizing=self.sizing.path,
             page_size=self.allocator.page_size,
             kv_bytes_per_token=self.kv.bytes_per_token,
@@ -232,6 +317,7 @@ class EngineCore:
             device=self.config.device,
             load_seconds=round(self.loaded.load_seconds, 2),
             startup_seconds=round(self.startup_seconds, 2),
+            tp=self.config.tp,
         )
 
     def describe(self) -> dict[str, object]:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.core import EngineCore
 from engine.messages import Cutover
+from engine.ranks import boot
 from engine.sampling import SamplingParams
 
 
@@ -23,11 +23,13 @@ class RequestOutput:
 
 class LLM:
     """``LLM(model=None, **engine_config)``: ``model`` is a GGUF file or a Hugging Face folder;
-    None loads the default model. Keyword options are EngineConfig's fields."""
+    None loads the default model. Keyword options are EngineConfig's fields (``tp=2``: two
+    ranks, this process rank 0). A group that fails (a split, a rank lost) raises
+    ``GroupFailure`` from ``generate`` once its receipts are written."""
 
     def __init__(self, model: str | None = None, **config: Any) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **config)
-        self.core = EngineCore(self.config)
+        self.core = boot(self.config)  # with tp > 1, rank 0 of its group
         self.tokenizer = self.core.tokenizer
 
     def close(self, reason: str = "closed") -> None:
@@ -81,7 +83,7 @@ class LLM:
         sched = self.core.scheduler
         req = sched.add_request(prompt_ids, params or SamplingParams())
         while True:
-            for out in sched.step():
+            for out in self.core.step():
                 if out.rid == req.rid:
                     if out.text_delta:
                         yield out.text_delta
@@ -107,7 +109,7 @@ class LLM:
             raise
         pending = {r.rid for r in reqs}
         while pending:
-            for out in sched.step():
+            for out in self.core.step():
                 if out.finished:
                     pending.discard(out.rid)
         return [

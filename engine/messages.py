@@ -103,6 +103,7 @@ class EngineInfo:
     device: str
     load_seconds: float
     startup_seconds: float
+    tp: int = 1  # ranks of the tensor-parallel group
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -215,6 +216,7 @@ class Stopped:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Dead:
     reason: str
+    ended: bool = False  # the scheduler wrote its own boot.stop (a group that failed)
 
 
 ToScheduler = AddRequest | AbortRequest | Notice | Cutover | Serving | Stop

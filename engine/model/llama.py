@@ -8,11 +8,14 @@ architecture. Q/K/V and gate/up are fused into one matrix each: two GEMMs instea
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from engine.dist.comm import Comm
 from engine.model.config import ModelConfig
+from engine.model.shard import cols, plan_shard, rows, vocab_rows
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
 
 
@@ -74,6 +77,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class LlamaModel:
+    """The decoder, or with ``comm.world > 1`` one tensor-parallel rank's shard of it
+    (``engine.model.shard``): its query and KV heads, its slice of the MLP and of the
+    vocabulary. ``o_proj``, ``down_proj`` and the embedding end in one all-reduce each, the
+    LM head in an all-gather, so ``forward`` and ``logits`` return the whole model's numbers on
+    every rank. The KV pool of a rank holds ``local_kv_heads`` heads."""
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -81,59 +90,87 @@ class LlamaModel:
         dtype: torch.dtype,
         backend: AttentionBackend,
         device: str | torch.device = "cpu",
+        *,
+        comm: Comm | None = None,
     ) -> None:
         self.cfg = cfg
         self.dtype = dtype
         self.backend = backend
         self.device = torch.device(device)
+        self.comm = comm if comm is not None else Comm()
+        self.shard = plan_shard(
+            cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size,
+            self.comm.world, self.comm.rank,
+        )  # fmt: skip
+        self.local_heads = len(self.shard.heads)
+        self.local_kv_heads = len(self.shard.kv_heads)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
-        w = {k: v.to(device=self.device, dtype=dtype) for k, v in weights.items()}
+        w = dict(weights)
 
         def take(name: str) -> torch.Tensor:
             if name not in w:
                 raise KeyError(f"missing weight {name!r}")
             return w.pop(name)
 
-        self.embed = take("model.embed_tokens.weight")
-        if self.embed.shape != (cfg.vocab_size, cfg.hidden_size):
+        embed = take("model.embed_tokens.weight")
+        if embed.shape != (cfg.vocab_size, cfg.hidden_size):
             raise ValueError(
-                f"model.embed_tokens.weight has shape {tuple(self.embed.shape)}, "
+                f"model.embed_tokens.weight has shape {tuple(embed.shape)}, "
                 f"config says ({cfg.vocab_size}, {cfg.hidden_size})"
             )
-        self.layers: list[dict[str, torch.Tensor]] = []
-        for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            q = take(p + "self_attn.q_proj.weight")
-            k = take(p + "self_attn.k_proj.weight")
-            v = take(p + "self_attn.v_proj.weight")
-            gate = take(p + "mlp.gate_proj.weight")
-            up = take(p + "mlp.up_proj.weight")
-            self.layers.append(
-                {
-                    "attn_norm": take(p + "input_layernorm.weight"),
-                    "qkv": torch.cat([q, k, v], 0).contiguous(),
-                    "o": take(p + "self_attn.o_proj.weight"),
-                    "mlp_norm": take(p + "post_attention_layernorm.weight"),
-                    "gate_up": torch.cat([gate, up], 0).contiguous(),
-                    "down": take(p + "mlp.down_proj.weight"),
-                }
-            )
-        self.norm = take("model.norm.weight")
+        self.embed = self._put(vocab_rows(embed, self.shard.vocab))
+        self.layers = [self._layer(take, f"model.layers.{i}.") for i in range(cfg.num_layers)]
+        self.norm = self._put(take("model.norm.weight"))
         if "lm_head.weight" in w:
-            self.lm_head = take("lm_head.weight")
+            self.lm_head = self._put(vocab_rows(take("lm_head.weight"), self.shard.vocab))
         elif cfg.tie_word_embeddings:
             self.lm_head = self.embed
         else:
             raise KeyError("missing weight 'lm_head.weight' and embeddings are not tied")
-        w.pop("lm_head.weight", None)
         leftover = sorted(k for k in w if "rotary_emb" not in k)
         if leftover:
             raise ValueError(
                 f"unexpected weights: {leftover[:5]}{' ...' if len(leftover) > 5 else ''}"
             )
         self.inv_freq = rope_inv_freq(cfg).to(self.device)
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.q_size = self.local_heads * cfg.head_dim
+        self.kv_size = self.local_kv_heads * cfg.head_dim
+
+    def _put(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's slice, cast and moved: the rest of a weight never reaches the device.
+        A column slice is strided; the matrix products want it dense (a no-op at one rank)."""
+        return t.to(device=self.device, dtype=self.dtype).contiguous()
+
+    def _fuse(self, *parts: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self._put(p) for p in parts], 0).contiguous()
+
+    def _layer(self, take: Callable[[str], torch.Tensor], p: str) -> dict[str, torch.Tensor]:
+        """Layer ``p``'s weights: QKV and gate/up fused and cut by output rows (gate's rows,
+        then up's, so ``chunk(2)`` still splits them), ``o`` and ``down`` by input columns."""
+        sh, hd = self.shard, self.cfg.head_dim
+        q = rows(take(p + "self_attn.q_proj.weight"), sh.heads, hd)
+        k = rows(take(p + "self_attn.k_proj.weight"), sh.kv_heads, hd)
+        v = rows(take(p + "self_attn.v_proj.weight"), sh.kv_heads, hd)
+        gate = rows(take(p + "mlp.gate_proj.weight"), sh.inter)
+        up = rows(take(p + "mlp.up_proj.weight"), sh.inter)
+        return {
+            "attn_norm": self._put(take(p + "input_layernorm.weight")),
+            "qkv": self._fuse(q, k, v),
+            "o": self._put(cols(take(p + "self_attn.o_proj.weight"), sh.heads, hd)),
+            "mlp_norm": self._put(take(p + "post_attention_layernorm.weight")),
+            "gate_up": self._fuse(gate, up),
+            "down": self._put(cols(take(p + "mlp.down_proj.weight"), sh.inter)),
+        }
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] -> [T, hidden]. A rank looks up the ids in its vocabulary rows, the others give
+        zeros, and the sum over the ranks is each id's one row."""
+        if self.comm.world == 1:
+            return F.embedding(input_ids, self.embed)
+        local = input_ids - self.shard.vocab.start
+        mine = (local >= 0) & (local < len(self.shard.vocab))
+        h = F.embedding(torch.where(mine, local, 0), self.embed)
+        return self.comm.all_reduce_sum(h.masked_fill_(~mine.unsqueeze(-1), 0))
 
     def rope_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
@@ -149,23 +186,26 @@ class LlamaModel:
     ) -> torch.Tensor:  # [T, hidden]
         cfg = self.cfg
         T = input_ids.shape[0]
-        h = F.embedding(input_ids, self.embed)
+        h = self.embed_tokens(input_ids)
         cos, sin = self.rope_cos_sin(meta.positions)
         for layer, kv in zip(self.layers, kv_layers):
             x = rms_norm(h, layer["attn_norm"], cfg.rms_eps)
             qkv = linear(x, layer["qkv"])
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = apply_rope(q.reshape(T, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = apply_rope(k.reshape(T, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-            v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+            q = apply_rope(q.reshape(T, self.local_heads, cfg.head_dim), cos, sin)
+            k = apply_rope(k.reshape(T, self.local_kv_heads, cfg.head_dim), cos, sin)
+            v = v.reshape(T, self.local_kv_heads, cfg.head_dim)
             attn = self.backend.forward(q, k, v, kv, meta, self.scale)
-            h = h + linear(attn.reshape(T, self.q_size), layer["o"])
+            # row-parallel: each rank's partial product, summed before the residual
+            h = h + self.comm.all_reduce_sum(linear(attn.reshape(T, self.q_size), layer["o"]))
             x = rms_norm(h, layer["mlp_norm"], cfg.rms_eps)
             gate, up = linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            h = h + linear(F.silu(gate) * up, layer["down"])
+            h = h + self.comm.all_reduce_sum(linear(F.silu(gate) * up, layer["down"]))
         return rms_norm(h, self.norm, cfg.rms_eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] -> [N, vocab] in fp32."""
-        return linear(hidden, self.lm_head).float()
+        """[N, hidden] -> [N, vocab] in fp32 on every rank: each rank's vocabulary columns,
+        gathered in rank order, the padding past the vocabulary cut off."""
+        full = self.comm.all_gather(linear(hidden, self.lm_head), dim=-1)
+        return full[:, : self.cfg.vocab_size].float()

@@ -36,6 +36,7 @@ from engine.sched.admission import (
     line_closed,
     plan_chunk,
 )
+from engine.sched.group import AgreedPool
 from engine.sched.request import Request, State
 
 Planned = list[tuple[Request, int]]  # (request, tokens scheduled for it this round)
@@ -48,7 +49,7 @@ class Admitter:
     def __init__(
         self,
         config: EngineConfig,
-        cache: RadixCache,
+        pool: AgreedPool,
         req_table: ReqToTokenPool,
         receipts: Receipts,
         ratio: NewTokenRatio,
@@ -56,13 +57,14 @@ class Admitter:
         waiting: deque[Request],
     ) -> None:
         self.config = config
-        self.cache = cache
+        self.pool = pool  # the numbers its budget reads (agreed across the ranks of a group)
+        self.cache: RadixCache = pool.cache
         self.req_table = req_table
         self.receipts = receipts
         self.ratio = ratio
         self.running = running
         self.waiting = waiting
-        self.page_size = cache.allocator.page_size
+        self.page_size = pool.allocator.page_size
         self.throttle: Any = None  # the relief ladder's throttle (rungs.Throttle) when registered
         self.relief: Any = None  # the ladder (relief.ReliefRegistry) when rungs are registered
         self.held: str | None = None  # why the line is held for good (a drain cutover), if it is
@@ -134,7 +136,7 @@ class Admitter:
             match = self.cache.match_prefix(fill[: len(fill) - 1])  # leave one token to compute
             if match.length:  # lock first: its own prefix is not evictable for its budget
                 self.cache.inc_lock_ref(match.node)
-            budget.evictable = self.cache.evictable_size()
+            budget.evictable = self.pool.evictable_size()
             # the decode tokens it is expected to need come out of the same budget; with nothing
             # running there is no one to protect, and an estimate must not wedge an idle engine
             reserve = 0
@@ -157,7 +159,7 @@ class Admitter:
             if reason is not None:
                 if match.length:
                     self.cache.dec_lock_ref(match.node)
-                    budget.evictable = self.cache.evictable_size()
+                    budget.evictable = self.pool.evictable_size()
                 break
             self.waiting.popleft()
             self._start(req, match.node, match.slots)
@@ -174,13 +176,14 @@ class Admitter:
 
     def _reread(self, budget: Budget) -> None:
         """The budget's memory terms, read from the pool and the step's decoders now."""
-        alloc = self.cache.allocator
-        pending = sum(alloc.fresh_slots(r.kv_len, 1) for r in self.decode)
-        avail = alloc.available_size()
+        pool = self.pool
+        pending = sum(pool.allocator.fresh_slots(r.kv_len, 1) for r in self.decode)
+        avail = pool.available_size()
         if avail < pending:  # the net flushes staged frees before such an allocation fails
-            avail += alloc.staged_size()
+            avail += pool.staged_size()
         budget.local_avail = avail - pending
-        budget.evictable = self.cache.evictable_size()
+        budget.evictable = pool.evictable_size()
+        budget.floor = pool.group.floor_now(pool.terms())  # moves with what this step freed
         rem = [r.params.max_tokens - len(r.output_ids) for r in self.decode]
         budget.decode_reserve = decode_reserve(rem, self.ratio.value)
 

@@ -28,7 +28,7 @@ def retract(sched: Any, victims: list[Request], need: int, site: str = "decode")
     # who the victims were chosen from: at a park, the decoders only (never a chunk in flight)
     pool = [r for r in running if not r.prefilling] if site == "park" else running
     candidates = [[r.rid, len(r.output_ids), r.prompt_len] for r in victim_order(pool)]
-    available, evictable = sched.allocator.available_size(), sched.cache.evictable_size()
+    available, evictable = sched.pool.available_size(), sched.pool.evictable_size()
     decoded = sum(len(r.output_ids) for r in running)
     remaining = sum(r.params.max_tokens - len(r.output_ids) for r in running)
     freed = 0

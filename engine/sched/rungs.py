@@ -34,6 +34,7 @@ from engine.mem.allocator import TokenAllocator
 from engine.mem.radix import RadixCache
 from engine.obs import schema
 from engine.obs.receipts import Receipts
+from engine.sched.group import AgreedPool
 from engine.sched.relief import SITES, ReliefRegistry
 from engine.sched.request import Request, State
 from engine.sched.victims import pick_victims
@@ -43,6 +44,7 @@ class Laddered(Protocol):
     """What the rungs read and move of a scheduler (the scheduler itself, structurally)."""
 
     allocator: TokenAllocator
+    pool: AgreedPool  # the numbers decisions read (agreed across the ranks of a group)
     cache: RadixCache
     relief: ReliefRegistry
     receipts: Receipts
@@ -98,17 +100,17 @@ class Rungs:
             return self._retract_decoders(asked)
         if len(s.running) < 2:
             return 0  # never the last running request: alone, it fits or is aborted
-        before = s.allocator.available_size()
+        before = s.pool.available_size()
         need = before + asked
         victims = pick_victims(
-            s.running, need=need, available=before, evictable=s.cache.evictable_size(),
+            s.running, need=need, available=before, evictable=s.pool.evictable_size(),
             page_size=s.page_size,
         )  # fmt: skip
         s._retract(victims, need)
-        short = need - s.allocator.available_size()
+        short = need - s.pool.available_size()
         if short > 0 and s.cache.evictable_size() > 0:
             s.cache.evict(short, reason=self._site(), rid=s.relief.rid)
-        return s.allocator.available_size() - before
+        return s.pool.available_size() - before
 
     def _retract_decoders(self, asked: int) -> int:
         """Decoders back in line until their memory covers ``asked``; paid: what available +
@@ -117,12 +119,12 @@ class Rungs:
         decoders = [r for r in s.running if r.state is State.RUNNING and not r.prefilling]
         if len(decoders) < 2:
             return 0  # the last decoder finishes first; the chunk waits for it
-        before = s.allocator.available_size() + s.cache.evictable_size()
+        before = s.pool.available_size() + s.pool.evictable_size()
         victims = pick_victims(
             decoders, need=asked, available=0, evictable=0, page_size=s.page_size
         )
         s._retract(victims, asked, "park")
-        return s.allocator.available_size() + s.cache.evictable_size() - before
+        return s.pool.available_size() + s.pool.evictable_size() - before
 
 
 def register_ladder(sched: Laddered, throttle_iterations: int) -> list[str]:
@@ -147,7 +149,7 @@ def relieve_decode(sched: Laddered, need: int) -> bool:
     """Room for the step's ``need`` decode tokens: the ladder first when rungs are registered,
     then the actuators every boot has (evict, else retract victims) as its floor. True when it
     made progress, measured rather than believed: more tokens available or fewer running."""
-    alloc, cache = sched.allocator, sched.cache
+    alloc, cache = sched.pool, sched.cache  # agreed numbers: every rank does the same
     avail, running = alloc.available_size(), len(sched.running)
     if sched.relief.serves("decode"):
         sched.relief.relieve(need - avail, "decode")
@@ -159,7 +161,7 @@ def relieve_decode(sched: Laddered, need: int) -> bool:
     if len(sched.running) > 1:
         victims = pick_victims(
             sched.running, need=need, available=alloc.available_size(),
-            evictable=cache.evictable_size(), page_size=sched.page_size,
+            evictable=alloc.evictable_size(), page_size=sched.page_size,
         )  # fmt: skip
         sched._retract(victims, need)
         return True

@@ -39,7 +39,7 @@ from engine.sampling import SamplingParams, sample_for
 from engine.sched import checks
 from engine.sched.admission import NewTokenRatio
 from engine.sched.admitter import Admitter, Planned
-from engine.sched.group import GroupView
+from engine.sched.group import AgreedPool, GroupView
 from engine.sched.net import AllocationNet
 from engine.sched.relief import ReliefRegistry
 from engine.sched.request import Request, State
@@ -72,6 +72,7 @@ class Scheduler:
             allocator, disabled=not config.prefix_cache, receipts=self.receipts
         )
         self.group = group or GroupView()
+        self.pool = AgreedPool(self)  # the numbers decisions read: agreed across the ranks
         self.relief = ReliefRegistry(self.receipts)
         self.ratio = NewTokenRatio()
         self.page_size = allocator.page_size
@@ -79,11 +80,12 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.admitter = Admitter(
-            config, self.cache, req_table, self.receipts, self.ratio, self.running, self.waiting
+            config, self.pool, req_table, self.receipts, self.ratio, self.running, self.waiting
         )
         self.net = AllocationNet(allocator, self.cache, req_table, self.relief, self.receipts)
         self._ids = itertools.count()
         self._was_busy = False
+        self._digest_iter = -1  # the last iteration whose receipt carried a batch digest
         self.generated = 0  # tokens sampled since boot: progress the iteration receipt counts
         self.traces: RequestTraces | None = None  # set by RequestTraces.attach when tracing is on
         torch.manual_seed(config.seed)
@@ -105,7 +107,7 @@ class Scheduler:
         check_param_ids(params.stop_token_ids, params.logit_bias, vocab_size=vocab)
         rid = rid or f"r-{next(self._ids)}"
         if not self._fits_pool(len(prompt_ids) + 1):  # a decision: it could never run here
-            cap = self.allocator.capacity
+            cap = self.pool.capacity
             self.receipts.emit(
                 schema.REQUEST_REJECT, rid=rid, reason="exceeds_pool",
                 need=len(prompt_ids) + 1, capacity=cap,
@@ -114,6 +116,7 @@ class Scheduler:
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
         req = Request.create(rid, prompt_ids, params, self.tokenizer, self.max_context, trace_id)
+        self.group.record(("add", list(prompt_ids), params, rid, trace_id))  # the others' input
         self.requests[rid] = req
         self.waiting.append(req)
         if self.traces is not None:
@@ -132,6 +135,7 @@ class Scheduler:
             return None
         if req.state is State.WAITING:
             self.waiting.remove(req)
+        self.group.record(("abort", rid, reason))
         out = self._end(req, reason)
         if not self.has_work():
             checks.audit_idle(self)
@@ -145,10 +149,8 @@ class Scheduler:
     def step(self) -> list[StepOutput]:
         """One iteration, in the module docstring's order; returns what it produced."""
         self.receipts.iter += 1
-        floor = self.group.published_floor()  # read once, before any branch
-        if floor is not None:
-            local = self.allocator.available_size() + self.cache.evictable_size()
-            self.receipts.emit(schema.GROUP_FLOOR, floor=floor, local=local)
+        self.group.sync()  # rank 0 of a group hands the others what arrived
+        floor = self.group.publish(self.pool.local(), self.receipts)  # once, before any branch
         outs: list[StepOutput] = []
         decode = self._fund_decode(outs)
         chunks = self.admitter.admit(floor, decode)  # before any slot is taken: it may retract
@@ -156,8 +158,10 @@ class Scheduler:
         batch = [self._entry(req, [req.output_ids[-1]], "decode") for req in decode]
         need = sum(self.allocator.fresh_slots(r.kv_len, n) for r, n in chunks)
         # admission counted evictable tokens: pay them (the ladder, then eviction as its floor)
-        self.relief.pay("admission", need, self.allocator.available_size, self.cache.evict)
+        self.relief.pay("admission", need, self.pool.available_size, self.cache.evict)
         batch += [self._entry(r, r.fill_ids[r.kv_len : r.kv_len + n], "extend") for r, n in chunks]
+        if batch and self.group.world > 1:  # before the forward: the ranks run the same batch
+            self._agree(decode, chunks)
         if batch:
             outs += self._forward(batch, decode, chunks)
         self._after_step(chunks)
@@ -185,11 +189,22 @@ class Scheduler:
             self.ratio.step()
         return outs
 
+    def _agree(self, decode: list[Request], chunks: Planned) -> None:
+        """The digest of the batch about to run, written every iteration, compared every K."""
+        entries = [(r.rid, 1) for r in decode] + [(r.rid, n) for r, n in chunks]
+        digest = schema.batch_digest(entries)
+        self._iteration_receipt(digest)
+        self.group.agree(self.receipts.iter, digest)
+
     def _after_step(self, chunks: Planned) -> None:
         if self.traces is not None:
             self.traces.step_done(chunks)
         interval = self.config.iteration_receipt_interval
-        if interval and self.receipts.iter % interval == 0:
+        if (
+            interval
+            and self.receipts.iter % interval == 0
+            and self._digest_iter != self.receipts.iter
+        ):
             self._iteration_receipt()
         if self.config.check_invariants:
             checks.check(self)
@@ -205,7 +220,8 @@ class Scheduler:
         while True:
             decode = [r for r in self.running if r.state is State.RUNNING and not r.prefilling]
             need = sum(alloc.fresh_slots(r.kv_len, 1) for r in decode)
-            if need <= alloc.available_size() + alloc.staged_size():  # staged: the net flushes
+            pool = self.pool  # agreed numbers: every rank retracts the same victims
+            if need <= pool.available_size() + pool.staged_size():  # staged: the net flushes
                 return decode
             if relieve_decode(self, need):  # the ladder, then evict / retract as its floor
                 continue
@@ -213,7 +229,7 @@ class Scheduler:
             if not self._fits_pool(req.kv_len + 1):
                 # alone, and its next token does not fit the whole pool: it never can
                 need = req.kv_len + 1
-                outs.append(self._end(req, "exceeds_pool", need=need, capacity=alloc.capacity))
+                outs.append(self._end(req, "exceeds_pool", need=need, capacity=self.pool.capacity))
                 continue
             return decode  # the pool is held elsewhere: the allocation-site net takes over
 
@@ -288,7 +304,7 @@ class Scheduler:
 
     def _fits_pool(self, tokens: int) -> bool:
         """Whether ``tokens`` fit the whole pool at all (whole pages)."""
-        return whole_pages(tokens, self.page_size) <= self.allocator.capacity
+        return whole_pages(tokens, self.page_size) <= self.pool.capacity
 
     def _private_of(self, req: Request) -> int:
         if req.row is None:
@@ -312,12 +328,14 @@ class Scheduler:
             **schema.progress(self.generated, self.receipts.counts),
         )  # fmt: skip
 
-    def _iteration_receipt(self) -> None:
+    def _iteration_receipt(self, digest: str | None = None) -> None:
         s = self.snapshot()
+        extra = {} if digest is None else {"digest": digest}
+        self._digest_iter = self.receipts.iter if digest is not None else self._digest_iter
         self.receipts.emit(
             schema.ITERATION, running=s.running, waiting=s.waiting, parked=s.parked, **s.progress(),
             token_usage=round(s.token_usage, 4), avail=s.kv_free, evictable=s.kv_evictable,
-            staged=s.kv_staged, cached=s.kv_cached, ratio=round(s.new_token_ratio, 4),
+            staged=s.kv_staged, cached=s.kv_cached, ratio=round(s.new_token_ratio, 4), **extra,
         )  # fmt: skip
 
     # -- invariants (checks.py) -----------------------------------------------------------------

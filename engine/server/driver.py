@@ -105,6 +105,7 @@ class EngineDriver:
         self._snapshot = PoolSnapshot()
         self._stopped = threading.Event()
         self.dead: str | None = None
+        self.ended_itself = False  # the scheduler wrote its own boot.stop before it died
         self.lost_at_death: list[str] = []  # requests waiting on the scheduler when it died
         self.exit_code: int | None = None  # the dead scheduler process's (-N: signal N)
         self.heard = time.monotonic()  # when the scheduler process last said anything
@@ -320,7 +321,8 @@ class EngineDriver:
                 self._fail_all(f"server is shutting down ({reason})")
                 self._stopped.set()
                 return False
-            case Dead(reason=reason):
+            case Dead(reason=reason, ended=ended):
+                self.ended_itself = ended
                 raise RuntimeError(reason)
         return True
 

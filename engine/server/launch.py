@@ -110,7 +110,8 @@ def _serve(
     def on_dead(reason: str) -> None:
         print(f"attest: the scheduler process died: {reason}; stopping the server", file=sys.stderr)
         # its boot log ends in a crash, said as such (boot_health's stopped_in_order reads it)
-        write_death(cfg.log_file, "scheduler_died", driver.lost_at_death, driver.exit_code)
+        if not driver.ended_itself:  # a failed group wrote its own ending
+            write_death(cfg.log_file, "scheduler_died", driver.lost_at_death, driver.exit_code)
         status["code"] = EXIT_SCHEDULER_DIED
         if server:
             server[0].should_exit = True

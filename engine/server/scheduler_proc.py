@@ -61,11 +61,11 @@ def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None
         on_drop=lambda text: sink and sink[0].notice("spans_dropped", text, process="scheduler"),
     )
     try:
-        from engine.core import EngineCore
+        from engine.ranks import boot
         from engine.sched.traces import RequestTraces
 
         with tracing.span("boot", **{"attest.process": "scheduler"}) as span:
-            core = EngineCore(config, launch=launch)
+            core = boot(config, launch=launch)
             info = core.info()
             if span is not None:
                 span.set_attributes(_boot_attributes(core, info))
@@ -95,6 +95,8 @@ def _boot_attributes(core: Any, info: EngineInfo) -> dict[str, Any]:
 
 
 def _serve_loop(core: Any, conn: Any) -> None:
+    from engine.dist.comm import GroupFailure
+
     sched = core.scheduler
     drain: _Drain | None = None
     tickets: list[int] = []  # the cutover under way (at most one): whom to answer
@@ -116,7 +118,7 @@ def _serve_loop(core: Any, conn: Any) -> None:
                 _stop(core, conn, drain)
                 return
             if sched.has_work():
-                outs = sched.step()
+                outs = core.step()
                 if outs:  # a step that only prefilled has nothing to say yet
                     conn.send(Outputs(outputs=outs, snapshot=sched.snapshot()))
             if (now := time.monotonic()) >= beat:  # busy or idle: the frontend sees us turn
@@ -124,6 +126,8 @@ def _serve_loop(core: Any, conn: Any) -> None:
                 beat = now + HEARTBEAT_S
     except (EOFError, BrokenPipeError):
         core.shutdown("frontend_gone")  # nobody to answer, but the log still ends honestly
+    except GroupFailure as e:  # core.step wrote the receipts: the frontend must not again
+        conn.send(Dead(reason=f"{type(e).__name__}: {e}", ended=True))
     except BaseException as e:
         traceback.print_exc()
         try:

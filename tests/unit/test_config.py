@@ -92,6 +92,11 @@ def test_defaults_and_good_values_are_accepted():
         "read_timeout": 30.0,
         "max_client_connections": 128,
         "request_timeout": 600.0,
+        "tp": 1,
+        "dist_init": "spawn",
+        "group_timeout": 30.0,
+        "group_check_interval": 16,
+        "published_floor": True,
     }
 
 

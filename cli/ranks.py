@@ -1,0 +1,80 @@
+"""The options of a multi-rank engine (`--tp`, per-rank `--kv-tokens`, `--dist-init`) and
+`engine worker`, a rank above 0 started on its own node."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+KvOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--kv-tokens",
+        help="KV pool size in tokens; with --tp, one size per rank may be given "
+        "(--kv-tokens 2048,1536). Default: a share of free memory (--kv-memory-fraction).",
+    ),
+]
+TpOpt = Annotated[
+    int,
+    typer.Option(
+        "--tp",
+        help="Tensor-parallel ranks: each holds a shard of the weights and its own KV pool "
+        "(gloo on the CPU, NCCL on CUDA). The model's heads must divide by it.",
+    ),
+]
+DistInitOpt = Annotated[
+    str,
+    typer.Option(
+        "--dist-init",
+        help="spawn: start the other ranks on this machine; env: they are started on their own "
+        "(`engine worker` on each node, or torchrun) and MASTER_ADDR, MASTER_PORT, "
+        "WORLD_SIZE and RANK say who is who.",
+    ),
+]
+GroupCheckOpt = Annotated[
+    int,
+    typer.Option(help="Ranks compare batch digests every N iterations (every one with "
+                 "--check-invariants)."),
+]  # fmt: skip
+FloorOpt = Annotated[
+    bool,
+    typer.Option(
+        "--published-floor/--own-pool", hidden=True,
+        help="A test switch: --own-pool makes each rank decide from its own pool (a split).",
+    ),
+]  # fmt: skip
+GroupTimeoutOpt = Annotated[
+    float, typer.Option(help="Seconds a collective waits for a rank that stopped answering.")
+]
+
+
+def kv_tokens(text: str | None) -> int | list[int] | None:
+    """``--kv-tokens``: one size, or one per rank separated by commas; ValueError naming the
+    part that is not a positive integer."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    sizes = []
+    for p in parts:
+        if not p.isdigit() or int(p) < 1:
+            raise ValueError(f"--kv-tokens takes integers >= 1 separated by commas, not {p!r}")
+        sizes.append(int(p))
+    return sizes[0] if len(sizes) == 1 else sizes
+
+
+def worker(
+    device: Annotated[str, typer.Option(help="cpu, or this rank's cuda:N.")] = "cpu",
+    group_timeout: GroupTimeoutOpt = 30.0,
+) -> None:
+    """Run one rank above 0 of a group whose rank 0 is `engine serve --tp N --dist-init env`
+    (on another node, or under torchrun). MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK say
+    where rank 0 is and who this is; the rest of the configuration comes from rank 0."""
+    from engine.ranks import worker_from_env
+
+    try:
+        code = worker_from_env(group_timeout, device)
+    except ValueError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)

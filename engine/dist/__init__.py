@@ -1,0 +1,1 @@
+"""More than one rank: the collectives a tensor-parallel group takes (``comm``)."""

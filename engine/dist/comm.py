@@ -1,0 +1,139 @@
+"""The collectives a group of ranks takes, over ``torch.distributed``.
+
+``Comm`` is one rank alone: every collective is the identity, so the model and the scheduler
+call the same methods with one rank or many. ``TorchComm`` is a real group: gloo on the CPU,
+NCCL for tensors on CUDA. It holds three process groups, because the waits differ:
+
+* ``work``: the model's all-reduces and all-gathers (the default group; NCCL on CUDA);
+* ``sched``: the scheduler's small integer collectives (the published floor, the digest check),
+  gloo on the host, with the group timeout: a rank that died or stopped answering makes the
+  others raise within it instead of hanging;
+* ``intake``: rank 0's broadcast of what arrived (requests, aborts, stop) at the top of each
+  iteration. A group may idle for as long as nobody sends work, so this wait has no short
+  timeout; a rank that dies closes its sockets, which ends the wait at once.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+# how long a follower waits for the next iteration's intake: an engine may idle for days
+IDLE_WAIT = timedelta(days=365)
+
+
+class GroupFailure(RuntimeError):
+    """A collective failed: a rank died, stopped answering within the timeout, or split."""
+
+
+class Comm:
+    """One rank alone: every collective returns its input."""
+
+    rank = 0
+    world = 1
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the ranks; returns the sum (``t`` itself when it is contiguous)."""
+        return t
+
+    def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Each rank's ``t`` concatenated along ``dim``, in rank order."""
+        return t
+
+    def min_ints(self, values: list[int]) -> list[int]:
+        """Element-wise MIN of a list of integers over the ranks."""
+        return list(values)
+
+    def gather_ints(self, values: list[int]) -> list[list[int]]:
+        """Every rank's list of integers (all the same length), in rank order."""
+        return [list(values)]
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (the others pass None)."""
+        return obj
+
+    def close(self) -> None:
+        """Leave the group (idempotent)."""
+
+
+class TorchComm(Comm):
+    """A member of a ``torch.distributed`` group. ``init_method``: ``tcp://HOST:PORT`` (rank 0
+    hosts the rendezvous store there) or ``env://`` (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
+    RANK as torchrun sets them)."""
+
+    def __init__(
+        self, rank: int, world: int, init_method: str, timeout_s: float, device: str = "cpu"
+    ) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.rank, self.world = rank, world
+        self.device = torch.device(device)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        timeout = timedelta(seconds=timeout_s)
+        dist.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout
+        )
+        self.work = None  # the default group
+        self.sched = dist.new_group(backend="gloo", timeout=timeout)
+        self.intake = dist.new_group(backend="gloo", timeout=IDLE_WAIT)
+        self._closed = False
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as e:  # gloo says a peer closed or a wait timed out
+            raise GroupFailure(f"{what} failed on rank {self.rank}: {e}") from e
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        # gloo reduces the storage from the first element on: a view that skips elements (one
+        # row of a padded product) would be summed wrong, silently
+        t = t.contiguous()
+        self._call("all_reduce", self.dist.all_reduce, t, group=self.work)
+        return t
+
+    def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        t = t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        self._call("all_gather", self.dist.all_gather, parts, t, group=self.work)
+        return torch.cat(parts, dim=dim)
+
+    def min_ints(self, values: list[int]) -> list[int]:
+        t = torch.tensor(values, dtype=torch.int64)
+        self._call(
+            "floor all_reduce", self.dist.all_reduce, t, op=self.dist.ReduceOp.MIN,
+            group=self.sched,
+        )  # fmt: skip
+        return [int(v) for v in t]
+
+    def gather_ints(self, values: list[int]) -> list[list[int]]:
+        t = torch.tensor(values, dtype=torch.int64)
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        self._call("digest all_gather", self.dist.all_gather, parts, t, group=self.sched)
+        return [[int(v) for v in p] for p in parts]
+
+    def broadcast(self, obj: Any) -> Any:
+        box = [obj]
+        self._call(
+            "intake broadcast", self.dist.broadcast_object_list, box, src=0, group=self.intake
+        )
+        return box[0]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.dist.destroy_process_group()
+        except Exception:  # a group whose peer is gone cannot be torn down politely
+            pass
+
+
+def local_init_method(port: int) -> str:
+    """The rendezvous of a group whose ranks all run on this machine (loopback only)."""
+    # gloo picks its interface from the host name, which may not resolve to loopback here
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return f"tcp://127.0.0.1:{port}"

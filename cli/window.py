@@ -136,7 +136,9 @@ def run_window(name: str, control: bool, extra: list[str], out_dir: Path,
             args = recipe.serve_args(control=is_control) + extra
             boots.append(boot_and_load(args, shape, log, progress, label))
     window = boots[0]
-    report = evaluate([spec], [window.log, window.out], boots[1].log if control else None)
+    # with several ranks each writes its own log beside rank 0's (NAME.rankR.EXT): judged as one
+    ranks = sorted(window.log.parent.glob(f"{window.log.stem}.rank*{window.log.suffix}"))
+    report = evaluate([spec], [window.log, *ranks, window.out], boots[1].log if control else None)
     print_report(report, console)
     for label, b in zip(("boot log", "control log"), boots, strict=False):
         r = b.load

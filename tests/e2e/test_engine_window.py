@@ -116,7 +116,8 @@ def test_an_engine_that_cannot_start_is_said_not_judged(tiny_model_dir, tmp_path
 @pytest.mark.slow
 @requires_default_model
 @pytest.mark.parametrize(
-    "name", ["boot_health", "no_request_lost", "admission_park", "eviction_honesty"]
+    "name",
+    ["boot_health", "no_request_lost", "admission_park", "eviction_honesty", "group_agreement"],
 )
 def test_every_shipped_window_passes_on_the_default_model(name, tmp_path):
     r = window(name, "--out-dir", str(tmp_path), timeout=180)

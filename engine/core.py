@@ -205,7 +205,7 @@ class EngineCore:
         self.receipts.close()
         self.comm.close()
         if self.member is not None:
-            self.member.reap(self.config.group_timeout + 5)
+            self.member.reap(2.0)  # the others fail at the same collective; a hung one is killed
 
     def build_model(self, loaded: LoadedModel) -> LlamaModel:
         """A model of ``loaded``'s weights on this engine's dtype, backend and device (a weights

@@ -105,7 +105,9 @@ def join_as_rank0(config: EngineConfig, boot: str) -> Member:
     args = [str(config.tp), init, str(config.group_timeout), config.device]
     procs = {
         r: subprocess.Popen(
-            [sys.executable, "-m", "engine.ranks", str(r), *args], preexec_fn=dies_with_parent()
+            [sys.executable, "-m", "engine.ranks", str(r), *args],
+            preexec_fn=dies_with_parent(),
+            start_new_session=True,  # signals to rank 0's group are rank 0's to act on
         )
         for r in range(1, config.tp)
     }

@@ -317,13 +317,13 @@ class Scheduler:
 
     def snapshot(self) -> PoolSnapshot:
         """The state after a step: the ``iteration`` receipt, /metrics and /health read it."""
-        alloc, cache = self.allocator, self.cache
+        cache, pool = self.cache, self.pool  # with several ranks, the group's (agreed) numbers
         parked = sum(1 for r in self.running if r.state is State.PARKED)
         return PoolSnapshot(
             running=len(self.running) - parked, parked=parked, waiting=len(self.waiting),
-            kv_used=alloc.used_size() - cache.evictable_size(), kv_cached=cache.total_size(),
-            kv_evictable=cache.evictable_size(), kv_free=alloc.available_size(),
-            kv_staged=alloc.staged_size(), kv_total=alloc.capacity,
+            kv_used=self.allocator.used_size() - cache.evictable_size(),
+            kv_cached=cache.total_size(), kv_evictable=pool.evictable_size(),
+            kv_free=pool.available_size(), kv_staged=pool.staged_size(), kv_total=pool.capacity,
             new_token_ratio=self.ratio.value, receipts=dict(self.receipts.counts),
             **schema.progress(self.generated, self.receipts.counts),
         )  # fmt: skip

@@ -153,6 +153,14 @@ def _serve(
     return status["code"]
 
 
+def _audit_target(cfg: EngineConfig) -> str:
+    """What to hand `audit verdict`: the boot log, or with several ranks every rank's log."""
+    if cfg.tp == 1 or cfg.log_file is None:
+        return str(cfg.log_file)
+    p = Path(cfg.log_file)
+    return f"'{p.with_name(p.stem + '*' + p.suffix)}'"
+
+
 def _banner(driver: EngineDriver, cfg: EngineConfig, name: str, url: str) -> None:
     d = driver.info
     print(f"Attest serving {name} at {url}", flush=True)
@@ -161,7 +169,7 @@ def _banner(driver: EngineDriver, cfg: EngineConfig, name: str, url: str) -> Non
         f"loaded in {d.load_seconds} s; attention {d.attention_backend} on {d.device}\n"
         f"  KV pool {d.kv_tokens:,} tokens x {d.kv_bytes_per_token:,} B "
         f"= {d.kv_pool_bytes / 2**20:,.0f} MiB ({d.kv_sizing}); context {d.context:,}\n"
-        f"  boot log {cfg.log_file}; audit it with: audit verdict {cfg.log_file}\n"
+        f"  boot log {cfg.log_file}; audit it with: audit verdict {_audit_target(cfg)}\n"
         f"  scheduler process pid {driver.pid}; SIGTERM drains for up to {driver.drain_s:g} s",
         flush=True,
     )

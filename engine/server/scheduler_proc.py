@@ -8,6 +8,7 @@ torch or the model (import-linter's frontend contract ignores exactly those impo
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import traceback
@@ -50,8 +51,11 @@ class _Drain:
 def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None) -> None:
     """The scheduler process: build the engine, then step while there is work. ``launch``:
     the frontend's facts for the boot receipts (``boot.ready`` then waits for ``Serving``)."""
-    # the frontend owns the terminal's signals; this process stops when told, over the pipe
+    # the frontend owns the terminal's signals; this process stops when told, over the pipe.
+    # Its own process group: a signal to the frontend's whole group (Ctrl-C, `kill -- -PGID`,
+    # a supervisor's stop) reaches the frontend, which drains this process in order
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.setpgid(0, 0)
     from engine.obs.tracing import setup_tracing
 
     sink: list[Any] = []  # the receipts, once the engine is built: where a dropped-span notice goes

@@ -20,9 +20,15 @@ def free_port() -> int:
 
 class ServerProc:
     def __init__(
-        self, log_file, *args: str, ready_timeout: float = 90, env: dict[str, str] | None = None
+        self,
+        log_file,
+        *args: str,
+        ready_timeout: float = 90,
+        env: dict[str, str] | None = None,
+        new_session: bool = False,
     ) -> None:
-        """``env``: variables set for the server on top of this process's environment."""
+        """``env``: variables set for the server on top of this process's environment;
+        ``new_session``: the server leads a process group of its own (to signal the group)."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_file = log_file
@@ -30,7 +36,7 @@ class ServerProc:
                "--log-file", str(log_file), *args]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, **env} if env else None,
+            env={**os.environ, **env} if env else None, start_new_session=new_session,
         )  # fmt: skip
         deadline = time.monotonic() + ready_timeout
         while True:

@@ -1,0 +1,343 @@
+"""`engine serve --tp 2` on loopback (the tiny model): the ranks a server spawns, and the ranks an
+operator starts one per node (`--dist-init env` + `engine worker`), serve, stop together and
+write one boot log per rank that the auditor judges as one boot; a rank that dies ends the boot
+loudly (`boot.stop` rank_lost, 503s, exit 1). Token equality with tp=1 is tested elsewhere."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import orjson
+import psutil
+import pytest
+
+from tests.e2e.audit_cli import audit
+from tests.e2e.server_proc import ServerProc, free_port
+
+POOLS = (1024, 640)  # rank 0's pool, rank 1's: the group decides from the smaller
+LONG = {"prompt": [7, 8, 9, 10], "max_tokens": 400, "ignore_eos": True}
+
+
+def receipts(path: Path) -> list[dict]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.startswith(b"{")]
+
+
+def of(recs: list[dict], event: str) -> list[dict]:
+    return [r for r in recs if r["event"] == event]
+
+
+def verdicts(*args: str) -> tuple[int, dict[str, str], dict[str, dict[str, dict]]]:
+    """`audit verdict ARGS --json`: (exit status, verdict by spec, claims by spec and id)."""
+    r = audit("verdict", *args, "--json")
+    assert r.returncode in (0, 1, 2), r.stdout + r.stderr
+    d = orjson.loads(r.stdout)
+    specs = {s["spec"]: s["verdict"] for s in d["specs"]}
+    claims = {s["spec"]: {c["claim"]: c for c in s["claims"]} for s in d["specs"]}
+    return r.returncode, specs, claims
+
+
+def spawned_ranks(srv: ServerProc) -> list[psutil.Process]:
+    """The ranks above 0 that the scheduler process (rank 0) started."""
+    sched = psutil.Process(srv.scheduler_pid())
+    return [c for c in sched.children() if "engine.ranks" in " ".join(c.cmdline())]
+
+
+class Stream(threading.Thread):
+    """A streaming completion in the background: its status and SSE data lines."""
+
+    def __init__(self, base: str) -> None:
+        super().__init__(daemon=True)
+        self.base, self.status, self.lines = base, None, []
+        self.first = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        with httpx.stream("POST", self.base + "/v1/completions", json={**LONG, "stream": True},
+                          timeout=60) as r:  # fmt: skip
+            self.status = r.status_code
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    self.lines.append(line[6:])
+                    self.first.set()
+        self.first.set()
+
+
+class Plain(threading.Thread):
+    """A non-streaming completion in the background: its status and body."""
+
+    def __init__(self, base: str) -> None:
+        super().__init__(daemon=True)
+        self.base, self.status, self.body = base, None, None
+        self.start()
+
+    def run(self) -> None:
+        r = httpx.post(self.base + "/v1/completions", json=LONG, timeout=60)
+        self.status, self.body = r.status_code, r.json()
+
+
+def test_tp2_serves_concurrent_completions_and_its_rank_logs_pass_the_audit(
+    tiny_model_dir, tmp_path
+):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    srv = ServerProc(
+        logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2",
+        "--kv-tokens", ",".join(map(str, POOLS)), "--page-size", "4", "--check-invariants",
+        "--served-model-name", "tiny",
+    )  # fmt: skip
+    try:
+        health = httpx.get(srv.base + "/health", timeout=10).json()
+        assert health["status"] == "ok"
+        models = httpx.get(srv.base + "/v1/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == ["tiny"]
+        assert len(spawned_ranks(srv)) == 1
+        # 8 x (prompt + 80) tokens is more than rank 1's 640: the published floor binds
+        prompts = [[2 + (3 * i + j) % 300 for j in range(5 + i)] for i in range(8)]
+
+        def complete(ids: list[int]) -> httpx.Response:
+            return httpx.post(srv.base + "/v1/completions", timeout=60, json={
+                "model": "tiny", "prompt": ids, "max_tokens": 80, "ignore_eos": True})  # fmt: skip
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(complete, prompts))
+    finally:
+        code, out = srv.stop()
+    assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers]
+    for ids, a in zip(prompts, answers, strict=True):
+        u = a.json()["usage"]
+        assert (u["prompt_tokens"], u["completion_tokens"]) == (len(ids), 80), u
+        assert u["total_tokens"] == len(ids) + 80
+        assert a.json()["choices"][0]["finish_reason"] == "length"
+    assert code == 0, out
+
+    assert sorted(p.name for p in logs.iterdir() if p.suffix == ".jsonl") == [
+        "boot.jsonl", "boot.rank1.jsonl",
+    ]  # fmt: skip
+    r0, r1 = receipts(logs / "boot.jsonl"), receipts(logs / "boot.rank1.jsonl")
+    assert {r["boot"] for r in r0} == {r["boot"] for r in r1} and len({r["boot"] for r in r0}) == 1
+    assert ({r["rank"] for r in r0}, {r["rank"] for r in r1}) == ({0}, {1})
+    for rank, recs in enumerate((r0, r1)):
+        assert of(recs, "boot.start")[0]["config"]["tp"] == 2
+        assert of(recs, "boot.pool_sized")[0]["kv_tokens"] == POOLS[rank]
+        stop = recs[-1]
+        assert (stop["event"], stop["reason"], stop["in_flight"]) == ("boot.stop", "sigterm", 0)
+    # every request ran to its end on both ranks, with the same counts
+    rids = {a.json()["id"] for a in answers}
+    for recs in (r0, r1):
+        fin = {r["rid"]: (r["prompt_tokens"], r["tokens"]) for r in of(recs, "request.finish")}
+        assert fin == {a.json()["id"]: (len(p), 80) for p, a in zip(prompts, answers, strict=True)}
+        assert set(fin) == rids
+    # the same batch on both ranks at each iteration, a digest on every one that ran work
+    d0 = [(r["iter"], r["digest"]) for r in of(r0, "iteration")]
+    d1 = [(r["iter"], r["digest"]) for r in of(r1, "iteration")]
+    assert d0 == d1 and len(d0) >= 80 and all(d for _, d in d0)
+    # rank 0 decides from the floor rank 1 sets: it binds on rank 0 only, and stays the
+    # difference of the pools (both ranks made the same allocations)
+    floors = of(r0, "group.floor")
+    assert floors and {f["local"] - f["floor"] for f in floors} == {POOLS[0] - POOLS[1]}
+    assert of(r1, "group.floor") == []
+    assert not of(r0, "invariant.violation") and not of(r1, "invariant.violation")
+
+    code, specs, claims = verdicts(str(logs), "--spec", "group_agreement", "--spec", "boot_health")
+    assert (code, specs) == (0, {"group_agreement": "PASS", "boot_health": "PASS"}), claims
+    # rank 0's log alone cannot say the group agreed
+    code, specs, claims = verdicts(str(logs / "boot.jsonl"), "--spec", "group_agreement")
+    assert code == 2 and claims["group_agreement"]["digests_agree"]["reason"] == "rank_missing"
+
+
+def test_two_nodes_on_loopback_serve_and_stop_together(tiny_model_dir, tmp_path):
+    """Rank 0 `engine serve --dist-init env`, rank 1 `engine worker`, as two nodes would run
+    them, with the standard torch.distributed environment."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    worker_out = tmp_path / "worker.out"
+    with open(worker_out, "w") as f:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "cli.engine_app", "worker"], stdout=f,
+            stderr=subprocess.STDOUT, env={**os.environ, **group, "RANK": "1"},
+        )  # fmt: skip
+    try:
+        srv = ServerProc(
+            logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2", "--dist-init", "env",
+            "--kv-tokens", "1024", "--threads", "1", env={**group, "RANK": "0"},
+        )  # fmt: skip
+        try:
+            assert spawned_ranks(srv) == []  # the worker is the other rank, not a child
+            assert worker.poll() is None
+            r = httpx.post(srv.base + "/v1/completions", timeout=60,
+                           json={"prompt": [5, 6, 7, 8, 9], "max_tokens": 12, "ignore_eos": True})  # fmt: skip
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] == 12
+        finally:
+            code, out = srv.stop()
+        assert code == 0, out
+        t0 = time.monotonic()
+        assert worker.wait(10) == 0, worker_out.read_text()
+        assert time.monotonic() - t0 < 5
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    r0, r1 = receipts(logs / "boot.jsonl"), receipts(logs / "boot.rank1.jsonl")
+    assert r0[0]["boot"] == r1[0]["boot"]
+    assert of(r1, "boot.start")[0]["config"]["dist_init"] == "env"  # rank 0's configuration
+    for recs in (r0, r1):
+        assert (recs[-1]["event"], recs[-1]["reason"]) == ("boot.stop", "sigterm")
+        assert [x["rid"] for x in of(recs, "request.finish")] == [r.json()["id"]]
+    code, specs, claims = verdicts(
+        str(logs / "boot*.jsonl"), "--spec", "group_agreement", "--spec", "boot_health"
+    )
+    assert (code, specs) == (0, {"group_agreement": "PASS", "boot_health": "PASS"}), claims
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "dist_init env needs MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK in the environment"),
+        ({"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2", "RANK": "1"},
+         "dist_init env needs MASTER_PORT in the environment"),
+        ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "0"},
+         "RANK 0 is the engine that serves: start it with `engine serve`"),
+    ],
+    ids=["no-env", "no-port", "rank-0"],
+)  # fmt: skip
+def test_engine_worker_without_its_place_exits_2_naming_what_is_missing(env, message):
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.engine_app", "worker"], env={**base, **env},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in " ".join(done.stderr.split())
+    assert "Traceback" not in done.stderr
+
+
+def test_a_rank_killed_mid_stream_ends_the_boot_rank_lost_503_and_exit_1(tiny_model_dir, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    srv = ServerProc(logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2",
+                     "--kv-tokens", "4096", "--group-timeout", "5")  # fmt: skip
+    try:
+        (rank1,) = spawned_ranks(srv)
+        assert rank1.cmdline()[rank1.cmdline().index("engine.ranks") + 1] == "1"
+        streams = [Stream(srv.base), Stream(srv.base)]
+        plain = Plain(srv.base)
+        assert all(s.first.wait(30) for s in streams)
+        time.sleep(0.3)  # the plain request is in the scheduler too
+        assert srv.proc.poll() is None and all(len(s.lines) > 1 for s in streams)
+        rank1.kill()
+        t0 = time.monotonic()
+        for t in (*streams, plain):
+            t.join(30)
+            assert not t.is_alive()
+        code, out = srv.stop(signal.SIGCONT, timeout=30)  # no signal needed: it exits by itself
+        assert time.monotonic() - t0 < 30
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    assert code == 1, out
+    assert "the scheduler process died: GroupFailure" in out
+    # every request in flight heard why: 503 before the answer, an error event in a stream
+    assert plain.status == 503 and "GroupFailure" in plain.body["error"]["message"]
+    for s in streams:
+        assert s.status == 200 and s.lines[-1] == "[DONE]"
+        error = orjson.loads(s.lines[-2])["error"]
+        assert error["code"] == 503 and "GroupFailure" in error["message"]
+    r0 = receipts(logs / "boot.jsonl")
+    stop = r0[-1]
+    assert (stop["event"], stop["reason"], stop["in_flight"]) == ("boot.stop", "rank_lost", 3)
+    # the broken connection is seen a moment before the dead rank is reapable: named anyway
+    assert stop["lost_ranks"] == [1], stop
+    assert len(of(r0, "boot.stop")) == 1  # the scheduler wrote its end; the frontend did not
+    aborts = of(r0, "request.abort")
+    assert len(aborts) == 3 and {a["reason"] for a in aborts} == {"rank_lost"}
+    assert of(receipts(logs / "boot.rank1.jsonl"), "boot.stop") == []  # killed: no last word
+    code, specs, claims = verdicts(str(logs), "--spec", "boot_health")
+    assert (code, specs["boot_health"]) == (1, "FAIL")
+    assert claims["boot_health"]["stopped_in_order"]["verdict"] == "FAIL"
+    assert "rank_lost" in claims["boot_health"]["stopped_in_order"]["why"]
+
+
+def test_a_rank_lost_while_idle_fails_the_next_request_and_names_the_rank(tiny_model_dir, tmp_path):
+    log = tmp_path / "boot.jsonl"
+    srv = ServerProc(log, "--model", tiny_model_dir, "--tp", "2", "--kv-tokens", "1024",
+                     "--group-timeout", "5")  # fmt: skip
+    try:
+        (rank1,) = spawned_ranks(srv)
+        rank1.kill()
+        deadline = time.monotonic() + 10
+        while rank1.is_running() and rank1.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        r = httpx.post(srv.base + "/v1/completions", json={**LONG, "max_tokens": 8}, timeout=30)
+        code, out = srv.stop(signal.SIGCONT, timeout=30)
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    assert r.status_code == 503 and "GroupFailure" in r.json()["error"]["message"]
+    assert code == 1, out
+    stop = receipts(log)[-1]
+    assert (stop["event"], stop["reason"]) == ("boot.stop", "rank_lost")
+    assert (stop["lost_ranks"], stop["in_flight"]) == ([1], 1)
+
+
+def test_a_sigterm_to_the_whole_process_group_drains_every_rank_in_order(tiny_model_dir, tmp_path):
+    """A supervisor's stop (`kill -- -PGID`, systemd, torchrun) signals every process of the
+    group: the frontend drains, and neither the scheduler process nor a rank dies of it."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    srv = ServerProc(
+        logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2", "--kv-tokens", "1024",
+        new_session=True,
+    )  # fmt: skip
+    r = httpx.post(srv.base + "/v1/completions", timeout=60,
+                   json={"prompt": [5, 6, 7], "max_tokens": 4})  # fmt: skip
+    assert r.status_code == 200
+    os.killpg(srv.proc.pid, signal.SIGTERM)
+    code, out = srv.stop(timeout=30)
+    assert code == 0, out
+    for name in ("boot.jsonl", "boot.rank1.jsonl"):
+        stop = receipts(logs / name)[-1]
+        assert stop["event"] == "boot.stop" and stop["reason"] == "sigterm", stop
+
+
+def test_a_split_while_serving_answers_503_exits_1_and_ends_every_rank_log(
+    tiny_model_dir, tmp_path
+):
+    """The test switch --own-pool: each rank decides from its own pool; the larger admits what
+    the smaller cannot, the digests differ before the forward, and the group stops."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    srv = ServerProc(
+        logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2", "--kv-tokens", "1024,640",
+        "--page-size", "4", "--check-invariants", "--own-pool", "--relief-ladder", "off",
+    )  # fmt: skip
+    prompts = [[2 + (3 * i + j) % 300 for j in range(60 + i)] for i in range(12)]
+
+    def complete(ids: list[int]) -> int:
+        try:
+            return httpx.post(srv.base + "/v1/completions", timeout=60, json={
+                "prompt": ids, "max_tokens": 60, "ignore_eos": True}).status_code  # fmt: skip
+        except httpx.HTTPError:
+            return -1
+
+    with ThreadPoolExecutor(12) as pool:
+        codes = list(pool.map(complete, prompts))
+    code, out = srv.stop(timeout=30)
+    assert code == 1, out
+    assert 503 in codes, codes
+    for name in ("boot.jsonl", "boot.rank1.jsonl"):
+        recs = receipts(logs / name)
+        assert [v["what"] for v in of(recs, "invariant.violation")] == ["group_split"]
+        assert recs[-1]["event"] == "boot.stop" and recs[-1]["reason"] == "group_split"
+    assert len(of(receipts(logs / "boot.jsonl"), "boot.stop")) == 1  # not a second ending

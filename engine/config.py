@@ -46,7 +46,7 @@ class EngineConfig:
     chunk_tokens: int = 2048  # prefill tokens per step (longer prompts are chunked)
     max_model_len: int | None = None  # context limit; None: the model's own
     attention_backend: str = "auto"  # auto: torch on CPU, the best one that runs on CUDA
-    threads: int | None = None  # torch intra-op threads; None: torch's default
+    threads: int | None = None  # torch intra-op threads; None: engine/threads.py chooses
     seed: int = 0  # seed of the shared generator used by unseeded sampling requests
     prefix_cache: bool = True  # reuse cached prefixes through the radix cache
     # host KV tier in tokens (cold prefix KV spills there and loads back on a hit); 0: off;

@@ -98,10 +98,12 @@ class EngineCore:
         self.receipts.emit(schema.BOOT_START, **boot_fields(config, launch))
         if launch is not None and launch.stale_pid is not None:
             self.receipts.emit(schema.BOOT_STALE_PID, **launch.stale_pid)
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        elif config.tp > 1 and config.dist_init == "spawn":  # the ranks share this machine's cores
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // config.tp))
+        from engine.threads import choose_threads, usable_cpus  # torch-free; why in its docstring
+
+        ranks_here = config.tp if config.dist_init == "spawn" else 1  # spawned ranks share the CPUs
+        threads = choose_threads(config.threads, os.environ, usable_cpus(), ranks_here)
+        if threads is not None:
+            torch.set_num_threads(threads)
         dtype = DTYPES[config.dtype]
         choice = choose_backend(config.attention_backend, config.device, dtype)
         if choice.note is not None:  # an unverified fast path is never taken silently

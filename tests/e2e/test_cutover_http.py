@@ -79,10 +79,12 @@ def test_the_route_needs_the_key_and_names_what_is_wrong(srv):
 def test_a_pool_cutover_under_streaming_load_finishes_every_stream(srv):
     got: dict[str, tuple[int, str]] = {}
     prompts = [f"Story number {i} begins" for i in range(6)]
-    threads = [threading.Thread(target=stream, args=(srv, p, 60, got)) for p in prompts]
+    # long enough that they are still running when the cutovers come: at 60 tokens the tiny
+    # model could finish all six between two looks at /health, and the wait never ended
+    threads = [threading.Thread(target=stream, args=(srv, p, 300, got)) for p in prompts]
     for t in threads:
         t.start()
-    wait_until(lambda: running(srv) > 0)
+    wait_until(lambda: running(srv) > 0 or len(got) == len(prompts))
     grow = cut(srv, kind="pool", mode="carry", kv_tokens=2 * POOL)
     assert grow.status_code == 200 and grow.json()["outcome"] == "ok", grow.text
     shrink = cut(srv, kind="pool", mode="carry", kv_tokens=POOL)

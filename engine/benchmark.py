@@ -64,19 +64,29 @@ def run_offline(
 
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     kv = num_prompts * (prompt_len + output_len) + 64
+    # a group cannot empty one rank's prefix cache alone: with several ranks the cache is off
+    opts = dict(model=model, dtype=dtype, kv_tokens=kv, max_running=max_running, tp=tp,
+                prefix_cache=tp == 1)  # fmt: skip
+    total = num_prompts * output_len
     with tempfile.TemporaryDirectory() as tmp:
-        on = LLM(model=model, dtype=dtype, kv_tokens=kv, max_running=max_running, tp=tp,
-                 log_file=str(Path(tmp) / "boot.jsonl"))  # fmt: skip
-        prompts = _workload(num_prompts, prompt_len, on.core.model_config.vocab_size, seed)
-        total = num_prompts * output_len
-        off = LLM(
-            model=model, dtype=dtype, kv_tokens=kv, max_running=max_running, receipts=False, tp=tp
-        )
-        results = _receipt_arms(on, off, prompts, params, total, runs)
-        off.close()  # its ranks stop, its weights and KV pool go before transformers loads its own
-        del off
+        log = str(Path(tmp) / "boot.jsonl")
+        if tp == 1:
+            on, off = LLM(log_file=log, **opts), LLM(receipts=False, **opts)
+            prompts = _workload(num_prompts, prompt_len, on.core.model_config.vocab_size, seed)
+            results = _receipt_arms(on, off, prompts, params, total, runs)
+            arms = [off, on]
+        else:  # one multi-rank engine per process at a time: the arms run one after the other
+            on = LLM(log_file=log, **opts)
+            prompts = _workload(num_prompts, prompt_len, on.core.model_config.vocab_size, seed)
+            t_on = _receipt_arms(on, None, prompts, params, total, runs)
+            on.close()
+            off = LLM(receipts=False, **opts)
+            results = t_on + _receipt_arms(None, off, prompts, params, total, runs)
+            arms = [off]
         path = on.core.loaded.path
-        on.close()
+        for llm in arms:  # its ranks stop; weights and pools go before transformers loads its own
+            llm.close()
+        del on, off, arms
         if baseline:
             hf_arm = _transformers_arm(path, dtype, prompts, output_len, runs)
             results.append(hf_arm)
@@ -84,8 +94,8 @@ def run_offline(
 
 
 def _receipt_arms(on, off, prompts, params, total: int, runs: int) -> list[ArmResult]:
-    """Attest with receipts on and off, alternated run by run so machine drift hits both
-    alike."""
+    """Attest with receipts on and off (either None: that arm is not run here), alternated run
+    by run so machine drift hits both alike."""
 
     def attest(llm):
         def go():
@@ -95,15 +105,15 @@ def _receipt_arms(on, off, prompts, params, total: int, runs: int) -> list[ArmRe
 
         return go
 
-    t_on, t_off = [], []
-    attest(on)(), attest(off)()
+    arms = [(name, llm) for name, llm in (("attest (receipts on, boot log)", on),
+                                          ("attest (receipts off)", off)) if llm is not None]  # fmt: skip
+    times: dict[str, list[float]] = {name: [] for name, _ in arms}
+    for _, llm in arms:
+        attest(llm)()  # warm-up
     for _ in range(runs):
-        t_on.append(_time_once(attest(on)))
-        t_off.append(_time_once(attest(off)))
-    return [
-        ArmResult("attest (receipts on, boot log)", t_on, total),
-        ArmResult("attest (receipts off)", t_off, total),
-    ]
+        for name, llm in arms:
+            times[name].append(_time_once(attest(llm)))
+    return [ArmResult(name, times[name], total) for name, _ in arms]
 
 
 def _load_transformers(path: str, dtype: str):

@@ -92,6 +92,10 @@ def _connect(
 
 def join_as_rank0(config: EngineConfig, boot: str) -> Member:
     """Rank 0's join: start the other ranks here (spawn) or meet them (env)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # torch.distributed has one default group per process
+        raise ValueError("one multi-rank engine per process: close the other (LLM.close) first")
     hello = (boot, config.as_dict())
     if config.dist_init == "env":
         rank, world = env_rank()

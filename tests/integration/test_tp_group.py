@@ -139,3 +139,14 @@ def test_an_abort_on_rank_0_reaches_every_rank_before_the_next_batch(tiny_model_
         aborts = [r for r in read(path) if r["event"] == "request.abort"]
         assert [(a["rid"], a["reason"]) for a in aborts] == [(reqs[1].rid, "client_disconnect")]
     assert verdicts(tmp_path, "group_agreement")["digests_agree"] == "PASS"
+
+
+def test_one_multi_rank_engine_per_process_until_it_is_closed(tiny_model_dir):
+    first = LLM(str(tiny_model_dir), tp=2, kv_tokens=1024)
+    with pytest.raises(ValueError, match="one multi-rank engine per process"):
+        LLM(str(tiny_model_dir), tp=2, kv_tokens=1024)
+    first.close()
+    second = LLM(str(tiny_model_dir), tp=2, kv_tokens=1024)  # the group is free again
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    assert len(second.generate([[5, 6, 7]], params)[0].token_ids) == 4
+    second.close()

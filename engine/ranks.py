@@ -77,7 +77,13 @@ def env_rank() -> tuple[int, int]:
     ]
     if missing:
         raise ValueError(f"dist_init env needs {', '.join(missing)} in the environment")
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = (os.environ[k].strip() for k in ("RANK", "WORLD_SIZE"))
+    if not (rank.isdigit() and world.isdigit() and int(rank) < int(world)):
+        raise ValueError(
+            f"RANK and WORLD_SIZE must be integers with 0 <= RANK < WORLD_SIZE, "
+            f"got RANK={rank!r} WORLD_SIZE={world!r}"
+        )
+    return int(rank), int(world)
 
 
 def _connect(

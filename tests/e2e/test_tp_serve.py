@@ -207,8 +207,12 @@ def test_two_nodes_on_loopback_serve_and_stop_together(tiny_model_dir, tmp_path)
          "dist_init env needs MASTER_PORT in the environment"),
         ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "0"},
          "RANK 0 is the engine that serves: start it with `engine serve`"),
+        ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "x"},
+         "RANK and WORLD_SIZE must be integers with 0 <= RANK < WORLD_SIZE, got RANK='x'"),
+        ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "2"},
+         "0 <= RANK < WORLD_SIZE, got RANK='2' WORLD_SIZE='2'"),
     ],
-    ids=["no-env", "no-port", "rank-0"],
+    ids=["no-env", "no-port", "rank-0", "rank-not-a-number", "rank-past-the-world"],
 )  # fmt: skip
 def test_engine_worker_without_its_place_exits_2_naming_what_is_missing(env, message):
     base = {k: v for k, v in os.environ.items()

@@ -26,7 +26,7 @@ from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.runner import BatchEntry, ModelRunner
 from engine.sched.admission import running_ceiling
-from engine.sched.group import GroupSplit, GroupView, Intake, PublishedGroup
+from engine.sched.group import GroupSplit, GroupView, PublishedGroup
 from engine.sched.rungs import register_ladder
 from engine.sched.scheduler import Scheduler
 from kernels.select import choose_backend, get_backend
@@ -190,21 +190,14 @@ class EngineCore:
             raise
 
     def fail(self, error: BaseException) -> None:
-        """The group failed (a split, a rank lost, a collective that timed out): every request
-        in flight aborts with the reason, ``boot.stop`` says it and which ranks are known lost,
-        and this rank leaves the group without another collective. Idempotent."""
+        """The group failed (a split, a rank lost, a collective that timed out): the boot ends
+        as ``shutdown`` ends it, with the reason and the ranks known lost, and this rank leaves
+        the group without another collective. Idempotent."""
         if self._stopped:
             return
-        self._stopped = True
         reason = "group_split" if isinstance(error, GroupSplit) else "rank_lost"
-        sched = self.scheduler
-        ended = [o for rid in list(sched.requests) if (o := sched.abort(rid, reason=reason))]
         lost = self.member.lost() if self.member is not None else []
-        self.receipts.emit(
-            schema.BOOT_STOP, reason=reason, in_flight=len(ended), lost_ranks=lost,
-            error=str(error)[:500],
-        )  # fmt: skip
-        self.receipts.close()
+        self._end_boot(reason, None, lost_ranks=lost, error=str(error)[:500])
         self.comm.close()
         if self.member is not None:
             self.member.reap(2.0)  # the others fail at the same collective; a hung one is killed
@@ -246,15 +239,20 @@ class EngineCore:
         Idempotent."""
         if self._stopped:
             return 0
+        n = self._end_boot(reason, outs, **({} if drained is None else {"drained": drained}))
+        self._leave(reason)
+        return n
+
+    def _end_boot(self, reason: str, outs: list[StepOutput] | None, **fields: Any) -> int:
+        """Every request in flight aborts with ``reason`` (final outputs into ``outs``), then
+        ``boot.stop`` with ``fields`` closes the log. Returns how many were in flight."""
         self._stopped = True
         sched = self.scheduler
         ended = [o for rid in list(sched.requests) if (o := sched.abort(rid, reason=reason))]
         if outs is not None:
             outs.extend(ended)
-        extra = {} if drained is None else {"drained": drained}
-        self.receipts.emit(schema.BOOT_STOP, reason=reason, in_flight=len(ended), **extra)
+        self.receipts.emit(schema.BOOT_STOP, reason=reason, in_flight=len(ended), **fields)
         self.receipts.close()
-        self._leave(reason)
         return len(ended)
 
     def _leave(self, reason: str) -> None:
@@ -262,10 +260,8 @@ class EngineCore:
         if self.member is None:
             return
         if self.rank == 0:
-            group = self.scheduler.group
-            ops, group.ops = group.ops, []
             try:
-                self.comm.broadcast(Intake(ops=ops, stop=reason))
+                self.scheduler.group.sync(stop=reason)  # with the aborts it just recorded
             except GroupFailure:
                 pass  # a rank already gone stops on its own
         self.comm.close()

@@ -150,8 +150,8 @@ def follow(core: EngineCore) -> int:
                 core.shutdown(msg.stop)
                 return 0
             if msg.step:
-                sched.step()
-    except GroupFailure as e:
+                core.step()  # a failed group ends the boot there
+    except GroupFailure as e:  # an input this rank refused (``_apply``); idempotent after step
         core.fail(e)
         return 1
     except KeyboardInterrupt:

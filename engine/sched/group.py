@@ -84,8 +84,9 @@ class GroupView:
     def record(self, op: tuple[Any, ...]) -> None:
         """An input rank 0 took between iterations (a request, an abort); one rank keeps none."""
 
-    def sync(self) -> None:
-        """At the top of an iteration: hand the others what arrived (rank 0 of a group)."""
+    def sync(self, stop: str | None = None) -> None:
+        """At the top of an iteration: hand the others what arrived (rank 0 of a group); with
+        ``stop``, hand them that too and tell them to stop instead of stepping."""
 
     def agree(self, iteration: int, digest: str) -> None:
         """Before the forward: the ranks compare the batch each is about to run."""
@@ -150,10 +151,10 @@ class PublishedGroup(GroupView):
         if self.rank == 0:
             self.ops.append(op)
 
-    def sync(self) -> None:
+    def sync(self, stop: str | None = None) -> None:
         if self.rank == 0:
             ops, self.ops = self.ops, []
-            self.comm.broadcast(Intake(ops=ops, step=True))
+            self.comm.broadcast(Intake(ops=ops, step=stop is None, stop=stop))
 
     def agree(self, iteration: int, digest: str) -> None:
         if iteration % self.check_every:

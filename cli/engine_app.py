@@ -4,12 +4,38 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import StrEnum
 from typing import Annotated
 
 import typer
 
 from cli.cutover import cutover
+from cli.options import (
+    ApiKeyOpt,
+    BackendOpt,
+    CheckInvariantsOpt,
+    ClientConnOpt,
+    ConsoleReceiptsOpt,
+    DeviceOpt,
+    DrainOpt,
+    DtypeOpt,
+    HostKvOpt,
+    HostOpt,
+    IterationIntervalOpt,
+    KvFractionOpt,
+    LogFileOpt,
+    MaxLenOpt,
+    ModelOpt,
+    OnOff,
+    OtlpOpt,
+    PidFileOpt,
+    PrefixCacheOpt,
+    ReadTimeoutOpt,
+    ReliefLadderOpt,
+    RequestTimeoutOpt,
+    ServedNameOpt,
+    StallOpt,
+    ThrottleOpt,
+)
 from cli.ranks import (
     DistInitOpt,
     FloorOpt,
@@ -27,116 +53,6 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-
-ModelOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--model", "-m", help="GGUF file or Hugging Face folder. Default: SmolLM2-135M-Instruct."
-    ),
-]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 (exact) or bfloat16 (faster).")]
-BackendOpt = Annotated[
-    str,
-    typer.Option(
-        "--attention-backend",
-        help="Attention kernels: auto (torch; on CUDA a faster one only once bench/gpu_check.py "
-        "has verified it on a GPU), torch, torch-padded (its older decode path, to compare), "
-        "triton (CPU only with TRITON_INTERPRET=1) or "
-        "flashinfer (CUDA, bfloat16).",
-    ),
-]
-DeviceOpt = Annotated[
-    str, typer.Option("--device", help="cpu, cuda or cuda:N (off the CPU, give --kv-tokens).")
-]
-
-# serve's longer options, named here so that its signature reads one option a line
-HostOpt = Annotated[str, typer.Option(help="Address to bind; loopback unless you mean otherwise.")]
-ServedNameOpt = Annotated[
-    str | None, typer.Option(help="Model id clients send. Default: the file's name.")
-]
-ApiKeyOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="Require `Authorization: Bearer KEY` on /v1/* and /admin/*.", envvar="ATTEST_API_KEY"
-    ),
-]
-PidFileOpt = Annotated[
-    str | None,
-    typer.Option(help="Pid file held while serving. Default: the boot log's path + .pid."),
-]
-DrainOpt = Annotated[
-    float,
-    typer.Option(
-        help="On SIGTERM/SIGINT, let requests in flight finish for up to this many seconds, "
-        "then abort the rest; 0: abort at once."
-    ),
-]
-StallOpt = Annotated[
-    float,
-    typer.Option(help="/health answers 503 after this many seconds without a scheduler heartbeat."),
-]
-ReadTimeoutOpt = Annotated[
-    float,
-    typer.Option(help="Seconds a client may take to send a request's headers, then its body."),
-]
-ClientConnOpt = Annotated[
-    int, typer.Option(help="Connections one client address may hold open at once; 0: no cap.")
-]
-RequestTimeoutOpt = Annotated[
-    float,
-    typer.Option(help="Seconds from a request's arrival to its last token, then it is aborted "
-                 "(504); 0: no deadline."),
-]  # fmt: skip
-KvFractionOpt = Annotated[
-    float,
-    typer.Option(help="Share of available memory for the KV pool when --kv-tokens is not given."),
-]
-LogFileOpt = Annotated[
-    str | None,
-    typer.Option(help="Boot log of JSON receipts. Default: logs/boot-<UTC time>.jsonl."),
-]
-MaxLenOpt = Annotated[int | None, typer.Option(help="Context limit (default: the model's).")]
-PrefixCacheOpt = Annotated[bool, typer.Option(help="Reuse cached prompt prefixes (radix cache).")]
-HostKvOpt = Annotated[
-    int | None,
-    typer.Option(
-        help="Host KV tier in tokens: cold cached prefixes spill there instead of being dropped "
-        "and load back on a hit. 0: off. Default: off on the CPU, a share of host memory "
-        "(bounded by the cgroup limit) on CUDA."
-    ),
-]
-
-
-class OnOff(StrEnum):
-    on = "on"
-    off = "off"
-
-
-ThrottleOpt = Annotated[
-    int, typer.Option(help="Iterations the throttle rung keeps new admissions out once it pays.")
-]
-ReliefLadderOpt = Annotated[
-    OnOff,
-    typer.Option(
-        help="on: the relief ladder (evict, spill, throttle, retract) pays before admission "
-        "parks; off: no rung is registered (and the boot log says so once)."
-    ),
-]
-IterationIntervalOpt = Annotated[
-    int, typer.Option(help="An `iteration` summary receipt every N steps; 0: off.")
-]
-ConsoleReceiptsOpt = Annotated[bool, typer.Option(help="Also print receipts, pretty, on stderr.")]
-CheckInvariantsOpt = Annotated[
-    bool, typer.Option(help="Check the memory ledger after every step (slow; for tests).")
-]
-OtlpOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="Export OpenTelemetry traces over OTLP/HTTP to this collector base URL "
-        "(e.g. http://127.0.0.1:4318). Default: the OTEL_EXPORTER_OTLP_* variables; "
-        "neither: tracing is off."
-    ),
-]
 
 
 def default_log_file() -> str:

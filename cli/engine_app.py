@@ -8,6 +8,16 @@ from typing import Annotated
 
 import typer
 
+from cli.bench import (
+    AttestOpt,
+    EnginesOpt,
+    InstallOpt,
+    LlamaEnvOpt,
+    PrefillOpt,
+    StreamsOpt,
+    TableOpt,
+    bench_table,
+)
 from cli.cutover import cutover
 from cli.options import (
     ApiKeyOpt,
@@ -34,6 +44,7 @@ from cli.options import (
     RequestTimeoutOpt,
     ServedNameOpt,
     StallOpt,
+    StepTokensOpt,
     ThrottleOpt,
 )
 from cli.ranks import (
@@ -155,7 +166,8 @@ def serve(
     page_size: Annotated[int, typer.Option(help="KV slots per page.")] = 1,
     log_file: LogFileOpt = None,
     max_running: Annotated[int, typer.Option(help="Requests decoding at once.")] = 64,
-    chunk_tokens: Annotated[int, typer.Option(help="Prefill tokens per step.")] = 2048,
+    chunk_tokens: Annotated[int, typer.Option(help="Prefill tokens per step, at most.")] = 2048,
+    step_tokens: StepTokensOpt = 48,
     max_model_len: MaxLenOpt = None,
     prefix_cache: PrefixCacheOpt = True,
     host_kv_tokens: HostKvOpt = None,
@@ -193,6 +205,7 @@ def serve(
         cfg = EngineConfig(
             model=model, dtype=dtype, kv_tokens=_kv(kv_tokens), max_running=max_running,
             chunk_tokens=chunk_tokens, max_model_len=max_model_len, page_size=page_size,
+            step_tokens=step_tokens or None,
             kv_memory_fraction=kv_memory_fraction, log_file=log_file or default_log_file(),
             prefix_cache=prefix_cache, attention_backend=attention_backend, threads=threads,
             seed=seed, iteration_receipt_interval=iteration_receipt_interval, receipts=receipts,
@@ -219,7 +232,7 @@ def serve(
 @app.command()
 def bench(
     offline: Annotated[
-        bool, typer.Option("--offline", help="Offline throughput (the only mode so far).")
+        bool, typer.Option("--offline", help="Offline throughput (the default mode).")
     ] = True,
     model: ModelOpt = None,
     num_prompts: Annotated[int, typer.Option(help="Prompts in the batch.")] = 32,
@@ -231,8 +244,22 @@ def bench(
         bool, typer.Option(help="Also time transformers' batched generate.")
     ] = True,
     tp: TpOpt = 1,
+    table: TableOpt = False,
+    streams: StreamsOpt = "1,16,64",
+    prefill: PrefillOpt = 512,
+    engines: EnginesOpt = "attest,transformers,llamacpp",
+    attest: AttestOpt = "exact",
+    llamacpp_env: LlamaEnvOpt = "build/llamacpp-venv",
+    install_llamacpp: InstallOpt = False,
 ) -> None:
-    """Offline throughput vs transformers' batched generate, and receipts on vs off, one run."""
+    """Offline throughput vs transformers' batched generate, and receipts on vs off, one run;
+    --table: Attest's arms vs transformers vs llama.cpp (decode, end-to-end, prefill tok/s)."""
+    if table or install_llamacpp:
+        return bench_table(
+            table=table, install_llamacpp=install_llamacpp, streams=streams, engines=engines,
+            attest=attest, prefill=prefill, prompt_len=prompt_len, output_len=output_len,
+            runs=runs, model=model, llamacpp_env=llamacpp_env, tp=tp,
+        )  # fmt: skip
     from engine.benchmark import run_offline
 
     res = run_offline(

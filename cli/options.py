@@ -76,6 +76,15 @@ LogFileOpt = Annotated[
     typer.Option(help="Boot log of JSON receipts. Default: logs/boot-<UTC time>.jsonl."),
 ]
 MaxLenOpt = Annotated[int | None, typer.Option(help="Context limit (default: the model's).")]
+StepTokensOpt = Annotated[
+    int,
+    typer.Option(
+        help="Tokens one forward may hold: a decode token per decoding request, then prefill "
+        "chunks in what is left (the first at least a quarter of it, so prompts always move). "
+        "Bounds the inter-token latency a long prompt adds (the default is measured: "
+        "BENCHMARKS.md); 0: no step budget."
+    ),
+]
 PrefixCacheOpt = Annotated[bool, typer.Option(help="Reuse cached prompt prefixes (radix cache).")]
 HostKvOpt = Annotated[
     int | None,

@@ -7,6 +7,11 @@ from typing import Any
 
 DTYPES = ("float32", "bfloat16")
 DIST_INITS = ("spawn", "env")
+# `engine serve`'s step budget (--step-tokens): the largest that kept the streams' inter-token
+# p99 within 3x their p50 with long prompts arriving (bench/serve.py --mixed, BENCHMARKS.md,
+# 2026-12-01). Offline (LLM) the default is no budget: generate returns whole outputs, nobody
+# waits on a next token, and the budget cost a burst of 32 prompts a third of its throughput.
+SERVE_STEP_TOKENS = 48
 
 
 def _per_rank(v: Any, tp: int) -> bool:
@@ -44,6 +49,10 @@ class EngineConfig:
     page_size: int = 1  # KV slots per page
     max_running: int = 64  # requests decoding at once
     chunk_tokens: int = 2048  # prefill tokens per step (longer prompts are chunked)
+    # tokens one forward may hold: a decode token per decoding request, then prefill chunks in
+    # what is left (the first chunk at least a quarter of it); None: no step budget (served:
+    # SERVE_STEP_TOKENS unless --step-tokens says otherwise)
+    step_tokens: int | None = None
     max_model_len: int | None = None  # context limit; None: the model's own
     attention_backend: str = "auto"  # auto: torch on CPU, the best one that runs on CUDA
     threads: int | None = None  # torch intra-op threads; None: engine/threads.py chooses
@@ -129,6 +138,11 @@ class EngineConfig:
         need(self.log_file is None or isinstance(self.log_file, str), "log_file", "a path or None")
         need(pos_int(self.max_running), "max_running", "an integer >= 1")
         need(pos_int(self.chunk_tokens), "chunk_tokens", "an integer >= 1")
+        need(
+            self.step_tokens is None
+            or (pos_int(self.step_tokens) and self.step_tokens >= self.page_size),
+            "step_tokens", f"None or an integer >= page_size ({self.page_size})",
+        )  # fmt: skip
         need(
             self.max_model_len is None or pos_int(self.max_model_len),
             "max_model_len",

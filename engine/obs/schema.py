@@ -30,6 +30,9 @@ _BUDGET = ("local_avail", "evictable", "decode_reserve", "floor", "offset", "rem
 _ENDING = ("tokens", "prompt_tokens", "cached", "parks", "retractions", "trace_id", "queue_s",
            "ttft_s", "e2e_s")  # fmt: skip
 _NET = ("site", "rid")
+# The step budget (`step_tokens`) as admission saw it: the step's decode tokens, the room left
+# for this chunk (None: no step budget), and whether that room cut the chunk short.
+_STEP = ("decodes", "step_budget", "step_cut")
 # The progress counters of an `iteration`, cumulative since boot (tokens sampled, admission.admit
 # receipts, requests finished or aborted): a sampled receipt still shows what every step did.
 PROGRESS = ("tokens_generated", "admissions", "requests_ended")
@@ -111,12 +114,13 @@ _CATALOG = (
     Kind(REQUEST_REJECT, ("rid", "reason", "need", "capacity"),
          "a request refused at intake because it could never fit the pool (never received)"),
     Kind(ADMISSION_ADMIT, ("rid", "tokens"), "a request or chunk was scheduled",
-         ("pages", "prefix_hit", "held", "chunked", "retracted") + _BUDGET),
+         ("pages", "prefix_hit", "held", "chunked", "retracted") + _STEP + _BUDGET),
     Kind(ADMISSION_PARK, ("rid", "reason", "need", "fundable"), "a chunk could not be funded",
          ("page_size",) + _BUDGET),
     Kind(ADMISSION_UNPARK, ("rid",), "a parked chunk was funded again", ("tokens",) + _BUDGET),
-    Kind(ADMISSION_DEFER, ("count", "reason"), "requests held back this iteration",
-         ("running",) + _BUDGET),
+    Kind(ADMISSION_DEFER, ("count", "reason"),
+         "requests held back this iteration (rid: the in-flight chunk the step budget held)",
+         ("running", "rid", "step_budget") + _BUDGET),
     Kind(EVICTION, ("reason", "asked", "evicted", "staged", "evictable_before", "evictable_after"),
          "the prefix cache evicted (scope 'host_backed': only device copies of nodes whose KV "
          "is also on the host, and evictable_before/after count what such a pass can reach)",

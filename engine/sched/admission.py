@@ -4,11 +4,18 @@ The round's budget is the local term -- available + evictable - what running dec
 still need - what this round already took -- bounded by the published floor (minus the same
 offset) when the group published one. A chunk takes what that budget funds, up to the nominal
 chunk; below one page it parks: zero tokens scheduled, the request kept, retried next round.
+
+The step budget bounds time, not memory: the tokens of one forward (one per decode plus the
+prefill chunks) stay within ``step_tokens``. Decodes always run; chunks get what is left, and
+the first chunk of a step gets at least ``prefill_floor`` (a quarter of the budget, one page at
+least), so a prefill moves every step even when the decodes alone fill the budget (the forward
+then exceeds it by at most that floor).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from engine.mem.pages import fresh_pages
 
@@ -59,7 +66,7 @@ class Admit:
 
 @dataclass(slots=True, frozen=True)
 class Park:
-    reason: str  # "below_page": the budget cannot fund one page
+    reason: str  # "below_page": the budget cannot fund one page; "step_budget": no room this step
     need: int  # tokens the request still wants prefilled
     fundable: int  # tokens the budget could fund
 
@@ -83,6 +90,51 @@ def plan_chunk(
     if take <= 0:
         return Park("below_page", need=remaining, fundable=max(0, fundable))
     return Admit(take, fresh_pages(held, take, page_size))
+
+
+def prefill_floor(step_tokens: int, page_size: int) -> int:
+    """The least the first chunk of a step gets, however many decodes share it: a quarter of
+    the step budget in whole pages, one page at least. Without a floor, decodes that fill the
+    budget hold every prompt back until some of them finish; with one page only, 64 decoders on
+    1-token pages would feed a 2,048-token prompt one token a step. A quarter bounds what the
+    floor adds to such a step (a quarter of the budget) and what a prompt gets (the same)."""
+    return max(page_size, step_tokens // 4 // page_size * page_size)
+
+
+def step_room(*, step_tokens: int | None, decodes: int, planned: int, page_size: int) -> int | None:
+    """Prefill tokens the step budget leaves for the next chunk (None: no step budget).
+
+    ``decodes``: the step's decode tokens; ``planned``: prefill tokens its chunks already took;
+    the first chunk of a step gets at least ``prefill_floor``."""
+    if step_tokens is None:
+        return None
+    room = step_tokens - decodes - planned
+    return max(room, prefill_floor(step_tokens, page_size)) if planned == 0 else room
+
+
+class StepPlan(NamedTuple):
+    plan: Admit | Park
+    step_cut: bool  # the step budget made the chunk shorter than memory and chunk_tokens allow
+
+
+def plan_in_step(
+    *, held: int, remaining: int, chunk_tokens: int, room: int | None, budget: int, page_size: int
+) -> StepPlan:
+    """``plan_chunk`` within the step's ``room`` too. A chunk the room cannot hold (not one
+    page's boundary) is ``Park("step_budget")``: it waits for the next step, not for memory."""
+    plan = plan_chunk(
+        held=held, remaining=remaining, chunk_tokens=chunk_tokens, budget=budget,
+        page_size=page_size,
+    )  # fmt: skip
+    if room is None or isinstance(plan, Park) or plan.tokens <= room:
+        return StepPlan(plan, False)
+    cut = plan_chunk(
+        held=held, remaining=remaining, chunk_tokens=max(0, room), budget=budget,
+        page_size=page_size,
+    )  # fmt: skip
+    if isinstance(cut, Park):
+        return StepPlan(Park("step_budget", need=remaining, fundable=cut.fundable), True)
+    return StepPlan(cut, True)
 
 
 @dataclass(slots=True)
@@ -114,13 +166,21 @@ def decode_reserve(remaining_max: list[int], ratio: float, clip: int = 4096) -> 
 
 
 def line_closed(
-    *, chunk_budget: int, running: int, max_running: int, throttled: bool = False
+    *,
+    chunk_budget: int,
+    running: int,
+    max_running: int,
+    throttled: bool = False,
+    step_budget: int | None = None,
 ) -> str | None:
     """Why no waiting request can be looked at this round (None: the line is open).
     ``throttled``: the relief ladder's throttle holds new admissions while anything runs (with
-    nothing running there is nothing to protect, and a closed line would only idle)."""
+    nothing running there is nothing to protect, and a closed line would only idle);
+    ``step_budget``: the step's room left for prefill (None: no step budget)."""
     if chunk_budget <= 0:
         return "chunk_budget"
+    if step_budget is not None and step_budget <= 0:
+        return "step_budget"
     if running >= running_ceiling(max_running):
         return "max_running"
     if throttled and running > 0:
@@ -136,7 +196,7 @@ def defer_reason(
     ``chunked``: its plan stops short of its prompt; ``inflight``: chunked prefills already in
     flight; ``settled``: running requests that are not mid-prefill."""
     if isinstance(plan, Park):
-        return "budget"
+        return "step_budget" if plan.reason == "step_budget" else "budget"
     if chunked and inflight >= MAX_INFLIGHT_CHUNKED:
         return "inflight_chunk"
     if settled >= max_running and not chunked:

@@ -8,6 +8,10 @@
    its budget is read (its own prefix is not evictable for itself). The first request that must
    wait closes the line for this round, with one ``admission.defer`` receipt saying why.
 
+Both phases share the step budget (``step_room``): the step's decodes come off it first, and a
+chunk it cuts short, or a request it holds back, says so (``step_cut``, reason
+``step_budget``).
+
 Every admission, park and unpark is a receipt carrying the budget it was decided on. Admission
 runs before the step's decode slots are taken (a decoder the ladder retracts must not hold
 one), so the budget counts those slots as already gone (``pending_decode``).
@@ -31,10 +35,12 @@ from engine.sched.admission import (
     Budget,
     NewTokenRatio,
     Park,
+    StepPlan,
     decode_reserve,
     defer_reason,
     line_closed,
-    plan_chunk,
+    plan_in_step,
+    step_room,
 )
 from engine.sched.group import AgreedPool
 from engine.sched.request import Request, State
@@ -87,15 +93,21 @@ class Admitter:
         left for phase 2."""
         cap = self.config.chunk_tokens
         for req in chunking:
-            plan = plan_chunk(
-                held=req.kv_len, remaining=req.prefill_target - req.kv_len, chunk_tokens=cap,
-                budget=budget.remaining, page_size=self.page_size,
-            )  # fmt: skip
-            if isinstance(plan, Park) and self._relieve(req, min(plan.need, cap), budget):
-                plan = plan_chunk(
-                    held=req.kv_len, remaining=plan.need, chunk_tokens=cap,
-                    budget=budget.remaining, page_size=self.page_size,
+            room = self._room(planned)
+            step = self._plan(req.kv_len, req.prefill_target - req.kv_len, cap, room, budget)
+            plan = step.plan
+            if isinstance(plan, Park) and plan.reason != "step_budget":
+                want = min(plan.need, cap) if room is None else min(plan.need, cap, room)
+                if self._relieve(req, want, budget):
+                    room = self._room(planned)  # a retracted decoder gave its step token back
+                    step = self._plan(req.kv_len, plan.need, cap, room, budget)
+                    plan = step.plan
+            if isinstance(plan, Park) and plan.reason == "step_budget":
+                self.receipts.emit(
+                    schema.ADMISSION_DEFER, count=1, reason=plan.reason, rid=req.rid,
+                    running=len(self.running), step_budget=room, **budget.as_fields(),
                 )  # fmt: skip
+                continue  # no room left in this step: not a park, memory is not short
             if isinstance(plan, Park):
                 if req.state is not State.PARKED:
                     req.state = State.PARKED
@@ -110,7 +122,7 @@ class Admitter:
                 self.receipts.emit(
                     schema.ADMISSION_UNPARK, rid=req.rid, tokens=plan.tokens, **budget.as_fields()
                 )
-            self._emit_admit(req, plan, budget, chunked=True)
+            self._emit_admit(req, step, budget, room, chunked=True)
             budget.spend(plan.pages * self.page_size)  # what the pool gives: whole pages
             cap -= plan.tokens
             planned.append((req, plan.tokens))
@@ -119,15 +131,16 @@ class Admitter:
     def admit_waiting(self, inflight: int, budget: Budget, cap: int, planned: Planned) -> None:
         """Phase 2: requests in line, until one must wait (a defer receipt says why).
         ``inflight``: chunked prefills already in flight (phase 1's, parked ones included)."""
-        reason = None
+        reason = room = None
         while self.waiting:
+            room = self._room(planned)
             if self.held is not None:  # nothing new starts while a cutover drains the residents
                 reason = self.held
                 break
             throttled = self.throttle is not None and self.throttle.active(self.receipts.iter)
             reason = line_closed(
                 chunk_budget=cap, running=len(self.running), max_running=self.config.max_running,
-                throttled=throttled,
+                throttled=throttled, step_budget=room,
             )  # fmt: skip
             if reason is not None:
                 break
@@ -147,10 +160,8 @@ class Admitter:
             if match.host_len and self.cache.tier is not None:  # a hit in the host tier
                 match = self._load(req, match, budget, reserve)
             remaining = len(fill) - match.length
-            plan = plan_chunk(
-                held=match.length, remaining=remaining, chunk_tokens=cap,
-                budget=budget.remaining - reserve, page_size=self.page_size,
-            )  # fmt: skip
+            step = self._plan(match.length, remaining, cap, room, budget, reserve)
+            plan = step.plan
             chunked = isinstance(plan, Admit) and plan.tokens < remaining
             reason = defer_reason(
                 plan, chunked=chunked, inflight=inflight, settled=len(self.running) - inflight,
@@ -163,7 +174,7 @@ class Admitter:
                 break
             self.waiting.popleft()
             self._start(req, match.node, match.slots)
-            self._emit_admit(req, plan, budget, chunked=chunked)
+            self._emit_admit(req, step, budget, room, chunked=chunked)
             budget.spend(plan.pages * self.page_size + reserve)
             cap -= plan.tokens
             inflight += int(chunked)
@@ -171,8 +182,26 @@ class Admitter:
         if reason is not None and self.waiting:
             self.receipts.emit(
                 schema.ADMISSION_DEFER, count=len(self.waiting), reason=reason,
-                running=len(self.running), **budget.as_fields(),
+                running=len(self.running), step_budget=room, **budget.as_fields(),
             )  # fmt: skip
+
+    def _room(self, planned: Planned) -> int | None:
+        """The step budget's room for the next chunk: the decodes and the chunks planned so far
+        come off it (None: no step budget)."""
+        return step_room(
+            step_tokens=self.config.step_tokens, decodes=len(self.decode),
+            planned=sum(n for _, n in planned), page_size=self.page_size,
+        )  # fmt: skip
+
+    def _plan(
+        self, held: int, need: int, cap: int, room: int | None, budget: Budget, reserve: int = 0
+    ) -> StepPlan:
+        """The chunk of ``need`` tokens after ``held``, within ``cap``, the step's ``room`` and
+        what the budget funds beyond ``reserve``."""
+        return plan_in_step(
+            held=held, remaining=need, chunk_tokens=cap, room=room,
+            budget=budget.remaining - reserve, page_size=self.page_size,
+        )  # fmt: skip
 
     def _reread(self, budget: Budget) -> None:
         """The budget's memory terms, read from the pool and the step's decoders now."""
@@ -222,9 +251,14 @@ class Admitter:
         req.state = State.RUNNING
         self.running.append(req)
 
-    def _emit_admit(self, req: Request, plan: Admit, budget: Budget, *, chunked: bool) -> None:
+    def _emit_admit(
+        self, req: Request, step: StepPlan, budget: Budget, room: int | None, *, chunked: bool
+    ) -> None:
+        plan = step.plan
+        assert isinstance(plan, Admit)
         self.receipts.emit(
             schema.ADMISSION_ADMIT, rid=req.rid, tokens=plan.tokens, pages=plan.pages,
             prefix_hit=req.cached_len, held=req.kv_len, chunked=chunked,
-            retracted=req.retractions, **budget.as_fields(),
+            retracted=req.retractions, decodes=len(self.decode), step_budget=room,
+            step_cut=step.step_cut, **budget.as_fields(),
         )  # fmt: skip

@@ -6,7 +6,8 @@ plus prefill chunks admitted within this round's budget. The order inside a step
 1. read the group's published floor (once, before any branch);
 2. fund the decodes: evict, else retract victims (requeued, never lost);
 3. admit: the in-flight chunked request first (before it parks the ladder is asked, and may
-   retract decoders: no slot of the step is taken yet), then waiting requests;
+   retract decoders: no slot of the step is taken yet), then waiting requests, all within
+   what the step budget leaves after the decodes (``step_tokens``);
 4. take the step's slots, forward, sample, and apply the results inside a free group.
 
 Every decision writes a receipt with its inputs. The decisions themselves are pure functions

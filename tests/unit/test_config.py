@@ -74,6 +74,7 @@ def test_defaults_and_good_values_are_accepted():
         "page_size": 1,
         "max_running": 1,
         "chunk_tokens": 1,
+        "step_tokens": None,
         "max_model_len": 1,
         "attention_backend": "auto",
         "threads": 1,

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.benchmark.method import load_transformers
+
 
 @dataclass(slots=True)
 class ArmResult:
@@ -116,21 +118,6 @@ def _receipt_arms(on, off, prompts, params, total: int, runs: int) -> list[ArmRe
     return [ArmResult(name, times[name], total) for name, _ in arms]
 
 
-def _load_transformers(path: str, dtype: str):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    p = Path(path)
-    if p.suffix == ".gguf":
-        hf = AutoModelForCausalLM.from_pretrained(
-            str(p.parent), gguf_file=p.name, dtype=getattr(torch, dtype)
-        )
-    else:
-        hf = AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
-    hf.eval()
-    return hf
-
-
 def _transformers_arm(
     path: str, dtype: str, prompts: list[list[int]], output_len: int, runs: int
 ) -> ArmResult:
@@ -138,7 +125,7 @@ def _transformers_arm(
     ``output_len`` new tokens each."""
     import torch
 
-    hf = _load_transformers(path, dtype)
+    hf = load_transformers(path, dtype)
     x = torch.tensor(prompts)  # equal lengths: no padding needed
     num_prompts, prompt_len = x.shape
 

@@ -1,0 +1,83 @@
+"""`engine bench --table`: its options, and the table from the command line to the printout."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+TableOpt = Annotated[
+    bool,
+    typer.Option(
+        "--table",
+        help="The three-engine table instead: Attest's arms, transformers and llama.cpp on the "
+        "same GGUF, decode and end-to-end tok/s per stream count and a prefill, one run.",
+    ),
+]
+StreamsOpt = Annotated[str, typer.Option(help="--table: stream counts, comma-separated.")]
+PrefillOpt = Annotated[
+    int, typer.Option(help="--table: prompt tokens of the prefill column; 0: no prefill.")
+]
+EnginesOpt = Annotated[
+    str, typer.Option(help="--table: engines, from attest, transformers, llamacpp.")
+]
+AttestOpt = Annotated[
+    str,
+    typer.Option(
+        help="--table: Attest's arms: exact (float32), bf16 (bfloat16), int8, int4 (fast mode)."
+    ),
+]
+LlamaEnvOpt = Annotated[
+    str, typer.Option(help="--table: the virtualenv with llama-cpp-python (built on demand).")
+]
+InstallOpt = Annotated[
+    bool,
+    typer.Option(
+        "--install-llamacpp",
+        help="Create --llamacpp-env with llama-cpp-python first if it lacks it (it compiles "
+        "llama.cpp: about 4 minutes).",
+    ),
+]
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.secho(f"error: {msg}", fg="red", err=True)
+    raise typer.Exit(code)
+
+
+def bench_table(
+    *,
+    table: bool,
+    install_llamacpp: bool,
+    streams: str,
+    engines: str,
+    attest: str,
+    tp: int,
+    **spec: object,
+) -> None:
+    """Validate everything first (exit 2 naming a bad value), install llama.cpp's environment
+    if asked, then measure and print the table (Markdown, with the CPU and what ran)."""
+    from engine.benchmark.llamacpp import MissingEnv, check_env, install
+    from engine.benchmark.table import TableSpec, format_report
+
+    try:
+        s = TableSpec.from_text(streams, engines, attest, **spec)
+    except ValueError as e:
+        _fail(str(e))
+    if tp != 1:
+        _fail(f"--table runs every engine on one rank; --tp {tp} is for --offline")
+    if install_llamacpp:
+        try:
+            typer.echo(f"llama.cpp's environment: llama-cpp-python {check_env(s.llamacpp_env)}")
+        except MissingEnv:
+            typer.echo(f"creating {s.llamacpp_env} (llama-cpp-python compiles llama.cpp)")
+            typer.echo(f"llama.cpp's environment: llama-cpp-python {install(s.llamacpp_env)}")
+    if not table:
+        return
+    from engine.benchmark.three_way import run_table
+
+    try:
+        run = run_table(s)
+    except (MissingEnv, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    typer.echo(format_report(run.arms, s, run.notes))

@@ -1,0 +1,160 @@
+"""The three-engine table of `engine bench --table`: what it measures (``TableSpec``, validated
+once), what each arm measured (``ArmFigures``), and the arithmetic and text of the table: medians
+per arm, and each Attest arm's ratio over transformers and over llama.cpp. Pure: no engine here.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+ENGINES = ("attest", "transformers", "llamacpp")
+# Attest's arms: a name for a set of LLM(...) keyword arguments
+ATTEST_ARMS: dict[str, dict[str, Any]] = {
+    "exact": {"dtype": "float32"},
+    "bf16": {"dtype": "bfloat16"},
+    "int8": {"quant": "int8"},
+    "int4": {"quant": "int4"},
+}
+BASELINES = {"transformers": "transformers", "llamacpp": "llama.cpp"}  # engine -> row name
+
+
+def parse_counts(text: str, flag: str) -> list[int]:
+    """``"1,16,64"`` -> [1, 16, 64]; anything else raises ValueError naming the value."""
+    try:
+        counts = [int(s) for s in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise ValueError(f"{flag} {text!r}: give distinct integers >= 1, comma-separated (1,16,64)")
+    return counts
+
+
+def parse_names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [n for n in names if n not in allowed]
+    if bad or not names or len(set(names)) != len(names):
+        raise ValueError(
+            f"{flag} {text!r}: give distinct names from {', '.join(allowed)}, comma-separated"
+            + (f" ({', '.join(map(repr, bad))} is not one)" if bad else "")
+        )
+    return names
+
+
+@dataclass(slots=True)
+class TableSpec:
+    """What the table measures. ``prefill`` 0: no prefill column."""
+
+    streams: list[int] = field(default_factory=lambda: [1, 16, 64])
+    prompt_len: int = 128
+    output_len: int = 64
+    prefill: int = 512
+    runs: int = 3
+    engines: list[str] = field(default_factory=lambda: list(ENGINES))
+    attest: list[str] = field(default_factory=lambda: ["exact"])
+    model: str | None = None
+    llamacpp_env: str = "build/llamacpp-venv"
+    seed: int = 0
+
+    @classmethod
+    def from_text(cls, streams: str, engines: str, attest: str, **rest: Any) -> TableSpec:
+        """From the CLI's comma-separated lists; any bad value raises ValueError naming it."""
+        return cls(
+            streams=parse_counts(streams, "--streams"),
+            engines=parse_names(engines, ENGINES, "--engines"),
+            attest=parse_names(attest, tuple(ATTEST_ARMS), "--attest"),
+            **rest,
+        )
+
+    def __post_init__(self) -> None:
+        for name, low in (("prompt_len", 2), ("output_len", 1), ("prefill", 0), ("runs", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < low:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be an integer >= {low}, got {v!r}"
+                )
+
+    def kv_tokens(self) -> int:
+        """Attest's pool: every stream's prompt and output at the largest count, or the prefill."""
+        most = max(self.streams) * (self.prompt_len + self.output_len + 8)
+        return max(most, self.prefill + 8) + 64
+
+
+@dataclass(slots=True)
+class ArmFigures:
+    """One arm's runs: per stream count, (decode tok/s, end-to-end output tok/s) per run; and
+    prefill tok/s per run."""
+
+    name: str
+    engine: str  # one of ENGINES
+    decode: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    prefill: list[float] = field(default_factory=list)
+
+    def medians(self, streams: list[int]) -> list[float | None]:
+        """The table's row: decode and e2e per stream count, then prefill."""
+        row: list[float | None] = []
+        for n in streams:
+            runs = self.decode.get(n)
+            row += [statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)] \
+                if runs else [None, None]  # fmt: skip
+        return row + [statistics.median(self.prefill) if self.prefill else None]
+
+
+def ratio_rows(arms: list[ArmFigures], streams: list[int]) -> list[tuple[str, list[float | None]]]:
+    """Each Attest arm's medians over each baseline's, column by column."""
+    bases = [a for a in arms if a.engine in BASELINES]
+    rows = []
+    for ours in (a for a in arms if a.engine == "attest"):
+        mine = ours.medians(streams)
+        for base in bases:
+            theirs = base.medians(streams)
+            cells = [m / t if m is not None and t else None for m, t in zip(mine, theirs)]
+            rows.append((f"{ours.name} / {base.name}", cells))
+    return rows
+
+
+def format_table(arms: list[ArmFigures], spec: TableSpec) -> str:
+    """A Markdown table: arms' medians (tok/s), then the ratios (x)."""
+    head = [h for n in spec.streams for h in (f"decode {n}", f"e2e {n}")]
+    head.append(f"prefill {spec.prefill}" if spec.prefill else "prefill")
+    lines = [
+        "| arm | " + " | ".join(head) + " |",
+        "|---|" + "---:|" * len(head),
+    ]
+
+    def row(name: str, cells: list[float | None], fmt: str) -> str:
+        return (
+            f"| {name} | " + " | ".join("-" if c is None else fmt.format(c) for c in cells) + " |"
+        )
+
+    lines += [row(a.name, a.medians(spec.streams), "{:.1f}") for a in arms]
+    lines += [row(name, cells, "{:.2f}x") for name, cells in ratio_rows(arms, spec.streams)]
+    return "\n".join(lines)
+
+
+def format_runs(arms: list[ArmFigures]) -> str:
+    """Every run's figures, for the reader who wants the spread behind a median."""
+    out = []
+    for a in arms:
+        for n, runs in a.decode.items():
+            out.append(f"  {a.name}, {n} streams: decode {[round(r[0], 1) for r in runs]}, "
+                       f"e2e {[round(r[1], 1) for r in runs]}")  # fmt: skip
+        if a.prefill:
+            out.append(f"  {a.name}, prefill: {[round(p, 1) for p in a.prefill]}")
+    return "\n".join(out)
+
+
+def format_report(arms: list[ArmFigures], spec: TableSpec, notes: list[str]) -> str:
+    """The whole printout: the method, what ran and where, the table, every run."""
+    method = [
+        f"{spec.prompt_len}-token random prompts, {spec.output_len} new tokens, greedy, EOS "
+        f"ignored; tok/s, median of {spec.runs} runs",
+        f"decode N = N x {spec.output_len} / (t({spec.output_len + 1} tokens) - t(1 token)); "
+        f"e2e N = N x {spec.output_len + 1} / t({spec.output_len + 1} tokens), prefill included; "
+        f"prefill = one unseen {spec.prefill}-token prompt / t(first token)",
+        "every prompt's first token is new to its engine; every Attest request asserted "
+        "cached_tokens == 0",
+    ]
+    return "\n".join([*method, *notes, "", format_table(arms, spec), "", "runs (tok/s):",
+                      format_runs(arms)])  # fmt: skip

@@ -1,0 +1,53 @@
+"""`engine bench` end to end on the tiny model: the table's Attest and transformers arms run one
+after the other through the shared method (every Attest request asserted uncached), and the
+offline mode still times its arms."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from engine.benchmark import run_offline
+from engine.benchmark.table import TableSpec, format_report
+from engine.benchmark.three_way import run_table
+from tests.conftest import requires_transformers
+
+
+@pytest.fixture
+def tiny_hf_dir(tiny_model_dir, tmp_path):
+    """The tiny model, its config.json naming its model_type as transformers requires."""
+    folder = shutil.copytree(tiny_model_dir, tmp_path / "tiny")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(cfg | {"model_type": "llama"}))
+    return str(folder)
+
+
+@requires_transformers
+def test_the_table_measures_each_arm_on_the_same_prompts(tiny_hf_dir):
+    spec = TableSpec(streams=[1, 3], prompt_len=8, output_len=4, prefill=16, runs=2,
+                     engines=["attest", "transformers"], attest=["exact", "bf16"],
+                     model=tiny_hf_dir)  # fmt: skip
+    said: list[str] = []
+    run = run_table(spec, said.append)
+    assert [(a.name, a.engine) for a in run.arms] == [
+        ("attest exact", "attest"), ("attest bf16", "attest"), ("transformers", "transformers")
+    ]  # fmt: skip
+    for arm in run.arms:
+        assert sorted(arm.decode) == [1, 3]
+        assert all(
+            len(runs) == 2 and all(e2e > 0 for _, e2e in runs) for runs in arm.decode.values()
+        )
+        assert len(arm.prefill) == 2 and min(arm.prefill) > 0
+    assert any(line.startswith("attest exact: loading LLM(dtype='float32')") for line in said)
+    text = format_report(run.arms, spec, run.notes)
+    assert "| attest bf16 / transformers |" in text and "llama.cpp" not in text
+    assert "load average before" in text and "flags:" in text
+
+
+def test_offline_mode_times_receipts_on_and_off(tiny_model_dir):
+    res = run_offline(tiny_model_dir, num_prompts=2, prompt_len=8, output_len=4, runs=1,
+                      baseline=False)  # fmt: skip
+    assert [r.name for r in res] == ["attest (receipts on, boot log)", "attest (receipts off)"]
+    assert all(r.output_tokens == 8 and r.tok_s > 0 for r in res)

@@ -41,9 +41,6 @@ class EngineConfig:
     # fast mode: linear weights quantised at load (int8, or int4 in groups of 64/128), bfloat16
     # activations where the CPU has bfloat16 units (the dtype is then chosen by the mode)
     quant: str | None = None
-    # each layer's small ops (norms, rotary, SiLU x up, residual adds) as torch.compile'd kernels
-    # (engine/model/fused.py); the first boot compiles them, later boots load inductor's cache
-    compile_ops: bool = False
     # KV pool size in tokens; None: a share of free memory; with several ranks, one size per
     # rank may be given ([2048, 1536]: each rank its own pool, as uneven devices have)
     kv_tokens: int | list[int] | None = None
@@ -107,7 +104,6 @@ class EngineConfig:
         need(self.model is None or isinstance(self.model, str), "model", "a path or None")
         need(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
         need(self.quant is None or self.quant in QUANTS, "quant", f"None or one of {QUANTS}")
-        need(isinstance(self.compile_ops, bool), "compile_ops", "a boolean")
         need(
             self.kv_tokens is None or pos_int(self.kv_tokens) or _per_rank(self.kv_tokens, self.tp),
             "kv_tokens",

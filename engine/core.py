@@ -128,7 +128,7 @@ class EngineCore:
         self.comm = member.comm if member is not None else Comm()
         self.model = LlamaModel(
             cfg, self.loaded.weights, dtype, backend, device=config.device, comm=self.comm,
-            quant=self.quant, compiled=config.compile_ops,
+            quant=self.quant,
         )  # fmt: skip
         self.receipts.emit(schema.BOOT_WEIGHTS, **self._weights_fields())
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
@@ -180,11 +180,10 @@ class EngineCore:
     def _weights_fields(self) -> dict[str, Any]:
         """``boot.weights``: which mode runs (exact, bfloat16, int8, int4) and, in fast mode,
         the kernels chosen for this CPU and what the quantised weights take."""
-        ops = {"compiled_ops": self.config.compile_ops}
         if self.quant is None:
             mode = "exact" if self.dtype == torch.float32 else "bfloat16"
-            return {"mode": mode, "dtype": self.config.dtype, **ops}
-        return self.quant.fields() | ops
+            return {"mode": mode, "dtype": self.config.dtype}
+        return self.quant.fields()
 
     def _group(self) -> GroupView | None:
         """This rank's view of its group (None: one rank alone)."""
@@ -224,7 +223,6 @@ class EngineCore:
         model = LlamaModel(
             loaded.config, loaded.weights, self.dtype, self.model.backend,
             device=self.config.device, comm=self.comm, quant=quant,
-            compiled=self.config.compile_ops,
         )  # fmt: skip
         loaded.weights = {}
         return model

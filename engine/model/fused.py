@@ -1,18 +1,17 @@
-"""The small per-layer operations of the decoder, grouped as the forward uses them, eager or
-compiled.
+"""The small per-layer operations of the decoder, grouped as the forward uses them.
 
 Between its matrix products a layer runs about twenty small operations (two RMSNorms, the
 rotary embedding, SiLU times up, two residual adds), each a separate pass over a few kilobytes
 with its own dispatch cost: at one decoding stream they take as long as the weights' products.
 Grouped as ``norm``, ``rope``, ``add_norm`` (residual add, then the next norm) and
-``silu_mul``, each group can be one compiled kernel (``torch.compile``, inductor's C++ backend,
-dynamic in the number of tokens). Eager, the groups run exactly the operations the reference
-implementation runs, in its order; compiled, inductor may fuse and reorder the arithmetic, so
-the compiled groups are for fast mode, and exact mode's token identity is kept by running them
-eager there unless asked (see ``engine.config.EngineConfig.compile``).
+``silu_mul``, they run exactly the operations the reference implementation runs, in its
+order, so exact mode keeps its tokens.
 
-Inductor keeps what it compiled in its cache (``TORCHINDUCTOR_CACHE_DIR``, by default under the
-system's temporary folder), so a warm boot loads the kernels instead of compiling them again.
+Compiling each group (``torch.compile``, inductor's C++ backend, dynamic in the number of
+tokens) was measured (one run, on a loaded machine; BENCHMARKS.md) and is not used: once warm,
+fast-mode decode fell from 136-145 to 89 tok/s at one stream and from 412 to 359 at 16, and was
+level at 64 (659 against 655); and the four groups share one wrapper whose recompile limit a
+serving mix of batch sizes exhausted.
 """
 
 from __future__ import annotations
@@ -58,11 +57,7 @@ class LayerOps:
     rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     add_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
-    compiled: bool
 
 
-def layer_ops(eps: float, compiled: bool) -> LayerOps:
-    fns = (partial(rms_norm, eps=eps), apply_rope, partial(add_norm, eps=eps), silu_mul)
-    if compiled:
-        fns = tuple(torch.compile(f, dynamic=True, fullgraph=True) for f in fns)
-    return LayerOps(*fns, compiled=compiled)
+def layer_ops(eps: float) -> LayerOps:
+    return LayerOps(partial(rms_norm, eps=eps), apply_rope, partial(add_norm, eps=eps), silu_mul)

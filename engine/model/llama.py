@@ -89,11 +89,10 @@ class LlamaModel:
         *,
         comm: Comm | None = None,
         quant: QuantPlan | None = None,
-        compiled: bool = False,
     ) -> None:
         self.cfg = cfg
         self.quant = quant  # fast mode: linear layers quantised (engine.model.quant)
-        self.ops = layer_ops(cfg.rms_eps, compiled)  # the small ops, eager or compiled
+        self.ops = layer_ops(cfg.rms_eps)  # the small ops between the products
         self.dtype = dtype
         self.backend = backend
         self.device = torch.device(device)

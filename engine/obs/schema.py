@@ -97,8 +97,7 @@ _CATALOG = (
     Kind(BOOT_WEIGHTS, ("mode", "dtype"),
          "the weights are in place: mode exact (float32), bfloat16, or fast mode's int8 / int4 "
          "with the kernels chosen for this CPU (path, small_rows) and what they take",
-         ("path", "small_rows", "matrices", "packed_bytes", "dense_bytes", "quantize_s",
-          "compiled_ops")),
+         ("path", "small_rows", "matrices", "packed_bytes", "dense_bytes", "quantize_s")),
     Kind(BOOT_READY, ("startup_s",),
          "the engine accepts work (served: its HTTP socket is bound and serving)",
          ("host", "port", "engine_s")),

@@ -85,18 +85,3 @@ def test_default_model_fast_mode_agrees_with_exact_mode_on_held_out_prompts(mode
     a = greedy_agreement(exact, fast, prompts, 32)
     print(f"{mode}: {a.equal}/{a.positions} = {a.share:.3f}; common prefixes {a.common_prefix}")
     assert a.share >= 0.9
-
-
-@pytest.mark.slow
-def test_compiled_small_ops_give_the_eager_numbers(q4_model):
-    """``compile_ops``: each layer's norms, rotary, SiLU x up and residual adds as inductor
-    kernels; logits within float32 rounding of the eager ones (slow: the first compile takes
-    about a minute here)."""
-    eager = LLM(model=q4_model, kv_tokens=4096, receipts=False)
-    comp = LLM(model=q4_model, kv_tokens=4096, receipts=False, compile_ops=True)
-    assert comp.core.model.ops.compiled and not eager.core.model.ops.compiled
-    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    prompts = _prompts(5, seed=2)
-    a = [o.token_ids for o in eager.generate(prompts, params)]
-    b = [o.token_ids for o in comp.generate(prompts, params)]
-    assert a == b

@@ -68,7 +68,6 @@ def test_boot_receipts_name_the_pool_sizing_path(tiny_model_dir, tmp_path):
     events = ["boot.start", "boot.weights", "boot.pool_sized", "tier.sized", "notice", "boot.ready"]
     assert [r["event"] for r in lines] == events  # the notice names the relief ladder's rungs
     assert lines[1]["mode"] == "exact" and lines[1]["dtype"] == "float32"
-    assert lines[1]["compiled_ops"] is False
     sized = lines[2]
     assert sized["path"] == "configured" and sized["kv_tokens"] == 96 and sized["page_size"] == 16
     assert lines[3]["path"] == "off" and lines[3]["host_kv_tokens"] == 0  # no host tier on CPU

@@ -70,7 +70,6 @@ def test_defaults_and_good_values_are_accepted():
         "model": "m.gguf",
         "dtype": "bfloat16",
         "quant": None,
-        "compile_ops": False,
         "kv_tokens": 1,
         "kv_memory_fraction": 0.2,
         "page_size": 1,

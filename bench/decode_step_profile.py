@@ -6,6 +6,7 @@ requests is timed; after a few warm steps one is profiled. The figures are media
 timed steps.
 
     .venv/bin/python bench/decode_step_profile.py [--backend torch] [--batch 32] [--steps 12]
+        [--quant int8|int4]
 """
 
 from __future__ import annotations
@@ -78,18 +79,19 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--quant", choices=("int8", "int4"), default=None, help="fast mode")
     args = ap.parse_args()
 
     from engine import LLM
 
     llm = LLM(
         attention_backend=args.backend, kv_tokens=args.batch * (args.prompt_len + args.steps + 16),
-        max_running=args.batch, receipts=False,
+        max_running=args.batch, receipts=False, quant=args.quant,
     )  # fmt: skip
     r = profile_step(llm, args.batch, args.prompt_len, args.steps, args.top)
     print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
     print(
-        f"backend {args.backend}, batch {args.batch}, prompt {args.prompt_len}: decode step "
+        f"weights {args.quant or 'exact'}, backend {args.backend}, batch {args.batch}, prompt {args.prompt_len}: decode step "
         f"{r['step_ms']:.1f} ms, attention {r['attention_ms']:.1f} ms "
         f"(median of {r['steps']} steps)"
     )

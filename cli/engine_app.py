@@ -39,6 +39,7 @@ from cli.options import (
     OtlpOpt,
     PidFileOpt,
     PrefixCacheOpt,
+    QuantOpt,
     ReadTimeoutOpt,
     ReliefLadderOpt,
     RequestTimeoutOpt,
@@ -97,6 +98,7 @@ def generate(
         bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")
     ] = True,
     dtype: DtypeOpt = "float32",
+    quant: QuantOpt = None,
     kv_tokens: KvOpt = "8192",
     attention_backend: BackendOpt = "auto",
     device: DeviceOpt = "cpu",
@@ -111,7 +113,7 @@ def generate(
             min_p=min_p, seed=seed, stop=stop or None,
         )  # fmt: skip
         llm = LLM(
-            model=model, dtype=dtype, kv_tokens=_kv(kv_tokens), max_running=1,
+            model=model, dtype=dtype, quant=quant, kv_tokens=_kv(kv_tokens), max_running=1,
             attention_backend=attention_backend, device=device, tp=tp,
         )  # fmt: skip
         tok = llm.tokenizer
@@ -129,6 +131,7 @@ def generate(
 def info(
     model: ModelOpt = None,
     dtype: DtypeOpt = "float32",
+    quant: QuantOpt = None,
     kv_tokens: KvOpt = "8192",
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
@@ -137,7 +140,9 @@ def info(
     from engine.core import EngineCore
 
     try:
-        core = EngineCore(EngineConfig(model=model, dtype=dtype, kv_tokens=_kv(kv_tokens)))
+        core = EngineCore(
+            EngineConfig(model=model, dtype=dtype, quant=quant, kv_tokens=_kv(kv_tokens))
+        )
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     d = core.describe()
@@ -161,6 +166,7 @@ def serve(
     served_model_name: ServedNameOpt = None,
     api_key: ApiKeyOpt = None,
     dtype: DtypeOpt = "float32",
+    quant: QuantOpt = None,
     kv_tokens: KvOpt = None,
     kv_memory_fraction: KvFractionOpt = 0.2,
     page_size: Annotated[int, typer.Option(help="KV slots per page.")] = 1,
@@ -203,7 +209,7 @@ def serve(
 
     try:
         cfg = EngineConfig(
-            model=model, dtype=dtype, kv_tokens=_kv(kv_tokens), max_running=max_running,
+            model=model, dtype=dtype, quant=quant, kv_tokens=_kv(kv_tokens), max_running=max_running,
             chunk_tokens=chunk_tokens, max_model_len=max_model_len, page_size=page_size,
             step_tokens=step_tokens or None,
             kv_memory_fraction=kv_memory_fraction, log_file=log_file or default_log_file(),

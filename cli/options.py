@@ -15,6 +15,14 @@ ModelOpt = Annotated[
     ),
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 (exact) or bfloat16 (faster).")]
+QuantOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--quant",
+        help="Fast mode: int8 or int4 weights, quantised at load; bfloat16 activations where the "
+        "CPU has bfloat16 units (then --dtype does not apply). Default: off (exact mode).",
+    ),
+]
 BackendOpt = Annotated[
     str,
     typer.Option(

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 DTYPES = ("float32", "bfloat16")
+QUANTS = ("int8", "int4")  # fast mode's weight formats (engine/model/quant.py)
 DIST_INITS = ("spawn", "env")
 # `engine serve`'s step budget (--step-tokens): the largest that kept the streams' inter-token
 # p99 within 3x their p50 with long prompts arriving (bench/serve.py --mixed, BENCHMARKS.md,
@@ -42,6 +43,9 @@ def _seconds(v: Any) -> bool:
 class EngineConfig:
     model: str | None = None  # GGUF file or HF folder; None: the default model
     dtype: str = "float32"  # float32 is the exact mode; bfloat16 is about 2x faster here
+    # fast mode: linear weights quantised at load (int8, or int4 in groups of 64/128), bfloat16
+    # activations where the CPU has bfloat16 units (the dtype is then chosen by the mode)
+    quant: str | None = None
     # KV pool size in tokens; None: a share of free memory; with several ranks, one size per
     # rank may be given ([2048, 1536]: each rank its own pool, as uneven devices have)
     kv_tokens: int | list[int] | None = None
@@ -108,6 +112,7 @@ class EngineConfig:
 
         need(self.model is None or isinstance(self.model, str), "model", "a path or None")
         need(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
+        need(self.quant is None or self.quant in QUANTS, "quant", f"None or one of {QUANTS}")
         need(
             self.kv_tokens is None or pos_int(self.kv_tokens) or _per_rank(self.kv_tokens, self.tp),
             "kv_tokens",
@@ -172,6 +177,10 @@ class EngineConfig:
         need(
             self.device == "cpu" or self.kv_tokens is not None,
             "kv_tokens", "given off the CPU (otherwise the pool is sized from host memory)",
+        )  # fmt: skip
+        need(
+            self.quant is None or self.device == "cpu",
+            "device", "cpu with --quant (its kernels are torch's CPU ones)",
         )  # fmt: skip
 
         need(pos_int(self.tp), "tp", "an integer >= 1")

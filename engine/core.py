@@ -21,6 +21,7 @@ from engine.mem.req_table import ReqToTokenPool
 from engine.messages import EngineInfo, Launch, StepOutput
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
+from engine.model.quant import plan_quant
 from engine.model.shard import plan_shard
 from engine.obs import schema
 from engine.obs.receipts import Receipts
@@ -104,7 +105,9 @@ class EngineCore:
         threads = choose_threads(config.threads, os.environ, usable_cpus(), ranks_here)
         if threads is not None:
             torch.set_num_threads(threads)
-        dtype = DTYPES[config.dtype]
+        # fast mode chooses the activations' dtype by what the CPU has (engine.model.quant)
+        self.quant = plan_quant(config.quant, config.device) if config.quant else None
+        self.dtype = dtype = self.quant.dtype if self.quant else DTYPES[config.dtype]
         choice = choose_backend(config.attention_backend, config.device, dtype)
         if choice.note is not None:  # an unverified fast path is never taken silently
             self.receipts.notice("attention_backend", choice.note, process="scheduler")
@@ -124,11 +127,14 @@ class EngineCore:
             self.member = member = join(config, self.receipts.boot)
         self.comm = member.comm if member is not None else Comm()
         self.model = LlamaModel(
-            cfg, self.loaded.weights, dtype, backend, device=config.device, comm=self.comm
-        )
+            cfg, self.loaded.weights, dtype, backend, device=config.device, comm=self.comm,
+            quant=self.quant,
+        )  # fmt: skip
+        self.receipts.emit(schema.BOOT_WEIGHTS, **self._weights_fields())
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
         self.max_context = min(config.max_model_len or cfg.max_position, cfg.max_position)
-        itemsize = torch.finfo(dtype).bits // 8
+        kv_dtype = self.quant.kv_dtype if self.quant else dtype
+        itemsize = torch.finfo(kv_dtype).bits // 8
         kv_heads = self.model.local_kv_heads  # this rank's share of them
         self.sizing = size_pool(
             config.kv_tokens_of(rank),
@@ -142,7 +148,7 @@ class EngineCore:
             self.allocator.pool_slots,
             kv_heads,
             cfg.head_dim,
-            dtype,
+            kv_dtype,
             device=config.device,
         )
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
@@ -170,6 +176,14 @@ class EngineCore:
         self.startup_seconds = time.perf_counter() - t0
         if launch is None:
             self.ready()
+
+    def _weights_fields(self) -> dict[str, Any]:
+        """``boot.weights``: which mode runs (exact, bfloat16, int8, int4) and, in fast mode,
+        the kernels chosen for this CPU and what the quantised weights take."""
+        if self.quant is None:
+            mode = "exact" if self.dtype == torch.float32 else "bfloat16"
+            return {"mode": mode, "dtype": self.config.dtype}
+        return self.quant.fields()
 
     def _group(self) -> GroupView | None:
         """This rank's view of its group (None: one rank alone)."""
@@ -205,9 +219,10 @@ class EngineCore:
     def build_model(self, loaded: LoadedModel) -> LlamaModel:
         """A model of ``loaded``'s weights on this engine's dtype, backend and device (a weights
         cutover builds the new one beside the serving one); the file's copies are let go."""
+        quant = plan_quant(self.config.quant, self.config.device) if self.config.quant else None
         model = LlamaModel(
-            loaded.config, loaded.weights, DTYPES[self.config.dtype], self.model.backend,
-            device=self.config.device, comm=self.comm,
+            loaded.config, loaded.weights, self.dtype, self.model.backend,
+            device=self.config.device, comm=self.comm, quant=quant,
         )  # fmt: skip
         loaded.weights = {}
         return model
@@ -305,7 +320,7 @@ class EngineCore:
             head_dim=cfg.head_dim,
             vocab=cfg.vocab_size,
             context=self.max_context,
-            dtype=self.config.dtype,
+            dtype=str(self.dtype).removeprefix("torch."),
             kv_tokens=self.scheduler.pool.capacity,  # the group's: its smallest rank's
             kv_sizing=self.sizing.path,
             page_size=self.allocator.page_size,
@@ -316,6 +331,8 @@ class EngineCore:
             load_seconds=round(self.loaded.load_seconds, 2),
             startup_seconds=round(self.startup_seconds, 2),
             tp=self.config.tp,
+            weights=self._weights_fields()["mode"],
+            weights_path=self.quant.path if self.quant else "",
         )
 
     def describe(self) -> dict[str, object]:

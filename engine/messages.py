@@ -104,6 +104,8 @@ class EngineInfo:
     load_seconds: float
     startup_seconds: float
     tp: int = 1  # ranks of the tensor-parallel group
+    weights: str = "exact"  # exact (float32), bfloat16, or fast mode's int8 / int4
+    weights_path: str = ""  # fast mode: which kernels run, in words (engine/model/quant.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

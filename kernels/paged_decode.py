@@ -81,10 +81,11 @@ def grouped_decode(
     kv_heads = pool_k.shape[1]
     group = heads // kv_heads
     shape = (b * kv_heads, plan.width, d)
-    k = pool_k.view(-1, d).index_select(0, plan.rows).view(shape).to(q.dtype)
-    v = pool_v.view(-1, d).index_select(0, plan.rows).view(shape).to(q.dtype)
-    qg = (q * scale).reshape(b * kv_heads, group, d)
+    # computed in the pool's dtype (a float32 pool under bfloat16 activations: fast mode)
+    k = pool_k.view(-1, d).index_select(0, plan.rows).view(shape)
+    v = pool_v.view(-1, d).index_select(0, plan.rows).view(shape)
+    qg = (q.to(k.dtype) * scale).reshape(b * kv_heads, group, d)
     scores = torch.bmm(qg, k.transpose(1, 2)).view(b, kv_heads, group, plan.width)
     scores.add_(plan.bias)
     probs = torch.softmax(scores, dim=-1).view(b * kv_heads, group, plan.width)
-    return torch.bmm(probs, v).view(b, heads, d)
+    return torch.bmm(probs, v).view(b, heads, d).to(q.dtype)

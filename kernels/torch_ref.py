@@ -40,12 +40,12 @@ class TorchReferenceBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         store_kv(k, v, kv, meta.out_slots)
-        if len(meta.req_rows) > 1 and meta.is_decode:
+        if meta.is_decode:
             if self.decode == "padded":
                 return self._decode_padded(q, kv, meta, scale)
             plan = meta.scratch.get("grouped")
             if plan is None:  # the same for every layer of this forward
-                plan = build_plan(meta, kv.k.shape[1], q.dtype, self._buffers)
+                plan = build_plan(meta, kv.k.shape[1], kv.k.dtype, self._buffers)
                 meta.scratch["grouped"] = plan
             return grouped_decode(q, kv.k, kv.v, plan, scale)
         out = torch.empty_like(q)

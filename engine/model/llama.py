@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from engine.dist.comm import Comm
 from engine.model.config import ModelConfig
+from engine.model.fused import layer_ops
+from engine.model.quant import QuantPlan, QuantWeight, quantize_weight
 from engine.model.shard import cols, plan_shard, rows, vocab_rows
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
 
@@ -46,34 +49,27 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     raise ValueError(f"unsupported rope scaling type {kind!r}")
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight) -> torch.Tensor:
     """``x @ w.T``; in float32 computed as ``(w @ x.T).T``.
 
     Measured on this project's CPUs (fp32, all 30 layers + head, weights streamed from memory):
     this orientation runs 1.9x faster than ``F.linear`` for one row, 2.7x for four, 1.2x for 64;
     ``F.linear``'s one- and two-row paths read weights at ~11 GB/s. One row is padded to two,
-    since a one-column product falls back to the slow matrix-vector path. In bfloat16 the
-    plain call is the faster one (1.4x at one row), so it keeps it. See BENCHMARKS.md.
+    since a one-column product falls back to the slow matrix-vector path. In bfloat16 one row
+    keeps the plain call (as fast here), and more rows take the same orientation (one 3072x576
+    product: 112 us against 189 at 16 rows, 326 against 436 at 64). A quantised matrix
+    (fast mode) takes its packed kernel for a few rows, its dense values beyond. See
+    BENCHMARKS.md.
     """
+    if isinstance(w, QuantWeight):
+        if x.shape[0] <= w.small_rows:
+            return w.packed_matmul(x)
+        w = w.dense
     if w.dtype != torch.float32:
-        return F.linear(x, w)
+        return F.linear(x, w) if x.shape[0] == 1 else torch.mm(w, x.t()).t()
     if x.shape[0] == 1:
         return torch.mm(w, torch.cat([x, torch.zeros_like(x)]).t())[:, :1].t()
     return torch.mm(w, x.t()).t()
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Normalise in fp32 whatever the engine dtype, as the reference implementation does.
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]; cos/sin: [T, 1, head_dim]. Rotate-half convention."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 class LlamaModel:
@@ -92,8 +88,11 @@ class LlamaModel:
         device: str | torch.device = "cpu",
         *,
         comm: Comm | None = None,
+        quant: QuantPlan | None = None,
     ) -> None:
         self.cfg = cfg
+        self.quant = quant  # fast mode: linear layers quantised (engine.model.quant)
+        self.ops = layer_ops(cfg.rms_eps)  # the small ops between the products
         self.dtype = dtype
         self.backend = backend
         self.device = torch.device(device)
@@ -122,9 +121,12 @@ class LlamaModel:
         self.layers = [self._layer(take, f"model.layers.{i}.") for i in range(cfg.num_layers)]
         self.norm = self._put(take("model.norm.weight"))
         if "lm_head.weight" in w:
-            self.lm_head = self._put(vocab_rows(take("lm_head.weight"), self.shard.vocab))
-        elif cfg.tie_word_embeddings:
+            head = vocab_rows(take("lm_head.weight"), self.shard.vocab)
+            self.lm_head = self._mat(head, mode="int8") if quant else self._put(head)
+        elif cfg.tie_word_embeddings and quant is None:
             self.lm_head = self.embed
+        elif cfg.tie_word_embeddings:  # the lookup keeps the dense table, the product its own
+            self.lm_head = self._mat(vocab_rows(embed, self.shard.vocab), mode="int8")
         else:
             raise KeyError("missing weight 'lm_head.weight' and embeddings are not tied")
         leftover = sorted(k for k in w if "rotary_emb" not in k)
@@ -141,10 +143,15 @@ class LlamaModel:
         A column slice is strided; the matrix products want it dense (a no-op at one rank)."""
         return t.to(device=self.device, dtype=self.dtype).contiguous()
 
-    def _fuse(self, *parts: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self._put(p) for p in parts], 0).contiguous()
+    def _mat(self, *parts: torch.Tensor, mode: str | None = None) -> torch.Tensor | QuantWeight:
+        """A linear layer's matrix (``parts`` fused by output rows): cast and moved, or in fast
+        mode quantised from the file's values (the LM head int8 in both modes: ``mode``)."""
+        if self.quant is None:
+            return torch.cat([self._put(p) for p in parts], 0).contiguous()
+        w = torch.cat([p.float() for p in parts], 0).contiguous()
+        return quantize_weight(w, self.quant, mode)
 
-    def _layer(self, take: Callable[[str], torch.Tensor], p: str) -> dict[str, torch.Tensor]:
+    def _layer(self, take: Callable[[str], torch.Tensor], p: str) -> dict[str, Any]:
         """Layer ``p``'s weights: QKV and gate/up fused and cut by output rows (gate's rows,
         then up's, so ``chunk(2)`` still splits them), ``o`` and ``down`` by input columns."""
         sh, hd = self.shard, self.cfg.head_dim
@@ -155,11 +162,11 @@ class LlamaModel:
         up = rows(take(p + "mlp.up_proj.weight"), sh.inter)
         return {
             "attn_norm": self._put(take(p + "input_layernorm.weight")),
-            "qkv": self._fuse(q, k, v),
-            "o": self._put(cols(take(p + "self_attn.o_proj.weight"), sh.heads, hd)),
+            "qkv": self._mat(q, k, v),
+            "o": self._mat(cols(take(p + "self_attn.o_proj.weight"), sh.heads, hd)),
             "mlp_norm": self._put(take(p + "post_attention_layernorm.weight")),
-            "gate_up": self._fuse(gate, up),
-            "down": self._put(cols(take(p + "mlp.down_proj.weight"), sh.inter)),
+            "gate_up": self._mat(gate, up),
+            "down": self._mat(cols(take(p + "mlp.down_proj.weight"), sh.inter)),
         }
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -188,20 +195,23 @@ class LlamaModel:
         T = input_ids.shape[0]
         h = self.embed_tokens(input_ids)
         cos, sin = self.rope_cos_sin(meta.positions)
-        for layer, kv in zip(self.layers, kv_layers):
-            x = rms_norm(h, layer["attn_norm"], cfg.rms_eps)
+        ops, heads, kv_heads = self.ops, self.local_heads, self.local_kv_heads
+        x = ops.norm(h, self.layers[0]["attn_norm"])
+        norms = [layer["attn_norm"] for layer in self.layers[1:]] + [self.norm]
+        for layer, kv, next_norm in zip(self.layers, kv_layers, norms):
             qkv = linear(x, layer["qkv"])
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = apply_rope(q.reshape(T, self.local_heads, cfg.head_dim), cos, sin)
-            k = apply_rope(k.reshape(T, self.local_kv_heads, cfg.head_dim), cos, sin)
-            v = v.reshape(T, self.local_kv_heads, cfg.head_dim)
+            qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+            # Q's and K's heads rotated in one pass (elementwise: the same numbers as two)
+            qk = ops.rope(qk.reshape(T, heads + kv_heads, -1), cos, sin)
+            q, k = qk.split([heads, kv_heads], dim=1)
+            v = v.reshape(T, kv_heads, cfg.head_dim)
             attn = self.backend.forward(q, k, v, kv, meta, self.scale)
             # row-parallel: each rank's partial product, summed before the residual
-            h = h + self.comm.all_reduce_sum(linear(attn.reshape(T, self.q_size), layer["o"]))
-            x = rms_norm(h, layer["mlp_norm"], cfg.rms_eps)
-            gate, up = linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            h = h + self.comm.all_reduce_sum(linear(F.silu(gate) * up, layer["down"]))
-        return rms_norm(h, self.norm, cfg.rms_eps)
+            o = self.comm.all_reduce_sum(linear(attn.reshape(T, self.q_size), layer["o"]))
+            h, x = ops.add_norm(h, o, layer["mlp_norm"])
+            act = ops.silu_mul(linear(x, layer["gate_up"]))
+            h, x = ops.add_norm(h, self.comm.all_reduce_sum(linear(act, layer["down"])), next_norm)
+        return x  # the last add_norm applied the final norm
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -54,6 +54,7 @@ FRONTEND_ABORTS = ("client_disconnect", "deadline", "sibling_failed")
 
 BOOT_START = "boot.start"
 BOOT_POOL_SIZED = "boot.pool_sized"
+BOOT_WEIGHTS = "boot.weights"
 BOOT_READY = "boot.ready"
 BOOT_STOP = "boot.stop"
 BOOT_DRAIN = "boot.drain"
@@ -96,6 +97,10 @@ _CATALOG = (
          "the KV pool was sized: path is 'configured' (a token count was given) or 'measured' "
          "(from a memory budget), with the inputs of that path",
          ("mem_available", "fraction", "budget_bytes")),
+    Kind(BOOT_WEIGHTS, ("mode", "dtype"),
+         "the weights are in place: mode exact (float32), bfloat16, or fast mode's int8 / int4 "
+         "with the kernels chosen for this CPU (path, small_rows) and what they take",
+         ("path", "small_rows", "matrices", "packed_bytes", "dense_bytes", "quantize_s")),
     Kind(BOOT_READY, ("startup_s",),
          "the engine accepts work (served: its HTTP socket is bound and serving)",
          ("host", "port", "engine_s")),

@@ -171,7 +171,7 @@ def test_the_boot_log_holds_a_receipt_for_each_request(server, boot_log):
     rid = r.json()["id"]
     events = [orjson.loads(x) for x in boot_log.read_bytes().splitlines()]
     kinds = [e["event"] for e in events]
-    assert kinds[:2] == ["boot.start", "boot.pool_sized"]
+    assert kinds[:3] == ["boot.start", "boot.weights", "boot.pool_sized"]
     assert kinds.index("boot.ready") < kinds.index("request.received")  # ready means serving
     mine = [e["event"] for e in events if e.get("rid") == rid]
     assert mine == ["request.received", "admission.admit", "request.finish"]

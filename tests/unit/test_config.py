@@ -69,6 +69,7 @@ def test_defaults_and_good_values_are_accepted():
     assert c.as_dict() == {
         "model": "m.gguf",
         "dtype": "bfloat16",
+        "quant": None,
         "kv_tokens": 1,
         "kv_memory_fraction": 0.2,
         "page_size": 1,

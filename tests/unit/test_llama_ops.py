@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from engine.model.llama import apply_rope, linear, rms_norm
+from engine.model.fused import apply_rope, rms_norm
+from engine.model.llama import linear
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 17])

@@ -1,0 +1,178 @@
+"""Fast mode: weight-only int8 / int4 linear layers, re-quantised at load.
+
+The weights arrive in float32 from whatever the file holds (a GGUF's Q4_1 blocks are already
+dequantised by the loader) and are quantised here once: int8 symmetric per output row, int4
+asymmetric per group of 32 input columns. That is the layout of GGUF's Q4_1 blocks (a scale and
+a minimum per 32 weights), so a Q4_1 file's values come back almost exactly; groups of 64 lost
+enough that greedy agreement with exact mode fell to 71 % (int8: 96 %). torch 2.13's CPU int4
+kernel runs group 32 as fast as 64 (27 us for one 3072x576 row, measured). Activations are
+bfloat16 where the CPU has bfloat16 units.
+
+Which kernel runs depends on how many rows a product has. Measured on this project's AVX-512
+BF16 CPU, one 3072x576 product (see BENCHMARKS.md): the int8/int4 kernels read a quarter or an
+eighth of the bytes and win while a product is bound by reading weights (1 row: 29 us against
+114 us for bf16, 4 rows: 54 against 109); from about 8 rows on the product is bound by compute,
+and a dense bfloat16 GEMM of the same dequantised values wins (16 rows: 112 us against 198,
+64 rows: 326 against 832). So a quantised matrix keeps both: its packed form for products of at
+most ``small_rows`` rows, and its dequantised values in bfloat16 for the rest. Both hold the
+same quantised numbers; only the order of the sums differs.
+
+A CPU without bfloat16 units (AVX2 only) emulates bf16 products far slower than fp32, and
+torch's int8/int4 kernels have no fast float32-activation path (580 us for one row, measured):
+there the quantised values run dequantised in float32 with exact mode's kernels, never slower
+than exact mode. The plan says which path runs; the boot receipt ``boot.weights`` records it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.config import QUANTS
+
+INT4_GROUPS = (32,)  # the first that divides a matrix's input width is used; none: int8
+SMALL_ROWS = 4  # products of at most this many rows take the packed kernel
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def bf16_native(flags: frozenset[str]) -> bool:
+    return bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+@dataclass(slots=True)
+class QuantPlan:
+    """How fast mode runs on this CPU."""
+
+    mode: str  # "int8" | "int4"
+    dtype: torch.dtype  # the activations' (and the KV pool's) dtype
+    small_rows: int  # products up to this many rows take the packed kernel; 0: never
+    path: str  # what runs, in words, for the boot receipt and `engine info`
+    kv_dtype: torch.dtype = torch.float32  # the KV pool's (decode attention runs in it)
+    counts: dict[str, int] = field(default_factory=dict)  # matrices quantised, by kind
+    packed_bytes: int = 0
+    dense_bytes: int = 0
+    seconds: float = 0.0
+
+    def fields(self) -> dict[str, object]:
+        return {
+            "mode": self.mode, "dtype": str(self.dtype).removeprefix("torch."),
+            "path": self.path, "small_rows": self.small_rows, "matrices": dict(self.counts),
+            "packed_bytes": self.packed_bytes, "dense_bytes": self.dense_bytes,
+            "quantize_s": round(self.seconds, 3),
+        }  # fmt: skip
+
+
+def plan_quant(mode: str, device: str, flags: frozenset[str] | None = None) -> QuantPlan:
+    if mode not in QUANTS:
+        raise ValueError(f"quant must be one of {', '.join(QUANTS)}, got {mode!r}")
+    if not str(device).startswith("cpu"):
+        raise ValueError(f"--quant {mode} runs on the CPU only (its kernels are torch's CPU ones)")
+    flags = cpu_flags() if flags is None else flags
+    if bf16_native(flags):
+        return QuantPlan(
+            mode, torch.bfloat16, SMALL_ROWS,
+            f"{mode} packed kernel up to {SMALL_ROWS} rows, dense bfloat16 beyond "
+            "(avx512_bf16 present)",
+        )  # fmt: skip
+    return QuantPlan(
+        mode, torch.float32, 0,
+        f"{mode} values dequantised to float32 (no bfloat16 units: packed kernels would be "
+        "slower than exact mode here)",
+    )  # fmt: skip
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per output row: ``w ~= q * scale[:, None]``, q in [-127, 127]."""
+    w = w.float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def int4_group(in_features: int) -> int | None:
+    return next((g for g in INT4_GROUPS if in_features % g == 0), None)
+
+
+def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric per group of ``group`` input columns: ``w ~= q * scale + lo``, q in [0, 15].
+    Returns q [N, K] (int32), scale and lo [N, K // group]."""
+    n, k = w.shape
+    g = w.float().reshape(n, k // group, group)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+    return q.reshape(n, k), scale, lo
+
+
+class QuantWeight:
+    """One weight-only quantised matrix ``[out, in]``: ``matmul(x)`` is ``x @ w.T``."""
+
+    __slots__ = ("mode", "shape", "small_rows", "dense", "_packed", "_scales", "_group")
+
+    def __init__(self, w: torch.Tensor, mode: str, dtype: torch.dtype, small_rows: int) -> None:
+        self.shape = tuple(w.shape)
+        group = int4_group(w.shape[1]) if mode == "int4" else None
+        # the int4 packing wants whole 16-row tiles; no group or tile fits: int8
+        self.mode = "int4" if group is not None and w.shape[0] % 16 == 0 else "int8"
+        self._group = group or 0
+        self.small_rows = small_rows if dtype == torch.bfloat16 else 0
+        self._packed = self._scales = None
+        packed = self.small_rows > 0  # the packed form is kept only where its kernel runs
+        if self.mode == "int8":
+            q, scale = quantize_int8(w)
+            values = q.float() * scale[:, None]
+            if packed:
+                self._packed, self._scales = q, scale.to(dtype)
+        else:
+            q, scale, lo = quantize_int4(w, self._group)
+            n, k = w.shape
+            values = q.float().reshape(n, k // self._group, self._group) * scale[..., None]
+            values = (values + lo[..., None]).reshape(n, k)
+            if packed:
+                # the kernel computes (q - 8) * scale + zero, so zero = lo + 8 * scale
+                sz = torch.stack([scale, lo + 8 * scale], dim=-1)  # [N, K/g, 2]
+                self._scales = sz.transpose(0, 1).contiguous().to(dtype)  # [K/g, N, 2]
+                self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        self.dense = values.to(dtype).contiguous()
+
+    @property
+    def packed_bytes(self) -> int:
+        if self._packed is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in (self._packed, self._scales))
+
+    @property
+    def dense_bytes(self) -> int:
+        return self.dense.numel() * self.dense.element_size()
+
+    def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "int8":
+            return torch.ops.aten._weight_int8pack_mm(x, self._packed, self._scales)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, self._packed, self._group, self._scales
+        )
+
+
+def quantize_weight(w: torch.Tensor, plan: QuantPlan, mode: str | None = None) -> QuantWeight:
+    """``w`` quantised by the plan (``mode`` overrides it: the LM head is int8 in both modes),
+    counted in the plan."""
+    t = time.perf_counter()
+    qw = QuantWeight(w, mode or plan.mode, plan.dtype, plan.small_rows)
+    plan.counts[qw.mode] = plan.counts.get(qw.mode, 0) + 1
+    plan.packed_bytes += qw.packed_bytes
+    plan.dense_bytes += qw.dense_bytes
+    plan.seconds += time.perf_counter() - t
+    return qw

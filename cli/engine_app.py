@@ -173,7 +173,7 @@ def serve(
     log_file: LogFileOpt = None,
     max_running: Annotated[int, typer.Option(help="Requests decoding at once.")] = 64,
     chunk_tokens: Annotated[int, typer.Option(help="Prefill tokens per step, at most.")] = 2048,
-    step_tokens: StepTokensOpt = 48,
+    step_tokens: StepTokensOpt = 32,
     max_model_len: MaxLenOpt = None,
     prefix_cache: PrefixCacheOpt = True,
     host_kv_tokens: HostKvOpt = None,
@@ -254,7 +254,7 @@ def bench(
     streams: StreamsOpt = "1,16,64",
     prefill: PrefillOpt = 512,
     engines: EnginesOpt = "attest,transformers,llamacpp",
-    attest: AttestOpt = "exact",
+    attest: AttestOpt = "exact,int8,int4",
     llamacpp_env: LlamaEnvOpt = "build/llamacpp-venv",
     install_llamacpp: InstallOpt = False,
 ) -> None:

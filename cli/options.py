@@ -88,7 +88,8 @@ StepTokensOpt = Annotated[
     int,
     typer.Option(
         help="Tokens one forward may hold: a decode token per decoding request, then prefill "
-        "chunks in what is left (the first at least a quarter of it, so prompts always move). "
+        "chunks in what is left (the first at least as many as the decodes, so prompts "
+        "always move). "
         "Bounds the inter-token latency a long prompt adds (the default is measured: "
         "BENCHMARKS.md); 0: no step budget."
     ),

@@ -12,7 +12,7 @@ DIST_INITS = ("spawn", "env")
 # p99 within 3x their p50 with long prompts arriving (bench/serve.py --mixed, BENCHMARKS.md,
 # 2026-12-01). Offline (LLM) the default is no budget: generate returns whole outputs, nobody
 # waits on a next token, and the budget cost a burst of 32 prompts a third of its throughput.
-SERVE_STEP_TOKENS = 48
+SERVE_STEP_TOKENS = 32
 
 
 def _per_rank(v: Any, tp: int) -> bool:
@@ -54,7 +54,7 @@ class EngineConfig:
     max_running: int = 64  # requests decoding at once
     chunk_tokens: int = 2048  # prefill tokens per step (longer prompts are chunked)
     # tokens one forward may hold: a decode token per decoding request, then prefill chunks in
-    # what is left (the first chunk at least a quarter of it); None: no step budget (served:
+    # what is left (the first chunk at least as many as the decodes); None: no budget (served:
     # SERVE_STEP_TOKENS unless --step-tokens says otherwise)
     step_tokens: int | None = None
     max_model_len: int | None = None  # context limit; None: the model's own

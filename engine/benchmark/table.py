@@ -52,7 +52,7 @@ class TableSpec:
     prefill: int = 512
     runs: int = 3
     engines: list[str] = field(default_factory=lambda: list(ENGINES))
-    attest: list[str] = field(default_factory=lambda: ["exact"])
+    attest: list[str] = field(default_factory=lambda: ["exact", "int8", "int4"])
     model: str | None = None
     llamacpp_env: str = "build/llamacpp-venv"
     seed: int = 0

@@ -7,9 +7,9 @@ chunk; below one page it parks: zero tokens scheduled, the request kept, retried
 
 The step budget bounds time, not memory: the tokens of one forward (one per decode plus the
 prefill chunks) stay within ``step_tokens``. Decodes always run; chunks get what is left, and
-the first chunk of a step gets at least ``prefill_floor`` (a quarter of the budget, one page at
-least), so a prefill moves every step even when the decodes alone fill the budget (the forward
-then exceeds it by at most that floor).
+the first chunk of a step gets at least ``prefill_floor``: as many tokens as the step decodes
+(one page at least), so a prefill keeps pace with the decodes however many there are (the
+forward then holds at most twice its decode tokens, a page more with very few).
 """
 
 from __future__ import annotations
@@ -92,13 +92,14 @@ def plan_chunk(
     return Admit(take, fresh_pages(held, take, page_size))
 
 
-def prefill_floor(step_tokens: int, page_size: int) -> int:
-    """The least the first chunk of a step gets, however many decodes share it: a quarter of
-    the step budget in whole pages, one page at least. Without a floor, decodes that fill the
-    budget hold every prompt back until some of them finish; with one page only, 64 decoders on
-    1-token pages would feed a 2,048-token prompt one token a step. A quarter bounds what the
-    floor adds to such a step (a quarter of the budget) and what a prompt gets (the same)."""
-    return max(page_size, step_tokens // 4 // page_size * page_size)
+def prefill_floor(decodes: int, page_size: int) -> int:
+    """The least the first chunk of a step gets: as many tokens as the step decodes, in whole
+    pages, one page at least. Without a floor, decodes that fill the budget hold every prompt
+    back until some of them finish; with one page only, 64 decoders on 1-token pages would feed
+    a 2,048-token prompt one token a step, and a burst of prompts would queue behind its own
+    first half. Matching the decodes keeps a step with prefill within about twice the cost of
+    the same step without it (a forward's cost grows with its tokens), whatever the load."""
+    return max(page_size, decodes // page_size * page_size)
 
 
 def step_room(*, step_tokens: int | None, decodes: int, planned: int, page_size: int) -> int | None:
@@ -109,7 +110,7 @@ def step_room(*, step_tokens: int | None, decodes: int, planned: int, page_size:
     if step_tokens is None:
         return None
     room = step_tokens - decodes - planned
-    return max(room, prefill_floor(step_tokens, page_size)) if planned == 0 else room
+    return max(room, prefill_floor(decodes, page_size)) if planned == 0 else room
 
 
 class StepPlan(NamedTuple):

@@ -90,8 +90,8 @@ StepTokensOpt = Annotated[
         help="Tokens one forward may hold: a decode token per decoding request, then prefill "
         "chunks in what is left (the first at least as many as the decodes, so prompts "
         "always move). "
-        "Bounds the inter-token latency a long prompt adds (the default is measured: "
-        "BENCHMARKS.md); 0: no step budget."
+        "Bounds the inter-token latency a long prompt adds (bench/serve.py --mixed measures "
+        "it); 0: no step budget."
     ),
 ]
 PrefixCacheOpt = Annotated[bool, typer.Option(help="Reuse cached prompt prefixes (radix cache).")]

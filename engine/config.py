@@ -8,10 +8,10 @@ from typing import Any
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("int8", "int4")  # fast mode's weight formats (engine/model/quant.py)
 DIST_INITS = ("spawn", "env")
-# `engine serve`'s step budget (--step-tokens), aimed at keeping the streams' inter-token p99
-# within 3x their p50 with long prompts arriving; bench/serve.py --mixed measures that, and its
-# figures are not yet in BENCHMARKS.md. Offline (LLM) the default is no budget: generate returns whole outputs, nobody
-# waits on a next token, and the budget cost a burst of 32 prompts a third of its throughput.
+# `engine serve`'s step budget (--step-tokens): of 32, 48, 64 and 96, the one that kept eight
+# streams' inter-token p99 within 3x their p50 with long prompts arriving (bench/serve.py
+# --mixed; BENCHMARKS.md, 2026-12-01). Offline (LLM) the default is no budget: generate returns
+# whole outputs, nobody waits on a next token, and the budget halved a 32-prompt burst's tok/s.
 SERVE_STEP_TOKENS = 32
 
 

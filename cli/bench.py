@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from cli.options import fail as _fail
+
 TableOpt = Annotated[
     bool,
     typer.Option(
@@ -38,11 +40,6 @@ InstallOpt = Annotated[
         "llama.cpp: about 4 minutes).",
     ),
 ]
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    typer.secho(f"error: {msg}", fg="red", err=True)
-    raise typer.Exit(code)
 
 
 def bench_table(

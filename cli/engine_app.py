@@ -48,6 +48,9 @@ from cli.options import (
     StepTokensOpt,
     ThrottleOpt,
 )
+from cli.options import (
+    fail as _fail,
+)
 from cli.ranks import (
     DistInitOpt,
     FloorOpt,
@@ -72,11 +75,6 @@ def default_log_file() -> str:
 
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"logs/boot-{stamp}.jsonl"
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    typer.secho(f"error: {msg}", fg="red", err=True)
-    raise typer.Exit(code)
 
 
 @app.command()

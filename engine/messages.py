@@ -106,6 +106,7 @@ class EngineInfo:
     tp: int = 1  # ranks of the tensor-parallel group
     weights: str = "exact"  # exact (float32), bfloat16, or fast mode's int8 / int4
     weights_path: str = ""  # fast mode: which kernels run, in words (engine/model/quant.py)
+    ops: str = ""  # on a CPU: native (kernels/cpu_ops.cpp) or torch, with why when torch
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

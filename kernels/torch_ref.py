@@ -1,10 +1,12 @@
 """The torch reference attention backend: CPU, always present, the oracle for the others.
 
-A batch of decodes runs one of two ways (``decode``): ``grouped`` (the default) reads the pool
-through one index per forward and multiplies each KV head against its group of query heads
-(``kernels.paged_decode``); ``padded`` gathers each request's context into a padded batch and
-hands it to SDPA, which expands K/V for GQA (the earlier path, kept as ``torch-padded`` to
-measure against). Both give the same tokens; the equivalence is pinned by
+A batch of decodes runs one of three ways (``decode``): ``native`` (the default where the native
+CPU ops are built, ``kernels.cpu_ops``) stores the step's K/V and attends in one call per layer,
+reading each request's context rows from the pool in place; ``grouped`` (the default elsewhere,
+and on a GPU) reads the pool through one index per forward and multiplies each KV head against
+its group of query heads (``kernels.paged_decode``); ``padded`` gathers each request's context
+into a padded batch and hands it to SDPA, which expands K/V for GQA (the earlier path, kept as
+``torch-padded`` to measure against). All give the same tokens; the equivalence is pinned by
 ``tests/unit/test_paged_decode.py``.
 """
 
@@ -13,18 +15,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_ops
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV, store_kv
 from kernels.paged_decode import IndexBuffers, build_plan, grouped_decode
 
-DECODE_PATHS = ("grouped", "padded")
+DECODE_PATHS = ("native", "grouped", "padded")
 
 
 class TorchReferenceBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self, decode: str = "grouped") -> None:
+    def __init__(self, decode: str | None = None) -> None:
+        """``decode``: a path of ``DECODE_PATHS``; None takes ``native`` where it is built."""
+        if decode is None:
+            decode = "native" if cpu_ops.load() else "grouped"
         if decode not in DECODE_PATHS:
             raise ValueError(f"decode path {decode!r}: choose one of {DECODE_PATHS}")
+        if decode == "native" and not cpu_ops.load():
+            raise ValueError(f"decode path 'native': {cpu_ops.why_not()}")
         self.decode = decode
         if decode == "padded":
             self.name = "torch-padded"
@@ -39,6 +47,8 @@ class TorchReferenceBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
+        if meta.is_decode and self.decode == "native" and q.device.type == "cpu":
+            return self._decode_native(q, k, v, kv, meta, scale)
         store_kv(k, v, kv, meta.out_slots)
         if meta.is_decode:
             if self.decode == "padded":
@@ -60,6 +70,32 @@ class TorchReferenceBackend(AttentionBackend):
             )
             out[start : start + ext] = oi.squeeze(0).transpose(0, 1)
         return out
+
+    @staticmethod
+    def _decode_native(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv: LayerKV,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Store this step's K/V and attend, one native call: each request's context rows are
+        read from the pool where they lie, with no gather and no GQA copy."""
+        plan = meta.scratch.get("native")
+        if plan is None:  # the same for every layer of this forward
+            dev = meta.req_to_token.device
+            width = max(meta.prefix_lens) + 1
+            rows = torch.tensor(meta.req_rows, dtype=torch.int64, device=dev)
+            lens = torch.tensor(meta.prefix_lens, dtype=torch.int64, device=dev) + 1
+            plan = meta.scratch["native"] = (meta.req_to_token[rows, :width], lens)
+        slots, lens = plan
+        # rows of q/k/v may be strided views of the fused QKV product; their last dim must not
+        k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+        q = q if q.stride(-1) == 1 else q.contiguous()
+        return torch.ops.attest.decode_attention(
+            q, k, v, kv.k, kv.v, meta.out_slots, slots, lens, scale
+        )
 
     @staticmethod
     def _extend_plan(meta: AttentionMetadata) -> list[tuple]:

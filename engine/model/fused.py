@@ -7,6 +7,12 @@ Grouped as ``norm``, ``rope``, ``add_norm`` (residual add, then the next norm) a
 ``silu_mul``, they run exactly the operations the reference implementation runs, in its
 order, so exact mode keeps its tokens.
 
+Where the native CPU ops are built (``kernels.cpu_ops``), ``rope`` is one native call in every
+mode (it gives the same bits: the same roundings in the same order, no fused multiply-adds),
+and with bfloat16 activations (fast mode, ``--dtype bfloat16``) so are ``norm`` and
+``add_norm`` for up to ``NATIVE_NORM_ROWS`` rows. Exact mode keeps torch's norm: a native sum
+of squares adds in another order, and exact mode's tokens are transformers' tokens.
+
 Compiling each group (``torch.compile``, inductor's C++ backend, dynamic in the number of
 tokens) was measured (one run, on a loaded machine; BENCHMARKS.md) and is not used: once warm,
 fast-mode decode fell from 136-145 to 89 tok/s at one stream and from 412 to 359 at 16, and was
@@ -22,6 +28,14 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+
+from kernels import cpu_ops
+
+# Rows up to which the native norm runs. Measured (bfloat16, 576 wide): one row 2.3 us against
+# torch's 12.2, 64 rows 17.3 against 25.4. Past a decode batch's few rows the forward's
+# products come back as transposed views, which the native op does not read, so the bound
+# mostly keeps the choice plain.
+NATIVE_NORM_ROWS = 16
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -59,5 +73,42 @@ class LayerOps:
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
 
 
-def layer_ops(eps: float) -> LayerOps:
-    return LayerOps(partial(rms_norm, eps=eps), apply_rope, partial(add_norm, eps=eps), silu_mul)
+def native_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    if x.stride(-1) != 1:  # a view the native op cannot read in place
+        return apply_rope(x, cos, sin)
+    return torch.ops.attest.rope_(x, cos, sin)
+
+
+def native_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.shape[0] > NATIVE_NORM_ROWS or x.stride(-1) != 1:
+        return rms_norm(x, weight, eps)
+    return torch.ops.attest.rms_norm(x, weight, eps)
+
+
+def native_add_norm(
+    h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``add_norm`` with the sum written into ``h`` (the forward's own residual stream)."""
+    if h.shape[0] > NATIVE_NORM_ROWS or y.stride(-1) != 1 or not h.is_contiguous():
+        return add_norm(h, y, weight, eps)
+    return h, torch.ops.attest.add_rms_norm(h, y, weight, eps)
+
+
+def layer_ops(
+    eps: float, dtype: torch.dtype = torch.float32, native: bool | None = None
+) -> LayerOps:
+    """The small ops for activations of ``dtype``; ``native`` None: where the native CPU ops
+    are built (a CUDA model passes False)."""
+    if native is None:
+        native = cpu_ops.load()
+    if not native:
+        return LayerOps(
+            partial(rms_norm, eps=eps), apply_rope, partial(add_norm, eps=eps), silu_mul
+        )
+    if dtype == torch.float32:  # exact mode: only what gives torch's bits
+        return LayerOps(
+            partial(rms_norm, eps=eps), native_rope, partial(add_norm, eps=eps), silu_mul
+        )
+    return LayerOps(
+        partial(native_norm, eps=eps), native_rope, partial(native_add_norm, eps=eps), silu_mul
+    )

@@ -92,10 +92,12 @@ class LlamaModel:
     ) -> None:
         self.cfg = cfg
         self.quant = quant  # fast mode: linear layers quantised (engine.model.quant)
-        self.ops = layer_ops(cfg.rms_eps)  # the small ops between the products
         self.dtype = dtype
         self.backend = backend
         self.device = torch.device(device)
+        # the small ops between the products: native where built, on a CPU
+        cpu = self.device.type == "cpu"
+        self.ops = layer_ops(cfg.rms_eps, dtype, native=None if cpu else False)
         self.comm = comm if comm is not None else Comm()
         self.shard = plan_shard(
             cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size,

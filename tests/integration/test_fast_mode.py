@@ -7,11 +7,10 @@ import json
 import random
 
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
 from engine.agreement import PROMPTS, greedy_agreement
-from engine.model.quant import quantize_int4
+from engine.model.quant import QuantWeight, quantize_int4
 from tests.conftest import requires_default_model
 from tests.tiny_model import make_tiny_model
 
@@ -60,18 +59,26 @@ def test_int4_boots_says_so_and_agrees_with_exact_mode(q4_model, tmp_path):
     exact.close()
 
 
-def test_int8_decodes_batches_on_both_sides_of_the_kernel_switch(q4_model):
+def test_int8_decodes_batches_on_both_sides_of_the_kernel_switch(q4_model, monkeypatch):
     """Up to small_rows rows take the packed kernel, more take the dense values: a batch that
     shrinks from 6 to 1 as its requests finish crosses the switch, and every request ends."""
+    rows = []
+    packed = QuantWeight.packed_matmul
+    monkeypatch.setattr(
+        QuantWeight, "packed_matmul", lambda w, x: rows.append(len(x)) or packed(w, x)
+    )
     fast = LLM(model=q4_model, kv_tokens=4096, quant="int8", receipts=False)
     params = [
         SamplingParams(max_tokens=3 + 4 * i, temperature=0, ignore_eos=True) for i in range(6)
     ]
     outs = fast.generate(_prompts(6, seed=1), params)
     assert [len(o.token_ids) for o in outs] == [3 + 4 * i for i in range(6)]
+    small = fast.core.quant.small_rows
+    if small:  # a CPU with bfloat16 units: decodes of 1..small rows packed, 5 and 6 dense
+        assert set(rows) == set(range(1, small + 1)), sorted(set(rows))
     dense = fast.core.model.layers[0]["qkv"].dense
     assert dense.dtype == fast.core.dtype
-    assert fast.core.kv.dtype == torch.float32  # decode attention runs in float32
+    assert fast.core.kv.dtype == fast.core.quant.kv_dtype  # the pool the plan chose
     fast.close()
 
 

@@ -1,6 +1,6 @@
-"""The grouped paged decode (kernels.paged_decode) against the padded SDPA decode it replaced, on
-random page tables: GQA ratios 1 to 4, pages of 1 and 4 slots, ragged contexts (some of one
-token), float32 and bfloat16."""
+"""The native decode (kernels/cpu_ops.cpp) and the grouped paged decode (kernels.paged_decode)
+against the padded SDPA decode they replaced, on random page tables: GQA ratios 1 to 4, pages of
+1 and 4 slots, ragged contexts (some of one token), float32 and bfloat16."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from kernels import cpu_ops
 from kernels.paged_decode import IndexBuffers, build_plan, grouped_decode
 from kernels.select import get_backend
 from kernels.torch_ref import TorchReferenceBackend
@@ -21,10 +22,16 @@ GQA = [(4, 4), (4, 2), (9, 3), (8, 2)]  # ratios 1, 2, 3 (the default model's), 
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
-def both_paths(b) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grouped, padded) outputs of one decode batch, each from its own copy of the pool."""
+NATIVE = pytest.param(
+    "native", marks=pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
+)
+PATHS = [NATIVE, "grouped"]
+
+
+def both_paths(b, path: str = "grouped") -> tuple[torch.Tensor, torch.Tensor]:
+    """(``path``, padded) outputs of one decode batch, each from its own copy of the pool."""
     kv_g, kv_p = b.pool_copy(), b.pool_copy()
-    got = TorchReferenceBackend().forward(b.q, b.k, b.v, kv_g, b.meta, b.scale)
+    got = TorchReferenceBackend(path).forward(b.q, b.k, b.v, kv_g, b.meta, b.scale)
     want = TorchReferenceBackend("padded").forward(b.q, b.k, b.v, kv_p, b.meta, b.scale)
     assert torch.equal(kv_g.k, kv_p.k) and torch.equal(kv_g.v, kv_p.v)  # the same writes
     return got, want
@@ -40,32 +47,54 @@ def both_paths(b) -> tuple[torch.Tensor, torch.Tensor]:
 )
 @example(gqa=(8, 2), page_size=1, lens=[18, 40, 15, 0, 40], head_dim=64, seed=37317)
 def test_grouped_decode_equals_the_padded_reference(gqa, page_size, lens, head_dim, seed):
+    check_against_padded("grouped", gqa, page_size, lens, head_dim, seed)
+
+
+@pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
+@settings(max_examples=60, deadline=None)
+@given(
+    gqa=st.sampled_from(GQA),
+    page_size=st.sampled_from([1, 4]),
+    lens=st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    head_dim=st.sampled_from([16, 64]),
+    seed=st.integers(0, 2**16),
+)
+@example(gqa=(9, 3), page_size=1, lens=[0], head_dim=64, seed=1)  # one request: heads split
+def test_native_decode_equals_the_padded_reference(gqa, page_size, lens, head_dim, seed):
+    check_against_padded("native", gqa, page_size, lens, head_dim, seed)
+
+
+def check_against_padded(path, gqa, page_size, lens, head_dim, seed) -> None:
     heads, kv_heads = gqa
     b = make_paged_batch([(p, 1) for p in lens], heads, kv_heads, head_dim, torch.float32,
                          page_size, seed)  # fmt: skip
-    got, want = both_paths(b)
+    got, want = both_paths(b, path)
     assert got.shape == want.shape == b.q.shape and got.dtype == torch.float32
     torch.testing.assert_close(got, want, **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize(("heads", "kv_heads"), GQA, ids=["mha", "gqa2", "gqa3", "gqa4"])
-def test_bfloat16_pool_and_queries(heads, kv_heads, page_size):
+def test_bfloat16_pool_and_queries(heads, kv_heads, page_size, path):
     spec = [(17, 1), (0, 1), (33, 1), (5, 1)]
     b = make_paged_batch(spec, heads, kv_heads, 64, torch.bfloat16, page_size, seed=heads)
-    got, want = both_paths(b)
+    got, want = both_paths(b, path)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), **TOL[torch.bfloat16])
 
 
-def test_each_query_head_reads_its_own_kv_head():
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("requests", [1, 2])
+def test_each_query_head_reads_its_own_kv_head(path, requests):
     """Query head ``h`` uses KV head ``h // group``: changing KV head 1 of the pool moves the
     outputs of query heads 3..5 (group 3) and of no other head."""
-    b = make_paged_batch([(20, 1), (7, 1)], 9, 3, 16, seed=5)
+    b = make_paged_batch([(20, 1), (7, 1)][:requests], 9, 3, 16, seed=5)
     kv = b.pool_copy()
-    before = TorchReferenceBackend().forward(b.q, b.k, b.v, kv, b.meta, b.scale)
+    backend = TorchReferenceBackend(path)
+    before = backend.forward(b.q, b.k, b.v, kv, b.meta, b.scale)
     kv.k[:, 1] *= -1.0
-    after = TorchReferenceBackend().forward(b.q, b.k, b.v, kv, b.meta, b.scale)
+    after = backend.forward(b.q, b.k, b.v, kv, b.meta, b.scale)
     moved = (after - before).abs().amax(dim=(0, 2)) > 1e-3
     assert moved.tolist() == [False] * 3 + [True] * 3 + [False] * 3
 
@@ -87,8 +116,34 @@ def test_the_plan_masks_past_each_context_and_reuses_its_buffers():
 
 
 def test_the_padded_path_stays_selectable():
-    assert get_backend("torch").decode == "grouped"
+    assert get_backend("torch").decode == ("native" if cpu_ops.load() else "grouped")
     padded = get_backend("torch-padded")
     assert padded.decode == "padded" and padded.name == "torch-padded"
     with pytest.raises(ValueError, match="decode path 'fast'"):
         TorchReferenceBackend("fast")
+
+
+@pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
+def test_native_decode_reads_q_k_v_as_views_of_the_fused_product():
+    """The forward hands the backend row-strided views of one QKV product; the native op reads
+    them by their strides and matches the same values made contiguous."""
+    b = make_paged_batch([(12, 1), (30, 1), (0, 1)], 9, 3, 64, seed=11)
+    fused = torch.cat([b.q.flatten(1), b.k.flatten(1), b.v.flatten(1)], dim=1)
+    q, k, v = fused.split([9 * 64, 3 * 64, 3 * 64], dim=1)
+    q, k, v = q.view(3, 9, 64), k.view(3, 3, 64), v.view(3, 3, 64)
+    assert q.stride(0) == 15 * 64  # strided rows, as the forward makes them
+    kv_s, kv_c = b.pool_copy(), b.pool_copy()
+    native = TorchReferenceBackend("native")
+    got = native.forward(q, k, v, kv_s, b.meta, b.scale)
+    want = native.forward(b.q, b.k, b.v, kv_c, b.meta, b.scale)
+    assert torch.equal(got, want) and torch.equal(kv_s.k, kv_c.k) and torch.equal(kv_s.v, kv_c.v)
+
+
+@pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
+def test_native_decode_refuses_a_context_longer_than_its_slot_row():
+    b = make_paged_batch([(5, 1)], 4, 2, 16, seed=2)
+    slots = b.meta.req_to_token[b.meta.req_rows, :6]
+    with pytest.raises(RuntimeError, match="context length 7 outside 1..6"):
+        torch.ops.attest.decode_attention(
+            b.q, b.k, b.v, b.kv.k, b.kv.v, b.meta.out_slots, slots, torch.tensor([7]), b.scale
+        )

@@ -96,11 +96,16 @@ def test_without_bfloat16_units_the_quantised_values_run_dequantised_in_float32(
     assert torch.allclose(linear(x, qw), x @ qw.dense.t(), atol=1e-5)
 
 
-def test_with_bfloat16_units_the_plan_takes_bf16_activations_and_a_float32_pool():
-    plan = plan_quant("int8", "cpu", BF16_CPU)
+@pytest.mark.parametrize(("native", "pool"), [(True, "bfloat16"), (False, "float32")])
+def test_with_bfloat16_units_the_plan_takes_bf16_activations_and_a_pool_for_the_decode(
+    native, pool
+):
+    """bfloat16 KV where the native decode reads it; float32 for torch's grouped products."""
+    plan = plan_quant("int8", "cpu", BF16_CPU, native=native)
     assert plan.dtype == torch.bfloat16 and plan.small_rows > 0
-    assert plan.kv_dtype == torch.float32
+    assert plan.kv_dtype == getattr(torch, pool) and plan.fields()["kv_dtype"] == pool
     assert plan.fields()["dtype"] == "bfloat16" and plan.fields()["mode"] == "int8"
+    assert plan.path.endswith(f"{pool} KV pool")
 
 
 def test_quant_is_refused_off_the_cpu_and_for_an_unknown_format():

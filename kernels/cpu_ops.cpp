@@ -1,0 +1,406 @@
+// Native CPU ops for the decoder's hot path: the torch reference's decode attention and small
+// per-layer operations, each one call instead of five to twenty. Built at install time by
+// kernels/cpu_ops.py (torch's extension tooling); the engine runs the Python ops when the build
+// is absent. Registered as torch.ops.attest.*.
+//
+// Arithmetic follows the Python ops step by step: float32 inside, every rounding to the
+// activation dtype where the Python op rounds, and no fused multiply-adds (built with
+// -ffp-contract=off), so the elementwise ops give the Python ops' bits. Reductions (the norm's
+// sum of squares, attention's dot products and softmax sum) add in their own order.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#include <limits>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+
+template <typename T>
+inline float f32(T x) {
+  return static_cast<float>(x);
+}
+
+// What the activation dtype keeps of a float: a no-op for float, a rounding for bfloat16.
+template <typename T>
+inline float keep(float x) {
+  return static_cast<float>(static_cast<T>(x));
+}
+
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * f32(b[i]);
+  return s;
+}
+
+// One slot of decode attention for the ``rows`` query heads of an item (``group`` a KV head):
+// their scores against the slot's K rows (written to scores[r * width]), or their accumulators
+// plus p * V. Vector code for AVX-512 and head_dim a multiple of 16; the loops elsewhere.
+template <typename P>
+inline void slot_scores(const float* qf, const P* kr, int64_t rows, int64_t group, int64_t d,
+                        float* scores, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r) scores[r * width] = dot(qf + r * d, kr + (r / group) * d, d);
+}
+
+template <typename P>
+inline void slot_accumulate(const float* p, int64_t width, const P* vr, int64_t rows,
+                            int64_t group, int64_t d, float* acc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float w = p[r * width];
+    const P* vh = vr + (r / group) * d;
+    float* a = acc + r * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) a[i] += w * f32(vh[i]);
+  }
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+template <typename P>
+inline void slot_scores_v(const float* qf, const P* kr, int64_t rows, int64_t group, int64_t d,
+                          float* scores, int64_t width) {
+  for (int64_t h = 0; h < rows / group; ++h) {
+    const P* k = kr + h * d;
+    for (int64_t j = 0; j < group; ++j) {
+      const float* q = qf + (h * group + j) * d;
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), load16(k));
+      for (int64_t c = 16; c < d; c += 16)
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(q + c), load16(k + c)));
+      scores[(h * group + j) * width] = _mm512_reduce_add_ps(acc);
+    }
+  }
+}
+
+template <typename P>
+inline void slot_accumulate_v(const float* p, int64_t width, const P* vr, int64_t rows,
+                              int64_t group, int64_t d, float* acc) {
+  for (int64_t h = 0; h < rows / group; ++h) {
+    for (int64_t c = 0; c < d; c += 16) {
+      const __m512 v = load16(vr + h * d + c);
+      for (int64_t j = 0; j < group; ++j) {
+        const int64_t r = h * group + j;
+        float* a = acc + r * d + c;
+        const __m512 w = _mm512_set1_ps(p[r * width]);
+        _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), _mm512_mul_ps(w, v)));
+      }
+    }
+  }
+}
+#endif
+
+void check_rows(const Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the cpu");
+  TORCH_CHECK(t.stride(-1) == 1, name, " must be contiguous in its last dimension");
+}
+
+// ---- decode attention over the paged pool -------------------------------------------------
+
+template <typename A, typename P>
+void decode_kernel(const Tensor& q, const Tensor& k_new, const Tensor& v_new, Tensor& pool_k,
+                   Tensor& pool_v, const Tensor& out_slots, const Tensor& slots,
+                   const Tensor& lens, double scale, Tensor& out) {
+  const int64_t B = q.size(0), H = q.size(1), d = q.size(2);
+  const int64_t KVH = pool_k.size(1), group = H / KVH, width = slots.size(1);
+  const A* qp = q.data_ptr<A>();
+  const A* kn = k_new.data_ptr<A>();
+  const A* vn = v_new.data_ptr<A>();
+  P* pk = pool_k.data_ptr<P>();
+  P* pv = pool_v.data_ptr<P>();
+  const int64_t* os = out_slots.data_ptr<int64_t>();
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  const int64_t* ln = lens.data_ptr<int64_t>();
+  A* op = out.data_ptr<A>();
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
+  const int64_t ks0 = k_new.stride(0), ks1 = k_new.stride(1);
+  const int64_t vs0 = v_new.stride(0), vs1 = v_new.stride(1);
+  const int64_t ss0 = slots.stride(0), ss1 = slots.stride(1);
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(ln[b] >= 1 && ln[b] <= width, "context length ", ln[b], " outside 1..", width);
+  // this step's K/V into the pool, cast to its dtype (store_kv)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < KVH; ++h) {
+      P* kr = pk + (os[b] * KVH + h) * d;
+      P* vr = pv + (os[b] * KVH + h) * d;
+      const A* ks = kn + b * ks0 + h * ks1;
+      const A* vs = vn + b * vs0 + h * vs1;
+      for (int64_t i = 0; i < d; ++i) {
+        kr[i] = static_cast<P>(f32(ks[i]));
+        vr[i] = static_cast<P>(f32(vs[i]));
+      }
+    }
+  }
+  // A work item is a request (all its KV heads: a slot's rows are adjacent, read as one
+  // stream) or, with fewer requests than threads, one KV head of a request.
+  const int64_t split = B < at::get_num_threads() ? KVH : 1, hs = KVH / split;
+  const int64_t rows = hs * group;  // query heads of one item
+  const int64_t work = B * split;
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, width * d * rows));
+  constexpr int64_t ahead = 16;  // slots prefetched ahead: a page of one slot is anywhere
+  const int64_t bytes = hs * d * static_cast<int64_t>(sizeof(P));  // an item's rows of a slot
+  [[maybe_unused]] const bool vec = d % 16 == 0;
+  at::parallel_for(0, work, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(rows * d), scores(rows * width), acc(rows * d);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / split, h0 = (item % split) * hs, len = ln[b];
+      for (int64_t r = 0; r < rows; ++r) {
+        const A* qr = qp + b * qs0 + (h0 * group + r) * qs1;
+        // the query in the pool's dtype, then scaled (grouped_decode's q.to(k.dtype) * scale)
+        for (int64_t i = 0; i < d; ++i)
+          qf[r * d + i] = f32(static_cast<P>(f32(qr[i]))) * static_cast<float>(scale);
+      }
+      const int64_t* srow = sl + b * ss0;
+      for (int64_t t = 0; t < len; ++t) {
+        if (t + ahead < len) {  // this slot's K rows soon, its V rows for the second pass
+          const int64_t at = (srow[(t + ahead) * ss1] * KVH + h0) * d;
+          const char* nk = reinterpret_cast<const char*>(pk + at);
+          const char* nv = reinterpret_cast<const char*>(pv + at);
+          for (int64_t off = 0; off < bytes; off += 64) {
+            __builtin_prefetch(nk + off, 0, 3);
+            __builtin_prefetch(nv + off, 0, 2);
+          }
+        }
+        const P* kr = pk + (srow[t * ss1] * KVH + h0) * d;
+#if defined(__AVX512F__)
+        if (vec) {
+          slot_scores_v(qf.data(), kr, rows, group, d, &scores[t], width);
+          continue;
+        }
+#endif
+        slot_scores(qf.data(), kr, rows, group, d, &scores[t], width);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        float* sc = &scores[r * width];
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < len; ++t) m = std::max(m, sc[t]);
+        float sum = 0.f;
+        for (int64_t t = 0; t < len; ++t) {
+          sc[t] = std::exp(sc[t] - m);
+          sum += sc[t];
+        }
+        for (int64_t t = 0; t < len; ++t) sc[t] /= sum;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t = 0; t < len; ++t) {
+        const P* vr = pv + (srow[t * ss1] * KVH + h0) * d;
+#if defined(__AVX512F__)
+        if (vec) {
+          slot_accumulate_v(&scores[t], width, vr, rows, group, d, acc.data());
+          continue;
+        }
+#endif
+        slot_accumulate(&scores[t], width, vr, rows, group, d, acc.data());
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        A* o = op + (b * H + h0 * group + r) * d;
+        for (int64_t i = 0; i < d; ++i) o[i] = static_cast<A>(acc[r * d + i]);
+      }
+    }
+  });
+}
+
+// q, k_new, v_new: [B, heads | kv_heads, d] (rows may be strided); pool_k/pool_v: [slots,
+// kv_heads, d], written at out_slots then read; slots: [B, width] the context's pool slots;
+// lens: [B] context lengths (this token included). Returns [B, heads, d] in q's dtype.
+Tensor decode_attention(const Tensor& q, const Tensor& k_new, const Tensor& v_new,
+                        Tensor& pool_k, Tensor& pool_v, const Tensor& out_slots,
+                        const Tensor& slots, const Tensor& lens, double scale) {
+  for (auto* t : {&q, &k_new, &v_new}) check_rows(*t, "q/k/v");
+  TORCH_CHECK(q.dim() == 3 && k_new.dim() == 3 && v_new.dim() == 3, "q, k, v must be 3-D");
+  TORCH_CHECK(pool_k.is_contiguous() && pool_v.is_contiguous(), "the pool must be contiguous");
+  TORCH_CHECK(pool_k.sizes() == pool_v.sizes() && pool_k.dtype() == pool_v.dtype(),
+              "pool K and V differ");
+  TORCH_CHECK(q.size(1) % pool_k.size(1) == 0, "heads must be a multiple of kv_heads");
+  TORCH_CHECK(k_new.size(1) == pool_k.size(1) && q.size(2) == pool_k.size(2), "shape mismatch");
+  TORCH_CHECK(k_new.dtype() == q.dtype() && v_new.dtype() == q.dtype(), "q/k/v dtypes differ");
+  TORCH_CHECK(out_slots.scalar_type() == at::kLong && slots.scalar_type() == at::kLong &&
+                  lens.scalar_type() == at::kLong, "indices must be int64");
+  TORCH_CHECK(out_slots.is_contiguous() && lens.is_contiguous(), "indices must be contiguous");
+  TORCH_CHECK(slots.size(0) == q.size(0) && lens.size(0) == q.size(0) &&
+                  out_slots.size(0) == q.size(0), "one row a request");
+  Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  const auto a = q.scalar_type(), p = pool_k.scalar_type();
+  if (a == at::kFloat && p == at::kFloat)
+    decode_kernel<float, float>(q, k_new, v_new, pool_k, pool_v, out_slots, slots, lens, scale, out);
+  else if (a == at::kBFloat16 && p == at::kFloat)
+    decode_kernel<c10::BFloat16, float>(q, k_new, v_new, pool_k, pool_v, out_slots, slots, lens,
+                                        scale, out);
+  else if (a == at::kBFloat16 && p == at::kBFloat16)
+    decode_kernel<c10::BFloat16, c10::BFloat16>(q, k_new, v_new, pool_k, pool_v, out_slots,
+                                                slots, lens, scale, out);
+  else
+    TORCH_CHECK(false, "decode_attention: activations ", a, " with a ", p, " pool");
+  return out;
+}
+
+// ---- the small per-layer ops ---------------------------------------------------------------
+
+// y = w * (x * rsqrt(mean(x^2) + eps)) rounded as fused.rms_norm rounds; with ``residual``,
+// first x = x + residual, written back into x (add_norm's new h).
+template <typename T>
+void norm_rows(T* x, const T* residual, const T* w, T* y, int64_t rows, int64_t n, int64_t xs,
+               int64_t rs, int64_t ys, double eps) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(n);
+    for (int64_t r = begin; r < end; ++r) {
+      T* xr = x + r * xs;
+      float ss = 0.f;
+      for (int64_t i = 0; i < n; ++i) {
+        float v = f32(xr[i]);
+        if (residual) {
+          v = keep<T>(v + f32(residual[r * rs + i]));
+          xr[i] = static_cast<T>(v);
+        }
+        buf[i] = v;
+        ss += v * v;
+      }
+      const float inv = 1.f / std::sqrt(ss / (float)n + (float)eps);
+      T* yr = y + r * ys;
+      for (int64_t i = 0; i < n; ++i) yr[i] = static_cast<T>(f32(w[i]) * keep<T>(buf[i] * inv));
+    }
+  });
+}
+
+Tensor norm_impl(const Tensor& x, const c10::optional<Tensor>& residual, const Tensor& w,
+                 double eps) {
+  check_rows(x, "x");
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 1 && w.size(0) == x.size(1), "x [rows, n], w [n]");
+  TORCH_CHECK(w.is_contiguous() && w.dtype() == x.dtype(), "w must be contiguous, x's dtype");
+  Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  const int64_t rows = x.size(0), n = x.size(1);
+  int64_t rs = 0;
+  if (residual) {
+    check_rows(*residual, "residual");
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->dtype() == x.dtype(),
+                "residual must match x");
+    rs = residual->stride(0);
+  }
+  if (x.scalar_type() == at::kFloat)
+    norm_rows<float>(x.data_ptr<float>(), residual ? residual->data_ptr<float>() : nullptr,
+                     w.data_ptr<float>(), y.data_ptr<float>(), rows, n, x.stride(0), rs, n, eps);
+  else if (x.scalar_type() == at::kBFloat16)
+    norm_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(),
+                             residual ? residual->data_ptr<c10::BFloat16>() : nullptr,
+                             w.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, n,
+                             x.stride(0), rs, n, eps);
+  else
+    TORCH_CHECK(false, "rms_norm: dtype ", x.scalar_type());
+  return y;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  return norm_impl(x, c10::nullopt, w, eps);
+}
+
+// h += y in place, then the norm of the new h.
+Tensor add_rms_norm(Tensor& h, const Tensor& y, const Tensor& w, double eps) {
+  return norm_impl(h, y, w, eps);
+}
+
+// x [T, n, d] in place: x * cos + rotate_half(x) * sin, each product rounded, as apply_rope.
+template <typename T>
+void rope_rows(Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t rows = x.size(0), n = x.size(1), d = x.size(2), half = d / 2;
+  const int64_t xs0 = x.stride(0), xs1 = x.stride(1);
+  T* xp = x.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / (n * d)), [&](int64_t begin, int64_t end) {
+    std::vector<float> tmp(d);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* c = cp + r * d;
+      const T* s = sp + r * d;
+      for (int64_t hh = 0; hh < n; ++hh) {
+        T* v = xp + r * xs0 + hh * xs1;
+        for (int64_t i = 0; i < d; ++i) {
+          const float rot = i < half ? -f32(v[i + half]) : f32(v[i - half]);
+          tmp[i] = keep<T>(keep<T>(f32(v[i]) * f32(c[i])) + keep<T>(rot * f32(s[i])));
+        }
+        for (int64_t i = 0; i < d; ++i) v[i] = static_cast<T>(tmp[i]);
+      }
+    }
+  });
+}
+
+Tensor rope_(Tensor& x, const Tensor& cos, const Tensor& sin) {
+  check_rows(x, "x");
+  TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0, "x must be [T, heads, even head_dim]");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos/sin must be contiguous");
+  TORCH_CHECK(cos.numel() == x.size(0) * x.size(2) && sin.numel() == cos.numel(),
+              "cos/sin must be [T, 1, head_dim]");
+  TORCH_CHECK(cos.dtype() == x.dtype() && sin.dtype() == x.dtype(), "cos/sin must be x's dtype");
+  if (x.scalar_type() == at::kFloat)
+    rope_rows<float>(x, cos, sin);
+  else if (x.scalar_type() == at::kBFloat16)
+    rope_rows<c10::BFloat16>(x, cos, sin);
+  else
+    TORCH_CHECK(false, "rope: dtype ", x.scalar_type());
+  return x;
+}
+
+// [T, 2I] (gate, then up) -> [T, I]: silu(gate) * up, silu rounded as F.silu rounds.
+template <typename T>
+void silu_mul_rows(const Tensor& gu, Tensor& out) {
+  const int64_t rows = gu.size(0), inter = gu.size(1) / 2, gs = gu.stride(0);
+  const T* g = gu.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / inter), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gr = g + r * gs;
+      T* orow = o + r * inter;
+      for (int64_t i = 0; i < inter; ++i) {
+        const float x = f32(gr[i]);
+        const float silu = keep<T>(x / (1.f + std::exp(-x)));
+        orow[i] = static_cast<T>(silu * f32(gr[inter + i]));
+      }
+    }
+  });
+}
+
+Tensor silu_mul(const Tensor& gu) {
+  check_rows(gu, "gate_up");
+  TORCH_CHECK(gu.dim() == 2 && gu.size(1) % 2 == 0, "gate_up must be [T, 2 * intermediate]");
+  Tensor out = at::empty({gu.size(0), gu.size(1) / 2}, gu.options());
+  if (gu.scalar_type() == at::kFloat)
+    silu_mul_rows<float>(gu, out);
+  else if (gu.scalar_type() == at::kBFloat16)
+    silu_mul_rows<c10::BFloat16>(gu, out);
+  else
+    TORCH_CHECK(false, "silu_mul: dtype ", gu.scalar_type());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(attest, m) {
+  m.def(
+      "decode_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) pool_k, "
+      "Tensor(b!) pool_v, Tensor out_slots, Tensor slots, Tensor lens, float scale) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor(a!) h, Tensor y, Tensor w, float eps) -> Tensor");
+  m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> Tensor(a!)");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(attest, CPU, m) {
+  m.impl("decode_attention", decode_attention);
+  m.impl("rms_norm", rms_norm);
+  m.impl("add_rms_norm", add_rms_norm);
+  m.impl("rope_", rope_);
+  m.impl("silu_mul", silu_mul);
+}

@@ -1,0 +1,122 @@
+"""The native CPU ops (``kernels/cpu_ops.cpp``): built at install time, loaded when present.
+
+``make`` runs ``python -m kernels.cpu_ops build``, which compiles the source with torch's extension
+tooling into ``build/cpu_ops/<key>/``. The key covers the source, torch's version and the CPU's
+flags: the library is built for the CPU it runs on (``-march=native``), and this machine kind's
+CPU changes from one day to the next, so a library built for another CPU is never loaded; the
+next ``make`` builds one for this CPU. At run time ``load()`` only loads a built library, it never
+compiles (a minute of a boot); without one the engine runs the same operations in Python
+(``engine.model.fused``, ``kernels.paged_decode``) and ``why_not()`` says why.
+``ATTEST_NATIVE_OPS=0`` in the environment turns them off (to measure against, or to rule them
+out).
+
+    python -m kernels.cpu_ops build   # compile for this CPU (a no-op when built)
+    python -m kernels.cpu_ops status  # built or not, and where
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from functools import cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+NAME = "attest_cpu_ops"
+# no fused multiply-adds: the elementwise ops keep the Python ops' roundings (see the source);
+# OpenMP: at::parallel_for is inline and runs serially without it
+CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+ROOT = Path(__file__).resolve().parents[1] / "build" / "cpu_ops"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def build_dir() -> Path:
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), torch.__version__.encode(), _cpu_flags().encode(),
+                 " ".join(CFLAGS).encode()):  # fmt: skip
+        key.update(part + b"\0")
+    return ROOT / key.hexdigest()[:16]
+
+
+def library_path() -> Path:
+    return build_dir() / f"{NAME}.so"
+
+
+_state: dict[str, str | None] = {}
+
+
+@cache
+def load() -> bool:
+    """Register ``torch.ops.attest.*`` from the library built for this CPU; False (and
+    ``why_not()`` says why) when there is none or it does not load."""
+    if os.environ.get("ATTEST_NATIVE_OPS", "").strip() == "0":
+        _state["why"] = "native CPU ops turned off (ATTEST_NATIVE_OPS=0)"
+        return False
+    path = library_path()
+    if not path.exists():
+        _state["why"] = f"native CPU ops not built for this CPU ({path.parent.name}): run `make`"
+        return False
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as e:
+        _state["why"] = f"native CPU ops did not load: {e}"
+        return False
+    _state["why"] = None
+    return True
+
+
+def why_not() -> str | None:
+    """Why the native ops are not in use; None when they are."""
+    return None if load() else _state.get("why")
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile the library for this CPU into ``build_dir()`` (torch's ninja build; a no-op when
+    it is there). Raises what the compiler said when it fails."""
+    from torch.utils import cpp_extension
+
+    out = build_dir()
+    if (out / f"{NAME}.so").exists():
+        return out / f"{NAME}.so"
+    out.mkdir(parents=True, exist_ok=True)
+    cpp_extension.load(
+        name=NAME, sources=[str(SOURCE)], extra_cflags=CFLAGS, build_directory=str(out),
+        is_python_module=False, verbose=verbose,
+    )  # fmt: skip
+    return out / f"{NAME}.so"
+
+
+def main(argv: list[str]) -> int:
+    cmd = argv[0] if argv else "status"
+    if cmd == "build":
+        try:
+            path = build(verbose="-v" in argv)
+        except Exception as e:  # noqa: BLE001 - any compiler failure: say it, the engine runs on
+            print(f"native CPU ops not built ({type(e).__name__}: {str(e)[-2000:]}); the engine "
+                  "will run its Python ops", file=sys.stderr)  # fmt: skip
+            return 0
+        print(f"native CPU ops: {path}")
+        return 0
+    if cmd == "status":
+        print(f"native CPU ops: {library_path() if load() else why_not()}")
+        return 0
+    print("usage: python -m kernels.cpu_ops [build [-v] | status]", file=sys.stderr)
+    return 64
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

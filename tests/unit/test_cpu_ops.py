@@ -1,0 +1,110 @@
+"""The native CPU ops (kernels/cpu_ops.cpp) against the Python ops they stand in for, and how
+the engine finds them: built for this CPU or not at all, with an off switch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.model import fused
+from engine.model.fused import add_norm, apply_rope, layer_ops, rms_norm
+from kernels import cpu_ops
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_native = pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def rope_inputs(rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(rows)
+    qkv = torch.randn(rows, 15 * 64, generator=g).to(dtype)  # 9 + 3 heads rotated, 3 not
+    qk = qkv[:, : 12 * 64].reshape(rows, 12, 64)  # a row-strided view, as the forward has
+    inv = 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64))
+    freqs = (torch.arange(rows).float() + 37)[:, None] * inv[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return qk, emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_native_rope_gives_the_python_ops_bits(rows, dtype):
+    """Exact mode runs the native rope: the same roundings in the same order, no FMA."""
+    qk, cos, sin = rope_inputs(rows, dtype)
+    want = apply_rope(qk, cos, sin)
+    got = torch.ops.attest.rope_(qk.clone(), cos, sin)
+    assert torch.equal(got, want)
+    inplace = qk.clone()
+    torch.ops.attest.rope_(inplace, cos, sin)
+    assert torch.equal(inplace, want)  # in place, through the view's strides
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 16])
+def test_native_norms_match_the_python_ones_in_bfloat16(rows):
+    g = torch.Generator().manual_seed(rows)
+    x, y = (torch.randn(rows, 576, generator=g).bfloat16() for _ in range(2))
+    w = torch.randn(576, generator=g).bfloat16()
+    want = rms_norm(x, w, 1e-5)
+    got = torch.ops.attest.rms_norm(x, w, 1e-5)
+    # the sum of squares adds in another order: rarely apart, by a step or two of bfloat16
+    # (the normalised value is rounded, then rounded again times the weight)
+    assert (got != want).float().mean() < 0.01
+    torch.testing.assert_close(got.float(), want.float(), atol=0, rtol=2**-6)
+    h_want, n_want = add_norm(x, y, w, 1e-5)
+    h = x.clone()
+    n_got = torch.ops.attest.add_rms_norm(h, y, w, 1e-5)
+    assert torch.equal(h, h_want)  # the residual add, in place, bit for bit
+    torch.testing.assert_close(n_got.float(), n_want.float(), atol=0, rtol=2**-6)
+
+
+@needs_native
+def test_native_silu_mul_matches_the_python_one():
+    gu = torch.randn(4, 2 * 1536)
+    torch.testing.assert_close(torch.ops.attest.silu_mul(gu), fused.silu_mul(gu))
+
+
+@needs_native
+def test_exact_mode_takes_only_the_ops_that_keep_torchs_bits():
+    exact, fast = layer_ops(1e-5, torch.float32), layer_ops(1e-5, torch.bfloat16)
+    assert exact.rope is fused.native_rope and fast.rope is fused.native_rope
+    assert exact.norm.func is rms_norm and exact.add_norm.func is add_norm
+    assert fast.norm.func is fused.native_norm and fast.add_norm.func is fused.native_add_norm
+    off = layer_ops(1e-5, torch.bfloat16, native=False)
+    assert off.rope is apply_rope and off.norm.func is rms_norm
+
+
+@needs_native
+def test_many_rows_take_torchs_norm(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fused, "rms_norm", lambda *a: calls.append(len(a[0])) or rms_norm(*a))
+    w = torch.ones(8).bfloat16()
+    fused.native_norm(torch.randn(fused.NATIVE_NORM_ROWS, 8).bfloat16(), w, 1e-5)
+    fused.native_norm(torch.randn(fused.NATIVE_NORM_ROWS + 1, 8).bfloat16(), w, 1e-5)
+    assert calls == [fused.NATIVE_NORM_ROWS + 1]
+
+
+def test_a_library_is_keyed_by_the_cpu_it_was_built_for(monkeypatch):
+    here = cpu_ops.build_dir()
+    monkeypatch.setattr(cpu_ops, "_cpu_flags", lambda: "sse2 avx2 fma")
+    other = cpu_ops.build_dir()
+    assert here != other and here.parent == other.parent == cpu_ops.ROOT
+
+
+def run_status(env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "kernels.cpu_ops", "status"], cwd=ROOT, capture_output=True,
+        text=True, env={**os.environ, **env}, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+@needs_native
+def test_the_off_switch_turns_the_native_ops_off():
+    assert "attest_cpu_ops.so" in run_status({"ATTEST_NATIVE_OPS": "1"})
+    assert "turned off (ATTEST_NATIVE_OPS=0)" in run_status({"ATTEST_NATIVE_OPS": "0"})

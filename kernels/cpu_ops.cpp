@@ -65,7 +65,48 @@ inline void slot_accumulate(const float* p, int64_t width, const P* vr, int64_t 
   }
 }
 
+// softmax of sc[0, len) in place: exp(x - max) / sum, as torch's softmax
+inline void softmax_row(float* sc, int64_t len) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < len; ++t) m = std::max(m, sc[t]);
+  float sum = 0.f;
+  for (int64_t t = 0; t < len; ++t) {
+    sc[t] = std::exp(sc[t] - m);
+    sum += sc[t];
+  }
+  for (int64_t t = 0; t < len; ++t) sc[t] /= sum;
+}
+
 #if defined(__AVX512F__)
+// torch's own vector exp (SLEEF, 1.0 ulp), exported by libtorch_cpu: the one its softmax uses
+extern "C" __m512 Sleef_expf16_u10(__m512);
+
+inline void softmax_row_v(float* sc, int64_t len) {
+  const int64_t tail = len % 16, body = len - tail;
+  const __mmask16 mask = static_cast<__mmask16>((1u << tail) - 1);
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 mv = ninf;
+  for (int64_t t = 0; t < body; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sc + t));
+  if (tail) mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(ninf, mask, sc + body));
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+  __m512 sv = _mm512_setzero_ps();
+  for (int64_t t = 0; t < body; t += 16) {
+    const __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_loadu_ps(sc + t), m));
+    _mm512_storeu_ps(sc + t, e);
+    sv = _mm512_add_ps(sv, e);
+  }
+  if (tail) {  // lanes past len read -inf: exp gives 0, nothing is written
+    const __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, mask, sc + body), m));
+    _mm512_mask_storeu_ps(sc + body, mask, e);
+    sv = _mm512_add_ps(sv, e);
+  }
+  const __m512 sum = _mm512_set1_ps(_mm512_reduce_add_ps(sv));
+  for (int64_t t = 0; t < body; t += 16)
+    _mm512_storeu_ps(sc + t, _mm512_div_ps(_mm512_loadu_ps(sc + t), sum));
+  if (tail)
+    _mm512_mask_storeu_ps(sc + body, mask, _mm512_div_ps(_mm512_maskz_loadu_ps(mask, sc + body), sum));
+}
+
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -126,9 +167,10 @@ void decode_kernel(const Tensor& q, const Tensor& k_new, const Tensor& v_new, Te
   const int64_t* sl = slots.data_ptr<int64_t>();
   const int64_t* ln = lens.data_ptr<int64_t>();
   A* op = out.data_ptr<A>();
-  const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
-  const int64_t ks0 = k_new.stride(0), ks1 = k_new.stride(1);
-  const int64_t vs0 = v_new.stride(0), vs1 = v_new.stride(1);
+  // q/k/v are read by their strides: views of the fused QKV product, a column of one
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1), qs2 = q.stride(2);
+  const int64_t ks0 = k_new.stride(0), ks1 = k_new.stride(1), ks2 = k_new.stride(2);
+  const int64_t vs0 = v_new.stride(0), vs1 = v_new.stride(1), vs2 = v_new.stride(2);
   const int64_t ss0 = slots.stride(0), ss1 = slots.stride(1);
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(ln[b] >= 1 && ln[b] <= width, "context length ", ln[b], " outside 1..", width);
@@ -140,8 +182,8 @@ void decode_kernel(const Tensor& q, const Tensor& k_new, const Tensor& v_new, Te
       const A* ks = kn + b * ks0 + h * ks1;
       const A* vs = vn + b * vs0 + h * vs1;
       for (int64_t i = 0; i < d; ++i) {
-        kr[i] = static_cast<P>(f32(ks[i]));
-        vr[i] = static_cast<P>(f32(vs[i]));
+        kr[i] = static_cast<P>(f32(ks[i * ks2]));
+        vr[i] = static_cast<P>(f32(vs[i * vs2]));
       }
     }
   }
@@ -162,7 +204,7 @@ void decode_kernel(const Tensor& q, const Tensor& k_new, const Tensor& v_new, Te
         const A* qr = qp + b * qs0 + (h0 * group + r) * qs1;
         // the query in the pool's dtype, then scaled (grouped_decode's q.to(k.dtype) * scale)
         for (int64_t i = 0; i < d; ++i)
-          qf[r * d + i] = f32(static_cast<P>(f32(qr[i]))) * static_cast<float>(scale);
+          qf[r * d + i] = f32(static_cast<P>(f32(qr[i * qs2]))) * static_cast<float>(scale);
       }
       const int64_t* srow = sl + b * ss0;
       for (int64_t t = 0; t < len; ++t) {
@@ -185,15 +227,11 @@ void decode_kernel(const Tensor& q, const Tensor& k_new, const Tensor& v_new, Te
         slot_scores(qf.data(), kr, rows, group, d, &scores[t], width);
       }
       for (int64_t r = 0; r < rows; ++r) {
-        float* sc = &scores[r * width];
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < len; ++t) m = std::max(m, sc[t]);
-        float sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) {
-          sc[t] = std::exp(sc[t] - m);
-          sum += sc[t];
-        }
-        for (int64_t t = 0; t < len; ++t) sc[t] /= sum;
+#if defined(__AVX512F__)
+        softmax_row_v(&scores[r * width], len);
+#else
+        softmax_row(&scores[r * width], len);
+#endif
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t = 0; t < len; ++t) {
@@ -220,7 +258,7 @@ void decode_kernel(const Tensor& q, const Tensor& k_new, const Tensor& v_new, Te
 Tensor decode_attention(const Tensor& q, const Tensor& k_new, const Tensor& v_new,
                         Tensor& pool_k, Tensor& pool_v, const Tensor& out_slots,
                         const Tensor& slots, const Tensor& lens, double scale) {
-  for (auto* t : {&q, &k_new, &v_new}) check_rows(*t, "q/k/v");
+  for (auto* t : {&q, &k_new, &v_new}) TORCH_CHECK(t->device().is_cpu(), "q/k/v on the cpu");
   TORCH_CHECK(q.dim() == 3 && k_new.dim() == 3 && v_new.dim() == 3, "q, k, v must be 3-D");
   TORCH_CHECK(pool_k.is_contiguous() && pool_v.is_contiguous(), "the pool must be contiguous");
   TORCH_CHECK(pool_k.sizes() == pool_v.sizes() && pool_k.dtype() == pool_v.dtype(),
@@ -316,7 +354,7 @@ Tensor add_rms_norm(Tensor& h, const Tensor& y, const Tensor& w, double eps) {
 template <typename T>
 void rope_rows(Tensor& x, const Tensor& cos, const Tensor& sin) {
   const int64_t rows = x.size(0), n = x.size(1), d = x.size(2), half = d / 2;
-  const int64_t xs0 = x.stride(0), xs1 = x.stride(1);
+  const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2);
   T* xp = x.data_ptr<T>();
   const T* cp = cos.data_ptr<T>();
   const T* sp = sin.data_ptr<T>();
@@ -328,17 +366,17 @@ void rope_rows(Tensor& x, const Tensor& cos, const Tensor& sin) {
       for (int64_t hh = 0; hh < n; ++hh) {
         T* v = xp + r * xs0 + hh * xs1;
         for (int64_t i = 0; i < d; ++i) {
-          const float rot = i < half ? -f32(v[i + half]) : f32(v[i - half]);
-          tmp[i] = keep<T>(keep<T>(f32(v[i]) * f32(c[i])) + keep<T>(rot * f32(s[i])));
+          const float rot = i < half ? -f32(v[(i + half) * xs2]) : f32(v[(i - half) * xs2]);
+          tmp[i] = keep<T>(keep<T>(f32(v[i * xs2]) * f32(c[i])) + keep<T>(rot * f32(s[i])));
         }
-        for (int64_t i = 0; i < d; ++i) v[i] = static_cast<T>(tmp[i]);
+        for (int64_t i = 0; i < d; ++i) v[i * xs2] = static_cast<T>(tmp[i]);
       }
     }
   });
 }
 
 Tensor rope_(Tensor& x, const Tensor& cos, const Tensor& sin) {
-  check_rows(x, "x");
+  TORCH_CHECK(x.device().is_cpu(), "x must be on the cpu");
   TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0, "x must be [T, heads, even head_dim]");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos/sin must be contiguous");
   TORCH_CHECK(cos.numel() == x.size(0) * x.size(2) && sin.numel() == cos.numel(),

@@ -63,6 +63,8 @@ class TorchReferenceBackend(AttentionBackend):
         for start, ext, slots, mask, causal in self._extend_plan(meta):
             # [1, heads, len, head_dim] views for SDPA.
             qi = q[start : start + ext].transpose(0, 1).unsqueeze(0)
+            if qi.stride(-1) != 1:  # a transposed product's rows: SDPA's flash kernel wants
+                qi = qi.contiguous()  # a dense last dimension, else it takes the math path
             ki = kv.k.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
             vi = kv.v.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
             oi = F.scaled_dot_product_attention(
@@ -89,10 +91,7 @@ class TorchReferenceBackend(AttentionBackend):
             rows = torch.tensor(meta.req_rows, dtype=torch.int64, device=dev)
             lens = torch.tensor(meta.prefix_lens, dtype=torch.int64, device=dev) + 1
             plan = meta.scratch["native"] = (meta.req_to_token[rows, :width], lens)
-        slots, lens = plan
-        # rows of q/k/v may be strided views of the fused QKV product; their last dim must not
-        k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
-        q = q if q.stride(-1) == 1 else q.contiguous()
+        slots, lens = plan  # q/k/v: views of the fused QKV product, read by their strides
         return torch.ops.attest.decode_attention(
             q, k, v, kv.k, kv.v, meta.out_slots, slots, lens, scale
         )

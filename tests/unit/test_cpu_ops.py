@@ -108,3 +108,17 @@ def run_status(env: dict[str, str]) -> str:
 def test_the_off_switch_turns_the_native_ops_off():
     assert "attest_cpu_ops.so" in run_status({"ATTEST_NATIVE_OPS": "1"})
     assert "turned off (ATTEST_NATIVE_OPS=0)" in run_status({"ATTEST_NATIVE_OPS": "0"})
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_native_rope_reads_a_column_of_a_product(dtype):
+    """One row in float32 comes back as a column of a two-column product (``linear``): the
+    native rope reads and writes it by its strides."""
+    qk, cos, sin = rope_inputs(1, dtype)
+    col = torch.stack([qk.reshape(-1), torch.zeros(12 * 64, dtype=dtype)], dim=1)  # [768, 2]
+    view = col[:, :1].t().reshape(1, 12, 64)
+    assert view.stride(-1) == 2
+    want = apply_rope(qk, cos, sin)
+    assert torch.equal(torch.ops.attest.rope_(view, cos, sin), want)
+    assert torch.equal(col[:, 0].reshape(1, 12, 64), want)  # written in place

@@ -132,11 +132,20 @@ def test_native_decode_reads_q_k_v_as_views_of_the_fused_product():
     q, k, v = fused.split([9 * 64, 3 * 64, 3 * 64], dim=1)
     q, k, v = q.view(3, 9, 64), k.view(3, 3, 64), v.view(3, 3, 64)
     assert q.stride(0) == 15 * 64  # strided rows, as the forward makes them
-    kv_s, kv_c = b.pool_copy(), b.pool_copy()
+    # and transposed, as a product of several rows comes back: last dim strided
+    cols = fused.t().contiguous().t()
+    qt, kt, vt = cols.split([9 * 64, 3 * 64, 3 * 64], dim=1)
+    qt, kt, vt = qt.view(3, 9, 64), kt.view(3, 3, 64), vt.view(3, 3, 64)
+    assert qt.stride(-1) == 3
     native = TorchReferenceBackend("native")
-    got = native.forward(q, k, v, kv_s, b.meta, b.scale)
-    want = native.forward(b.q, b.k, b.v, kv_c, b.meta, b.scale)
-    assert torch.equal(got, want) and torch.equal(kv_s.k, kv_c.k) and torch.equal(kv_s.v, kv_c.v)
+    want_kv = b.pool_copy()
+    want = native.forward(b.q, b.k, b.v, want_kv, b.meta, b.scale)
+    for views in ((q, k, v), (qt, kt, vt)):
+        kv = b.pool_copy()
+        got = native.forward(*views, kv, b.meta, b.scale)
+        assert (
+            torch.equal(got, want) and torch.equal(kv.k, want_kv.k) and torch.equal(kv.v, want_kv.v)
+        )
 
 
 @pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))

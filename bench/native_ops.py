@@ -1,0 +1,127 @@
+"""The native CPU ops (kernels/cpu_ops.cpp) against the torch ops they stand in for, per call.
+
+Small ops: RMSNorm, add+RMSNorm and rotary at 1 and 64 rows, float32 and bfloat16, on dense
+inputs. Decode attention: the tensors of real decode forwards (an engine decoding ``--batch``
+requests of 128-token prompts, 30 layers' calls captured once the context passed 140 tokens),
+replayed through the native and the grouped paths; "hot" repeats them back to back, "cold" first
+streams 160 MB through the caches, as a forward does between one layer's attention and the next
+step's. The native ops must be built (``make native``); the figures are medians in us.
+
+    .venv/bin/python bench/native_ops.py [--batch 1,16,64] [--quant exact|int8|int4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+from cpuinfo import describe  # bench/cpuinfo.py, beside this script
+
+
+def per_call_us(fn, n: int = 2000) -> float:
+    for _ in range(50):
+        fn()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def op_pairs(rows: int, dtype: torch.dtype) -> dict:
+    """Per op: (torch's, the native one), as calls on dense inputs of ``rows`` rows."""
+    from engine.model.fused import add_norm, apply_rope, rms_norm
+
+    ops = torch.ops.attest
+    x, y = torch.randn(rows, 576).to(dtype), torch.randn(rows, 576).to(dtype)
+    w, h = torch.randn(576).to(dtype), x.clone()
+    qk = torch.randn(rows, 12, 64).to(dtype)
+    freqs = torch.arange(rows).float()[:, None] * torch.rand(32)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+    return {
+        "rms_norm": (lambda: rms_norm(x, w, 1e-5), lambda: ops.rms_norm(x, w, 1e-5)),
+        "add_norm": (lambda: add_norm(x, y, w, 1e-5), lambda: ops.add_rms_norm(h, y, w, 1e-5)),
+        "rope": (lambda: apply_rope(qk, cos, sin), lambda: ops.rope_(qk, cos, sin)),
+    }
+
+
+def small_ops() -> None:
+    print("op, rows, dtype: torch us / native us")
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows in (1, 64):
+            for name, (ref, native) in op_pairs(rows, dtype).items():
+                a, b = per_call_us(ref), per_call_us(native)
+                print(f"  {name}, {rows}, {str(dtype)[6:]}: {a:.1f} / {b:.1f}")
+
+
+def captured(batch: int, quant: str | None) -> list[tuple]:
+    """The arguments of one decode forward's 30 attention calls at ``batch`` requests."""
+    from engine import LLM, SamplingParams
+
+    llm = LLM(kv_tokens=batch * 168, max_running=batch, receipts=False, quant=quant)
+    backend = llm.core.scheduler.runner.model.backend
+    calls, real = [], backend.forward
+
+    def keep(q, k, v, kv, meta, scale):
+        if meta.is_decode and len(meta.req_rows) == batch and min(meta.prefix_lens) >= 140:
+            if len(calls) < llm.core.model_config.num_layers:
+                calls.append((q.clone(), k.clone(), v.clone(), kv, meta, scale))
+        return real(q, k, v, kv, meta, scale)
+
+    backend.forward = keep
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 40000) for _ in range(128)] for _ in range(batch)]
+    llm.generate(prompts, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    backend.forward = real
+    return calls
+
+
+def attention(batches: list[int], quant: str | None) -> None:
+    from kernels.torch_ref import TorchReferenceBackend
+
+    junk = torch.ones(40_000_000)  # 160 MB, more than the last-level cache
+    for batch in batches:
+        calls = captured(batch, quant)
+        q, kv, meta = calls[0][0], calls[0][3], calls[0][4]
+        line = [f"batch {batch}, context {max(meta.prefix_lens) + 1}, {str(q.dtype)[6:]} "
+                f"activations, {str(kv.k.dtype)[6:]} pool:"]  # fmt: skip
+        for path in ("grouped", "native"):
+            backend = TorchReferenceBackend(path)
+            for cold in (False, True):
+                times = []
+                for _ in range(3):
+                    for q, k, v, kv, meta, scale in calls:
+                        meta.scratch.clear()  # each call builds its plan, as a forward's first
+                        if cold:
+                            junk.add_(1.0)
+                        t = time.perf_counter()
+                        backend.forward(q, k, v, kv, meta, scale)
+                        times.append(time.perf_counter() - t)
+                line.append(
+                    f"{path} {'cold' if cold else 'hot'} {statistics.median(times) * 1e6:.0f}"
+                )
+        print("  " + ", ".join(line[1:]), "us |", line[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", default="1,16,64")
+    ap.add_argument("--quant", choices=("exact", "int8", "int4"), default="int4")
+    args = ap.parse_args()
+    from kernels import cpu_ops
+
+    if not cpu_ops.load():
+        raise SystemExit(f"bench/native_ops.py: {cpu_ops.why_not()}")
+    print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
+    small_ops()
+    print(f"decode attention, {args.quant} engine: grouped vs native, hot and cold")
+    attention(
+        [int(b) for b in args.batch.split(",")], None if args.quant == "exact" else args.quant
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -28,6 +28,16 @@ NATIVE = pytest.param(
 PATHS = [NATIVE, "grouped"]
 
 
+# random decode batches: GQA ratio, page size, contexts (one request or several), head size
+BATCHES = dict(
+    gqa=st.sampled_from(GQA),
+    page_size=st.sampled_from([1, 4]),
+    lens=st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    head_dim=st.sampled_from([16, 64]),
+    seed=st.integers(0, 2**16),
+)
+
+
 def both_paths(b, path: str = "grouped") -> tuple[torch.Tensor, torch.Tensor]:
     """(``path``, padded) outputs of one decode batch, each from its own copy of the pool."""
     kv_g, kv_p = b.pool_copy(), b.pool_copy()
@@ -38,13 +48,7 @@ def both_paths(b, path: str = "grouped") -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    gqa=st.sampled_from(GQA),
-    page_size=st.sampled_from([1, 4]),
-    lens=st.lists(st.integers(0, 40), min_size=2, max_size=9),
-    head_dim=st.sampled_from([16, 64]),
-    seed=st.integers(0, 2**16),
-)
+@given(**BATCHES)
 @example(gqa=(8, 2), page_size=1, lens=[18, 40, 15, 0, 40], head_dim=64, seed=37317)
 def test_grouped_decode_equals_the_padded_reference(gqa, page_size, lens, head_dim, seed):
     check_against_padded("grouped", gqa, page_size, lens, head_dim, seed)
@@ -52,13 +56,7 @@ def test_grouped_decode_equals_the_padded_reference(gqa, page_size, lens, head_d
 
 @pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
 @settings(max_examples=60, deadline=None)
-@given(
-    gqa=st.sampled_from(GQA),
-    page_size=st.sampled_from([1, 4]),
-    lens=st.lists(st.integers(0, 40), min_size=1, max_size=9),
-    head_dim=st.sampled_from([16, 64]),
-    seed=st.integers(0, 2**16),
-)
+@given(**BATCHES)
 @example(gqa=(9, 3), page_size=1, lens=[0], head_dim=64, seed=1)  # one request: heads split
 def test_native_decode_equals_the_padded_reference(gqa, page_size, lens, head_dim, seed):
     check_against_padded("native", gqa, page_size, lens, head_dim, seed)

@@ -7,6 +7,8 @@ timed steps.
 
     .venv/bin/python bench/decode_step_profile.py [--backend torch] [--batch 32] [--steps 12]
         [--quant int8|int4]
+    .venv/bin/python bench/decode_step_profile.py --prefill 512 [--quant ...]   # one prompt's
+        prefill instead: unseen prompts, the prefix cache emptied, median of --steps runs
 """
 
 from __future__ import annotations
@@ -72,6 +74,32 @@ def profile_step(llm, batch: int, prompt_len: int, steps: int, top: int, seed: i
     }
 
 
+def profile_prefill(llm, length: int, runs: int, top: int, seed: int = 0) -> dict:
+    """Time the prefill of one unseen ``length``-token prompt (to its first token); profile
+    one more. Every run is asserted uncached."""
+    from engine import SamplingParams
+
+    rng = random.Random(seed)
+    vocab = llm.core.model_config.vocab_size
+    params = SamplingParams(max_tokens=1, temperature=0)
+
+    def once() -> float:
+        llm.core.scheduler.cache.reset_to_empty()
+        prompt = [rng.randrange(3, vocab) for _ in range(length)]
+        t = time.perf_counter()
+        llm.generate([prompt], params)
+        dt = time.perf_counter() - t
+        assert llm.core.receipts.of("request.finish")[-1]["cached"] == 0, "a prefix-cache hit"
+        return dt
+
+    once()  # warm-up
+    times = [once() for _ in range(runs)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        once()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+    return {"ms": statistics.median(times) * 1e3, "runs": runs, "table": table}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="torch")
@@ -80,9 +108,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--quant", choices=("int8", "int4"), default=None, help="fast mode")
+    ap.add_argument("--prefill", type=int, default=0, help="profile one prompt's prefill instead")
     args = ap.parse_args()
 
     from engine import LLM
+
+    if args.prefill:
+        llm = LLM(attention_backend=args.backend, kv_tokens=args.prefill + 64, quant=args.quant)
+        r = profile_prefill(llm, args.prefill, args.steps, args.top)
+        print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
+        print(f"weights {args.quant or 'exact'}, backend {args.backend}: prefill of {args.prefill} "
+              f"tokens {r['ms']:.1f} ms = {args.prefill / r['ms'] * 1e3:.1f} tok/s "
+              f"(median of {r['runs']})")  # fmt: skip
+        print(r["table"])
+        return
 
     llm = LLM(
         attention_backend=args.backend, kv_tokens=args.batch * (args.prompt_len + args.steps + 16),

@@ -131,7 +131,7 @@ class EngineCore:
             cfg, self.loaded.weights, dtype, backend, device=config.device, comm=self.comm,
             quant=self.quant,
         )  # fmt: skip
-        self.receipts.emit(schema.BOOT_WEIGHTS, **self._weights_fields())
+        self.receipts.emit(schema.BOOT_WEIGHTS, **self.weights_fields())
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
         self.max_context = min(config.max_model_len or cfg.max_position, cfg.max_position)
         kv_dtype = self.quant.kv_dtype if self.quant else dtype
@@ -178,7 +178,7 @@ class EngineCore:
         if launch is None:
             self.ready()
 
-    def _weights_fields(self) -> dict[str, Any]:
+    def weights_fields(self) -> dict[str, Any]:
         """``boot.weights``: which mode runs (exact, bfloat16, int8, int4), on a CPU whether the
         native ops run (and why not), and in fast mode the kernels chosen for this CPU and what
         the quantised weights take."""
@@ -238,6 +238,7 @@ class EngineCore:
     def swap_model(self, loaded: LoadedModel, model: LlamaModel) -> None:
         """Serve ``model`` from the next step on (at an iteration boundary, nothing resident)."""
         self.loaded, self.model, self.model_config = loaded, model, loaded.config
+        self.quant = model.quant  # fast mode: the new weights' own plan (counts, bytes, time)
         self.runner.model = model
 
     def ready(self, **where: Any) -> None:
@@ -314,7 +315,7 @@ class EngineCore:
     def info(self) -> EngineInfo:
         """The engine's description: what ``engine info`` prints and the scheduler process
         sends the frontend at boot."""
-        cfg, weights = self.model_config, self._weights_fields()
+        cfg, weights = self.model_config, self.weights_fields()
         return EngineInfo(
             model=self.loaded.path,
             format=self.loaded.format,

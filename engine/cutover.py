@@ -229,6 +229,8 @@ class Cutovers:
             fields["reason"] = reason
         if a.ask.path is not None:
             fields["path"] = a.ask.path
+        if a.ask.kind == "weights" and outcome == "ok":  # which weights and kernels now serve
+            fields["weights"] = self.core.weights_fields()
         self.core.receipts.emit(schema.CUTOVER_END, **fields)
         self._span(a, fields)
         return fields

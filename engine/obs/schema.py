@@ -176,9 +176,10 @@ _CATALOG = (
     Kind(CUTOVER_END, ("id", "kind", "mode", "outcome") + _CENSUS,
          "a cutover ended: outcome ok, rejected (with the reason; nothing changed) or failed "
          "(rolled back); the census after it, the census before (*_before), the rids that "
-         "ended during it (ended) and the seconds no new work could start (pause_s)",
+         "ended during it (ended) and the seconds no new work could start (pause_s); a weights "
+         "cutover that took effect adds the new weights' boot.weights fields (weights)",
          ("reason", "status", "pause_s", "seconds", "ended", "backlog_before", "rids_before",
-          "ceiling", "kv_tokens", "path", "census_error")),
+          "ceiling", "kv_tokens", "path", "census_error", "weights")),
     Kind(REQUEUE, ("rid",), "a retracted request was put back in line", ("generated",)),
     Kind(GROUP_FLOOR, ("floor", "local"),
          "the published floor of a multi-rank group, where it binds (this rank counted more)",

@@ -131,6 +131,24 @@ def test_new_weights_change_the_tokens_and_the_engine_serves_them(tiny_model_dir
     assert llm.generate([prompt], p)[0].token_ids == fresh != before
 
 
+@pytest.mark.parametrize("quant", [None, "int8"])
+def test_a_weights_cutover_says_which_weights_and_kernels_now_serve(
+    tiny_model_dir, tmp_path, quant
+):
+    """cutover.end of a weights cutover carries the new weights' boot.weights fields (fast
+    mode: their own quantisation), and engine info follows them."""
+    other = make_tiny_model(tmp_path / "other", seed=7)
+    llm = LLM(model=tiny_model_dir, kv_tokens=1024, quant=quant)
+    end = llm.cutover("weights", "carry", path=str(other))
+    (boot,) = llm.core.receipts.of("boot.weights")
+    assert end["weights"]["mode"] == boot["mode"] == (quant or "exact")
+    if quant:
+        assert end["weights"]["matrices"] == boot["matrices"]
+        assert llm.core.quant is llm.core.model.quant  # the plan of the weights now serving
+    assert llm.core.info().weights == end["weights"]["mode"]
+    llm.close()
+
+
 def test_bad_cutovers_are_refused_with_a_receipt_and_serving_goes_on(tiny_model_dir, tmp_path):
     three = make_tiny_model(tmp_path / "three", layers=3)
     llm = LLM(model=tiny_model_dir, kv_tokens=2048, page_size=4, check_invariants=True)

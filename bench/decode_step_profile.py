@@ -75,29 +75,18 @@ def profile_step(llm, batch: int, prompt_len: int, steps: int, top: int, seed: i
 
 
 def profile_prefill(llm, length: int, runs: int, top: int, seed: int = 0) -> dict:
-    """Time the prefill of one unseen ``length``-token prompt (to its first token); profile
-    one more. Every run is asserted uncached."""
-    from engine import SamplingParams
+    """The prefill of one unseen ``length``-token prompt to its first token, measured as
+    ``engine bench --table`` measures it (``engine.benchmark.method``: cache emptied, every run
+    asserted uncached); one more run is profiled."""
+    from engine.benchmark.method import Prompts, attest_generate, prefill_rate
 
-    rng = random.Random(seed)
-    vocab = llm.core.model_config.vocab_size
-    params = SamplingParams(max_tokens=1, temperature=0)
-
-    def once() -> float:
-        llm.core.scheduler.cache.reset_to_empty()
-        prompt = [rng.randrange(3, vocab) for _ in range(length)]
-        t = time.perf_counter()
-        llm.generate([prompt], params)
-        dt = time.perf_counter() - t
-        assert llm.core.receipts.of("request.finish")[-1]["cached"] == 0, "a prefix-cache hit"
-        return dt
-
-    once()  # warm-up
-    times = [once() for _ in range(runs)]
+    go, prompts = attest_generate(llm), Prompts(llm.core.model_config.vocab_size, seed)
+    prefill_rate(go, prompts, length)  # warm-up
+    rates = [prefill_rate(go, prompts, length) for _ in range(runs)]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        once()
+        prefill_rate(go, prompts, length)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
-    return {"ms": statistics.median(times) * 1e3, "runs": runs, "table": table}
+    return {"ms": length / statistics.median(rates) * 1e3, "runs": runs, "table": table}
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ step's. The native ops must be built (``make native``); the figures are medians 
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import time
 
@@ -60,6 +59,7 @@ def small_ops() -> None:
 def captured(batch: int, quant: str | None) -> list[tuple]:
     """The arguments of one decode forward's 30 attention calls at ``batch`` requests."""
     from engine import LLM, SamplingParams
+    from engine.benchmark.method import Prompts
 
     llm = LLM(kv_tokens=batch * 168, max_running=batch, receipts=False, quant=quant)
     backend = llm.core.scheduler.runner.model.backend
@@ -72,8 +72,7 @@ def captured(batch: int, quant: str | None) -> list[tuple]:
         return real(q, k, v, kv, meta, scale)
 
     backend.forward = keep
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 40000) for _ in range(128)] for _ in range(batch)]
+    prompts = Prompts(llm.core.model_config.vocab_size).take(batch, 128)
     llm.generate(prompts, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
     backend.forward = real
     return calls

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import cProfile
 import pstats
-import random
 import sys
 import time
 
@@ -18,12 +17,12 @@ from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
 def main() -> None:
     from engine import LLM, SamplingParams
+    from engine.benchmark.method import Prompts
 
     llm = LLM(kv_tokens=8192, max_running=32)
     if llm.core.scheduler.traces is not None:
         raise SystemExit("tracing is on here (an OTEL endpoint is set): unset it to measure off")
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 40000) for _ in range(128)] for _ in range(32)]
+    prompts = Prompts(llm.core.model_config.vocab_size).take(32, 128)
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     prof = cProfile.Profile()
     t = time.perf_counter()

@@ -391,38 +391,6 @@ Tensor rope_(Tensor& x, const Tensor& cos, const Tensor& sin) {
   return x;
 }
 
-// [T, 2I] (gate, then up) -> [T, I]: silu(gate) * up, silu rounded as F.silu rounds.
-template <typename T>
-void silu_mul_rows(const Tensor& gu, Tensor& out) {
-  const int64_t rows = gu.size(0), inter = gu.size(1) / 2, gs = gu.stride(0);
-  const T* g = gu.data_ptr<T>();
-  T* o = out.data_ptr<T>();
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / inter), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* gr = g + r * gs;
-      T* orow = o + r * inter;
-      for (int64_t i = 0; i < inter; ++i) {
-        const float x = f32(gr[i]);
-        const float silu = keep<T>(x / (1.f + std::exp(-x)));
-        orow[i] = static_cast<T>(silu * f32(gr[inter + i]));
-      }
-    }
-  });
-}
-
-Tensor silu_mul(const Tensor& gu) {
-  check_rows(gu, "gate_up");
-  TORCH_CHECK(gu.dim() == 2 && gu.size(1) % 2 == 0, "gate_up must be [T, 2 * intermediate]");
-  Tensor out = at::empty({gu.size(0), gu.size(1) / 2}, gu.options());
-  if (gu.scalar_type() == at::kFloat)
-    silu_mul_rows<float>(gu, out);
-  else if (gu.scalar_type() == at::kBFloat16)
-    silu_mul_rows<c10::BFloat16>(gu, out);
-  else
-    TORCH_CHECK(false, "silu_mul: dtype ", gu.scalar_type());
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY(attest, m) {
@@ -432,7 +400,6 @@ TORCH_LIBRARY(attest, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) h, Tensor y, Tensor w, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> Tensor(a!)");
-  m.def("silu_mul(Tensor gate_up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attest, CPU, m) {
@@ -440,5 +407,4 @@ TORCH_LIBRARY_IMPL(attest, CPU, m) {
   m.impl("rms_norm", rms_norm);
   m.impl("add_rms_norm", add_rms_norm);
   m.impl("rope_", rope_);
-  m.impl("silu_mul", silu_mul);
 }

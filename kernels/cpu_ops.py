@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import sys
 from functools import cache
 from pathlib import Path
@@ -32,21 +33,21 @@ CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 ROOT = Path(__file__).resolve().parents[1] / "build" / "cpu_ops"
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return " ".join(sorted(line.split(":", 1)[1].split()))
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    import platform
-
-    return platform.processor() or platform.machine()
+    return frozenset()
 
 
 def build_dir() -> Path:
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), _cpu_flags().encode(),
+    cpu = " ".join(sorted(cpu_flags())) or platform.machine()
+    for part in (SOURCE.read_bytes(), torch.__version__.encode(), cpu.encode(),
                  " ".join(CFLAGS).encode()):  # fmt: skip
         key.update(part + b"\0")
     return ROOT / key.hexdigest()[:16]
@@ -56,32 +57,25 @@ def library_path() -> Path:
     return build_dir() / f"{NAME}.so"
 
 
-_state: dict[str, str | None] = {}
-
-
 @cache
-def load() -> bool:
-    """Register ``torch.ops.attest.*`` from the library built for this CPU; False (and
-    ``why_not()`` says why) when there is none or it does not load."""
+def why_not() -> str | None:
+    """Why the native ops are not in use (None: ``torch.ops.attest.*`` is registered from the
+    library built for this CPU). Decided once a process."""
     if os.environ.get("ATTEST_NATIVE_OPS", "").strip() == "0":
-        _state["why"] = "native CPU ops turned off (ATTEST_NATIVE_OPS=0)"
-        return False
+        return "native CPU ops turned off (ATTEST_NATIVE_OPS=0)"
     path = library_path()
     if not path.exists():
-        _state["why"] = f"native CPU ops not built for this CPU ({path.parent.name}): run `make`"
-        return False
+        return f"native CPU ops not built for this CPU ({path.parent.name}): run `make`"
     try:
         torch.ops.load_library(str(path))
     except (OSError, RuntimeError) as e:
-        _state["why"] = f"native CPU ops did not load: {e}"
-        return False
-    _state["why"] = None
-    return True
+        return f"native CPU ops did not load: {e}"
+    return None
 
 
-def why_not() -> str | None:
-    """Why the native ops are not in use; None when they are."""
-    return None if load() else _state.get("why")
+def load() -> bool:
+    """Whether ``torch.ops.attest.*`` runs here (``why_not()`` says why not)."""
+    return why_not() is None
 
 
 def build(verbose: bool = False) -> Path:

@@ -49,18 +49,25 @@ class IndexBuffers:
         return buf[:numel]
 
 
+def context_slots(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode batch's context in the pool: ``slots`` [B, L] (L the longest context, this
+    step's token included) and ``lens`` [B]. Slots past a request's length are stale but valid
+    indices; every reader masks them by ``lens``."""
+    dev = meta.req_to_token.device
+    width = max(meta.prefix_lens) + 1
+    rows = torch.tensor(meta.req_rows, dtype=torch.int64, device=dev)
+    lens = torch.tensor(meta.prefix_lens, dtype=torch.int64, device=dev) + 1
+    return meta.req_to_token[rows, :width], lens
+
+
 def build_plan(
     meta: AttentionMetadata, kv_heads: int, dtype: torch.dtype, buffers: IndexBuffers | None = None
 ) -> DecodePlan:
     """The plan of a decode batch (every ``extend_lens`` 1): built once per forward."""
     dev = meta.req_to_token.device
     buffers = buffers or IndexBuffers()
-    b = len(meta.req_rows)
-    width = max(meta.prefix_lens) + 1
-    req_rows = torch.tensor(meta.req_rows, dtype=torch.int64, device=dev)
-    lens = torch.tensor(meta.prefix_lens, dtype=torch.int64, device=dev) + 1
-    # slots past a request's length are stale but valid indices; the bias drops them
-    slots = meta.req_to_token[req_rows, :width]  # [B, L]
+    slots, lens = context_slots(meta)  # [B, L], [B]
+    b, width = slots.shape
     rows = buffers.take("rows", b * kv_heads * width, torch.int64, dev).view(b, kv_heads, width)
     heads = torch.arange(kv_heads, dtype=torch.int64, device=dev)
     torch.add(slots.unsqueeze(1) * kv_heads, heads[None, :, None], out=rows)

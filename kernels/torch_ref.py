@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_ops
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV, store_kv
-from kernels.paged_decode import IndexBuffers, build_plan, grouped_decode
+from kernels.paged_decode import IndexBuffers, build_plan, context_slots, grouped_decode
 
 DECODE_PATHS = ("native", "grouped", "padded")
 
@@ -86,11 +86,7 @@ class TorchReferenceBackend(AttentionBackend):
         read from the pool where they lie, with no gather and no GQA copy."""
         plan = meta.scratch.get("native")
         if plan is None:  # the same for every layer of this forward
-            dev = meta.req_to_token.device
-            width = max(meta.prefix_lens) + 1
-            rows = torch.tensor(meta.req_rows, dtype=torch.int64, device=dev)
-            lens = torch.tensor(meta.prefix_lens, dtype=torch.int64, device=dev) + 1
-            plan = meta.scratch["native"] = (meta.req_to_token[rows, :width], lens)
+            plan = meta.scratch["native"] = context_slots(meta)
         slots, lens = plan  # q/k/v: views of the fused QKV product, read by their strides
         return torch.ops.attest.decode_attention(
             q, k, v, kv.k, kv.v, meta.out_slots, slots, lens, scale
@@ -126,14 +122,11 @@ class TorchReferenceBackend(AttentionBackend):
         """All decode requests in one padded call: [B, heads, 1, d] against [B, kv_heads, L, d],
         positions past each request's context masked out. One kernel call instead of B."""
         if "decode" not in meta.scratch:  # the same for every layer of this forward
-            dev = meta.req_to_token.device
-            lens = torch.tensor([p + 1 for p in meta.prefix_lens], dtype=torch.int64, device=dev)
-            width = max(meta.prefix_lens) + 1
-            rows = torch.tensor(meta.req_rows, dtype=torch.int64, device=dev)
-            # slots past a request's length are stale but valid indices; the mask drops them
-            idx = meta.req_to_token[rows, :width].flatten()
-            mask = (torch.arange(width, device=dev)[None, :] < lens[:, None])[:, None, None, :]
-            meta.scratch["decode"] = (idx, mask, width)
+            slots, lens = context_slots(meta)
+            width = slots.shape[1]
+            pos = torch.arange(width, device=slots.device)
+            mask = (pos[None, :] < lens[:, None])[:, None, None, :]
+            meta.scratch["decode"] = (slots.flatten(), mask, width)
         idx, mask, width = meta.scratch["decode"]
         heads, d = kv.k.shape[1], kv.k.shape[2]
         shape = (len(meta.req_rows), width, heads, d)

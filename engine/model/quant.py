@@ -32,26 +32,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from engine.config import QUANTS
 from kernels import cpu_ops
+from kernels.cpu_ops import cpu_flags
 
 INT4_GROUPS = (32,)  # the first that divides a matrix's input width is used; none: int8
 SMALL_ROWS = 4  # products of at most this many rows take the packed kernel
-
-
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 def bf16_native(flags: frozenset[str]) -> bool:

@@ -15,8 +15,9 @@ from engine.config import EngineConfig
 from engine.cutover import Cutovers
 from engine.dist.comm import Comm, GroupFailure
 from engine.mem.allocator import TokenAllocator
-from engine.mem.host_tier import attach_host_tier
+from engine.mem.host_tier import HostTier, size_host_tier
 from engine.mem.kv_pool import KVPool, size_pool
+from engine.mem.radix import RadixCache
 from engine.mem.req_table import ReqToTokenPool
 from engine.messages import EngineInfo, Launch, StepOutput
 from engine.model.llama import LlamaModel
@@ -25,11 +26,12 @@ from engine.model.quant import plan_quant
 from engine.model.shard import plan_shard
 from engine.obs import schema
 from engine.obs.receipts import Receipts
+from engine.obs.tracing import Tracing
 from engine.runner import BatchEntry, ModelRunner
 from engine.sched.admission import running_ceiling
 from engine.sched.group import GroupSplit, GroupView, PublishedGroup
-from engine.sched.rungs import register_ladder
 from engine.sched.scheduler import Scheduler
+from engine.sched.traces import RequestTraces
 from kernels import cpu_ops
 from kernels.select import choose_backend, get_backend
 
@@ -75,108 +77,127 @@ class EngineCore:
         launch: Launch | None = None,
         member: Any = None,
         join: Any = None,
+        tracing: Tracing | None = None,
+        group: GroupView | None = None,
     ) -> None:
-        """``member``: this rank's place in a group (``engine.ranks.Member``) when it joined
+        """``member``: this rank's place in a group (``engine.group_boot.Member``) when it joined
         before the engine was built (ranks above 0); ``join``: how rank 0 joins its group,
-        called once the model's shapes are checked against ``tp`` (``engine.ranks.boot``)."""
-        t0 = time.perf_counter()
-        self._t0 = t0
+        called once the model's shapes are checked against ``tp`` (``engine.group_boot.boot``);
+        ``tracing``: request spans when enabled; ``group``: this rank's view of its group when
+        built elsewhere (otherwise one rank alone, or the published group of ``tp`` ranks)."""
+        self._t0 = time.perf_counter()
         config.validate()
         if config.tp > 1 and member is None and join is None:
-            raise ValueError(f"tp {config.tp} needs its ranks: build it with engine.ranks.boot")
-        self.config = config
-        self.member = member
-        rank = member.rank if member is not None else 0
-        self.rank = rank
-        # without a boot log, the newest receipts are kept in memory (bounded) for inspection
-        self.receipts = Receipts(
-            config.log_file_of(rank) if config.receipts else None,
-            capture=config.receipts and config.log_file is None,
-            console=config.receipts and config.console_receipts,
-            enabled=config.receipts,
-            boot=member.boot if member is not None else None,
+            raise ValueError(
+                f"tp {config.tp} needs its ranks: build it with engine.group_boot.boot"
+            )
+        self.config, self.member = config, member
+        self.rank = member.rank if member is not None else 0
+        self.receipts = self._open_log(launch)
+        self._set_threads()
+        backend = self._choose_backend()
+        self._load(loaded, backend, join)
+        self._size_memory()
+        self.scheduler = self._build_scheduler(tracing, group)
+        self.cutovers = Cutovers(self)
+        self._stopped = False
+        self._ready = False
+        self.startup_seconds = time.perf_counter() - self._t0
+        if launch is None:
+            self.ready()
+
+    def _open_log(self, launch: Launch | None) -> Receipts:
+        """The boot log (without one, the newest receipts kept in memory, bounded), opened
+        with ``boot.start``."""
+        c, rank = self.config, self.rank
+        receipts = Receipts(
+            c.log_file_of(rank) if c.receipts else None,
+            capture=c.receipts and c.log_file is None, console=c.receipts and c.console_receipts,
+            enabled=c.receipts, boot=self.member.boot if self.member is not None else None,
             rank=rank,
-        )
-        self.receipts.emit(schema.BOOT_START, **boot_fields(config, launch))
+        )  # fmt: skip
+        receipts.emit(schema.BOOT_START, **boot_fields(c, launch))
         if launch is not None and launch.stale_pid is not None:
-            self.receipts.emit(schema.BOOT_STALE_PID, **launch.stale_pid)
+            receipts.emit(schema.BOOT_STALE_PID, **launch.stale_pid)
+        return receipts
+
+    def _set_threads(self) -> None:
         from engine.threads import choose_threads, usable_cpus  # torch-free; why in its docstring
 
-        ranks_here = config.tp if config.dist_init == "spawn" else 1  # spawned ranks share the CPUs
-        threads = choose_threads(config.threads, os.environ, usable_cpus(), ranks_here)
+        c = self.config
+        ranks_here = c.tp if c.dist_init == "spawn" else 1  # spawned ranks share the CPUs
+        threads = choose_threads(c.threads, os.environ, usable_cpus(), ranks_here)
         if threads is not None:
             torch.set_num_threads(threads)
-        # fast mode chooses the activations' dtype by what the CPU has (engine.model.quant)
-        self.quant = plan_quant(config.quant, config.device) if config.quant else None
-        self.dtype = dtype = self.quant.dtype if self.quant else DTYPES[config.dtype]
-        choice = choose_backend(config.attention_backend, config.device, dtype)
+
+    def _choose_backend(self) -> Any:
+        """Fast mode's plan (the activations' dtype by what the CPU has), and the attention
+        backend, which fails now, before any weight is loaded, if it cannot run here."""
+        c = self.config
+        self.quant = plan_quant(c.quant, c.device) if c.quant else None
+        self.dtype = self.quant.dtype if self.quant else DTYPES[c.dtype]
+        choice = choose_backend(c.attention_backend, c.device, self.dtype)
         if choice.note is not None:  # an unverified fast path is never taken silently
             self.receipts.notice("attention_backend", choice.note, process="scheduler")
             print(f"attest: {choice.note}", file=sys.stderr, flush=True)
-        # a backend that cannot run here fails now, before any weight is loaded
-        backend = get_backend(choice.name, config.device, dtype, config.page_size)
-        self.loaded = loaded or load_model(config.model)
-        cfg = self.loaded.config
-        self.model_config = cfg
+        return get_backend(choice.name, c.device, self.dtype, c.page_size)
+
+    def _load(self, loaded: LoadedModel | None, backend: Any, join: Any) -> None:
+        """The weights, checked against ``tp`` before any other rank starts (a ValueError
+        naming the numbers, exit 2), then rank 0 joins its group and the model is built."""
+        c = self.config
+        self.loaded = loaded or load_model(c.model)
+        cfg = self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
-        if config.tp > 1:
-            # before any other rank starts: a ValueError naming the numbers (exit 2)
-            plan_shard(
-                cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size, config.tp, 0
-            )
+        if c.tp > 1:
+            heads = (cfg.num_heads, cfg.num_kv_heads)
+            plan_shard(*heads, cfg.intermediate_size, cfg.vocab_size, c.tp, 0)
         if join is not None:
-            self.member = member = join(config, self.receipts.boot)
-        self.comm = member.comm if member is not None else Comm()
+            self.member = join(c, self.receipts.boot)
+        self.comm = self.member.comm if self.member is not None else Comm()
         self.model = LlamaModel(
-            cfg, self.loaded.weights, dtype, backend, device=config.device, comm=self.comm,
+            cfg, self.loaded.weights, self.dtype, backend, device=c.device, comm=self.comm,
             quant=self.quant,
         )  # fmt: skip
         self.receipts.emit(schema.BOOT_WEIGHTS, **self.weights_fields())
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
-        self.max_context = min(config.max_model_len or cfg.max_position, cfg.max_position)
-        kv_dtype = self.quant.kv_dtype if self.quant else dtype
-        itemsize = torch.finfo(kv_dtype).bits // 8
+        self.max_context = min(c.max_model_len or cfg.max_position, cfg.max_position)
+
+    def _size_memory(self) -> None:
+        """The KV pool (this rank's heads), its allocator, the request table, the runner."""
+        c, cfg = self.config, self.model_config
+        kv_dtype = self.quant.kv_dtype if self.quant else self.dtype
         kv_heads = self.model.local_kv_heads  # this rank's share of them
+        per_token = cfg.kv_bytes_per_token(torch.finfo(kv_dtype).bits // 8)
         self.sizing = size_pool(
-            config.kv_tokens_of(rank),
-            config.kv_memory_fraction,
-            cfg.kv_bytes_per_token(itemsize) * kv_heads // cfg.num_kv_heads,
-            config.page_size,
-        )
-        self.allocator = TokenAllocator(self.sizing.kv_tokens, config.page_size)
+            c.kv_tokens_of(self.rank), c.kv_memory_fraction,
+            per_token * kv_heads // cfg.num_kv_heads, c.page_size,
+        )  # fmt: skip
+        self.allocator = TokenAllocator(self.sizing.kv_tokens, c.page_size)
         self.kv = KVPool(
-            cfg.num_layers,
-            self.allocator.pool_slots,
-            kv_heads,
-            cfg.head_dim,
-            kv_dtype,
-            device=config.device,
-        )
+            cfg.num_layers, self.allocator.pool_slots, kv_heads, cfg.head_dim, kv_dtype,
+            device=c.device,
+        )  # fmt: skip
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
-        self.req_table = ReqToTokenPool(running_ceiling(config.max_running), self.max_context)
+        self.req_table = ReqToTokenPool(running_ceiling(c.max_running), self.max_context)
         self.runner = ModelRunner(self.model, self.kv, self.req_table)
-        self.scheduler = Scheduler(
-            config,
-            self.runner,
-            self.allocator,
-            self.req_table,
-            self.tokenizer,
-            self.max_context,
-            self.receipts,
-            group=self._group(),
+
+    def _build_scheduler(self, tracing: Tracing | None, group: GroupView | None) -> Scheduler:
+        """The prefix cache with its host tier (``tier.sized`` says how big), this rank's view
+        of its group, the request spans, and the scheduler over them."""
+        c, receipts = self.config, self.receipts
+        host = size_host_tier(
+            c.host_kv_tokens, c.device, self.kv, self.allocator, c.prefix_cache, receipts
         )
-        cache = self.scheduler.cache
-        self.host_tier = attach_host_tier(
-            cache, self.kv, config.host_kv_tokens, config.device, self.receipts
+        tier = (lambda cache: HostTier(cache, self.kv, host, receipts)) if host else None
+        cache = RadixCache(
+            self.allocator, disabled=not c.prefix_cache, receipts=receipts, tier=tier
         )
-        if config.relief_ladder:  # off: the registry stays empty, and says so once
-            register_ladder(self.scheduler, config.relief_throttle_iterations)
-        self.cutovers = Cutovers(self)
-        self._stopped = False
-        self._ready = False
-        self.startup_seconds = time.perf_counter() - t0
-        if launch is None:
-            self.ready()
+        self.host_tier = cache.tier
+        return Scheduler(
+            c, self.runner, self.allocator, self.req_table, cache, self.tokenizer,
+            self.max_context, receipts, group or self._group(), RequestTraces.of(tracing, receipts),
+        )  # fmt: skip
 
     def weights_fields(self) -> dict[str, Any]:
         """``boot.weights``: which mode runs (exact, bfloat16, int8, int4), on a CPU whether the
@@ -193,10 +214,10 @@ class EngineCore:
                 fields["ops_why"] = cpu_ops.why_not()
         return fields
 
-    def _group(self) -> GroupView | None:
-        """This rank's view of its group (None: one rank alone)."""
+    def _group(self) -> GroupView:
+        """This rank's view of its group (one rank alone publishes no floor)."""
         if self.config.tp == 1:
-            return None
+            return GroupView()
         c = self.config
         every = 1 if c.check_invariants else c.group_check_interval
         return PublishedGroup(
@@ -330,7 +351,7 @@ class EngineCore:
             vocab=cfg.vocab_size,
             context=self.max_context,
             dtype=str(self.dtype).removeprefix("torch."),
-            kv_tokens=self.scheduler.pool.capacity,  # the group's: its smallest rank's
+            kv_tokens=self.scheduler.memory.capacity,  # the group's: its smallest rank's
             kv_sizing=self.sizing.path,
             page_size=self.allocator.page_size,
             kv_bytes_per_token=self.kv.bytes_per_token,

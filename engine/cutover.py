@@ -30,8 +30,7 @@ from typing import Any
 from engine.messages import Cutover
 from engine.model.loader import LoadedModel, load_model
 from engine.obs import schema
-from engine.sched import checks
-from engine.sched import cutover as moves
+from engine.sched import carry, checks
 from engine.sched.admission import running_ceiling
 from engine.sched.census import Census, take_census
 
@@ -56,7 +55,7 @@ class Active:
     before: Census
     t0: float = field(default_factory=time.perf_counter)
     paused: float | None = None  # when new work stopped starting (a hold, or the change)
-    hold: moves.Hold | None = None
+    hold: carry.Hold | None = None
     loading: threading.Thread | None = None
     loaded: tuple[LoadedModel, Any] | None = None  # the file read, and the model built from it
     load_error: BaseException | None = None
@@ -136,7 +135,7 @@ class Cutovers:
         tokens, page = ask.kv_tokens, self.sched.page_size
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < page:
             raise Refused(f"a pool cutover needs kv_tokens, at least one page ({page})")
-        least = moves.in_flight_minimum(self.sched)
+        least = carry.in_flight_minimum(self.sched.requests.values(), self.sched.page_size)
         if tokens - tokens % page < least:
             raise Refused(
                 f"a pool of {tokens} tokens is smaller than the in-flight minimum of {least} "
@@ -173,7 +172,7 @@ class Cutovers:
             return self._finish(a, "rejected", reason, status)
         if a.ask.mode == "drain" and self.sched.running:
             if a.hold is None:
-                a.paused, a.hold = time.perf_counter(), moves.Hold(self.sched).close()
+                a.paused, a.hold = time.perf_counter(), carry.Hold(self.sched.admitter).close()
                 a.phases.append(("drain", time.time_ns(), 0, {}))
             return None
         if a.hold is not None:
@@ -192,10 +191,10 @@ class Cutovers:
         """The change itself, at an iteration boundary."""
         sched, t0 = self.sched, time.time_ns()
         if a.ask.kind == "pool":
-            carried = moves.resize_pool(sched, self.core.kv, a.ask.kv_tokens)
+            carried = carry.resize_pool(sched.memory, self.core.kv, a.ask.kv_tokens)
         else:
-            carried = moves.put_all_back(sched)
-            carried.evicted = moves.drop_prefix_cache(sched)
+            carried = carry.put_all_back(sched.memory)
+            carried.evicted = carry.drop_prefix_cache(sched.memory)
             loaded, model = a.loaded
             self.core.swap_model(loaded, model)
             a.loaded = None

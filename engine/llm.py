@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.group_boot import boot
 from engine.messages import Cutover
-from engine.ranks import boot
+from engine.obs.tracing import Tracing
 from engine.sampling import SamplingParams
 
 
@@ -24,12 +25,14 @@ class RequestOutput:
 class LLM:
     """``LLM(model=None, **engine_config)``: ``model`` is a GGUF file or a Hugging Face folder;
     None loads the default model. Keyword options are EngineConfig's fields (``tp=2``: two
-    ranks, this process rank 0). A group that fails (a split, a rank lost) raises
+    ranks, this process rank 0); ``tracing``: request spans (``engine.obs.tracing``). A group that fails (a split, a rank lost) raises
     ``GroupFailure`` from ``generate`` once its receipts are written."""
 
-    def __init__(self, model: str | None = None, **config: Any) -> None:
+    def __init__(
+        self, model: str | None = None, *, tracing: Tracing | None = None, **config: Any
+    ) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **config)
-        self.core = boot(self.config)  # with tp > 1, rank 0 of its group
+        self.core = boot(self.config, tracing=tracing)  # with tp > 1, rank 0 of its group
         self.tokenizer = self.core.tokenizer
 
     def close(self, reason: str = "closed") -> None:

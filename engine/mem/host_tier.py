@@ -1,5 +1,6 @@
 """HostTier: a second home for cached prefix KV, in host memory.
 
+The radix cache builds its tier (``RadixCache(..., tier=...)``: a factory handed the cache).
 Under pressure the radix cache spills cold device-only nodes here instead of dropping them
 (``RadixCache.evict`` hands them to ``spill``); a prefix hit that ends in host-only nodes loads
 their KV back into fresh device pages before the request's extend (``load``). The tier has its
@@ -55,7 +56,6 @@ class HostTier:
         self.nodes: set[TreeNode] = set()  # the nodes that hold host slots
         # totals since boot, for benchmarks: tokens moved and seconds spent moving them
         self.moved = {"spill_tokens": 0, "spill_s": 0.0, "load_tokens": 0, "load_s": 0.0}
-        cache.tier = self
 
     @property
     def capacity(self) -> int:
@@ -269,18 +269,17 @@ class HostTier:
             )
 
 
-def attach_host_tier(
-    cache: RadixCache, device_kv: KVPool, host_kv_tokens: int | None, device: str,
-    receipts: Receipts,
-) -> HostTier | None:  # fmt: skip
-    """Size the host tier (``tier.sized`` says how) and attach it to ``cache``; None when off."""
+def size_host_tier(
+    host_kv_tokens: int | None, device: str, device_kv: KVPool, allocator: TokenAllocator,
+    prefix_cache: bool, receipts: Receipts,
+) -> int:  # fmt: skip
+    """The host tier's size in tokens (``tier.sized`` says how); 0 when it is off (always
+    without a prefix cache: the tier holds cached prefixes only)."""
     sizing = size_host_pool(
-        host_kv_tokens, device, device_kv.bytes_per_token, cache.page_size,
-        device_tokens=cache.allocator.capacity,
+        host_kv_tokens, device, device_kv.bytes_per_token, allocator.page_size,
+        device_tokens=allocator.capacity,
     )  # fmt: skip
-    if sizing.host_kv_tokens and cache.disabled:
+    if sizing.host_kv_tokens and not prefix_cache:
         sizing = HostSizing("off", 0, sizing.bytes_per_token, sizing.page_size, "no prefix cache")
     receipts.emit(schema.TIER_SIZED, **sizing.as_fields())
-    if not sizing.host_kv_tokens:
-        return None
-    return HostTier(cache, device_kv, sizing.host_kv_tokens, receipts)
+    return sizing.host_kv_tokens

@@ -83,6 +83,10 @@ class KVPool:
         ]
         self.bytes_per_token = 2 * num_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
+    def take_over(self, other: KVPool) -> None:
+        """Serve ``other``'s layers from now on (a pool resized under its residents)."""
+        self.layers, self.pool_slots = other.layers, other.pool_slots
+
     @property
     def total_bytes(self) -> int:
         return self.bytes_per_token * self.pool_slots

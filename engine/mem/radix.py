@@ -27,7 +27,8 @@ import heapq
 import itertools
 import math
 import time
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -85,23 +86,34 @@ def _cut(t: torch.Tensor | None, n: int) -> tuple[torch.Tensor | None, torch.Ten
     return (None, None) if t is None else (t[:n], t[n:])
 
 
+class Tier(Protocol):
+    """What the cache and admission ask of the host tier (``host_tier.HostTier``)."""
+
+    def spill(self, victims: list[tuple[TreeNode, torch.Tensor]], rid: str | None) -> int: ...
+    def adopt(self, node: TreeNode) -> None: ...
+    def clear(self) -> None: ...
+    def load(self, match: MatchResult, limit: int, rid: str | None) -> MatchResult: ...
+
+
 class RadixCache:
+    """``tier``: builds the host tier under this cache (handed the cache); None: no tier."""
+
     def __init__(
         self,
         allocator: TokenAllocator,
         *,
         disabled: bool = False,
         receipts: Receipts | None = None,
+        tier: Callable[[RadixCache], Tier] | None = None,
     ) -> None:
         self.allocator = allocator
         self.page_size = allocator.page_size
         self.disabled = disabled
         self.receipts = receipts or Receipts()
-        # the host tier (host_tier.HostTier: spill, adopt, clear) once one is attached to it
-        self.tier: Any = None
         self._ids = itertools.count()
         self._tick = itertools.count()  # tie-breaker: LRU order among equal timestamps
         self.reset()
+        self.tier: Tier | None = tier(self) if tier is not None else None
 
     def reset_to_empty(self, reason: str = "reset") -> None:
         """Evict everything (locked nodes stay) and empty the host tier: for benchmarks that must

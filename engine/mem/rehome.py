@@ -55,10 +55,10 @@ def rehome_pool(
     src = torch.nonzero(slots >= 0).flatten()
     copy_kv(kv, src, dest, slots[src])
     # the commit: nothing below allocates or can fail halfway
-    kv.layers, kv.pool_slots = dest.layers, dest.pool_slots
+    kv.take_over(dest)
     allocator.resize(capacity, kept)
     for node, s in zip(nodes, node_slots):
         node.value = s
-    for (row, n), s in zip(rows, row_slots):
-        req_table.table[row, :n] = s
+    for (row, _), s in zip(rows, row_slots):
+        req_table.write(row, 0, s)
     return int(src.numel())

@@ -84,9 +84,10 @@ def write_death(
         with p.open("rb+") as f:  # a line cut by the kill ends here, not inside our receipt
             if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n":
                 f.write(b"\n")
-        receipts = Receipts(p, boot=str(last.get("boot")), rank=last["rank"])
-        receipts.seq = last["seq"]
-        receipts.iter = last.get("iter", 0) if isinstance(last.get("iter"), int) else 0
+        it = last.get("iter", 0) if isinstance(last.get("iter"), int) else 0
+        receipts = Receipts(
+            p, boot=str(last.get("boot")), rank=last["rank"], after=(last["seq"], it)
+        )
         for rid in lost:
             receipts.emit(schema.REQUEST_ABORT, rid=rid, reason=reason)
         receipts.emit(

@@ -61,11 +61,12 @@ class Receipts:
         boot: str | None = None,
         rank: int = 0,
         enabled: bool = True,
+        after: tuple[int, int] = (0, 0),
     ) -> None:
+        """``after``: the (seq, iter) of the last receipt of a log this one continues."""
         self.boot = boot or new_boot_id()
         self.rank = rank
-        self.iter = 0
-        self.seq = 0
+        self.seq, self.iter = after
         self.enabled = enabled  # False: nothing is written (the receipts-off benchmark arm)
         # capture keeps the newest receipts in memory: True keeps CAPTURE_LIMIT, an int that many
         limit = CAPTURE_LIMIT if capture is True else int(capture)
@@ -150,6 +151,15 @@ class Receipts:
         self._once.add(key)
         self.emit(event, **fields)
         return True
+
+    def next_iteration(self) -> int:
+        """A scheduler iteration begins: the receipts from here on carry its number."""
+        self.iter += 1
+        return self.iter
+
+    def listen(self, tap: Callable[[str, dict[str, Any]], None]) -> None:
+        """Hand every receipt from now on to ``tap`` too (request spans); one tap at most."""
+        self.tap = tap
 
     def notice(self, key: str, text: str, **fields: Any) -> bool:
         return self.once("notice:" + key, schema.NOTICE, text=text, **fields)

@@ -95,6 +95,15 @@ class _DropReporter:
         self.last_error: str | None = None  # the exporter's latest complaint, for the reason
         self._lock = threading.Lock()
 
+    def complained(self, msg: str) -> None:
+        """The exporter logged ``msg``: keep the cause (a retried connection error) over the
+        generic final message."""
+        if self.last_error is None or "due to timeout" not in msg:
+            self.last_error = msg
+
+    def exported(self, ok: bool) -> None:
+        self.failing = not ok
+
     def report(self, reason: str) -> None:
         with self._lock:
             if self.dropping:
@@ -121,9 +130,7 @@ class _ExporterLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             msg = record.getMessage()
-            # keep the cause (a retried connection error) over the generic final message
-            if self.reporter.last_error is None or "due to timeout" not in msg:
-                self.reporter.last_error = msg
+            self.reporter.complained(msg)
             if "dropping" in msg.lower():
                 self.reporter.report(msg)
         except Exception:
@@ -140,10 +147,10 @@ def _reporting_exporter(inner: Any, reporter: _DropReporter, url: str) -> Any:
             try:
                 result = inner.export(spans)
             except Exception as e:
-                reporter.failing = True
+                reporter.exported(False)
                 reporter.report(f"export to {url} failed ({type(e).__name__}: {e})")
                 return SpanExportResult.FAILURE
-            reporter.failing = result is not SpanExportResult.SUCCESS
+            reporter.exported(result is SpanExportResult.SUCCESS)
             if reporter.failing:
                 why = reporter.last_error or "the collector did not accept them"
                 reporter.report(f"export to {url} failed ({why})")

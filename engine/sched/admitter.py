@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
 
 import torch
 
 from engine.config import EngineConfig
-from engine.mem.radix import MatchResult, RadixCache
-from engine.mem.req_table import ReqToTokenPool
+from engine.mem.radix import MatchResult
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.sched.admission import (
@@ -42,7 +40,7 @@ from engine.sched.admission import (
     plan_in_step,
     step_room,
 )
-from engine.sched.group import AgreedPool
+from engine.sched.memory import Memory
 from engine.sched.request import Request, State
 
 Planned = list[tuple[Request, int]]  # (request, tokens scheduled for it this round)
@@ -55,32 +53,36 @@ class Admitter:
     def __init__(
         self,
         config: EngineConfig,
-        pool: AgreedPool,
-        req_table: ReqToTokenPool,
+        memory: Memory,
         receipts: Receipts,
         ratio: NewTokenRatio,
         running: list[Request],
         waiting: deque[Request],
     ) -> None:
         self.config = config
-        self.pool = pool  # the numbers its budget reads (agreed across the ranks of a group)
-        self.cache: RadixCache = pool.cache
-        self.req_table = req_table
+        self.memory = memory  # the numbers its budget reads (agreed across the ranks of a group)
+        self.cache = memory.cache
+        self.req_table = memory.req_table
         self.receipts = receipts
         self.ratio = ratio
         self.running = running
         self.waiting = waiting
-        self.page_size = pool.allocator.page_size
-        self.throttle: Any = None  # the relief ladder's throttle (rungs.Throttle) when registered
-        self.relief: Any = None  # the ladder (relief.ReliefRegistry) when rungs are registered
-        self.held: str | None = None  # why the line is held for good (a drain cutover), if it is
+        self.page_size = memory.page_size
+        self.closed_for: str | None = None  # why the line is closed for good (a drain cutover)
         self.decode: list[Request] = []  # this step's decoding requests, slots not yet taken
 
-    def admit(self, floor: int | None, decode: list[Request]) -> Planned:
-        """This round's chunks. ``floor``: the group's published floor (None: none was);
-        ``decode``: this step's decoding requests, whose remaining tokens are reserved."""
+    def close_line(self, reason: str) -> None:
+        """Nothing new starts until ``open_line``: everything in line defers with ``reason``."""
+        self.closed_for = reason
+
+    def open_line(self) -> None:
+        self.closed_for = None
+
+    def admit(self, decode: list[Request]) -> Planned:
+        """This round's chunks. ``decode``: this step's decoding requests, whose remaining
+        tokens are reserved. The budget reads the group's floor as memory's numbers now."""
         self.decode = list(decode)
-        budget = Budget(0, 0, 0, floor)
+        budget = Budget(0, 0, 0, None)
         self._reread(budget)
         planned: Planned = []
         chunking = [r for r in self.running if r.prefilling]
@@ -134,10 +136,10 @@ class Admitter:
         reason = room = None
         while self.waiting:
             room = self._room(planned)
-            if self.held is not None:  # nothing new starts while a cutover drains the residents
-                reason = self.held
+            if self.closed_for is not None:  # nothing new starts while a cutover drains
+                reason = self.closed_for
                 break
-            throttled = self.throttle is not None and self.throttle.active(self.receipts.iter)
+            throttled = self.memory.throttle.active(self.receipts.iter)
             reason = line_closed(
                 chunk_budget=cap, running=len(self.running), max_running=self.config.max_running,
                 throttled=throttled, step_budget=room,
@@ -149,7 +151,7 @@ class Admitter:
             match = self.cache.match_prefix(fill[: len(fill) - 1])  # leave one token to compute
             if match.length:  # lock first: its own prefix is not evictable for its budget
                 self.cache.inc_lock_ref(match.node)
-            budget.evictable = self.pool.evictable_size()
+            budget.evictable = self.memory.evictable()
             # the decode tokens it is expected to need come out of the same budget; with nothing
             # running there is no one to protect, and an estimate must not wedge an idle engine
             reserve = 0
@@ -170,7 +172,7 @@ class Admitter:
             if reason is not None:
                 if match.length:
                     self.cache.dec_lock_ref(match.node)
-                    budget.evictable = self.pool.evictable_size()
+                    budget.evictable = self.memory.evictable()
                 break
             self.waiting.popleft()
             self._start(req, match.node, match.slots)
@@ -205,24 +207,24 @@ class Admitter:
 
     def _reread(self, budget: Budget) -> None:
         """The budget's memory terms, read from the pool and the step's decoders now."""
-        pool = self.pool
-        pending = sum(pool.allocator.fresh_slots(r.kv_len, 1) for r in self.decode)
-        avail = pool.available_size()
+        mem = self.memory
+        pending = sum(mem.allocator.fresh_slots(r.kv_len, 1) for r in self.decode)
+        avail = mem.available()
         if avail < pending:  # the net flushes staged frees before such an allocation fails
-            avail += pool.staged_size()
+            avail += mem.staged()
         budget.local_avail = avail - pending
-        budget.evictable = pool.evictable_size()
-        budget.floor = pool.group.floor_now(pool.terms())  # moves with what this step freed
+        budget.evictable = mem.evictable()
+        budget.floor = mem.group.floor_now(mem.terms())  # moves with what this step freed
         rem = [r.params.max_tokens - len(r.output_ids) for r in self.decode]
         budget.decode_reserve = decode_reserve(rem, self.ratio.value)
 
     def _relieve(self, req: Request, want: int, budget: Budget) -> bool:
-        """Before ``req`` parks: ask the ladder (site ``park``) for what its next chunk of
-        ``want`` tokens lacks. True when the budget, read again, grew."""
-        if self.relief is None or not self.relief.serves("park"):
+        """Before ``req`` parks: ask memory (site ``park``) for what its next chunk of ``want``
+        tokens lacks. True when the budget, read again, grew."""
+        if not self.memory.serves("park"):
             return False
         before = budget.remaining
-        self.relief.relieve(want - max(0, before), "park", req.rid)
+        self.memory.make_room(want - max(0, before), "park", req.rid)
         self.decode = [r for r in self.decode if r.state is State.RUNNING]  # retracted: gone
         self._reread(budget)
         return budget.remaining > before

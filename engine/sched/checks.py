@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from engine.mem.ledger import ledger_violations
 from engine.sched.admission import running_ceiling
+from engine.sched.memory import Memory
 from engine.sched.request import Request, State
 
 Violation = tuple[str, dict[str, object]]
@@ -28,13 +29,12 @@ class Checked(Protocol):
     waiting: Sequence[Request]
     running: Sequence[Request]
     requests: dict[str, Request]
-
-    def private_tokens(self) -> int: ...
+    memory: Memory
 
 
 def violations(sched: Checked) -> list[Violation]:
     """Broken invariants, each reported once per kind as a receipt."""
-    found = ledger_violations(sched.allocator, sched.cache, sched.private_tokens())
+    found = ledger_violations(sched.allocator, sched.cache, sched.memory.private_tokens())
     found += state_violations(sched)
     for what, numbers in found:
         sched.receipts.violation(what, **numbers)

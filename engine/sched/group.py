@@ -8,7 +8,8 @@ states: the first leaves the local budget untouched, the second binds.
 With more than one rank (``PublishedGroup``) one all-reduce (MIN) per iteration publishes each
 memory term a decision reads: available, evictable and staged tokens, and their sum the floor.
 What this rank holds above the MIN is its *surplus*; for the rest of the iteration the
-scheduler reads its own numbers less that surplus (``AgreedPool``). Every rank runs the same
+scheduler reads its own numbers less that surplus (``memory.Memory``'s numbers). Every rank
+runs the same
 decisions on the same inputs, so the changes a step makes (an eviction, a retraction, a chunk)
 are the same on every rank and the agreed numbers stay equal after them; a rank whose larger
 pool would have admitted more does not. The allocation-site net stays rank-local: where the
@@ -27,7 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.dist.comm import GroupFailure
+from engine.messages import AbortRequest, AddRequest
 from engine.obs import schema
+
+Op = AddRequest | AbortRequest  # an input rank 0 took, handed to the others in order
 
 
 class GroupSplit(GroupFailure):
@@ -81,7 +85,7 @@ class GroupView:
         """The pool size the group can count on: the smallest rank's."""
         return local
 
-    def record(self, op: tuple[Any, ...]) -> None:
+    def record(self, op: Op) -> None:
         """An input rank 0 took between iterations (a request, an abort); one rank keeps none."""
 
     def sync(self, stop: str | None = None) -> None:
@@ -90,16 +94,6 @@ class GroupView:
 
     def agree(self, iteration: int, digest: str) -> None:
         """Before the forward: the ranks compare the batch each is about to run."""
-
-
-class FixedFloor(GroupView):
-    """A floor set from outside (tests, or a group whose reduce happens elsewhere)."""
-
-    def __init__(self, floor: int | None) -> None:
-        self.floor = floor
-
-    def published_floor(self) -> int | None:
-        return self.floor
 
 
 class PublishedGroup(GroupView):
@@ -117,7 +111,7 @@ class PublishedGroup(GroupView):
         self.receipts = receipts
         self.check_every = check_every
         self.reads_floor = reads_floor
-        self.ops: list[tuple[Any, ...]] = []  # rank 0: inputs since the last iteration
+        self.ops: list[Op] = []  # rank 0: inputs since the last iteration
         self.floor: int | None = None
         self._capacity = comm.min_ints([capacity])[0]  # once, at boot
 
@@ -147,7 +141,7 @@ class PublishedGroup(GroupView):
             return None
         return agreed.available + agreed.evictable
 
-    def record(self, op: tuple[Any, ...]) -> None:
+    def record(self, op: Op) -> None:
         if self.rank == 0:
             self.ops.append(op)
 
@@ -173,50 +167,9 @@ class PublishedGroup(GroupView):
 @dataclass(slots=True, frozen=True)
 class Intake:
     """What rank 0 broadcasts at the top of an iteration: the inputs it took since the last
-    one, in order (``("add", prompt_ids, params, rid, trace)``, ``("abort", rid, reason)``),
-    then whether to step, or why the group stops (``stop``)."""
+    one, in order (the frontend's own messages: ``AddRequest``, ``AbortRequest``), then whether
+    to step, or why the group stops (``stop``)."""
 
-    ops: list[tuple[Any, ...]]
+    ops: list[Op]
     step: bool = False
     stop: str | None = None
-
-
-class AgreedPool:
-    """The memory numbers decisions read: this rank's own, less its surplus this iteration.
-    ``owner``: the scheduler, whose ``allocator``, ``cache`` and ``group`` are read each time
-    (a test may set another group)."""
-
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
-
-    @property
-    def allocator(self) -> Any:
-        return self.owner.allocator
-
-    @property
-    def cache(self) -> Any:
-        return self.owner.cache
-
-    @property
-    def group(self) -> GroupView:
-        return self.owner.group
-
-    def local(self) -> Terms:
-        a = self.allocator
-        return Terms(a.available_size(), self.cache.evictable_size(), a.staged_size())
-
-    def terms(self) -> Terms:
-        return self.local() - self.group.surplus
-
-    def available_size(self) -> int:
-        return self.allocator.available_size() - self.group.surplus.available
-
-    def evictable_size(self) -> int:
-        return self.cache.evictable_size() - self.group.surplus.evictable
-
-    def staged_size(self) -> int:
-        return self.allocator.staged_size() - self.group.surplus.staged
-
-    @property
-    def capacity(self) -> int:
-        return self.group.capacity(self.allocator.capacity)

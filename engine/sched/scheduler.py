@@ -4,17 +4,17 @@ One ``step()`` is one forward over a flat batch: a decode token for every decodi
 plus prefill chunks admitted within this round's budget. The order inside a step is fixed:
 
 1. read the group's published floor (once, before any branch);
-2. fund the decodes: evict, else retract victims (requeued, never lost);
-3. admit: the in-flight chunked request first (before it parks the ladder is asked, and may
-   retract decoders: no slot of the step is taken yet), then waiting requests, all within
-   what the step budget leaves after the decodes (``step_tokens``);
+2. fund the decodes: memory makes room (its ladder; eviction, else retraction, as its floor);
+3. admit: the in-flight chunked request first (before it parks memory is asked at ``park``,
+   and may retract decoders: no slot of the step is taken yet), then waiting requests, all
+   within what the step budget leaves after the decodes (``step_tokens``);
 4. take the step's slots, forward, sample, and apply the results inside a free group.
 
 Every decision writes a receipt with its inputs. The decisions themselves are pure functions
 elsewhere (``admission.py``, ``victims.py``); admission's two phases are wired in
-``admitter.py``; memory is taken only through the allocation-site net (``net.py``); the
-retraction actuator is ``retract.py``; the invariant checks live in ``checks.py``. This module
-keeps intake, the ordered step, decode funding and endings.
+``admitter.py``; memory (the numbers, making room, the allocation-site net, release and
+retraction) is ``memory.py``'s; the invariant checks live in ``checks.py``. This module keeps
+intake, the ordered step, decode funding and endings.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ import torch
 
 from engine.config import EngineConfig
 from engine.mem.allocator import TokenAllocator
-from engine.mem.pages import whole_pages
 from engine.mem.radix import RadixCache
 from engine.mem.req_table import ReqToTokenPool
-from engine.messages import PoolSnapshot, StepOutput
+from engine.messages import AbortRequest, AddRequest, PoolSnapshot, StepOutput
 from engine.model.tokenizer import Tokenizer
 from engine.obs import schema
 from engine.obs.receipts import Receipts
@@ -40,55 +39,55 @@ from engine.sampling import SamplingParams, sample_for
 from engine.sched import checks
 from engine.sched.admission import NewTokenRatio
 from engine.sched.admitter import Admitter, Planned
-from engine.sched.group import AgreedPool, GroupView
-from engine.sched.net import AllocationNet
-from engine.sched.relief import ReliefRegistry
+from engine.sched.group import GroupView
+from engine.sched.memory import Memory
 from engine.sched.request import Request, State
-from engine.sched.retract import retract
-from engine.sched.rungs import relieve_decode
 from engine.sched.traces import RequestTraces
 
 
 class Scheduler:
+    """Built whole: the memory authority and admission are made here from the parts given
+    (``cache`` with its host tier, if any, attached; ``group``: this rank's view of its group;
+    ``traces``: the request spans when tracing is on)."""
+
     def __init__(
         self,
         config: EngineConfig,
         runner: ModelRunner,
         allocator: TokenAllocator,
         req_table: ReqToTokenPool,
+        cache: RadixCache,
         tokenizer: Tokenizer,
         max_context: int,
-        receipts: Receipts | None = None,
-        cache: RadixCache | None = None,
-        group: GroupView | None = None,
+        receipts: Receipts,
+        group: GroupView,
+        traces: RequestTraces | None = None,
     ) -> None:
         self.config = config
         self.runner = runner
         self.allocator = allocator
-        self.req_table = req_table
         self.tokenizer = tokenizer
         self.max_context = max_context
-        self.receipts = receipts or Receipts()
-        self.cache = cache or RadixCache(
-            allocator, disabled=not config.prefix_cache, receipts=self.receipts
-        )
-        self.group = group or GroupView()
-        self.pool = AgreedPool(self)  # the numbers decisions read: agreed across the ranks
-        self.relief = ReliefRegistry(self.receipts)
+        self.receipts = receipts
+        self.cache = cache
+        self.group = group
+        self.traces = traces
         self.ratio = NewTokenRatio()
         self.page_size = allocator.page_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        self.memory = Memory(
+            allocator, req_table, cache, group, receipts, (self.running, self.waiting),
+            self.ratio, config.relief_ladder, config.relief_throttle_iterations,
+        )  # fmt: skip
         self.admitter = Admitter(
-            config, self.pool, req_table, self.receipts, self.ratio, self.running, self.waiting
+            config, self.memory, receipts, self.ratio, self.running, self.waiting
         )
-        self.net = AllocationNet(allocator, self.cache, req_table, self.relief, self.receipts)
         self._ids = itertools.count()
         self._was_busy = False
         self._digest_iter = -1  # the last iteration whose receipt carried a batch digest
         self.generated = 0  # tokens sampled since boot: progress the iteration receipt counts
-        self.traces: RequestTraces | None = None  # set by RequestTraces.attach when tracing is on
         torch.manual_seed(config.seed)
 
     # -- intake -------------------------------------------------------------------------------
@@ -107,8 +106,8 @@ class Scheduler:
         check_prompt(prompt_ids, vocab_size=vocab, max_context=self.max_context)
         check_param_ids(params.stop_token_ids, params.logit_bias, vocab_size=vocab)
         rid = rid or f"r-{next(self._ids)}"
-        if not self._fits_pool(len(prompt_ids) + 1):  # a decision: it could never run here
-            cap = self.pool.capacity
+        if not self.memory.fits(len(prompt_ids) + 1):  # a decision: it could never run here
+            cap = self.memory.capacity
             self.receipts.emit(
                 schema.REQUEST_REJECT, rid=rid, reason="exceeds_pool",
                 need=len(prompt_ids) + 1, capacity=cap,
@@ -117,7 +116,9 @@ class Scheduler:
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
         req = Request.create(rid, prompt_ids, params, self.tokenizer, self.max_context, trace_id)
-        self.group.record(("add", list(prompt_ids), params, rid, trace_id))  # the others' input
+        self.group.record(
+            AddRequest(rid=rid, prompt_ids=list(prompt_ids), params=params, trace=trace_id)
+        )
         self.requests[rid] = req
         self.waiting.append(req)
         if self.traces is not None:
@@ -136,7 +137,7 @@ class Scheduler:
             return None
         if req.state is State.WAITING:
             self.waiting.remove(req)
-        self.group.record(("abort", rid, reason))
+        self.group.record(AbortRequest(rid=rid, reason=reason))
         out = self._end(req, reason)
         if not self.has_work():
             checks.audit_idle(self)
@@ -149,17 +150,17 @@ class Scheduler:
 
     def step(self) -> list[StepOutput]:
         """One iteration, in the module docstring's order; returns what it produced."""
-        self.receipts.iter += 1
+        self.receipts.next_iteration()
         self.group.sync()  # rank 0 of a group hands the others what arrived
-        floor = self.group.publish(self.pool.local(), self.receipts)  # once, before any branch
+        self.group.publish(self.memory.local(), self.receipts)  # once, before any branch
         outs: list[StepOutput] = []
         decode = self._fund_decode(outs)
-        chunks = self.admitter.admit(floor, decode)  # before any slot is taken: it may retract
+        chunks = self.admitter.admit(decode)  # before any slot is taken: it may retract
         decode = [r for r in decode if r.state is State.RUNNING]  # what a retraction left
         batch = [self._entry(req, [req.output_ids[-1]], "decode") for req in decode]
         need = sum(self.allocator.fresh_slots(r.kv_len, n) for r, n in chunks)
-        # admission counted evictable tokens: pay them (the ladder, then eviction as its floor)
-        self.relief.pay("admission", need, self.pool.available_size, self.cache.evict)
+        if need > self.memory.available():  # admission counted evictable tokens: pay them
+            self.memory.make_room(need - self.memory.available(), "admission")
         batch += [self._entry(r, r.fill_ids[r.kv_len : r.kv_len + n], "extend") for r, n in chunks]
         if batch and self.group.world > 1:  # before the forward: the ranks run the same batch
             self._agree(decode, chunks)
@@ -170,7 +171,7 @@ class Scheduler:
 
     def _entry(self, req: Request, tokens: list[int], site: str) -> BatchEntry:
         """The batch entry of ``tokens`` for ``req``, its slots taken through the net."""
-        slots = self.net.alloc(req, len(tokens), site)
+        slots = self.memory.alloc(req, len(tokens), site)
         entry = BatchEntry(req.row, req.kv_len, tokens, slots)
         req.kv_len += len(tokens)
         return entry
@@ -216,27 +217,23 @@ class Scheduler:
     # -- decode memory and retraction ---------------------------------------------------------
 
     def _fund_decode(self, outs: list[StepOutput]) -> list[Request]:
-        """The decoding requests whose next slot is funded; retracts victims until they are."""
-        alloc = self.allocator
+        """The decoding requests whose next slot is funded; memory makes room until they are
+        (its ladder, then eviction or retraction as its floor)."""
+        memory = self.memory  # agreed numbers: every rank retracts the same victims
         while True:
             decode = [r for r in self.running if r.state is State.RUNNING and not r.prefilling]
-            need = sum(alloc.fresh_slots(r.kv_len, 1) for r in decode)
-            pool = self.pool  # agreed numbers: every rank retracts the same victims
-            if need <= pool.available_size() + pool.staged_size():  # staged: the net flushes
+            need = sum(self.allocator.fresh_slots(r.kv_len, 1) for r in decode)
+            if need <= memory.available() + memory.staged():  # staged: the net flushes them
                 return decode
-            if relieve_decode(self, need):  # the ladder, then evict / retract as its floor
+            if memory.make_room(need - memory.available(), "decode").progress:
                 continue
             req = self.running[0]
-            if not self._fits_pool(req.kv_len + 1):
+            if not memory.fits(req.kv_len + 1):
                 # alone, and its next token does not fit the whole pool: it never can
                 need = req.kv_len + 1
-                outs.append(self._end(req, "exceeds_pool", need=need, capacity=self.pool.capacity))
+                outs.append(self._end(req, "exceeds_pool", need=need, capacity=memory.capacity))
                 continue
             return decode  # the pool is held elsewhere: the allocation-site net takes over
-
-    def _retract(self, victims: list[Request], need: int, site: str = "decode") -> None:
-        """The one actuator that takes running requests back to the front of the line."""
-        retract(self, victims, need, site)
 
     # -- results and endings ------------------------------------------------------------------
 
@@ -260,23 +257,6 @@ class Scheduler:
                 self.allocator.free_group_end()
         return outs
 
-    def release(self, req: Request) -> None:
-        """Hand a request's KV back: computed pages into the prefix cache (for reuse), the
-        partial last page to the allocator, the prefix lock released, the row freed."""
-        if req.row is not None:
-            slots = self.req_table.slots(req.row, req.kv_len)
-            self.cache.insert(req.fill_ids[: req.kv_len], slots)
-            aligned = req.kv_len - req.kv_len % self.page_size
-            if aligned < req.kv_len:
-                self.allocator.free(slots[aligned:])
-            if req.prefix_node is not None:
-                self.cache.dec_lock_ref(req.prefix_node)
-            self.req_table.free(req.row)
-        if req in self.running:
-            self.running.remove(req)
-        req.row, req.prefix_node = None, None
-        req.kv_len = req.cached_len = req.prefill_target = 0
-
     def _end(
         self,
         req: Request,
@@ -287,7 +267,7 @@ class Scheduler:
         """End a request (finish, or abort with ``abort_reason`` and the ``numbers`` behind it)."""
         if abort_reason is not None:
             req.finish_reason = "abort"
-        self.release(req)
+        self.memory.release(req)
         req.state = State.FINISHED
         self.requests.pop(req.rid, None)
         common = dict(
@@ -303,28 +283,15 @@ class Scheduler:
 
     # -- accounting ---------------------------------------------------------------------------
 
-    def _fits_pool(self, tokens: int) -> bool:
-        """Whether ``tokens`` fit the whole pool at all (whole pages)."""
-        return whole_pages(tokens, self.page_size) <= self.pool.capacity
-
-    def _private_of(self, req: Request) -> int:
-        if req.row is None:
-            return 0
-        return whole_pages(req.kv_len, self.page_size) - req.cached_len
-
-    def private_tokens(self) -> int:
-        """KV slots the running requests own privately (the ledger's ``private`` term)."""
-        return sum(self._private_of(r) for r in self.running)
-
     def snapshot(self) -> PoolSnapshot:
         """The state after a step: the ``iteration`` receipt, /metrics and /health read it."""
-        cache, pool = self.cache, self.pool  # with several ranks, the group's (agreed) numbers
+        cache, mem = self.cache, self.memory  # with several ranks, the group's (agreed) numbers
         parked = sum(1 for r in self.running if r.state is State.PARKED)
         return PoolSnapshot(
             running=len(self.running) - parked, parked=parked, waiting=len(self.waiting),
             kv_used=self.allocator.used_size() - cache.evictable_size(),
-            kv_cached=cache.total_size(), kv_evictable=pool.evictable_size(),
-            kv_free=pool.available_size(), kv_staged=pool.staged_size(), kv_total=pool.capacity,
+            kv_cached=cache.total_size(), kv_evictable=mem.evictable(),
+            kv_free=mem.available(), kv_staged=mem.staged(), kv_total=mem.capacity,
             new_token_ratio=self.ratio.value, receipts=dict(self.receipts.counts),
             **schema.progress(self.generated, self.receipts.counts),
         )  # fmt: skip

@@ -1,8 +1,9 @@
 """The scheduler's request spans: one span per scheduled request, with child spans for its
 queue, prefill chunks, parks and decode, driven by the scheduler's own receipts.
 
-Off unless tracing is configured; ``RequestTraces.attach`` then hooks one receipt tap and the
-scheduler's two untapped moments (a request handed in, a step done).
+Off unless tracing is configured; ``RequestTraces.of`` then listens to the receipts, and the
+scheduler it is handed to calls it at its two untapped moments (a request handed in, a step
+done).
 """
 
 from __future__ import annotations
@@ -44,17 +45,15 @@ class RequestTraces:
         self.tracing = tracing
         self.receipts = receipts
         self.live: dict[str, _Live] = {}
+        receipts.listen(self.on_receipt)
 
     @classmethod
-    def attach(cls, scheduler: Any, tracing: Tracing) -> RequestTraces | None:
-        """Trace ``scheduler``'s requests (it calls ``open`` and ``step_done`` on its
-        ``traces``); does nothing when tracing is off."""
-        if not tracing.enabled:
+    def of(cls, tracing: Tracing | None, receipts: Any) -> RequestTraces | None:
+        """The request spans of the scheduler writing ``receipts`` (it calls ``open`` and
+        ``step_done``); None when tracing is off."""
+        if tracing is None or not tracing.enabled:
             return None
-        traces = cls(tracing, scheduler.receipts)
-        scheduler.traces = traces
-        scheduler.receipts.tap = traces.on_receipt
-        return traces
+        return cls(tracing, receipts)
 
     def _failed(self, e: Exception) -> None:
         try:

@@ -51,6 +51,10 @@ class _Server(uvicorn.Server):
             host, port = self.sock.getsockname()[:2]
             self.driver.serving(host, port)
 
+    def stop(self) -> None:
+        """Stop serving (uvicorn's own exit flag)."""
+        self.should_exit = True
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # uvicorn would re-raise the signal after its shutdown, turning an orderly stop into a
         # death by signal; we stop the engine ourselves and exit 0 instead.
@@ -114,7 +118,7 @@ def _serve(
             write_death(cfg.log_file, "scheduler_died", driver.lost_at_death, driver.exit_code)
         status["code"] = EXIT_SCHEDULER_DIED
         if server:
-            server[0].should_exit = True
+            server[0].stop()
 
     driver = EngineDriver(
         cfg, on_dead=on_dead, launch=launch, drain_s=drain_timeout, stall_s=stall_timeout

@@ -65,16 +65,14 @@ def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None
         on_drop=lambda text: sink and sink[0].notice("spans_dropped", text, process="scheduler"),
     )
     try:
-        from engine.ranks import boot
-        from engine.sched.traces import RequestTraces
+        from engine.group_boot import boot
 
         with tracing.span("boot", **{"attest.process": "scheduler"}) as span:
-            core = boot(config, launch=launch)
+            core = boot(config, launch=launch, tracing=tracing)
             info = core.info()
             if span is not None:
                 span.set_attributes(_boot_attributes(core, info))
         sink.append(core.receipts)
-        RequestTraces.attach(core.scheduler, tracing)
         ready = Ready(info=info, tokenizer=core.tokenizer, snapshot=core.scheduler.snapshot())
         conn.send(ready)
     except BaseException as e:

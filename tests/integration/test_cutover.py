@@ -14,7 +14,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.messages import Cutover
 from engine.sched.census import backlog, take_census
-from engine.sched.group import FixedFloor
+from tests.fakes import SetFloor, llm_with_group
 from tests.tiny_model import make_tiny_model
 
 
@@ -181,18 +181,19 @@ def test_bad_cutovers_are_refused_with_a_receipt_and_serving_goes_on(tiny_model_
 
 
 def test_the_census_counts_parked_requests_and_each_request_once(tiny_model_dir):
-    llm = LLM(model=tiny_model_dir, kv_tokens=1024, chunk_tokens=8, page_size=4)
+    group = SetFloor(None)
+    llm = llm_with_group(tiny_model_dir, group, kv_tokens=1024, chunk_tokens=8, page_size=4)
     sched = llm.core.scheduler
     parked = sched.add_request(list(range(2, 40)), SamplingParams(max_tokens=3, ignore_eos=True))
     waiting = sched.add_request(list(range(2, 30)), SamplingParams(max_tokens=3, ignore_eos=True))
     sched.step()
-    sched.group = FixedFloor(0)
+    group.floor = 0
     sched.step()
     assert parked.state.value == "parked"
     census = take_census(sched.running, sched.waiting)
     assert (census.running, census.parked, census.waiting) == ((), (parked.rid,), (waiting.rid,))
     assert census.backlog == (38 - 8) + 28
-    # a request in two lists (the field notes' cutover bug) is counted once, and named
+    # a request in two lists (a carry that did not consume what it moved) is counted once, and named
     assert backlog(sched.running, [*sched.waiting, parked]) == census.backlog
     doubled = take_census(sched.running, [*sched.waiting, parked])
     assert doubled.backlog == census.backlog and doubled.doubled() == [parked.rid]

@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.obs.receipts import Receipts
 from engine.sched import checks
-from engine.sched.relief import ReliefRegistry
 
 
 def params(n: int) -> SamplingParams:
@@ -27,10 +25,17 @@ def test_one_rank_publishes_no_floor_and_the_local_budget_decides(tiny_model_dir
     assert admit["floor"] is None and admit["local_avail"] == 256
 
 
-def test_each_relief_rung_records_paid_short_or_raised_and_the_ladder_stops_when_met():
+def bare_memory(tiny_model_dir):
+    """The memory of an engine with no production rung (``relief_ladder=False``)."""
+    llm = LLM(model=tiny_model_dir, kv_tokens=256, relief_ladder=False)
+    return llm.core.scheduler.memory, llm.core.receipts
+
+
+def test_each_relief_rung_records_paid_short_or_raised_and_the_ladder_stops_when_met(
+    tiny_model_dir,
+):
     """Law 4: relief is a ladder tried in order, each rung fallible; each outcome is a receipt."""
-    receipts = Receipts(capture=True)
-    registry = ReliefRegistry(receipts)
+    memory, receipts = bare_memory(tiny_model_dir)
     asked: list[tuple[str, int]] = []
 
     def pays(name: str, share: int | None):
@@ -42,11 +47,11 @@ def test_each_relief_rung_records_paid_short_or_raised_and_the_ladder_stops_when
 
         return provider
 
-    registry.register("thin", pays("thin", 3))  # pays less than asked
-    registry.register("broken", pays("broken", None))  # raises
-    registry.register("full", pays("full", 100))  # pays the whole remainder
-    registry.register("spare", pays("spare", 100))  # need is met: never asked
-    assert registry.relieve(10) == 10
+    memory.register("thin", pays("thin", 3))  # pays less than asked
+    memory.register("broken", pays("broken", None))  # raises
+    memory.register("full", pays("full", 100))  # pays the whole remainder
+    memory.register("spare", pays("spare", 100))  # need is met: never asked
+    assert memory.make_room(10, "alloc_net").relieved == 10
     assert asked == [("thin", 10), ("broken", 7), ("full", 7)]
     (engage,) = receipts.of("relief.engage")
     assert engage["shortfall"] == 10 and engage["rungs"] == 4
@@ -60,12 +65,11 @@ def test_each_relief_rung_records_paid_short_or_raised_and_the_ladder_stops_when
     assert errors == [None, "RuntimeError: broken is gone", None]
 
 
-def test_an_empty_relief_registry_says_so_once():
+def test_an_empty_relief_registry_says_so_once(tiny_model_dir):
     """Law 5: a relief registry that is empty says so once, not once per allocation failure."""
-    receipts = Receipts(capture=True)
-    registry = ReliefRegistry(receipts)
-    assert registry.relieve(4) == 0
-    assert registry.relieve(8) == 0
+    memory, receipts = bare_memory(tiny_model_dir)
+    assert memory.make_room(4, "alloc_net").relieved == 0
+    assert memory.make_room(8, "alloc_net").relieved == 0
     notices = receipts.of("notice")
     assert len(notices) == 1
     assert notices[0]["text"].startswith("no relief provider is registered")

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.sched.memory import Rung
 from tests.integration.test_pressure import roomy_and_tight, three_at_once, workload
 
 
@@ -38,15 +39,48 @@ def rungs_of(receipts) -> list[tuple[str, str, str]]:
 
 def test_the_ladder_is_registered_in_order_and_says_so_once(tiny_model_dir):
     plain = LLM(model=tiny_model_dir, kv_tokens=256)
-    names = [n for n, _, _ in plain.core.scheduler.relief.providers]
+    names = [r.name for r in plain.core.scheduler.memory.rungs]
     assert names == ["evict", "throttle", "retract"]  # no host tier: no spill rung
     tiered = LLM(model=tiny_model_dir, kv_tokens=256, host_kv_tokens=512)
-    names = [n for n, _, _ in tiered.core.scheduler.relief.providers]
+    names = [r.name for r in tiered.core.scheduler.memory.rungs]
     assert names == ["evict", "spill", "throttle", "retract"]
     texts = [x["text"] for x in tiered.core.receipts.of("notice")]
     assert texts == ["relief ladder: evict -> spill -> throttle -> retract -> park"]
     off = LLM(model=tiny_model_dir, kv_tokens=256, relief_ladder=False)
-    assert off.core.scheduler.relief.providers == [] and off.core.receipts.of("notice") == []
+    assert off.core.scheduler.memory.rungs == [] and off.core.receipts.of("notice") == []
+
+
+LADDER = ["evict", "spill", "throttle", "retract"]
+
+
+def engagements(receipts) -> list[tuple[str, list[str]]]:
+    """Each engagement of the ladder, in log order: its site and the rungs it asked."""
+    out: list[tuple[str, list[str]]] = []
+    for x in receipts.records:
+        if x["event"] == "relief.engage":
+            out.append((x["site"], []))
+        elif x["event"] == "relief.rung":
+            out[-1][1].append(x["rung"])
+    return out
+
+
+@pytest.mark.parametrize("host_kv_tokens", [0, 4096])
+def test_every_engagement_asks_its_rungs_in_ladder_order(tiny_model_dir, host_kv_tokens):
+    """Law 4: whichever site asks, the rungs are asked in the one order (evict, spill,
+    throttle, retract), each at most once, and only where they serve."""
+    prompts, params = workload(300, n=16, seed=3)
+    llm = LLM(
+        model=tiny_model_dir, kv_tokens=three_at_once(prompts, params), chunk_tokens=32,
+        max_running=8, check_invariants=True, host_kv_tokens=host_kv_tokens,
+    )  # fmt: skip
+    llm.generate(prompts, params)
+    seen = engagements(llm.core.receipts)
+    assert {site for site, _ in seen} >= {"decode", "admission"}
+    assert any(len(asked) > 1 for _, asked in seen)  # an order was there to keep
+    for site, asked in seen:
+        assert asked == sorted(asked, key=LADDER.index) and len(set(asked)) == len(asked)
+        assert site in ("decode", "park") or "retract" not in asked
+        assert site != "park" or not {"evict", "spill"} & set(asked)
 
 
 def test_under_pressure_the_ladder_pays_and_each_rung_says_what_it_paid(tiny_model_dir):
@@ -93,7 +127,7 @@ def test_a_faulty_rung_is_an_outcome_and_the_ladder_goes_on(tiny_model_dir, faul
         return 0 if fault == "pays_short" else n  # it frees nothing either way
 
     sched = llm.core.scheduler
-    sched.relief.providers.insert(0, ("faulty", faulty, frozenset({"decode", "admission"})))
+    sched.memory.rungs.insert(0, Rung("faulty", faulty, frozenset({"decode", "admission"})))
     with deadline(60):  # a rung believed on its word would spin decode funding forever
         got = [o.token_ids for o in llm.generate(prompts, params)]
     assert got == expected and asked  # it was asked, and it changed no token
@@ -214,15 +248,21 @@ def test_retraction_is_never_asked_once_the_batch_is_being_built(tiny_model_dir)
         model=tiny_model_dir, kv_tokens=three_at_once(prompts, params), chunk_tokens=32,
         max_running=8, check_invariants=True,
     )  # fmt: skip
-    reg = llm.core.scheduler.relief
-    name, evict, sites = reg.providers[0]
+    memory = llm.core.scheduler.memory
+    name, evict, sites = memory.rungs[0]
+    asked_at: list[str] = []
 
     def evict_except_at_decode(n: int) -> int:
-        if reg.site != "decode":
+        if asked_at[-1] != "decode":
             raise RuntimeError("evict rung broke")
         return evict(n)
 
-    reg.providers[0] = (name, evict_except_at_decode, sites)
+    def engaged(kind: str, fields: dict) -> None:
+        if kind == "relief.engage":
+            asked_at.append(fields["site"])
+
+    llm.core.receipts.listen(engaged)
+    memory.rungs[0] = Rung(name, evict_except_at_decode, sites)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
     rungs = rungs_of(llm.core.receipts)
     assert ("admission", "evict", "raised") in rungs  # the broken rung was reached there
@@ -235,7 +275,7 @@ def test_the_throttle_never_idles_an_engine_with_nothing_running(tiny_model_dir)
     engine. While one request runs, the next waits for the throttle; alone, each is admitted."""
     llm = LLM(model=tiny_model_dir, kv_tokens=256, check_invariants=True)
     sched = llm.core.scheduler
-    sched.admitter.throttle.until = 10**9  # held for good
+    sched.memory.throttle.until = 10**9  # held for good
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     with deadline(30):
         a, b = [sched.add_request([3, 4, 5 + i], params) for i in range(2)]

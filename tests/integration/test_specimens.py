@@ -1,4 +1,4 @@
-"""The field notes' specimens, reproduced in-process, and one decision test per receipt kind:
+"""The failures the laws were written against, reproduced in-process, and one decision test per receipt kind:
 each receipt carries the inputs of its decision."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.sched.group import FixedFloor
-from engine.sched.net import KVPoolExhausted
+from engine.sched.memory import KVPoolExhausted
 from engine.sched.victims import pick_victims
+from tests.fakes import SetFloor, llm_with_group
 
 
 def tiny(tiny_model_dir, **kw):
@@ -26,9 +26,9 @@ def run(llm, prompts, **params):
 
 
 def test_a_published_floor_of_zero_admits_nothing_and_says_why(tiny_model_dir):
-    llm = tiny(tiny_model_dir, kv_tokens=1024)
+    group = SetFloor(0)
+    llm = llm_with_group(tiny_model_dir, group, kv_tokens=1024, check_invariants=True)
     sched = llm.core.scheduler
-    sched.group = FixedFloor(0)
     req = sched.add_request([5] * 20, SamplingParams(max_tokens=4, ignore_eos=True))
     for _ in range(3):
         assert sched.step() == []
@@ -38,19 +38,21 @@ def test_a_published_floor_of_zero_admits_nothing_and_says_why(tiny_model_dir):
     assert defer["local_avail"] == 1024  # the local pool had room: the floor is what bound
     floors = llm.core.receipts.of("group.floor")
     assert floors and floors[-1]["floor"] == 0
-    sched.group = FixedFloor(None)  # no floor published: the local term decides alone
+    group.floor = None  # no floor published: the local term decides alone
     while sched.has_work():
         sched.step()
     assert req.finish_reason == "length"
 
 
 def test_an_inflight_chunk_parks_at_zero_budget_and_resumes(tiny_model_dir):
-    llm = tiny(tiny_model_dir, kv_tokens=1024, chunk_tokens=8, page_size=4)
+    group = SetFloor(None)
+    kw = dict(kv_tokens=1024, chunk_tokens=8, page_size=4, check_invariants=True)
+    llm = llm_with_group(tiny_model_dir, group, **kw)
     sched = llm.core.scheduler
     req = sched.add_request(list(range(2, 40)), SamplingParams(max_tokens=3, ignore_eos=True))
     sched.step()  # first chunk of 8
     assert req.kv_len == 8 and req.prefilling
-    sched.group = FixedFloor(0)
+    group.floor = 0
     sched.step()
     assert req.state.value == "parked" and req.kv_len == 8  # zero tokens scheduled, kept
     park = llm.core.receipts.of("admission.park")[0]
@@ -63,7 +65,7 @@ def test_an_inflight_chunk_parks_at_zero_budget_and_resumes(tiny_model_dir):
     }
     sched.step()
     assert len(llm.core.receipts.of("admission.park")) == 1  # parked once, not once per round
-    sched.group = FixedFloor(None)
+    group.floor = None
     while sched.has_work():
         sched.step()
     unpark = llm.core.receipts.of("admission.unpark")[0]
@@ -124,7 +126,7 @@ def test_the_net_retries_with_relieved_memory_instead_of_raising(tiny_model_dir)
         alloc.free(held[:n])
         return n
 
-    sched.relief.register("test-tenant", give_back)
+    sched.memory.register("test-tenant", give_back)
     sched.step()  # token 13 needs a fresh page; the relief pays it
     r = llm.core.receipts
     relief = r.of("alloc.relief")[0]
@@ -150,8 +152,8 @@ def test_each_relief_rung_leaves_a_receipt_and_a_raising_one_is_an_outcome(tiny_
         alloc.free(held[:n])
         return n
 
-    sched.relief.register("broken", broken)
-    sched.relief.register("tenant", give_back)
+    sched.memory.register("broken", broken)
+    sched.memory.register("tenant", give_back)
     sched.step()
     r = llm.core.receipts
     (engage,) = r.of("relief.engage")
@@ -180,6 +182,26 @@ def test_an_empty_net_raises_the_original_error_with_the_numbers(tiny_model_dir)
     oom = r.of("alloc.oom")[0]
     assert oom["need"] == 4 and oom["available"] == 0 and oom["capacity"] == 128
     assert r.of("alloc.retry")[0]["ok"] is False
+
+
+def test_the_net_relieves_once_and_retries_once_before_it_raises(tiny_model_dir):
+    """Law 5: one relief, one retry of the same call, then the original error: a tenant that
+    frees nothing is asked once, not again and again."""
+    llm = tiny(
+        tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False, relief_ladder=False
+    )
+    sched = llm.core.scheduler
+    sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
+    sched.step()
+    exhaust(llm)
+    asked: list[int] = []
+    sched.memory.register("stingy", lambda n: asked.append(n) or 0)
+    with pytest.raises(KVPoolExhausted, match="cannot fund 4 tokens"):
+        sched.step()
+    r = llm.core.receipts
+    assert asked == [4] and len(r.of("relief.engage")) == 1
+    assert len(r.of("alloc.relief")) == 1 and len(r.of("alloc.oom")) == 1
+    assert [x["ok"] for x in r.of("alloc.retry")] == [False]
 
 
 # -- decisions carry their inputs ------------------------------------------------------------

@@ -61,8 +61,8 @@ def test_unconfigured_tracing_attaches_nothing_and_starts_no_thread(tiny_model_d
     cfg = EngineConfig(model=tiny_model_dir, kv_tokens=1024)
     tracing = setup_tracing(cfg.otlp_endpoint, "scheduler", env={})
     assert tracing is DISABLED
-    llm = LLM(model=tiny_model_dir, kv_tokens=1024)
-    assert RequestTraces.attach(llm.core.scheduler, tracing) is None
+    llm = LLM(model=tiny_model_dir, kv_tokens=1024, tracing=tracing)
+    assert RequestTraces.of(tracing, llm.core.receipts) is None
     assert llm.core.scheduler.traces is None and llm.core.receipts.tap is None
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert {t.name for t in threading.enumerate()} == before
@@ -74,9 +74,9 @@ def test_pressure_receipts_land_on_their_own_request_spans(tiny_model_dir, trace
     llm = LLM(
         model=tiny_model_dir, kv_tokens=three_at_once(prompts, params), chunk_tokens=32,
         max_running=8, check_invariants=True, relief_ladder=False,  # parks, not the ladder, pay
+        tracing=tracing,
     )  # fmt: skip
     sched = llm.core.scheduler
-    RequestTraces.attach(sched, tracing)
     rids = [
         sched.add_request(p, q, trace_id=traceparent(i)).rid
         for i, (p, q) in enumerate(zip(prompts, params))
@@ -140,9 +140,8 @@ def test_pressure_receipts_land_on_their_own_request_spans(tiny_model_dir, trace
 
 def test_every_span_ends_when_the_engine_stops_mid_request(tiny_model_dir, traced):
     tracing, exporter = traced
-    llm = LLM(model=tiny_model_dir, kv_tokens=2048, chunk_tokens=16)
+    llm = LLM(model=tiny_model_dir, kv_tokens=2048, chunk_tokens=16, tracing=tracing)
     sched = llm.core.scheduler
-    RequestTraces.attach(sched, tracing)
     params = SamplingParams(max_tokens=200, ignore_eos=True)
     for i in range(3):
         sched.add_request([5 + i] * 40, params, trace_id=traceparent(i))

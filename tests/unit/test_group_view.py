@@ -1,12 +1,16 @@
-"""PublishedGroup and AgreedPool over a scripted peer: what a rank reads once the floor is
+"""PublishedGroup and the memory's agreed numbers over a scripted peer: what a rank reads once the floor is
 published, when it writes group.floor, and how a digest mismatch is caught."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from engine.obs.receipts import Receipts
-from engine.sched.group import NONE, AgreedPool, GroupSplit, PublishedGroup
+from engine.sched.admission import NewTokenRatio
+from engine.sched.group import NONE, GroupSplit, PublishedGroup
+from engine.sched.memory import Memory
 
 
 class Peer:
@@ -27,6 +31,8 @@ class Peer:
 
 
 class Pool:
+    page_size = 1
+
     def __init__(self, available: int, evictable: int, staged: int, capacity: int) -> None:
         self.available, self.evictable, self.staged, self.capacity = (
             available, evictable, staged, capacity,
@@ -42,10 +48,9 @@ class Pool:
         return self.evictable
 
 
-class Owner:
-    def __init__(self, pool: Pool, group) -> None:
-        self.allocator = self.cache = pool
-        self.group = group
+def agreed(pool: Pool, group) -> Memory:
+    """The memory over ``pool`` (its allocator and its cache at once), reading ``group``."""
+    return Memory(pool, None, pool, group, Receipts(), ([], deque()), NewTokenRatio(), ladder=False)
 
 
 def group(theirs: list[int], reads_floor: bool = True, digest=None):
@@ -57,14 +62,13 @@ def test_the_larger_rank_reads_the_smaller_ranks_numbers_and_says_the_floor_bind
     g, r = group([640])  # capacity 640 first, then the peer's terms
     assert g.capacity(1024) == 640
     pool = Pool(available=900, evictable=300, staged=10, capacity=1024)
-    owner = Owner(pool, g)
-    view = AgreedPool(owner)
+    view = agreed(pool, g)
     g.comm.theirs = [300, 300, 40, 600]
     floor = g.publish(view.local(), r)
     assert floor == 600 and view.capacity == 640
-    assert (view.available_size(), view.evictable_size(), view.staged_size()) == (300, 300, 10)
+    assert (view.available(), view.evictable(), view.staged()) == (300, 300, 10)
     pool.available -= 100  # a chunk both ranks take: the agreed numbers move alike
-    assert view.available_size() == 200
+    assert view.available() == 200
     assert g.floor_now(view.terms()) == 500
     (rec,) = r.of("group.floor")
     assert rec["floor"] == 600 and rec["local"] == 1200 and rec["available"] == 300
@@ -73,19 +77,19 @@ def test_the_larger_rank_reads_the_smaller_ranks_numbers_and_says_the_floor_bind
 def test_the_smallest_rank_reads_its_own_numbers_and_writes_no_floor_receipt():
     g, r = group([2048])
     pool = Pool(available=300, evictable=300, staged=0, capacity=640)
-    view = AgreedPool(Owner(pool, g))
+    view = agreed(pool, g)
     g.comm.theirs = [900, 300, 10, 1200]
     assert g.publish(view.local(), r) == 600
     assert g.surplus == NONE  # every MIN is this rank's own
-    assert view.available_size() == 300 and r.of("group.floor") == []
+    assert view.available() == 300 and r.of("group.floor") == []
 
 
 def test_the_test_switch_reads_the_ranks_own_pool():
     g, r = group([2048], reads_floor=False)
-    view = AgreedPool(Owner(Pool(900, 300, 0, 1024), g))
+    view = agreed(Pool(900, 300, 0, 1024), g)
     g.comm.theirs = [300, 300, 0, 600]
     g.publish(view.local(), r)
-    assert g.surplus == NONE and view.available_size() == 900
+    assert g.surplus == NONE and view.available() == 900
     assert g.floor_now(view.terms()) is None
 
 

@@ -28,9 +28,11 @@ class Tiered:
     def __init__(self, device: int, host: int, page_size: int = 1) -> None:
         self.a = TokenAllocator(device, page_size)
         self.rec = Receipts(capture=True)
-        self.c = RadixCache(self.a, receipts=self.rec)
         self.kv = KVPool(LAYERS, self.a.pool_slots, 1, 2, torch.float32)
-        self.tier = HostTier(self.c, self.kv, host, self.rec)
+        self.c = RadixCache(
+            self.a, receipts=self.rec, tier=lambda c: HostTier(c, self.kv, host, self.rec)
+        )
+        self.tier = self.c.tier
         self.ps = page_size
 
     def compute(self, tokens: list[int]) -> None:

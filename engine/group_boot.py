@@ -8,7 +8,7 @@ same scheduler, each over its own shard of the weights and its own KV pool. Deci
 published floor (``engine/sched/group.py``), so the ranks run the same batches.
 
 Starting: ``dist_init="spawn"`` (the default) makes rank 0 start ranks 1..N-1 on this machine
-as child processes that die with it (``python -m engine.ranks``), meeting on a loopback port;
+as child processes that die with it (``python -m engine.group_boot``), meeting on a loopback port;
 ``"env"`` joins a group whose ranks were started on their own, one per node or by torchrun,
 with MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK (``engine worker`` starts a rank above 0).
 Each rank writes its own boot log (``EngineConfig.log_file_of``) under rank 0's boot id.
@@ -29,7 +29,9 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.dist.comm import GroupFailure, TorchComm, local_init_method
 from engine.dist.spawn import dies_with_parent, free_port
+from engine.messages import AbortRequest, AddRequest
 from engine.model.loader import LoadedModel
+from engine.obs.tracing import Tracing
 from engine.sched.group import GroupSplit, Intake
 
 JOIN_GRACE_S = 10.0  # how long rank 0 waits for the others to stop before killing them
@@ -115,7 +117,7 @@ def join_as_rank0(config: EngineConfig, boot: str) -> Member:
     args = [str(config.tp), init, str(config.group_timeout), config.device]
     procs = {
         r: subprocess.Popen(
-            [sys.executable, "-m", "engine.ranks", str(r), *args],
+            [sys.executable, "-m", "engine.group_boot", str(r), *args],
             preexec_fn=dies_with_parent(),
             start_new_session=True,  # signals to rank 0's group are rank 0's to act on
         )
@@ -131,10 +133,16 @@ def join_as_rank0(config: EngineConfig, boot: str) -> Member:
     return member
 
 
-def boot(config: EngineConfig, loaded: LoadedModel | None = None, launch: Any = None) -> EngineCore:
+def boot(
+    config: EngineConfig,
+    loaded: LoadedModel | None = None,
+    launch: Any = None,
+    tracing: Tracing | None = None,
+) -> EngineCore:
     """The engine of ``config``: with ``tp`` > 1, rank 0 of its group (the others started or
-    met once the model's shapes are checked against ``tp``)."""
-    return EngineCore(config, loaded, launch, join=join_as_rank0 if config.tp > 1 else None)
+    met once the model's shapes are checked against ``tp``); ``tracing``: request spans."""
+    join = join_as_rank0 if config.tp > 1 else None
+    return EngineCore(config, loaded, launch, join=join, tracing=tracing)
 
 
 def follow(core: EngineCore) -> int:
@@ -159,15 +167,16 @@ def follow(core: EngineCore) -> int:
         return 0
 
 
-def _apply(sched: Any, op: tuple[Any, ...]) -> None:
-    if op[0] == "add":
-        _, ids, params, rid, trace = op
+def _apply(sched: Any, op: AddRequest | AbortRequest) -> None:
+    if isinstance(op, AddRequest):
         try:
-            sched.add_request(ids, params, rid=rid, trace_id=trace)
+            sched.add_request(op.prompt_ids, op.params, rid=op.rid, trace_id=op.trace)
         except ValueError as e:  # rank 0 took it: refusing it here is a split
-            raise GroupSplit(f"rank {sched.group.rank} refused {rid} that rank 0 took: {e}") from e
-    elif op[0] == "abort":
-        sched.abort(op[1], reason=op[2])
+            raise GroupSplit(
+                f"rank {sched.group.rank} refused {op.rid} that rank 0 took: {e}"
+            ) from e
+    else:
+        sched.abort(op.rid, reason=op.reason)
 
 
 def _interrupt(signum: int, frame: object) -> None:

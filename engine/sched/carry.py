@@ -1,6 +1,7 @@
-"""A cutover's moves on the scheduler, each made at an iteration boundary (between steps, when
-no free group is open): hold the line, put residents back in line, resize the pool under the
-residents, drop the prefix cache. The order and the receipts are ``engine/cutover.py``'s.
+"""A cutover's carry, each move made at an iteration boundary (between steps, when no free
+group is open): hold the line, put residents back in line, resize the pool under the
+residents, drop the prefix cache. The order and the receipts are ``engine/cutover.py``'s; the
+moves go through the memory authority (``memory.Memory``) and admission, never the scheduler.
 
 The carry consumes what it moves: a resident put back in line leaves the resident set (its row
 freed, its computed KV to the prefix cache) before it joins the line, so no request is ever in
@@ -9,14 +10,16 @@ two places; the census after a cutover checks it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.mem.kv_pool import KVPool
 from engine.mem.pages import whole_pages
 from engine.mem.rehome import rehome_pool
+from engine.sched.admitter import Admitter
+from engine.sched.memory import Memory
 from engine.sched.request import Request
-from engine.sched.scheduler import Scheduler
 from engine.sched.victims import cutover_order
 
 
@@ -24,15 +27,15 @@ class Hold:
     """Closes the line to new admissions while a drain runs: admission defers everything in
     line with reason ``cutover`` until it opens again."""
 
-    def __init__(self, sched: Scheduler) -> None:
-        self.sched = sched
+    def __init__(self, admitter: Admitter) -> None:
+        self.admitter = admitter
 
     def close(self) -> Hold:
-        self.sched.admitter.held = "cutover"
+        self.admitter.close_line("cutover")
         return self
 
     def open(self) -> None:
-        self.sched.admitter.held = None
+        self.admitter.open_line()
 
 
 @dataclass(slots=True)
@@ -51,54 +54,55 @@ class Carried:
                 "evicted": self.evicted}  # fmt: skip
 
 
-def in_flight_minimum(sched: Scheduler) -> int:
+def in_flight_minimum(live: Iterable[Request], page_size: int) -> int:
     """The smallest pool every live request still fits: its tokens so far and the next one."""
-    need = max((len(r.fill_ids) + 1 for r in sched.requests.values()), default=1)
-    return whole_pages(need, sched.page_size)
+    need = max((len(r.fill_ids) + 1 for r in live), default=1)
+    return whole_pages(need, page_size)
 
 
-def put_back(sched: Scheduler, reqs: list[Request], need: int, carried: Carried) -> None:
+def put_back(memory: Memory, reqs: list[Request], need: int, carried: Carried) -> None:
     """Residents back to the front of the line with the tokens they generated (retracted and
     requeued, with receipts): they leave the resident set first."""
     if not reqs:
         return
-    sched._retract(reqs, need, "cutover")
+    memory.retract(reqs, need, "cutover")
     carried.requeued += [r.rid for r in reqs]
     carried.requeued_tokens += sum(len(r.output_ids) for r in reqs)
 
 
-def resize_pool(sched: Scheduler, kv: KVPool, capacity: int) -> Carried:
+def resize_pool(memory: Memory, kv: KVPool, capacity: int) -> Carried:
     """A resident carry into a pool of ``capacity`` tokens: residents that cannot fit are put
     back in line, cached prefix is kept up to what fits and the rest evicted (``eviction``,
     reason ``cutover``), then every page in use is copied into the new pool and the slot
     tables re-homed, so the residents keep decoding."""
-    alloc, cache, carried = sched.allocator, sched.cache, Carried()
-    for req in cutover_order(sched.running):
+    alloc, cache, carried = memory.allocator, memory.cache, Carried()
+    for req in cutover_order(memory.running):
         short = alloc.used_size() - cache.evictable_size() - capacity
         if short <= 0:
             break
-        put_back(sched, [req], short, carried)
+        put_back(memory, [req], short, carried)
     excess = alloc.used_size() - capacity
     if excess > 0:
         carried.evicted = cache.evict(excess, reason="cutover")
-    rows = [(r.row, r.kv_len) for r in sched.running]
-    rehome_pool(alloc, kv, sched.req_table, cache, rows, capacity)
-    carried.rids = [r.rid for r in sched.running]
-    carried.tokens = sum(r.kv_len for r in sched.running)
+    rows = [(r.row, r.kv_len) for r in memory.running]
+    rehome_pool(alloc, kv, memory.req_table, cache, rows, capacity)
+    carried.rids = [r.rid for r in memory.running]
+    carried.tokens = sum(r.kv_len for r in memory.running)
     return carried
 
 
-def put_all_back(sched: Scheduler) -> Carried:
+def put_all_back(memory: Memory) -> Carried:
     """Every resident back in line, in resident order (a weights carry: they re-prefill with
     the new weights)."""
     carried = Carried()
-    put_back(sched, list(sched.running), 0, carried)
+    put_back(memory, list(memory.running), 0, carried)
     return carried
 
 
-def drop_prefix_cache(sched: Scheduler) -> int:
+def drop_prefix_cache(memory: Memory) -> int:
     """Evict every cached prefix and empty the host tier (their KV belongs to the old weights);
     returns the device tokens evicted."""
-    before = sched.cache.total_size()
-    sched.cache.reset_to_empty(reason="cutover")
-    return before - sched.cache.total_size()
+    cache = memory.cache
+    before = cache.total_size()
+    cache.reset_to_empty(reason="cutover")
+    return before - cache.total_size()

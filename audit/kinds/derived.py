@@ -224,6 +224,7 @@ class Derived(Checker[D]):
         if gated:
             gated.numbers.update(env)
             return gated
+        said: list[str] = []  # what is derived before a zero denominator, for its sentence
         try:
             said = _let(self.claim, env)
             if self.control is not None:

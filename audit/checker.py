@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from audit.foreign import TEXT_BOOT, Matcher, plain
 from audit.lastseq import LastSeq
@@ -33,6 +33,7 @@ from audit.status import ClaimVerdict, Status
 from audit.wedge import Wedge, WedgeDetector
 from engine.obs import schema
 
+C = TypeVar("C", bound=Claim)  # a kind's own claim type
 MAX_NAMED = 5  # rids named in a sentence
 _OPENS, _ENDS = (schema.REQUEST_RECEIVED,), (schema.REQUEST_FINISH, schema.REQUEST_ABORT)
 
@@ -208,12 +209,13 @@ def in_flight_at_end(stats: ReadStats) -> ClaimVerdict | None:
     )
 
 
-class Checker:
+class Checker(Generic[C]):
     """One claim. Subclasses subscribe in ``__init__`` and decide in ``decide``."""
 
     needs_complete = True
+    needs_end = False  # gate 4: a log cut with requests in flight cannot decide the claim
 
-    def __init__(self, claim: Claim, bus: Bus) -> None:
+    def __init__(self, claim: C, bus: Bus) -> None:
         self.claim = claim
         self.requires = SelCount(claim.requires, bus) if claim.requires else None
 
@@ -242,7 +244,7 @@ class Checker:
                     Status.PASS, f"vacuous pass (allowed by the spec): {not_engaged_why}", "vacuous"
                 )
             return outcome(Status.UNDECIDED, not_engaged_why, "no_engagement")
-        if self.claim.needs_end:
+        if self.needs_end:
             return in_flight_at_end(ctx.stats)
         return None
 

@@ -1,32 +1,18 @@
-"""What a spec is once parsed: selectors (which receipts or lines a claim reads), claims, the
-regime a window applies to, and the spec that holds them. Plain frozen values; ``audit.parse``
+"""What a spec is once parsed: selectors (which receipts or lines a claim reads), the common part
+of every claim (each kind's own parameters are in its module, ``audit.kinds``), the regime a
+window applies to, and the spec that holds them. Plain frozen values; ``audit.parse``
 builds them from TOML and checks every name against the schema.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from audit import expr
 from audit.recipe import Recipe
 
-CLAIM_KINDS = (
-    "engaged",
-    "never",
-    "every",
-    "ratio",
-    "compare",
-    "control",
-    "invariant",
-    "ranks_agree",
-    "final",
-)
-# the claim kinds that can reach FAIL (an `engaged` claim is PASS or UNDECIDED by design: a signal
-# that never appeared is not a decided negative)
-CAN_FAIL = frozenset(CLAIM_KINDS) - {"engaged"}
 # the operators a field predicate may use (``Pred.test`` knows each one)
 OPS = ("==", "!=", "<", "<=", ">", ">=", "in", "not_in", "regex", "exists")
 
@@ -121,41 +107,20 @@ class WedgeSel:
 Selector = ReceiptSel | TextSel | WedgeSel
 
 
-@dataclass(slots=True, frozen=True)
-class Sum:
-    select: tuple[ReceiptSel, ...]
-    field: str
-
-
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, kw_only=True)
 class Claim:
+    """What every claim has, whatever its kind. Each kind's own parameters are a subclass of this
+    in the kind's module (``audit.kinds``); its ``kind`` names that module's ``ClaimKind``."""
+
     id: str
     kind: str
     description: str = ""
-    select: tuple[Selector, ...] = ()
-    requires: tuple[Selector, ...] = ()
+    requires: tuple[Selector, ...] = ()  # what shows the mechanism engaged
     allow_vacuous: bool = False
-    min: int = 1
-    when: tuple[ReceiptSel, ...] = ()
-    then: tuple[ReceiptSel, ...] = ()
-    when_key: str = "rid"
-    then_key: str = "rid"
-    closes: tuple[ReceiptSel, ...] = ()  # an `every` key's terminal events (boot.stop closes all)
-    close_key: str = "rid"
-    stops: tuple[ReceiptSel, ...] = ()  # records that end the run, as boot.stop ends a rank's
-    key: str | None = None  # a `final` claim's key: the last record of each is checked
-    needs_end: bool = False  # a log cut with requests in flight cannot decide it
-    counts: dict[str, tuple[Selector, ...]] = field(default_factory=dict)
-    sums: dict[str, Sum] = field(default_factory=dict)
-    let: dict[str, expr.Expr] = field(default_factory=dict)
-    check: expr.Expr | None = None
-    numerator: expr.Expr | None = None
-    denominator: expr.Expr | None = None
-    at_least: float | None = None
-    at_most: float | None = None
-    name: str = ""  # the ratio's name in its sentence
-    control_engaged: str | None = None
-    fields: tuple[str, ...] = ()
+
+    def common(self) -> dict[str, Any]:
+        """The common part as keywords, for a kind's parser to build its own claim with."""
+        return {f.name: getattr(self, f.name) for f in fields(Claim)}
 
 
 @dataclass(slots=True, frozen=True)

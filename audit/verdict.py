@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from audit.boot_ranks import WorldSize
 from audit.checker import Bus, Context, SelCount
-from audit.claims import build_checker
+from audit.kinds import build_checker
 from audit.model import Spec
-from audit.ranks import WorldSize
 from audit.reader import scan
 from audit.readstats import ReadStats
 from audit.status import ClaimVerdict, Status, merge

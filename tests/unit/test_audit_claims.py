@@ -118,6 +118,18 @@ def test_ratio_shows_its_arithmetic_and_is_undecided_on_a_zero_denominator(tmp_p
     assert (v.status, v.reason) == ("UNDECIDED", "zero_denominator")
 
 
+def test_a_derived_number_over_a_zero_denominator_is_undecided(tmp_path):
+    claim = (
+        'kind = "compare"\ncount = { engagements = { kind = "relief.engage" }, '
+        'parks = { kind = "admission.park" } }\nlet = { share = "parks / engagements" }\n'
+        'check = "share <= 1"\n'
+    )
+    v = decide(tmp_path, claim, ladder(0, 3))
+    assert (v.status, v.reason) == ("UNDECIDED", "zero_denominator")
+    assert "a denominator is zero (counts)" in v.why
+    assert decide(tmp_path, claim, ladder(4, 2)).status == "PASS"
+
+
 def test_compare_with_sums(tmp_path):
     claim = (
         'kind = "compare"\nsum = { evicted = { select = { kind = "eviction" }, field = "evicted" }, '

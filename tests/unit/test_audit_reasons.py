@@ -31,7 +31,7 @@ def emitted_codes() -> set[str]:
     """The reason codes of audit/: literal ones, and the reader's, plain and for the control."""
     reader = _reader_codes()
     codes = set(reader)
-    for path in sorted((ROOT / "audit").glob("*.py")):
+    for path in sorted((ROOT / "audit").rglob("*.py")):  # the kind modules in audit/kinds too
         for n in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(n, ast.Call) and getattr(n.func, "id", None) == "outcome"):
                 continue

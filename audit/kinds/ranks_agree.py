@@ -1,11 +1,8 @@
-"""The ranks of a boot: how many its ``boot.start`` says it has (``WorldSize``), and the
-``ranks_agree`` claim (``RanksAgree``): per (boot, iteration), every rank made the same decisions.
+"""The ``ranks_agree`` claim kind: per (boot, iteration), every rank of the boot made the same
+decisions (the selected receipts' fields, as an order-free multiset). A boot's rank count is what
+its ``boot.start`` declares (``audit.boot_ranks``).
 
-A boot's rank count is ``config.tp`` in its ``boot.start`` (the engine's configuration as
-written: ``--tp N``, ``LLM(tp=N)``). A boot that says N ranks and whose logs hold fewer cannot
-be judged for agreement: a rank log is missing (not passed, or the rank never wrote one).
-
-What RanksAgree decides, boot by boot (ranks are compared only within their boot):
+What it decides, boot by boot (ranks are compared only within their boot):
 - an iteration at which the ranks' decisions differ is a FAIL naming the boot, the iteration, and
   each rank's decisions (a single decision is shown with its fields: two digests side by side);
 - a rank with no selected receipt at an iteration where another rank has one, while its own log
@@ -21,46 +18,42 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from itertools import islice
+from dataclasses import dataclass
 from typing import Any
 
-from audit.checker import MAX_NAMED, Bus, Checker, Context, name_some, outcome
+from audit.boot_ranks import WORLD_FIELD, WorldSize
+from audit.checker import Bus, Checker, Context, name_some, outcome
+from audit.kinds.base import ClaimKind, select
 from audit.model import Claim, ReceiptSel
+from audit.parse_select import Events, err, field
 from audit.status import ClaimVerdict, Status
 from engine.obs import schema
 
-WORLD_FIELD = "tp"  # boot.start's config field that says how many ranks the boot has
 _MASK64 = (1 << 64) - 1
 _DECISION = 1 << 128 | 1 << 63  # one decision more in a digest sum, its hash made >= 0
 _SHOWN = 40  # characters of a field's value in a sentence
 
 
-class WorldSize:
-    """Per boot, the rank count its boot.start declares (``config.tp``), where one says it."""
+@dataclass(slots=True, frozen=True, kw_only=True)
+class RanksAgreeClaim(Claim):
+    select: tuple[ReceiptSel, ...]  # receipts only: text lines carry no iteration
+    fields: tuple[str, ...]  # the decision each selected receipt stands for
 
-    def __init__(self, bus: Bus) -> None:
-        self.declared: dict[str, int] = {}
-        bus.kinds[schema.BOOT_START].append(self._start)
 
-    def _start(self, rec: dict[str, Any]) -> None:
-        config = rec.get("config")
-        n = config.get(WORLD_FIELD) if isinstance(config, dict) else None
-        if type(n) is int and n > 0:
-            self.declared[rec["boot"]] = max(self.declared.get(rec["boot"], 0), n)
-
-    def most(self) -> int:
-        return max(self.declared.values(), default=0)
-
-    def missing(self, seen: dict[str, list[int]]) -> list[tuple[str, list[int], int, int]]:
-        """(boot, the first ranks no log holds, how many, ranks declared) for each boot that
-        lacks some (a count, never a list of them all: a hostile ``tp`` stays cheap)."""
-        out = []
-        for boot, n in sorted(self.declared.items()):
-            here = {r for r in seen.get(boot, ()) if 0 <= r < n}
-            if len(here) < n:
-                first = islice((r for r in range(n) if r not in here), MAX_NAMED)
-                out.append((boot, list(first), n - len(here), n))
-        return out
+def parse(t: dict[str, Any], where: str, head: Claim, events: Events) -> RanksAgreeClaim:
+    sel = select(t, where, events)
+    fields = t.get("fields", ["rid"])
+    if not isinstance(fields, list) or not fields:
+        raise err(where, "'fields' is a non-empty list of field names")
+    for s in sel:
+        if s.event is not None:
+            raise err(
+                where,
+                f"{s.kind!r} is a text event: ranks agree per iteration, which only receipts carry",
+            )
+        for f in fields:
+            field(s, f, f"{where} fields")
+    return RanksAgreeClaim(**head.common(), select=sel, fields=tuple(fields))
 
 
 def _hashed(raw: tuple) -> int:
@@ -78,11 +71,11 @@ def _frozen(v: Any) -> Any:
     return v
 
 
-class RanksAgree(Checker):
+class RanksAgree(Checker[RanksAgreeClaim]):
     """Per (boot, iteration), every rank of the boot made the same decisions: the selected
     receipts' fields, as an order-free multiset."""
 
-    def __init__(self, claim: Claim, bus: Bus) -> None:
+    def __init__(self, claim: RanksAgreeClaim, bus: Bus) -> None:
         super().__init__(claim, bus)
         # (boot, rank) -> iter -> its decisions: one decision as read, (kind, *fields), so a
         # FAIL can show it; more than one as the sum of (hash + _DECISION) over them: the count
@@ -182,19 +175,7 @@ class RanksAgree(Checker):
                 **nums,
             )
         if missing:
-            shown = [
-                f"boot {b} says {n} ranks ({schema.BOOT_START} config.{WORLD_FIELD}), no log "
-                f"holds rank {', '.join(map(str, a))}"
-                + (f" and {k - len(a)} more" if k > len(a) else "")
-                for b, a, k, n in missing
-            ]
-            return outcome(
-                Status.UNDECIDED,
-                f"{name_some(shown)}: a rank log is missing (pass every rank's log: a directory "
-                "or a glob), so agreement cannot be judged",
-                "rank_missing",
-                **nums,
-            )
+            return _rank_missing(missing, nums)
         gated = self.gate(ctx, any(self.digest.values()), "no decision receipts to compare")
         if gated:
             gated.numbers.update(nums)
@@ -235,5 +216,28 @@ class RanksAgree(Checker):
         )
 
 
+def _rank_missing(
+    missing: list[tuple[str, list[int], int, int]], nums: dict[str, int]
+) -> ClaimVerdict:
+    """UNDECIDED: boots that declare ranks no log holds (``WorldSize.missing``)."""
+    shown = [
+        f"boot {b} says {n} ranks ({schema.BOOT_START} config.{WORLD_FIELD}), no log "
+        f"holds rank {', '.join(map(str, a))}" + (f" and {k - len(a)} more" if k > len(a) else "")
+        for b, a, k, n in missing
+    ]
+    return outcome(
+        Status.UNDECIDED,
+        f"{name_some(shown)}: a rank log is missing (pass every rank's log: a directory "
+        "or a glob), so agreement cannot be judged",
+        "rank_missing",
+        **nums,
+    )
+
+
 def _cut(s: str) -> str:
     return s if len(s) <= _SHOWN else s[: _SHOWN - 3] + "..."
+
+
+KINDS = (
+    ClaimKind("ranks_agree", frozenset({"select", "fields"}), parse, RanksAgree, can_fail=True),
+)

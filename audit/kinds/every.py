@@ -1,81 +1,94 @@
-"""The claim kinds that read receipts one by one (``engaged``, ``never``, ``every``,
-``invariant``), and ``build_checker``, which picks the checker for a claim's kind (the
-derived-number kinds are in ``audit.derived``, ``final`` in ``audit.final``, ``ranks_agree`` in
-``audit.ranks``).
-
-Each checker subscribes to the receipts and text lines its selectors scope, keeps the least state
-its question needs, and gives one verdict at the end, through the gates of ``audit.checker``.
+"""The ``every`` claim kind: each key with a ``when`` record has a ``then`` record later on the
+same (boot, rank), before the key's window closes (at a ``closes`` record of that key, boot.stop,
+or one of the claim's ``stops``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from audit import expr
-from audit.checker import Bus, Checker, Context, SelCount, locate, name_some, outcome
-from audit.derived import Derived
-from audit.final import Final
+from audit.checker import Bus, Checker, Context, name_some, outcome
 from audit.foreign import TEXT_BOOT
+from audit.kinds.base import ClaimKind, stops
 from audit.lastseq import highest
 from audit.model import Claim, ReceiptSel
-from audit.ranks import RanksAgree
+from audit.parse_select import Events, err, field, one_stream, selectors
 from audit.status import ClaimVerdict, Status
 from engine.obs import schema
 
 
-class Engaged(Checker):
-    needs_complete = False
+@dataclass(slots=True, frozen=True, kw_only=True)
+class EveryClaim(Claim):
+    when: tuple[ReceiptSel, ...]
+    then: tuple[ReceiptSel, ...]
+    when_key: str = "rid"
+    then_key: str = "rid"
+    closes: tuple[ReceiptSel, ...] = ()  # a key's terminal events (boot.stop closes all)
+    close_key: str = "rid"
+    stops: tuple[ReceiptSel, ...] = ()  # records that end the run, as boot.stop ends a rank's
 
-    def __init__(self, claim: Claim, bus: Bus) -> None:
-        super().__init__(claim, bus)
-        self.sel = SelCount(claim.select, bus)
 
-    def decide(self, ctx: Context) -> ClaimVerdict:
-        n, need = self.sel.count, self.claim.min
-        desc = self.sel.describe()
-        gated = self.gate(
-            ctx, n >= need, f"{n} {desc} seen, {need} needed: the window never reached its regime"
+def parse(t: dict[str, Any], where: str, head: Claim, events: Events) -> EveryClaim:
+    if "when" not in t or "then" not in t:
+        raise err(where, "needs 'when' and 'then'")
+    when = selectors(t["when"], f"{where} when", receipts_only=True, events=events)
+    then = selectors(t["then"], f"{where} then", receipts_only=True, events=events)
+    when_key = t.get("when_key", t.get("key", "rid"))
+    then_key = t.get("then_key", t.get("key", "rid"))
+    for s in when:
+        field(s, when_key, f"{where} when_key")
+    for s in then:
+        field(s, then_key, f"{where} then_key")
+    receipts = all(s.event is None for s in when)
+    closes, close_key = _closes(t, where, when_key, receipts, events)
+    ends = stops(t, where, events)
+    one_stream((*when, *then, *closes, *ends), where)
+    return EveryClaim(
+        **head.common(),
+        when=when,
+        then=then,
+        when_key=when_key,
+        then_key=then_key,
+        closes=closes,
+        close_key=close_key,
+        stops=ends,
+    )
+
+
+# where a request's life ends: the default close of an `every` claim keyed on requests
+_REQUEST_ENDS = (schema.REQUEST_FINISH, schema.REQUEST_ABORT, schema.REQUEST_REJECT)
+
+
+def _closes(
+    t: dict[str, Any], where: str, when_key: str, receipts: bool, events: Events
+) -> tuple[tuple[ReceiptSel, ...], str]:
+    """The records that close a key's window, and the key they carry. A request key (``rid``,
+    ``rids``) of receipts closes at the request's ending unless the spec names others
+    (``closes = []``: only boot.stop closes); a text event's key has no default close."""
+    request_key = receipts and when_key in ("rid", "rids")
+    close_key = t.get("close_key", "rid" if request_key else when_key)
+    if "closes" in t:
+        given = t["closes"]
+        closes = (
+            ()
+            if given == []
+            else selectors(given, f"{where} closes", receipts_only=True, events=events)
         )
-        if gated:
-            gated.numbers.update(seen=n, min=need)
-            return gated
-        return outcome(
-            Status.PASS, f"{n} {desc} seen (>= {need}); first: {self.sel.first}", seen=n, min=need
-        )
+    else:
+        closes = tuple(ReceiptSel(k) for k in _REQUEST_ENDS) if request_key else ()
+    for s in closes:
+        field(s, close_key, f"{where} close_key")
+    return closes, close_key
 
 
-class Never(Checker):
-    def __init__(self, claim: Claim, bus: Bus) -> None:
-        super().__init__(claim, bus)
-        self.sel = SelCount(claim.select, bus)
-
-    def decide(self, ctx: Context) -> ClaimVerdict:
-        n = self.sel.count
-        if n:
-            return outcome(
-                Status.FAIL, f"{n} x {self.sel.describe()}; first: {self.sel.first}", found=n
-            )
-        gated = self.gate(ctx, True, "")
-        if gated:
-            gated.numbers.update(found=0)
-            return gated
-        st = ctx.stats
-        return outcome(
-            Status.PASS,
-            f"none of {self.sel.describe()} in {st.receipts} receipts and {st.text + st.foreign_json} "
-            f"text lines ({self.requires.describe()} seen {self.requires.count})",
-            found=0,
-        )
-
-
-class Every(Checker):
+class Every(Checker[EveryClaim]):
     """Each key with a `when` receipt has a `then` receipt at a higher seq on the same rank,
     before the key's window closes: at a `closes` receipt of that key (for request keys, by
     default, the request's finish, abort or reject) or at boot.stop. A window that closed without
     the follow-up is a FAIL, boot.stop or not; one still open where the log ends is UNDECIDED."""
 
-    def __init__(self, claim: Claim, bus: Bus) -> None:
+    def __init__(self, claim: EveryClaim, bus: Bus) -> None:
         super().__init__(claim, bus)
         # each role's records: per (boot, rank), each key's highest seq (the state that grows
         # with the number of requests, shared with every claim that reads the same)
@@ -170,83 +183,5 @@ class Every(Checker):
         return outcome(Status.PASS, f"all {total} {label}s from {when} later had {then}", **nums)
 
 
-class Invariant(Checker):
-    """A relation on the fields of each matching receipt."""
-
-    def __init__(self, claim: Claim, bus: Bus) -> None:
-        super().__init__(claim, bus)
-        self.checked = self.broken = self.unevaluable = 0
-        self.first_broken: str | None = None
-        self.first_missing: str | None = None
-        for s in claim.select:
-            bus.subscribe(s, self._fn(s))
-
-    def _fn(self, s: ReceiptSel) -> Callable[[dict[str, Any]], None]:
-        check = self.claim.check
-
-        def fn(rec: dict[str, Any]) -> None:
-            if s.where and not s.matches(rec):
-                return
-            try:
-                ok = check(rec)
-            except expr.Missing as e:
-                self.unevaluable += 1
-                if self.first_missing is None:
-                    self.first_missing = f"{locate(rec)} has no {e.name}"
-                return
-            except (TypeError, expr.ZeroDivision):
-                self.unevaluable += 1
-                if self.first_missing is None:
-                    self.first_missing = f"{locate(rec)}: {check.source} cannot be evaluated"
-                return
-            self.checked += 1
-            if not ok:
-                self.broken += 1
-                if self.first_broken is None:
-                    self.first_broken = f"{locate(rec)}: {check.source}: {check.shown(rec)}"
-
-        return fn
-
-    def decide(self, ctx: Context) -> ClaimVerdict:
-        c = self.claim
-        nums = {"checked": self.checked, "broken": self.broken, "unevaluable": self.unevaluable}
-        if self.broken:
-            return outcome(
-                Status.FAIL,
-                f"{self.broken} of {self.checked} receipts break it; first: {self.first_broken}",
-                **nums,
-            )
-        sel = " | ".join(s.describe() for s in c.select)
-        gated = self.gate(
-            ctx, self.checked + self.unevaluable > 0, f"no {sel} seen: nothing to check"
-        )
-        if gated:
-            gated.numbers.update(nums)
-            return gated
-        if self.unevaluable:
-            return outcome(
-                Status.UNDECIDED,
-                f"{self.unevaluable} receipt(s) cannot be checked; first: {self.first_missing}",
-                "missing_field",
-                **nums,
-            )
-        return outcome(
-            Status.PASS, f"{c.check.source} holds in all {self.checked} {sel} receipts", **nums
-        )
-
-
-_CHECKERS: dict[str, type[Checker]] = {
-    "engaged": Engaged,
-    "never": Never,
-    "every": Every,
-    "ratio": Derived,
-    "compare": Derived,
-    "control": Derived,
-    "invariant": Invariant,
-    "ranks_agree": RanksAgree,
-    "final": Final,
-}
-
-
-def build_checker(claim: Claim, bus: Bus) -> Checker:
-    return _CHECKERS[claim.kind](claim, bus)
+_KEYS = {"when", "then", "key", "when_key", "then_key", "closes", "close_key", "stops"}
+KINDS = (ClaimKind("every", frozenset(_KEYS), parse, Every, can_fail=True),)

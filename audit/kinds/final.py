@@ -10,19 +10,44 @@ the last: the engine may still be running, or the log was cut (UNDECIDED, ``in_f
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from audit import expr
 from audit.checker import Bus, Checker, Context, locate, name_some, outcome
+from audit.kinds.base import ClaimKind, record_check, select, stops
 from audit.model import Claim, ReceiptSel
+from audit.parse_select import Events, err, field, known_fields, one_stream
 from audit.status import ClaimVerdict, Status
 from engine.obs import schema
 
 
-class Final(Checker):
+@dataclass(slots=True, frozen=True, kw_only=True)
+class FinalClaim(Claim):
+    select: tuple[ReceiptSel, ...]
+    key: str | None = None  # the last record of each key is checked (one key without it)
+    check: expr.Expr  # over that record's fields
+    stops: tuple[ReceiptSel, ...] = ()  # records that end the run, as boot.stop ends a rank's
+
+
+def parse(t: dict[str, Any], where: str, head: Claim, events: Events) -> FinalClaim:
+    sel = select(t, where, events)
+    key = t.get("key")
+    if key is not None:  # a field some selected kind carries; the records without it share one key
+        if not isinstance(key, str):
+            raise err(where, "'key' is a field name")
+        if not any(key in known_fields(s) for s in sel):
+            field(sel[0], key, f"{where} key")
+    check = record_check(t, where, sel)
+    ends = stops(t, where, events)
+    one_stream((*sel, *ends), where)
+    return FinalClaim(**head.common(), select=sel, key=key, check=check, stops=ends)
+
+
+class Final(Checker[FinalClaim]):
     """`check` on the last record of each key (one key without ``key``), once the run ended."""
 
-    def __init__(self, claim: Claim, bus: Bus) -> None:
+    def __init__(self, claim: FinalClaim, bus: Bus) -> None:
         super().__init__(claim, bus)
         self.last: dict[tuple[str, int, Any], dict[str, Any]] = {}  # (boot, rank, key) -> record
         self.ends: dict[tuple[str, int], int] = {}  # (boot, rank) -> seq of the last end
@@ -107,3 +132,7 @@ class Final(Checker):
             "run ended after them",
             **nums,
         )
+
+
+_KEYS = frozenset({"select", "key", "check", "stops"})
+KINDS = (ClaimKind("final", _KEYS, parse, Final, can_fail=True),)

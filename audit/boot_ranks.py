@@ -1,0 +1,43 @@
+"""How many ranks a boot has: what its ``boot.start`` declares (``config.tp``, the engine's
+configuration as written: ``--tp N``, ``LLM(tp=N)``). A boot that says N ranks and whose logs
+hold fewer cannot be judged as a whole: a rank log is missing (not passed, or the rank never
+wrote one). The verdict reads it to size a window's logs, ``ranks_agree`` to name the missing.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Any
+
+from audit.checker import MAX_NAMED, Bus
+from engine.obs import schema
+
+WORLD_FIELD = "tp"  # boot.start's config field that says how many ranks the boot has
+
+
+class WorldSize:
+    """Per boot, the rank count its boot.start declares (``config.tp``), where one says it."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.declared: dict[str, int] = {}
+        bus.kinds[schema.BOOT_START].append(self._start)
+
+    def _start(self, rec: dict[str, Any]) -> None:
+        config = rec.get("config")
+        n = config.get(WORLD_FIELD) if isinstance(config, dict) else None
+        if type(n) is int and n > 0:
+            self.declared[rec["boot"]] = max(self.declared.get(rec["boot"], 0), n)
+
+    def most(self) -> int:
+        return max(self.declared.values(), default=0)
+
+    def missing(self, seen: dict[str, list[int]]) -> list[tuple[str, list[int], int, int]]:
+        """(boot, the first ranks no log holds, how many, ranks declared) for each boot that
+        lacks some (a count, never a list of them all: a hostile ``tp`` stays cheap)."""
+        out = []
+        for boot, n in sorted(self.declared.items()):
+            here = {r for r in seen.get(boot, ()) if 0 <= r < n}
+            if len(here) < n:
+                first = islice((r for r in range(n) if r not in here), MAX_NAMED)
+                out.append((boot, list(first), n - len(here), n))
+        return out

@@ -60,7 +60,7 @@ def boot_fields(config: EngineConfig, launch: Launch | None) -> dict[str, Any]:
     return {
         "config": config.as_dict(), "pid": os.getpid(), "ppid": os.getppid(),
         "host": socket.gethostname(), "argv": list(launch.argv if launch else sys.argv),
-        "versions": versions(config.device),
+        "versions": versions(config.model.device),
     }  # fmt: skip
 
 
@@ -82,18 +82,20 @@ class EngineCore:
         t0 = time.perf_counter()
         self._t0 = t0
         config.validate()
-        if config.tp > 1 and member is None and join is None:
-            raise ValueError(f"tp {config.tp} needs its ranks: build it with engine.ranks.boot")
+        if config.group.tp > 1 and member is None and join is None:
+            raise ValueError(
+                f"tp {config.group.tp} needs its ranks: build it with engine.ranks.boot"
+            )
         self.config = config
         self.member = member
         rank = member.rank if member is not None else 0
         self.rank = rank
         # without a boot log, the newest receipts are kept in memory (bounded) for inspection
         self.receipts = Receipts(
-            config.log_file_of(rank) if config.receipts else None,
-            capture=config.receipts and config.log_file is None,
-            console=config.receipts and config.console_receipts,
-            enabled=config.receipts,
+            config.log_file_of(rank) if config.observability.receipts else None,
+            capture=config.observability.receipts and config.observability.log_file is None,
+            console=config.observability.receipts and config.observability.console_receipts,
+            enabled=config.observability.receipts,
             boot=member.boot if member is not None else None,
             rank=rank,
         )
@@ -102,58 +104,69 @@ class EngineCore:
             self.receipts.emit(schema.BOOT_STALE_PID, **launch.stale_pid)
         from engine.threads import choose_threads, usable_cpus  # torch-free; why in its docstring
 
-        ranks_here = config.tp if config.dist_init == "spawn" else 1  # spawned ranks share the CPUs
-        threads = choose_threads(config.threads, os.environ, usable_cpus(), ranks_here)
+        ranks_here = (
+            config.group.tp if config.group.dist_init == "spawn" else 1
+        )  # spawned ranks share the CPUs
+        threads = choose_threads(config.model.threads, os.environ, usable_cpus(), ranks_here)
         if threads is not None:
             torch.set_num_threads(threads)
         # fast mode chooses the activations' dtype by what the CPU has (engine.model.quant)
-        self.quant = plan_quant(config.quant, config.device) if config.quant else None
-        self.dtype = dtype = self.quant.dtype if self.quant else DTYPES[config.dtype]
-        choice = choose_backend(config.attention_backend, config.device, dtype)
+        self.quant = (
+            plan_quant(config.model.quant, config.model.device) if config.model.quant else None
+        )
+        self.dtype = dtype = self.quant.dtype if self.quant else DTYPES[config.model.dtype]
+        choice = choose_backend(config.model.attention_backend, config.model.device, dtype)
         if choice.note is not None:  # an unverified fast path is never taken silently
             self.receipts.notice("attention_backend", choice.note, process="scheduler")
             print(f"attest: {choice.note}", file=sys.stderr, flush=True)
         # a backend that cannot run here fails now, before any weight is loaded
-        backend = get_backend(choice.name, config.device, dtype, config.page_size)
-        self.loaded = loaded or load_model(config.model)
+        backend = get_backend(choice.name, config.model.device, dtype, config.memory.page_size)
+        self.loaded = loaded or load_model(config.model.model)
         cfg = self.loaded.config
         self.model_config = cfg
         self.tokenizer = self.loaded.tokenizer
-        if config.tp > 1:
+        if config.group.tp > 1:
             # before any other rank starts: a ValueError naming the numbers (exit 2)
             plan_shard(
-                cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size, config.tp, 0
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                cfg.intermediate_size,
+                cfg.vocab_size,
+                config.group.tp,
+                0,
             )
         if join is not None:
             self.member = member = join(config, self.receipts.boot)
         self.comm = member.comm if member is not None else Comm()
         self.model = LlamaModel(
-            cfg, self.loaded.weights, dtype, backend, device=config.device, comm=self.comm,
+            cfg, self.loaded.weights, dtype, backend, device=config.model.device, comm=self.comm,
             quant=self.quant,
         )  # fmt: skip
         self.receipts.emit(schema.BOOT_WEIGHTS, **self.weights_fields())
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
-        self.max_context = min(config.max_model_len or cfg.max_position, cfg.max_position)
+        self.max_context = min(config.model.max_model_len or cfg.max_position, cfg.max_position)
         kv_dtype = self.quant.kv_dtype if self.quant else dtype
         itemsize = torch.finfo(kv_dtype).bits // 8
         kv_heads = self.model.local_kv_heads  # this rank's share of them
         self.sizing = size_pool(
             config.kv_tokens_of(rank),
-            config.kv_memory_fraction,
+            config.memory.kv_memory_fraction,
             cfg.kv_bytes_per_token(itemsize) * kv_heads // cfg.num_kv_heads,
-            config.page_size,
+            config.memory.page_size,
         )
-        self.allocator = TokenAllocator(self.sizing.kv_tokens, config.page_size)
+        self.allocator = TokenAllocator(self.sizing.kv_tokens, config.memory.page_size)
         self.kv = KVPool(
             cfg.num_layers,
             self.allocator.pool_slots,
             kv_heads,
             cfg.head_dim,
             kv_dtype,
-            device=config.device,
+            device=config.model.device,
         )
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
-        self.req_table = ReqToTokenPool(running_ceiling(config.max_running), self.max_context)
+        self.req_table = ReqToTokenPool(
+            running_ceiling(config.scheduler.max_running), self.max_context
+        )
         self.runner = ModelRunner(self.model, self.kv, self.req_table)
         self.scheduler = Scheduler(
             config,
@@ -167,10 +180,10 @@ class EngineCore:
         )
         cache = self.scheduler.cache
         self.host_tier = attach_host_tier(
-            cache, self.kv, config.host_kv_tokens, config.device, self.receipts
+            cache, self.kv, config.memory.host_kv_tokens, config.model.device, self.receipts
         )
-        if config.relief_ladder:  # off: the registry stays empty, and says so once
-            register_ladder(self.scheduler, config.relief_throttle_iterations)
+        if config.memory.relief_ladder:  # off: the registry stays empty, and says so once
+            register_ladder(self.scheduler, config.memory.relief_throttle_iterations)
         self.cutovers = Cutovers(self)
         self._stopped = False
         self._ready = False
@@ -184,10 +197,10 @@ class EngineCore:
         the quantised weights take."""
         if self.quant is None:
             mode = "exact" if self.dtype == torch.float32 else "bfloat16"
-            fields: dict[str, Any] = {"mode": mode, "dtype": self.config.dtype}
+            fields: dict[str, Any] = {"mode": mode, "dtype": self.config.model.dtype}
         else:
             fields = self.quant.fields()
-        if torch.device(self.config.device).type == "cpu":  # which small ops and decode run
+        if torch.device(self.config.model.device).type == "cpu":  # which small ops and decode run
             fields["ops"] = "native" if cpu_ops.load() else "torch"
             if fields["ops"] == "torch":
                 fields["ops_why"] = cpu_ops.why_not()
@@ -195,12 +208,12 @@ class EngineCore:
 
     def _group(self) -> GroupView | None:
         """This rank's view of its group (None: one rank alone)."""
-        if self.config.tp == 1:
+        if self.config.group.tp == 1:
             return None
         c = self.config
-        every = 1 if c.check_invariants else c.group_check_interval
+        every = 1 if c.scheduler.check_invariants else c.group.group_check_interval
         return PublishedGroup(
-            self.comm, self.receipts, self.allocator.capacity, every, c.published_floor
+            self.comm, self.receipts, self.allocator.capacity, every, c.group.published_floor
         )
 
     def step(self) -> list[StepOutput]:
@@ -227,10 +240,14 @@ class EngineCore:
     def build_model(self, loaded: LoadedModel) -> LlamaModel:
         """A model of ``loaded``'s weights on this engine's dtype, backend and device (a weights
         cutover builds the new one beside the serving one); the file's copies are let go."""
-        quant = plan_quant(self.config.quant, self.config.device) if self.config.quant else None
+        quant = (
+            plan_quant(self.config.model.quant, self.config.model.device)
+            if self.config.model.quant
+            else None
+        )
         model = LlamaModel(
             loaded.config, loaded.weights, self.dtype, self.model.backend,
-            device=self.config.device, comm=self.comm, quant=quant,
+            device=self.config.model.device, comm=self.comm, quant=quant,
         )  # fmt: skip
         loaded.weights = {}
         return model
@@ -336,10 +353,10 @@ class EngineCore:
             kv_bytes_per_token=self.kv.bytes_per_token,
             kv_pool_bytes=self.kv.total_bytes,
             attention_backend=self.model.backend.name,
-            device=self.config.device,
+            device=self.config.model.device,
             load_seconds=round(self.loaded.load_seconds, 2),
             startup_seconds=round(self.startup_seconds, 2),
-            tp=self.config.tp,
+            tp=self.config.group.tp,
             weights=weights["mode"],
             weights_path=self.quant.path if self.quant else "",
             ops=" ".join(x for x in (weights.get("ops", ""), weights.get("ops_why") or "") if x),

@@ -70,7 +70,7 @@ class Scheduler:
         self.max_context = max_context
         self.receipts = receipts or Receipts()
         self.cache = cache or RadixCache(
-            allocator, disabled=not config.prefix_cache, receipts=self.receipts
+            allocator, disabled=not config.memory.prefix_cache, receipts=self.receipts
         )
         self.group = group or GroupView()
         self.pool = AgreedPool(self)  # the numbers decisions read: agreed across the ranks
@@ -89,7 +89,7 @@ class Scheduler:
         self._digest_iter = -1  # the last iteration whose receipt carried a batch digest
         self.generated = 0  # tokens sampled since boot: progress the iteration receipt counts
         self.traces: RequestTraces | None = None  # set by RequestTraces.attach when tracing is on
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.scheduler.seed)
 
     # -- intake -------------------------------------------------------------------------------
 
@@ -200,14 +200,14 @@ class Scheduler:
     def _after_step(self, chunks: Planned) -> None:
         if self.traces is not None:
             self.traces.step_done(chunks)
-        interval = self.config.iteration_receipt_interval
+        interval = self.config.observability.iteration_receipt_interval
         if (
             interval
             and self.receipts.iter % interval == 0
             and self._digest_iter != self.receipts.iter
         ):
             self._iteration_receipt()
-        if self.config.check_invariants:
+        if self.config.scheduler.check_invariants:
             checks.check(self)
         elif self._was_busy and not self.has_work():
             checks.audit_idle(self)  # production: the ledger is checked whenever it goes idle

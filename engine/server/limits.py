@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import h11
@@ -18,7 +18,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ServerSection
 from engine.server.protocol import ProtocolError, error_body
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -26,15 +26,15 @@ LINGER_S = 5.0  # the most a refused body's rest is read and dropped after the a
 
 
 @dataclass(frozen=True, slots=True)
-class HttpLimits:
-    read_timeout_s: float = 30.0  # to send the headers, and then the body, each
-    max_client_connections: int = 128  # open at once from one address; 0: no cap
-    request_timeout_s: float | None = 600.0  # arrival to the last token; None: no deadline
+class HttpLimits(ServerSection):
+    """The server section's limits (declared, defaulted and checked there) and the most a
+    request body may hold."""
+
     max_body_bytes: int = MAX_BODY_BYTES
 
     @classmethod
     def of(cls, cfg: EngineConfig) -> HttpLimits:
-        return cls(cfg.read_timeout, cfg.max_client_connections, cfg.request_timeout)
+        return cls(**asdict(cfg.server))
 
 
 class ClientGone(Exception):
@@ -50,11 +50,11 @@ def went_away(request: Request, what: str) -> None:
 
 
 async def read_body(request: Request, limits: HttpLimits) -> bytes:
-    """The whole body, within ``max_body_bytes`` (413) and ``read_timeout_s`` (408)."""
+    """The whole body, within ``max_body_bytes`` (413) and ``read_timeout`` (408)."""
     body = bytearray()
     declared = request.headers.get("content-length")
     try:
-        async with asyncio.timeout(limits.read_timeout_s):
+        async with asyncio.timeout(limits.read_timeout):
             async for part in request.stream():  # bounded even when no length was declared
                 body += part
                 if len(body) > limits.max_body_bytes:
@@ -64,7 +64,7 @@ async def read_body(request: Request, limits: HttpLimits) -> bytes:
     except TimeoutError:
         of = f" of the {declared} declared" if declared else ""
         raise ProtocolError(
-            f"request body not received within {limits.read_timeout_s:g} s (got {len(body)} "
+            f"request body not received within {limits.read_timeout:g} s (got {len(body)} "
             f"bytes{of}); send the whole body at once",
             None,
             408,
@@ -118,7 +118,7 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
     """uvicorn's HTTP/1.1 protocol (``uvicorn.Config(http=...)``) for one server, with its own
     count of open connections per client address."""
     open_by_host: dict[str, int] = {}
-    cap, timeout = limits.max_client_connections, limits.read_timeout_s
+    cap, timeout = limits.max_client_connections, limits.read_timeout
 
     class GuardedH11Protocol(H11Protocol):
         _host = ""

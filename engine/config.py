@@ -125,9 +125,8 @@ class ModelSection(_Section):
 class MemorySection(_Section):
     """The KV pool, its pages, the prefix cache, the host tier and the relief ladder."""
 
-    # KV pool size in tokens; None: a share of free memory; with several ranks, one size per
-    # rank may be given ([2048, 1536]: each rank its own pool, as uneven devices have). Its rule
-    # reads tp: checked across sections.
+    # None: a share of free memory; [2048, 1536]: each rank its own pool, as uneven devices
+    # have. Its rule reads tp: checked across sections.
     kv_tokens: int | list[int] | None = _knob(
         None,
         "KV pool size in tokens; with --tp, one size per rank may be given "
@@ -297,15 +296,10 @@ class ObservabilitySection(_Section):
         )  # fmt: skip
 
 
-# EngineConfig's sections, by attribute name
-SECTIONS: dict[str, type[_Section]] = {
-    "model": ModelSection,
-    "memory": MemorySection,
-    "scheduler": SchedulerSection,
-    "server": ServerSection,
-    "group": GroupSection,
-    "observability": ObservabilitySection,
-}
+SECTIONS: dict[str, type[_Section]] = {  # EngineConfig's sections, by attribute name
+    "model": ModelSection, "memory": MemorySection, "scheduler": SchedulerSection,
+    "server": ServerSection, "group": GroupSection, "observability": ObservabilitySection,
+}  # fmt: skip
 
 
 def _route() -> dict[str, str]:
@@ -357,6 +351,12 @@ class EngineConfig:
     observability: ObservabilitySection = field(default_factory=ObservabilitySection)
 
     def __post_init__(self) -> None:
+        for name, cls in SECTIONS.items():  # EngineConfig(kv_tokens=...) was the flat API
+            if not isinstance(got := getattr(self, name), cls):
+                raise TypeError(
+                    f"EngineConfig.{name} must be a {cls.__name__}, got {got!r}; "
+                    "flat options go through EngineConfig.from_kwargs"
+                )
         _check_across(self)
 
     def validate(self) -> None:

@@ -145,3 +145,10 @@ def test_the_other_commands_share_the_configs_defaults(command):
     own = {"kv_tokens": "8192", "seed": None}
     got = _defaults(command)
     assert got and got == {k: own.get(k, DEFAULTS[k]) for k in got}
+
+
+def test_a_flat_value_where_a_section_belongs_says_to_use_from_kwargs():
+    with pytest.raises(
+        TypeError, match=r"^EngineConfig\.model must be a ModelSection, got 'm.gguf'"
+    ):
+        EngineConfig(model="m.gguf")  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ from cli.options import (
     ApiKeyOpt,
     BackendOpt,
     CheckInvariantsOpt,
+    ChunkTokensOpt,
     ClientConnOpt,
     ConsoleReceiptsOpt,
     DeviceOpt,
@@ -34,19 +35,25 @@ from cli.options import (
     KvFractionOpt,
     LogFileOpt,
     MaxLenOpt,
+    MaxRunningOpt,
     ModelOpt,
     OnOff,
     OtlpOpt,
+    PageSizeOpt,
     PidFileOpt,
     PrefixCacheOpt,
     QuantOpt,
     ReadTimeoutOpt,
+    ReceiptsOpt,
     ReliefLadderOpt,
     RequestTimeoutOpt,
+    SeedOpt,
     ServedNameOpt,
     StallOpt,
     StepTokensOpt,
+    ThreadsOpt,
     ThrottleOpt,
+    config_of,
 )
 from cli.options import (
     fail as _fail,
@@ -61,6 +68,7 @@ from cli.ranks import (
     kv_tokens,
     worker,
 )
+from engine.config import DEFAULTS, SERVE_STEP_TOKENS
 
 app = typer.Typer(
     help="Attest serving engine. Start with `engine info` to see the model, then "
@@ -80,7 +88,7 @@ def default_log_file() -> str:
 @app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt text.")],
-    model: ModelOpt = None,
+    model: ModelOpt = DEFAULTS["model"],
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", "-n", help="New tokens at most.")
     ] = 128,
@@ -95,12 +103,12 @@ def generate(
     chat: Annotated[
         bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")
     ] = True,
-    dtype: DtypeOpt = "float32",
-    quant: QuantOpt = None,
+    dtype: DtypeOpt = DEFAULTS["dtype"],
+    quant: QuantOpt = DEFAULTS["quant"],
     kv_tokens: KvOpt = "8192",
-    attention_backend: BackendOpt = "auto",
-    device: DeviceOpt = "cpu",
-    tp: TpOpt = 1,
+    attention_backend: BackendOpt = DEFAULTS["attention_backend"],
+    device: DeviceOpt = DEFAULTS["device"],
+    tp: TpOpt = DEFAULTS["tp"],
 ) -> None:
     """Generate one completion and stream it to the terminal."""
     from engine import LLM, SamplingParams
@@ -127,20 +135,17 @@ def generate(
 
 @app.command()
 def info(
-    model: ModelOpt = None,
-    dtype: DtypeOpt = "float32",
-    quant: QuantOpt = None,
+    model: ModelOpt = DEFAULTS["model"],
+    dtype: DtypeOpt = DEFAULTS["dtype"],
+    quant: QuantOpt = DEFAULTS["quant"],
     kv_tokens: KvOpt = "8192",
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Show the model, its configuration, parameter count and KV bytes per token."""
-    from engine.config import EngineConfig
     from engine.core import EngineCore
 
     try:
-        core = EngineCore(
-            EngineConfig(model=model, dtype=dtype, quant=quant, kv_tokens=_kv(kv_tokens))
-        )
+        core = EngineCore(config_of(locals()))
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     d = core.describe()
@@ -158,72 +163,56 @@ def info(
 
 @app.command()
 def serve(
-    model: ModelOpt = None,
+    model: ModelOpt = DEFAULTS["model"],
     host: HostOpt = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     served_model_name: ServedNameOpt = None,
     api_key: ApiKeyOpt = None,
-    dtype: DtypeOpt = "float32",
-    quant: QuantOpt = None,
-    kv_tokens: KvOpt = None,
-    kv_memory_fraction: KvFractionOpt = 0.2,
-    page_size: Annotated[int, typer.Option(help="KV slots per page.")] = 1,
-    log_file: LogFileOpt = None,
-    max_running: Annotated[int, typer.Option(help="Requests decoding at once.")] = 64,
-    chunk_tokens: Annotated[int, typer.Option(help="Prefill tokens per step, at most.")] = 2048,
-    step_tokens: StepTokensOpt = 32,
-    max_model_len: MaxLenOpt = None,
-    prefix_cache: PrefixCacheOpt = True,
-    host_kv_tokens: HostKvOpt = None,
-    relief_ladder: ReliefLadderOpt = OnOff.on,
-    relief_throttle_iterations: ThrottleOpt = 8,
-    attention_backend: BackendOpt = "auto",
-    device: DeviceOpt = "cpu",
-    threads: Annotated[int | None, typer.Option(help="Torch CPU threads.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for unseeded sampling.")] = 0,
-    iteration_receipt_interval: IterationIntervalOpt = 50,
-    receipts: Annotated[bool, typer.Option(help="Write receipts at all.")] = True,
-    console_receipts: ConsoleReceiptsOpt = False,
-    check_invariants: CheckInvariantsOpt = False,
-    otlp_endpoint: OtlpOpt = None,
+    dtype: DtypeOpt = DEFAULTS["dtype"],
+    quant: QuantOpt = DEFAULTS["quant"],
+    kv_tokens: KvOpt = DEFAULTS["kv_tokens"],
+    kv_memory_fraction: KvFractionOpt = DEFAULTS["kv_memory_fraction"],
+    page_size: PageSizeOpt = DEFAULTS["page_size"],
+    log_file: LogFileOpt = DEFAULTS["log_file"],
+    max_running: MaxRunningOpt = DEFAULTS["max_running"],
+    chunk_tokens: ChunkTokensOpt = DEFAULTS["chunk_tokens"],
+    step_tokens: StepTokensOpt = SERVE_STEP_TOKENS,  # serve's own (offline: no step budget)
+    max_model_len: MaxLenOpt = DEFAULTS["max_model_len"],
+    prefix_cache: PrefixCacheOpt = DEFAULTS["prefix_cache"],
+    host_kv_tokens: HostKvOpt = DEFAULTS["host_kv_tokens"],
+    relief_ladder: ReliefLadderOpt = OnOff.of(DEFAULTS["relief_ladder"]),
+    relief_throttle_iterations: ThrottleOpt = DEFAULTS["relief_throttle_iterations"],
+    attention_backend: BackendOpt = DEFAULTS["attention_backend"],
+    device: DeviceOpt = DEFAULTS["device"],
+    threads: ThreadsOpt = DEFAULTS["threads"],
+    seed: SeedOpt = DEFAULTS["seed"],
+    iteration_receipt_interval: IterationIntervalOpt = DEFAULTS["iteration_receipt_interval"],
+    receipts: ReceiptsOpt = DEFAULTS["receipts"],
+    console_receipts: ConsoleReceiptsOpt = DEFAULTS["console_receipts"],
+    check_invariants: CheckInvariantsOpt = DEFAULTS["check_invariants"],
+    otlp_endpoint: OtlpOpt = DEFAULTS["otlp_endpoint"],
     pid_file: PidFileOpt = None,
     drain_timeout: DrainOpt = 0.0,
     stall_timeout: StallOpt = 10.0,
-    read_timeout: ReadTimeoutOpt = 30.0,
-    max_client_connections: ClientConnOpt = 128,
-    request_timeout: RequestTimeoutOpt = 600.0,
-    tp: TpOpt = 1,
-    dist_init: DistInitOpt = "spawn",
-    group_check_interval: GroupCheckOpt = 16,
-    group_timeout: GroupTimeoutOpt = 30.0,
-    published_floor: FloorOpt = True,
+    read_timeout: ReadTimeoutOpt = DEFAULTS["read_timeout"],
+    max_client_connections: ClientConnOpt = DEFAULTS["max_client_connections"],
+    request_timeout: RequestTimeoutOpt = DEFAULTS["request_timeout"],
+    tp: TpOpt = DEFAULTS["tp"],
+    dist_init: DistInitOpt = DEFAULTS["dist_init"],
+    group_check_interval: GroupCheckOpt = DEFAULTS["group_check_interval"],
+    group_timeout: GroupTimeoutOpt = DEFAULTS["group_timeout"],
+    published_floor: FloorOpt = DEFAULTS["published_floor"],
 ) -> None:
     """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics). SIGTERM or Ctrl-C stops it in order: exit 0, with `boot.stop` logged.
     A port, pid file or boot log another live process holds is refused at once (exit 75)."""
-    from engine.config import EngineConfig
+    options = locals() | {"log_file": log_file or default_log_file()}
     from engine.server.boot_guard import BootRefused
     from engine.server.launch import serve as run_server
 
     try:
-        cfg = EngineConfig(
-            model=model, dtype=dtype, quant=quant, kv_tokens=_kv(kv_tokens), max_running=max_running,
-            chunk_tokens=chunk_tokens, max_model_len=max_model_len, page_size=page_size,
-            step_tokens=step_tokens or None,
-            kv_memory_fraction=kv_memory_fraction, log_file=log_file or default_log_file(),
-            prefix_cache=prefix_cache, attention_backend=attention_backend, threads=threads,
-            seed=seed, iteration_receipt_interval=iteration_receipt_interval, receipts=receipts,
-            console_receipts=console_receipts, check_invariants=check_invariants, device=device,
-            otlp_endpoint=otlp_endpoint, host_kv_tokens=host_kv_tokens,
-            relief_ladder=relief_ladder is OnOff.on, read_timeout=read_timeout,
-            relief_throttle_iterations=relief_throttle_iterations,
-            max_client_connections=max_client_connections,
-            request_timeout=request_timeout or None, tp=tp, dist_init=dist_init,
-            group_check_interval=group_check_interval, group_timeout=group_timeout,
-            published_floor=published_floor,
-        )  # fmt: skip
         code = run_server(
-            cfg, host, port, served_model_name, api_key, pid_file=pid_file,
+            config_of(options), host, port, served_model_name, api_key, pid_file=pid_file,
             drain_timeout=drain_timeout, stall_timeout=stall_timeout,
         )  # fmt: skip
     except BootRefused as e:

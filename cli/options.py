@@ -1,12 +1,17 @@
-"""The `engine` command's shared options, each declared once with its help text, so that a
-command's signature reads one option a line; and the one way a command exits with an error."""
+"""The `engine` command's shared options, each declared once, so that a command's signature
+reads one option a line; the engine's options take their help text (and, in the commands, their
+defaults) from the config's fields (engine/config.py). ``config_of`` gathers a command's options
+into the config; ``fail`` is the one way a command exits with an error."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+
+from engine.config import HELP, SECTION_OF, EngineConfig
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -15,34 +20,11 @@ def fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-ModelOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--model", "-m", help="GGUF file or Hugging Face folder. Default: SmolLM2-135M-Instruct."
-    ),
-]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 (exact) or bfloat16 (faster).")]
-QuantOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--quant",
-        help="Fast mode: int8 or int4 weights, quantised at load; bfloat16 activations where the "
-        "CPU has bfloat16 units (then --dtype does not apply). Default: off (exact mode).",
-    ),
-]
-BackendOpt = Annotated[
-    str,
-    typer.Option(
-        "--attention-backend",
-        help="Attention kernels: auto (torch; on CUDA a faster one only once bench/gpu_check.py "
-        "has verified it on a GPU), torch, torch-padded (its older decode path, to compare), "
-        "triton (CPU only with TRITON_INTERPRET=1) or "
-        "flashinfer (CUDA, bfloat16).",
-    ),
-]
-DeviceOpt = Annotated[
-    str, typer.Option("--device", help="cpu, cuda or cuda:N (off the CPU, give --kv-tokens).")
-]
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help=HELP["model"])]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help=HELP["dtype"])]
+QuantOpt = Annotated[str | None, typer.Option("--quant", help=HELP["quant"])]
+BackendOpt = Annotated[str, typer.Option("--attention-backend", help=HELP["attention_backend"])]
+DeviceOpt = Annotated[str, typer.Option("--device", help=HELP["device"])]
 
 # serve's longer options, named here so that its signature reads one option a line
 HostOpt = Annotated[str, typer.Option(help="Address to bind; loopback unless you mean otherwise.")]
@@ -70,75 +52,55 @@ StallOpt = Annotated[
     float,
     typer.Option(help="/health answers 503 after this many seconds without a scheduler heartbeat."),
 ]
-ReadTimeoutOpt = Annotated[
-    float,
-    typer.Option(help="Seconds a client may take to send a request's headers, then its body."),
-]
-ClientConnOpt = Annotated[
-    int, typer.Option(help="Connections one client address may hold open at once; 0: no cap.")
-]
-RequestTimeoutOpt = Annotated[
-    float,
-    typer.Option(help="Seconds from a request's arrival to its last token, then it is aborted "
-                 "(504); 0: no deadline."),
-]  # fmt: skip
-KvFractionOpt = Annotated[
-    float,
-    typer.Option(help="Share of available memory for the KV pool when --kv-tokens is not given."),
-]
+ReadTimeoutOpt = Annotated[float, typer.Option(help=HELP["read_timeout"])]
+ClientConnOpt = Annotated[int, typer.Option(help=HELP["max_client_connections"])]
+RequestTimeoutOpt = Annotated[float, typer.Option(help=HELP["request_timeout"])]
+KvFractionOpt = Annotated[float, typer.Option(help=HELP["kv_memory_fraction"])]
+PageSizeOpt = Annotated[int, typer.Option(help=HELP["page_size"])]
 LogFileOpt = Annotated[
     str | None,
-    typer.Option(help="Boot log of JSON receipts. Default: logs/boot-<UTC time>.jsonl."),
+    typer.Option(help=HELP["log_file"] + " Default: logs/boot-<UTC time>.jsonl."),
 ]
-MaxLenOpt = Annotated[int | None, typer.Option(help="Context limit (default: the model's).")]
-StepTokensOpt = Annotated[
-    int,
-    typer.Option(
-        help="Tokens one forward may hold: a decode token per decoding request, then prefill "
-        "chunks in what is left (the first at least as many as the decodes, so prompts "
-        "always move). "
-        "Bounds the inter-token latency a long prompt adds (bench/serve.py --mixed measures "
-        "it); 0: no step budget."
-    ),
-]
-PrefixCacheOpt = Annotated[bool, typer.Option(help="Reuse cached prompt prefixes (radix cache).")]
-HostKvOpt = Annotated[
-    int | None,
-    typer.Option(
-        help="Host KV tier in tokens: cold cached prefixes spill there instead of being dropped "
-        "and load back on a hit. 0: off. Default: off on the CPU, a share of host memory "
-        "(bounded by the cgroup limit) on CUDA."
-    ),
-]
+MaxRunningOpt = Annotated[int, typer.Option(help=HELP["max_running"])]
+ChunkTokensOpt = Annotated[int, typer.Option(help=HELP["chunk_tokens"])]
+MaxLenOpt = Annotated[int | None, typer.Option(help=HELP["max_model_len"])]
+StepTokensOpt = Annotated[int, typer.Option(help=HELP["step_tokens"])]
+PrefixCacheOpt = Annotated[bool, typer.Option(help=HELP["prefix_cache"])]
+HostKvOpt = Annotated[int | None, typer.Option(help=HELP["host_kv_tokens"])]
+ThreadsOpt = Annotated[int | None, typer.Option(help=HELP["threads"])]
+SeedOpt = Annotated[int, typer.Option(help=HELP["seed"])]
+ReceiptsOpt = Annotated[bool, typer.Option(help=HELP["receipts"])]
 
 
 class OnOff(StrEnum):
     on = "on"
     off = "off"
 
+    @classmethod
+    def of(cls, on: bool) -> OnOff:
+        return cls.on if on else cls.off
 
-ThrottleOpt = Annotated[
-    int, typer.Option(help="Iterations the throttle rung keeps new admissions out once it pays.")
-]
-ReliefLadderOpt = Annotated[
-    OnOff,
-    typer.Option(
-        help="on: the relief ladder (evict, spill, throttle, retract) pays before admission "
-        "parks; off: no rung is registered (and the boot log says so once)."
-    ),
-]
-IterationIntervalOpt = Annotated[
-    int, typer.Option(help="An `iteration` summary receipt every N steps; 0: off.")
-]
-ConsoleReceiptsOpt = Annotated[bool, typer.Option(help="Also print receipts, pretty, on stderr.")]
-CheckInvariantsOpt = Annotated[
-    bool, typer.Option(help="Check the memory ledger after every step (slow; for tests).")
-]
-OtlpOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="Export OpenTelemetry traces over OTLP/HTTP to this collector base URL "
-        "(e.g. http://127.0.0.1:4318). Default: the OTEL_EXPORTER_OTLP_* variables; "
-        "neither: tracing is off."
-    ),
-]
+
+ThrottleOpt = Annotated[int, typer.Option(help=HELP["relief_throttle_iterations"])]
+ReliefLadderOpt = Annotated[OnOff, typer.Option(help=HELP["relief_ladder"])]
+IterationIntervalOpt = Annotated[int, typer.Option(help=HELP["iteration_receipt_interval"])]
+ConsoleReceiptsOpt = Annotated[bool, typer.Option(help=HELP["console_receipts"])]
+CheckInvariantsOpt = Annotated[bool, typer.Option(help=HELP["check_invariants"])]
+OtlpOpt = Annotated[str | None, typer.Option(help=HELP["otlp_endpoint"])]
+
+
+def config_of(options: Mapping[str, Any]) -> EngineConfig:
+    """The engine's configuration from a command's options, those named as its fields, with
+    the command line's spellings undone: --kv-tokens's commas, 0 for no step budget and no
+    deadline, on/off for the relief ladder. A bad value is a ValueError naming it."""
+    from cli.ranks import kv_tokens
+
+    kw = {name: value for name, value in options.items() if name in SECTION_OF}
+    if "kv_tokens" in kw:
+        kw["kv_tokens"] = kv_tokens(kw["kv_tokens"])
+    for name in ("step_tokens", "request_timeout"):
+        if name in kw:
+            kw[name] = kw[name] or None
+    if "relief_ladder" in kw:
+        kw["relief_ladder"] = kw["relief_ladder"] == OnOff.on
+    return EngineConfig.from_kwargs(**kw)

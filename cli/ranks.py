@@ -7,46 +7,17 @@ from typing import Annotated
 
 import typer
 
-KvOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--kv-tokens",
-        help="KV pool size in tokens; with --tp, one size per rank may be given "
-        "(--kv-tokens 2048,1536). Default: a share of free memory (--kv-memory-fraction).",
-    ),
-]
-TpOpt = Annotated[
-    int,
-    typer.Option(
-        "--tp",
-        help="Tensor-parallel ranks: each holds a shard of the weights and its own KV pool "
-        "(gloo on the CPU, NCCL on CUDA). The model's heads must divide by it.",
-    ),
-]
-DistInitOpt = Annotated[
-    str,
-    typer.Option(
-        "--dist-init",
-        help="spawn: start the other ranks on this machine; env: they are started on their own "
-        "(`engine worker` on each node, or torchrun) and MASTER_ADDR, MASTER_PORT, "
-        "WORLD_SIZE and RANK say who is who.",
-    ),
-]
-GroupCheckOpt = Annotated[
-    int,
-    typer.Option(help="Ranks compare batch digests every N iterations (every one with "
-                 "--check-invariants)."),
-]  # fmt: skip
+from engine.config import DEFAULTS, HELP
+
+KvOpt = Annotated[str | None, typer.Option("--kv-tokens", help=HELP["kv_tokens"])]
+TpOpt = Annotated[int, typer.Option("--tp", help=HELP["tp"])]
+DistInitOpt = Annotated[str, typer.Option("--dist-init", help=HELP["dist_init"])]
+GroupCheckOpt = Annotated[int, typer.Option(help=HELP["group_check_interval"])]
 FloorOpt = Annotated[
     bool,
-    typer.Option(
-        "--published-floor/--own-pool", hidden=True,
-        help="A test switch: --own-pool makes each rank decide from its own pool (a split).",
-    ),
-]  # fmt: skip
-GroupTimeoutOpt = Annotated[
-    float, typer.Option(help="Seconds a collective waits for a rank that stopped answering.")
+    typer.Option("--published-floor/--own-pool", hidden=True, help=HELP["published_floor"]),
 ]
+GroupTimeoutOpt = Annotated[float, typer.Option(help=HELP["group_timeout"])]
 
 
 def kv_tokens(text: str | None) -> int | list[int] | None:
@@ -64,8 +35,8 @@ def kv_tokens(text: str | None) -> int | list[int] | None:
 
 
 def worker(
-    device: Annotated[str, typer.Option(help="cpu, or this rank's cuda:N.")] = "cpu",
-    group_timeout: GroupTimeoutOpt = 30.0,
+    device: Annotated[str, typer.Option(help="cpu, or this rank's cuda:N.")] = DEFAULTS["device"],
+    group_timeout: GroupTimeoutOpt = DEFAULTS["group_timeout"],
 ) -> None:
     """Run one rank above 0 of a group whose rank 0 is `engine serve --tp N --dist-init env`
     (on another node, or under torchrun). MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK say

@@ -1,8 +1,14 @@
-"""EngineConfig: every knob, validated once, shared by the CLI and ``LLM(...)``."""
+"""EngineConfig: every knob, in sections (model, memory, scheduler, server, group,
+observability), validated once, shared by the CLI and ``LLM(...)``.
+
+Each knob is declared once, as a field of its section: its default and its help text (the
+field's ``metadata["help"]``), which the `engine` command's options and the HTTP limits read. The
+flat names (``LLM(kv_tokens=...)``, ``EngineConfig.from_kwargs``, the ``boot.start`` receipt's
+``config``) are the fields' own names, unique across the sections (``SECTION_OF``)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 DTYPES = ("float32", "bfloat16")
@@ -15,11 +21,29 @@ DIST_INITS = ("spawn", "env")
 SERVE_STEP_TOKENS = 32
 
 
+def _knob(default: Any, text: str) -> Any:
+    """A field with its default and its help text, the one place both are declared."""
+    return field(default=default, metadata={"help": text})
+
+
+def _need(ok: bool, section: object, name: str, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {rule}, got {getattr(section, name)!r}")
+
+
+def _int(v: Any, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _int_or_none(v: Any, low: int) -> bool:
+    return v is None or _int(v, low)
+
+
 def _per_rank(v: Any, tp: int) -> bool:
     """One pool size per rank, each an integer >= 1."""
     if not isinstance(v, (list, tuple)) or len(v) != tp or tp < 2:
         return False
-    return all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v)
+    return all(_int(x, 1) for x in v)
 
 
 def _http_url(v: Any) -> bool:
@@ -39,183 +63,334 @@ def _seconds(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
 
 
-@dataclass(slots=True)
-class EngineConfig:
-    model: str | None = None  # GGUF file or HF folder; None: the default model
-    dtype: str = "float32"  # float32 is the exact mode; bfloat16 is about 2x faster here
-    # fast mode: linear weights quantised at load (int8, or int4 in groups of 64/128), bfloat16
-    # activations where the CPU has bfloat16 units (the dtype is then chosen by the mode)
-    quant: str | None = None
-    # KV pool size in tokens; None: a share of free memory; with several ranks, one size per
-    # rank may be given ([2048, 1536]: each rank its own pool, as uneven devices have)
-    kv_tokens: int | list[int] | None = None
-    kv_memory_fraction: float = 0.2  # that share, when kv_tokens is None
-    page_size: int = 1  # KV slots per page
-    max_running: int = 64  # requests decoding at once
-    chunk_tokens: int = 2048  # prefill tokens per step (longer prompts are chunked)
-    # tokens one forward may hold: a decode token per decoding request, then prefill chunks in
-    # what is left (the first chunk at least as many as the decodes); None: no budget (served:
-    # SERVE_STEP_TOKENS unless --step-tokens says otherwise)
-    step_tokens: int | None = None
-    max_model_len: int | None = None  # context limit; None: the model's own
-    attention_backend: str = "auto"  # auto: torch on CPU, the best one that runs on CUDA
-    threads: int | None = None  # torch intra-op threads; None: engine/threads.py chooses
-    seed: int = 0  # seed of the shared generator used by unseeded sampling requests
-    prefix_cache: bool = True  # reuse cached prefixes through the radix cache
-    # host KV tier in tokens (cold prefix KV spills there and loads back on a hit); 0: off;
-    # None: off on the CPU, a share of host memory (bounded by the cgroup limit) on CUDA
-    host_kv_tokens: int | None = None
-    relief_ladder: bool = True  # evict -> spill -> throttle -> retract; False: no rung registered
-    relief_throttle_iterations: int = 8  # how long the throttle rung closes the line
-    iteration_receipt_interval: int = 50  # an `iteration` summary receipt every N steps; 0: off
-    check_invariants: bool = False  # check the ledger after every step and raise (tests)
-    receipts: bool = True  # False: write no receipts at all (for the on/off benchmark)
-    log_file: str | None = None  # boot log (JSON receipts); None: receipts kept in memory only
-    console_receipts: bool = False  # also print receipts, pretty, on stderr
-    device: str = "cpu"  # where weights, KV pool and attention run: cpu, cuda or cuda:N
-    # OTLP/HTTP collector base URL for traces; None: the OTEL_* variables decide (off if unset)
-    otlp_endpoint: str | None = None
-    # the HTTP frontend's limits: seconds a client may take to send a request's headers, then its
-    # body; connections one client address may hold open (0: no cap); seconds from a request's
-    # arrival to its last token, past which it is aborted (None: no deadline)
-    read_timeout: float = 30.0
-    max_client_connections: int = 128
-    request_timeout: float | None = 600.0
-    # tensor parallelism: ranks, each holding a shard of the weights and its own KV pool; they
-    # run the same scheduler on the same inputs and decide from the published floor
-    tp: int = 1
-    # "spawn": rank 0 starts the other ranks on this machine; "env": each rank is started on its
-    # own (torchrun, or one command per node) and MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK say
-    # who is who
-    dist_init: str = "spawn"
-    group_timeout: float = 30.0  # seconds a collective waits for a rank that stopped answering
-    # every N iterations the ranks compare their batch digests (an all-gather before the
-    # forward); in check mode, every iteration
-    group_check_interval: int = 16
-    # False makes admission read this rank's own pool instead of the published floor: a test
-    # switch that splits a group with uneven pools (it exists to prove the split is caught)
-    published_floor: bool = True
+class _Section:
+    """A section checks its own fields when built (``validate``); a rule that reads another
+    section's field is EngineConfig's (``_check_across``)."""
+
+    __slots__ = ()
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        def need(ok: bool, field: str, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"{field} must be {rule}, got {getattr(self, field)!r}")
+        raise NotImplementedError
 
-        def count(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
-        def pos_int(v: Any) -> bool:
-            return count(v) and v >= 1
+@dataclass(frozen=True, slots=True)
+class ModelSection(_Section):
+    """What runs and where: the weights, their number format, the kernels, the device."""
 
-        need(self.model is None or isinstance(self.model, str), "model", "a path or None")
-        need(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
-        need(self.quant is None or self.quant in QUANTS, "quant", f"None or one of {QUANTS}")
-        need(
-            self.kv_tokens is None or pos_int(self.kv_tokens) or _per_rank(self.kv_tokens, self.tp),
-            "kv_tokens",
-            "None or an integer >= 1"
-            + ("" if self.tp == 1 else f", or one integer >= 1 per rank ({self.tp})"),
-        )  # fmt: skip
-        need(
-            isinstance(self.kv_memory_fraction, (int, float)) and 0 < self.kv_memory_fraction <= 0.9,
-            "kv_memory_fraction", "in (0, 0.9]",
-        )  # fmt: skip
-        need(pos_int(self.page_size), "page_size", "an integer >= 1")
-        need(isinstance(self.check_invariants, bool), "check_invariants", "a boolean")
-        need(isinstance(self.prefix_cache, bool), "prefix_cache", "a boolean")
-        need(
-            self.host_kv_tokens is None or count(self.host_kv_tokens),
-            "host_kv_tokens", "None or an integer >= 0",
-        )  # fmt: skip
-        need(isinstance(self.relief_ladder, bool), "relief_ladder", "a boolean")
-        need(
-            pos_int(self.relief_throttle_iterations), "relief_throttle_iterations",
-            "an integer >= 1",
-        )  # fmt: skip
-        need(isinstance(self.receipts, bool), "receipts", "a boolean")
-        need(
-            isinstance(self.iteration_receipt_interval, int) and self.iteration_receipt_interval >= 0,
-            "iteration_receipt_interval", "an integer >= 0",
-        )  # fmt: skip
-        need(self.log_file is None or isinstance(self.log_file, str), "log_file", "a path or None")
-        need(pos_int(self.max_running), "max_running", "an integer >= 1")
-        need(pos_int(self.chunk_tokens), "chunk_tokens", "an integer >= 1")
-        need(
-            self.step_tokens is None
-            or (pos_int(self.step_tokens) and self.step_tokens >= self.page_size),
-            "step_tokens", f"None or an integer >= page_size ({self.page_size})",
-        )  # fmt: skip
-        need(
-            self.max_model_len is None or pos_int(self.max_model_len),
-            "max_model_len",
-            "None or an integer >= 1",
-        )
-        need(isinstance(self.attention_backend, str), "attention_backend", "a backend name")
-        need(self.threads is None or pos_int(self.threads), "threads", "None or an integer >= 1")
-        need(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "an integer")
-        need(
+    model: str | None = _knob(
+        None, "GGUF file or Hugging Face folder. Default: SmolLM2-135M-Instruct."
+    )
+    # float32 is the exact mode; bfloat16 is about 2x faster here
+    dtype: str = _knob("float32", "float32 (exact) or bfloat16 (faster).")
+    # fast mode: linear weights quantised at load (int8, or int4 in groups of 64/128), bfloat16
+    # activations where the CPU has bfloat16 units (the dtype is then chosen by the mode)
+    quant: str | None = _knob(
+        None,
+        "Fast mode: int8 or int4 weights, quantised at load; bfloat16 activations where the "
+        "CPU has bfloat16 units (then --dtype does not apply). Default: off (exact mode).",
+    )
+    max_model_len: int | None = _knob(None, "Context limit (default: the model's).")
+    attention_backend: str = _knob(
+        "auto",
+        "Attention kernels: auto (torch; on CUDA a faster one only once bench/gpu_check.py "
+        "has verified it on a GPU), torch, torch-padded (its older decode path, to compare), "
+        "triton (CPU only with TRITON_INTERPRET=1) or flashinfer (CUDA, bfloat16).",
+    )
+    threads: int | None = _knob(None, "Torch CPU threads.")  # None: engine/threads.py chooses
+    # where weights, KV pool and attention run
+    device: str = _knob("cpu", "cpu, cuda or cuda:N (off the CPU, give --kv-tokens).")
+
+    def validate(self) -> None:
+        _need(self.model is None or isinstance(self.model, str), self, "model", "a path or None")
+        _need(self.dtype in DTYPES, self, "dtype", f"one of {DTYPES}")
+        _need(self.quant is None or self.quant in QUANTS, self, "quant", f"None or one of {QUANTS}")
+        _need(_int_or_none(self.max_model_len, 1), self, "max_model_len", "None or an integer >= 1")
+        _need(isinstance(self.attention_backend, str), self, "attention_backend", "a backend name")
+        _need(_int_or_none(self.threads, 1), self, "threads", "None or an integer >= 1")
+        _need(
             isinstance(self.device, str)
             and (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")),
-            "device", "cpu, cuda or cuda:N",
+            self, "device", "cpu, cuda or cuda:N",
         )  # fmt: skip
-        need(
-            self.otlp_endpoint is None or _http_url(self.otlp_endpoint),
-            "otlp_endpoint", "None or an http(s) URL such as http://127.0.0.1:4318",
-        )  # fmt: skip
-        need(_seconds(self.read_timeout), "read_timeout", "a number of seconds > 0")
-        need(
-            isinstance(self.max_client_connections, int) and self.max_client_connections >= 0,
-            "max_client_connections", "an integer >= 0 (0: no cap)",
-        )  # fmt: skip
-        need(
-            self.request_timeout is None or _seconds(self.request_timeout),
-            "request_timeout", "None or a number of seconds > 0",
-        )  # fmt: skip
-        need(
-            self.device == "cpu" or self.kv_tokens is not None,
-            "kv_tokens", "given off the CPU (otherwise the pool is sized from host memory)",
-        )  # fmt: skip
-        need(
+        _need(
             self.quant is None or self.device == "cpu",
-            "device", "cpu with --quant (its kernels are torch's CPU ones)",
+            self, "device", "cpu with --quant (its kernels are torch's CPU ones)",
         )  # fmt: skip
 
-        need(pos_int(self.tp), "tp", "an integer >= 1")
-        need(self.dist_init in DIST_INITS, "dist_init", f"one of {DIST_INITS}")
-        need(_seconds(self.group_timeout), "group_timeout", "a number of seconds > 0")
-        need(pos_int(self.group_check_interval), "group_check_interval", "an integer >= 1")
-        need(isinstance(self.published_floor, bool), "published_floor", "a boolean")
-        need(
-            self.tp == 1 or not self.host_kv_tokens,
-            "host_kv_tokens", "0 or None with more than one rank (the host tier is one rank's)",
+
+@dataclass(frozen=True, slots=True)
+class MemorySection(_Section):
+    """The KV pool, its pages, the prefix cache, the host tier and the relief ladder."""
+
+    # None: a share of free memory; [2048, 1536]: each rank its own pool, as uneven devices
+    # have. Its rule reads tp: checked across sections.
+    kv_tokens: int | list[int] | None = _knob(
+        None,
+        "KV pool size in tokens; with --tp, one size per rank may be given "
+        "(--kv-tokens 2048,1536). Default: a share of free memory (--kv-memory-fraction).",
+    )
+    kv_memory_fraction: float = _knob(
+        0.2, "Share of available memory for the KV pool when --kv-tokens is not given."
+    )
+    page_size: int = _knob(1, "KV slots per page.")
+    prefix_cache: bool = _knob(True, "Reuse cached prompt prefixes (radix cache).")
+    # 0: off; None: off on the CPU, a share of host memory (bounded by the cgroup limit) on CUDA
+    host_kv_tokens: int | None = _knob(
+        None,
+        "Host KV tier in tokens: cold cached prefixes spill there instead of being dropped "
+        "and load back on a hit. 0: off. Default: off on the CPU, a share of host memory "
+        "(bounded by the cgroup limit) on CUDA.",
+    )
+    # evict -> spill -> throttle -> retract; False: no rung registered
+    relief_ladder: bool = _knob(
+        True,
+        "on: the relief ladder (evict, spill, throttle, retract) pays before admission "
+        "parks; off: no rung is registered (and the boot log says so once).",
+    )
+    relief_throttle_iterations: int = _knob(
+        8, "Iterations the throttle rung keeps new admissions out once it pays."
+    )
+
+    def validate(self) -> None:
+        f = self.kv_memory_fraction
+        _need(
+            isinstance(f, (int, float)) and 0 < f <= 0.9, self, "kv_memory_fraction", "in (0, 0.9]"
+        )
+        _need(_int(self.page_size, 1), self, "page_size", "an integer >= 1")
+        _need(isinstance(self.prefix_cache, bool), self, "prefix_cache", "a boolean")
+        _need(
+            _int_or_none(self.host_kv_tokens, 0), self, "host_kv_tokens", "None or an integer >= 0"
+        )
+        _need(isinstance(self.relief_ladder, bool), self, "relief_ladder", "a boolean")
+        _need(
+            _int(self.relief_throttle_iterations, 1),
+            self, "relief_throttle_iterations", "an integer >= 1",
         )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSection(_Section):
+    """What a step may hold and how requests are sampled; the ledger checks of tests."""
+
+    max_running: int = _knob(64, "Requests decoding at once.")
+    chunk_tokens: int = _knob(2048, "Prefill tokens per step, at most.")
+    # None: no budget (served: SERVE_STEP_TOKENS unless --step-tokens says otherwise). Its rule
+    # reads page_size: checked across sections.
+    step_tokens: int | None = _knob(
+        None,
+        "Tokens one forward may hold: a decode token per decoding request, then prefill "
+        "chunks in what is left (the first at least as many as the decodes, so prompts "
+        "always move). Bounds the inter-token latency a long prompt adds (bench/serve.py "
+        "--mixed measures it); 0: no step budget.",
+    )
+    # the seed of the shared generator used by unseeded sampling requests
+    seed: int = _knob(0, "Seed for unseeded sampling.")
+    check_invariants: bool = _knob(
+        False, "Check the memory ledger after every step (slow; for tests)."
+    )
+
+    def validate(self) -> None:
+        _need(_int(self.max_running, 1), self, "max_running", "an integer >= 1")
+        _need(_int(self.chunk_tokens, 1), self, "chunk_tokens", "an integer >= 1")
+        seed = self.seed
+        _need(isinstance(seed, int) and not isinstance(seed, bool), self, "seed", "an integer")
+        _need(isinstance(self.check_invariants, bool), self, "check_invariants", "a boolean")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSection(_Section):
+    """The HTTP frontend's limits (engine/server/limits.py)."""
+
+    read_timeout: float = _knob(
+        30.0, "Seconds a client may take to send a request's headers, then its body."
+    )
+    max_client_connections: int = _knob(
+        128, "Connections one client address may hold open at once; 0: no cap."
+    )
+    request_timeout: float | None = _knob(
+        600.0,
+        "Seconds from a request's arrival to its last token, then it is aborted (504); "
+        "0: no deadline.",
+    )
+
+    def validate(self) -> None:
+        _need(_seconds(self.read_timeout), self, "read_timeout", "a number of seconds > 0")
+        _need(
+            _int(self.max_client_connections, 0),
+            self, "max_client_connections", "an integer >= 0 (0: no cap)",
+        )  # fmt: skip
+        _need(
+            self.request_timeout is None or _seconds(self.request_timeout),
+            self, "request_timeout", "None or a number of seconds > 0",
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSection(_Section):
+    """Tensor parallelism: ranks, each holding a shard of the weights and its own KV pool; they
+    run the same scheduler on the same inputs and decide from the published floor."""
+
+    tp: int = _knob(
+        1,
+        "Tensor-parallel ranks: each holds a shard of the weights and its own KV pool "
+        "(gloo on the CPU, NCCL on CUDA). The model's heads must divide by it.",
+    )
+    dist_init: str = _knob(
+        "spawn",
+        "spawn: start the other ranks on this machine; env: they are started on their own "
+        "(`engine worker` on each node, or torchrun) and MASTER_ADDR, MASTER_PORT, "
+        "WORLD_SIZE and RANK say who is who.",
+    )
+    group_timeout: float = _knob(
+        30.0, "Seconds a collective waits for a rank that stopped answering."
+    )
+    group_check_interval: int = _knob(
+        16, "Ranks compare batch digests every N iterations (every one with --check-invariants)."
+    )
+    # a test switch that splits a group with uneven pools (it exists to prove the split is caught)
+    published_floor: bool = _knob(
+        True, "A test switch: --own-pool makes each rank decide from its own pool (a split)."
+    )
+
+    def validate(self) -> None:
+        _need(_int(self.tp, 1), self, "tp", "an integer >= 1")
+        _need(self.dist_init in DIST_INITS, self, "dist_init", f"one of {DIST_INITS}")
+        _need(_seconds(self.group_timeout), self, "group_timeout", "a number of seconds > 0")
+        _need(_int(self.group_check_interval, 1), self, "group_check_interval", "an integer >= 1")
+        _need(isinstance(self.published_floor, bool), self, "published_floor", "a boolean")
+
+
+@dataclass(frozen=True, slots=True)
+class ObservabilitySection(_Section):
+    """Receipts (where, how often, whether at all) and traces."""
+
+    receipts: bool = _knob(True, "Write receipts at all.")  # False: the on/off benchmark
+    # None: receipts kept in memory only
+    log_file: str | None = _knob(None, "Boot log of JSON receipts.")
+    console_receipts: bool = _knob(False, "Also print receipts, pretty, on stderr.")
+    iteration_receipt_interval: int = _knob(
+        50, "An `iteration` summary receipt every N steps; 0: off."
+    )
+    # OTLP/HTTP collector base URL for traces; None: the OTEL_* variables decide (off if unset)
+    otlp_endpoint: str | None = _knob(
+        None,
+        "Export OpenTelemetry traces over OTLP/HTTP to this collector base URL "
+        "(e.g. http://127.0.0.1:4318). Default: the OTEL_EXPORTER_OTLP_* variables; "
+        "neither: tracing is off.",
+    )
+
+    def validate(self) -> None:
+        _need(isinstance(self.receipts, bool), self, "receipts", "a boolean")
+        log_file = self.log_file
+        _need(log_file is None or isinstance(log_file, str), self, "log_file", "a path or None")
+        _need(
+            _int(self.iteration_receipt_interval, 0),
+            self, "iteration_receipt_interval", "an integer >= 0",
+        )  # fmt: skip
+        _need(
+            self.otlp_endpoint is None or _http_url(self.otlp_endpoint),
+            self, "otlp_endpoint", "None or an http(s) URL such as http://127.0.0.1:4318",
+        )  # fmt: skip
+
+
+SECTIONS: dict[str, type[_Section]] = {  # EngineConfig's sections, by attribute name
+    "model": ModelSection, "memory": MemorySection, "scheduler": SchedulerSection,
+    "server": ServerSection, "group": GroupSection, "observability": ObservabilitySection,
+}  # fmt: skip
+
+
+def _route() -> dict[str, str]:
+    """Each flat name -> the section holding it; a name in two sections is refused here."""
+    table: dict[str, str] = {}
+    for section, cls in SECTIONS.items():
+        for f in fields(cls):
+            if f.name in table:
+                raise TypeError(f"option {f.name!r} is in both {table[f.name]} and {section}")
+            table[f.name] = section
+    return table
+
+
+SECTION_OF = _route()
+DEFAULTS: dict[str, Any] = {f.name: f.default for c in SECTIONS.values() for f in fields(c)}
+HELP: dict[str, str] = {f.name: f.metadata["help"] for c in SECTIONS.values() for f in fields(c)}
+
+
+def _check_across(c: EngineConfig) -> None:
+    """The rules that read more than one section."""
+    mem, tp = c.memory, c.group.tp
+    _need(
+        mem.kv_tokens is None or _int(mem.kv_tokens, 1) or _per_rank(mem.kv_tokens, tp),
+        mem, "kv_tokens",
+        "None or an integer >= 1" + ("" if tp == 1 else f", or one integer >= 1 per rank ({tp})"),
+    )  # fmt: skip
+    step = c.scheduler.step_tokens
+    _need(
+        step is None or (_int(step, 1) and step >= mem.page_size),
+        c.scheduler, "step_tokens", f"None or an integer >= page_size ({mem.page_size})",
+    )  # fmt: skip
+    _need(
+        c.model.device == "cpu" or mem.kv_tokens is not None,
+        mem, "kv_tokens", "given off the CPU (otherwise the pool is sized from host memory)",
+    )  # fmt: skip
+    _need(
+        tp == 1 or not mem.host_kv_tokens,
+        mem, "host_kv_tokens", "0 or None with more than one rank (the host tier is one rank's)",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    memory: MemorySection = field(default_factory=MemorySection)
+    scheduler: SchedulerSection = field(default_factory=SchedulerSection)
+    server: ServerSection = field(default_factory=ServerSection)
+    group: GroupSection = field(default_factory=GroupSection)
+    observability: ObservabilitySection = field(default_factory=ObservabilitySection)
+
+    def __post_init__(self) -> None:
+        for name, cls in SECTIONS.items():  # EngineConfig(kv_tokens=...) was the flat API
+            if not isinstance(got := getattr(self, name), cls):
+                raise TypeError(
+                    f"EngineConfig.{name} must be a {cls.__name__}, got {got!r}; "
+                    "flat options go through EngineConfig.from_kwargs"
+                )
+        _check_across(self)
+
+    def validate(self) -> None:
+        for section in SECTIONS:
+            getattr(self, section).validate()
+        _check_across(self)
 
     def log_file_of(self, rank: int) -> str | None:
         """Rank ``rank``'s boot log: rank 0 writes ``log_file``, rank r ``NAME.rankR.EXT``
         beside it (one file per rank, all under one boot id)."""
-        if self.log_file is None or rank == 0:
-            return self.log_file
+        log_file = self.observability.log_file
+        if log_file is None or rank == 0:
+            return log_file
         from pathlib import Path
 
-        p = Path(self.log_file)
+        p = Path(log_file)
         return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
 
     def kv_tokens_of(self, rank: int) -> int | None:
         """Rank ``rank``'s KV pool size (None: sized from free memory)."""
-        if isinstance(self.kv_tokens, list):
-            return self.kv_tokens[rank]
-        return self.kv_tokens
+        kv_tokens = self.memory.kv_tokens
+        return kv_tokens[rank] if isinstance(kv_tokens, list) else kv_tokens
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - known)
+        """From the flat names (``kv_tokens=1024, tp=2``), each routed into its section."""
+        unknown = sorted(set(kwargs) - set(SECTION_OF))
         if unknown:
-            raise TypeError(f"unknown engine option(s) {unknown}; known: {sorted(known)}")
-        return cls(**kwargs)
+            raise TypeError(f"unknown engine option(s) {unknown}; known: {sorted(SECTION_OF)}")
+        parts: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+        for name, value in kwargs.items():
+            parts[SECTION_OF[name]][name] = value
+        return cls(**{s: SECTIONS[s](**kw) for s, kw in parts.items()})
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Flat, by the fields' own names: the ``boot.start`` receipt's ``config``."""
+        return {k: v for s in SECTIONS for k, v in asdict(getattr(self, s)).items()}

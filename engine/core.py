@@ -62,7 +62,7 @@ def boot_fields(config: EngineConfig, launch: Launch | None) -> dict[str, Any]:
     return {
         "config": config.as_dict(), "pid": os.getpid(), "ppid": os.getppid(),
         "host": socket.gethostname(), "argv": list(launch.argv if launch else sys.argv),
-        "versions": versions(config.device),
+        "versions": versions(config.model.device),
     }  # fmt: skip
 
 
@@ -87,9 +87,9 @@ class EngineCore:
         built elsewhere (otherwise one rank alone, or the published group of ``tp`` ranks)."""
         self._t0 = time.perf_counter()
         config.validate()
-        if config.tp > 1 and member is None and join is None:
+        if config.group.tp > 1 and member is None and join is None:
             raise ValueError(
-                f"tp {config.tp} needs its ranks: build it with engine.group_boot.boot"
+                f"tp {config.group.tp} needs its ranks: build it with engine.group_boot.boot"
             )
         self.config, self.member = config, member
         self.rank = member.rank if member is not None else 0
@@ -111,9 +111,9 @@ class EngineCore:
         with ``boot.start``."""
         c, rank = self.config, self.rank
         receipts = Receipts(
-            c.log_file_of(rank) if c.receipts else None,
-            capture=c.receipts and c.log_file is None, console=c.receipts and c.console_receipts,
-            enabled=c.receipts, boot=self.member.boot if self.member is not None else None,
+            c.log_file_of(rank) if c.observability.receipts else None,
+            capture=c.observability.receipts and c.observability.log_file is None, console=c.observability.receipts and c.observability.console_receipts,
+            enabled=c.observability.receipts, boot=self.member.boot if self.member is not None else None,
             rank=rank,
         )  # fmt: skip
         receipts.emit(schema.BOOT_START, **boot_fields(c, launch))
@@ -125,8 +125,10 @@ class EngineCore:
         from engine.threads import choose_threads, usable_cpus  # torch-free; why in its docstring
 
         c = self.config
-        ranks_here = c.tp if c.dist_init == "spawn" else 1  # spawned ranks share the CPUs
-        threads = choose_threads(c.threads, os.environ, usable_cpus(), ranks_here)
+        ranks_here = (
+            c.group.tp if c.group.dist_init == "spawn" else 1
+        )  # spawned ranks share the CPUs
+        threads = choose_threads(c.model.threads, os.environ, usable_cpus(), ranks_here)
         if threads is not None:
             torch.set_num_threads(threads)
 
@@ -134,34 +136,34 @@ class EngineCore:
         """Fast mode's plan (the activations' dtype by what the CPU has), and the attention
         backend, which fails now, before any weight is loaded, if it cannot run here."""
         c = self.config
-        self.quant = plan_quant(c.quant, c.device) if c.quant else None
-        self.dtype = self.quant.dtype if self.quant else DTYPES[c.dtype]
-        choice = choose_backend(c.attention_backend, c.device, self.dtype)
+        self.quant = plan_quant(c.model.quant, c.model.device) if c.model.quant else None
+        self.dtype = self.quant.dtype if self.quant else DTYPES[c.model.dtype]
+        choice = choose_backend(c.model.attention_backend, c.model.device, self.dtype)
         if choice.note is not None:  # an unverified fast path is never taken silently
             self.receipts.notice("attention_backend", choice.note, process="scheduler")
             print(f"attest: {choice.note}", file=sys.stderr, flush=True)
-        return get_backend(choice.name, c.device, self.dtype, c.page_size)
+        return get_backend(choice.name, c.model.device, self.dtype, c.memory.page_size)
 
     def _load(self, loaded: LoadedModel | None, backend: Any, join: Any) -> None:
         """The weights, checked against ``tp`` before any other rank starts (a ValueError
         naming the numbers, exit 2), then rank 0 joins its group and the model is built."""
         c = self.config
-        self.loaded = loaded or load_model(c.model)
+        self.loaded = loaded or load_model(c.model.model)
         cfg = self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
-        if c.tp > 1:
+        if c.group.tp > 1:
             heads = (cfg.num_heads, cfg.num_kv_heads)
-            plan_shard(*heads, cfg.intermediate_size, cfg.vocab_size, c.tp, 0)
+            plan_shard(*heads, cfg.intermediate_size, cfg.vocab_size, c.group.tp, 0)
         if join is not None:
             self.member = join(c, self.receipts.boot)
         self.comm = self.member.comm if self.member is not None else Comm()
         self.model = LlamaModel(
-            cfg, self.loaded.weights, self.dtype, backend, device=c.device, comm=self.comm,
+            cfg, self.loaded.weights, self.dtype, backend, device=c.model.device, comm=self.comm,
             quant=self.quant,
         )  # fmt: skip
         self.receipts.emit(schema.BOOT_WEIGHTS, **self.weights_fields())
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
-        self.max_context = min(c.max_model_len or cfg.max_position, cfg.max_position)
+        self.max_context = min(c.model.max_model_len or cfg.max_position, cfg.max_position)
 
     def _size_memory(self) -> None:
         """The KV pool (this rank's heads), its allocator, the request table, the runner."""
@@ -170,16 +172,16 @@ class EngineCore:
         kv_heads = self.model.local_kv_heads  # this rank's share of them
         per_token = cfg.kv_bytes_per_token(torch.finfo(kv_dtype).bits // 8)
         self.sizing = size_pool(
-            c.kv_tokens_of(self.rank), c.kv_memory_fraction,
-            per_token * kv_heads // cfg.num_kv_heads, c.page_size,
+            c.kv_tokens_of(self.rank), c.memory.kv_memory_fraction,
+            per_token * kv_heads // cfg.num_kv_heads, c.memory.page_size,
         )  # fmt: skip
-        self.allocator = TokenAllocator(self.sizing.kv_tokens, c.page_size)
+        self.allocator = TokenAllocator(self.sizing.kv_tokens, c.memory.page_size)
         self.kv = KVPool(
             cfg.num_layers, self.allocator.pool_slots, kv_heads, cfg.head_dim, kv_dtype,
-            device=c.device,
+            device=c.model.device,
         )  # fmt: skip
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
-        self.req_table = ReqToTokenPool(running_ceiling(c.max_running), self.max_context)
+        self.req_table = ReqToTokenPool(running_ceiling(c.scheduler.max_running), self.max_context)
         self.runner = ModelRunner(self.model, self.kv, self.req_table)
 
     def _build_scheduler(self, tracing: Tracing | None, group: GroupView | None) -> Scheduler:
@@ -187,11 +189,16 @@ class EngineCore:
         of its group, the request spans, and the scheduler over them."""
         c, receipts = self.config, self.receipts
         host = size_host_tier(
-            c.host_kv_tokens, c.device, self.kv, self.allocator, c.prefix_cache, receipts
+            c.memory.host_kv_tokens,
+            c.model.device,
+            self.kv,
+            self.allocator,
+            c.memory.prefix_cache,
+            receipts,
         )
         tier = (lambda cache: HostTier(cache, self.kv, host, receipts)) if host else None
         cache = RadixCache(
-            self.allocator, disabled=not c.prefix_cache, receipts=receipts, tier=tier
+            self.allocator, disabled=not c.memory.prefix_cache, receipts=receipts, tier=tier
         )
         self.host_tier = cache.tier
         return Scheduler(
@@ -205,10 +212,10 @@ class EngineCore:
         the quantised weights take."""
         if self.quant is None:
             mode = "exact" if self.dtype == torch.float32 else "bfloat16"
-            fields: dict[str, Any] = {"mode": mode, "dtype": self.config.dtype}
+            fields: dict[str, Any] = {"mode": mode, "dtype": self.config.model.dtype}
         else:
             fields = self.quant.fields()
-        if torch.device(self.config.device).type == "cpu":  # which small ops and decode run
+        if torch.device(self.config.model.device).type == "cpu":  # which small ops and decode run
             fields["ops"] = "native" if cpu_ops.load() else "torch"
             if fields["ops"] == "torch":
                 fields["ops_why"] = cpu_ops.why_not()
@@ -216,12 +223,12 @@ class EngineCore:
 
     def _group(self) -> GroupView:
         """This rank's view of its group (one rank alone publishes no floor)."""
-        if self.config.tp == 1:
+        if self.config.group.tp == 1:
             return GroupView()
         c = self.config
-        every = 1 if c.check_invariants else c.group_check_interval
+        every = 1 if c.scheduler.check_invariants else c.group.group_check_interval
         return PublishedGroup(
-            self.comm, self.receipts, self.allocator.capacity, every, c.published_floor
+            self.comm, self.receipts, self.allocator.capacity, every, c.group.published_floor
         )
 
     def step(self) -> list[StepOutput]:
@@ -248,10 +255,14 @@ class EngineCore:
     def build_model(self, loaded: LoadedModel) -> LlamaModel:
         """A model of ``loaded``'s weights on this engine's dtype, backend and device (a weights
         cutover builds the new one beside the serving one); the file's copies are let go."""
-        quant = plan_quant(self.config.quant, self.config.device) if self.config.quant else None
+        quant = (
+            plan_quant(self.config.model.quant, self.config.model.device)
+            if self.config.model.quant
+            else None
+        )
         model = LlamaModel(
             loaded.config, loaded.weights, self.dtype, self.model.backend,
-            device=self.config.device, comm=self.comm, quant=quant,
+            device=self.config.model.device, comm=self.comm, quant=quant,
         )  # fmt: skip
         loaded.weights = {}
         return model
@@ -357,10 +368,10 @@ class EngineCore:
             kv_bytes_per_token=self.kv.bytes_per_token,
             kv_pool_bytes=self.kv.total_bytes,
             attention_backend=self.model.backend.name,
-            device=self.config.device,
+            device=self.config.model.device,
             load_seconds=round(self.loaded.load_seconds, 2),
             startup_seconds=round(self.startup_seconds, 2),
-            tp=self.config.tp,
+            tp=self.config.group.tp,
             weights=weights["mode"],
             weights_path=self.quant.path if self.quant else "",
             ops=" ".join(x for x in (weights.get("ops", ""), weights.get("ops_why") or "") if x),

@@ -87,7 +87,7 @@ class Cutovers:
             return EMPTY, {"census_error": text}
 
     def _ceiling(self) -> int:
-        return running_ceiling(self.core.config.max_running)
+        return running_ceiling(self.core.config.scheduler.max_running)
 
     # -- the cutover ----------------------------------------------------------------------------
 
@@ -107,9 +107,9 @@ class Cutovers:
         try:
             if self.active is not None:
                 raise Refused(f"cutover {self.active.id} is under way", 409)
-            if self.core.config.tp > 1:  # every rank would have to change at one boundary
+            if self.core.config.group.tp > 1:  # every rank would have to change at one boundary
                 raise Refused(
-                    f"a cutover runs on one rank only; this engine has tp {self.core.config.tp}",
+                    f"a cutover runs on one rank only; this engine has tp {self.core.config.group.tp}",
                     409,
                 )
             self._check(ask)

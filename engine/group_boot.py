@@ -105,26 +105,30 @@ def join_as_rank0(config: EngineConfig, boot: str) -> Member:
     if dist.is_initialized():  # torch.distributed has one default group per process
         raise ValueError("one multi-rank engine per process: close the other (LLM.close) first")
     hello = (boot, config.as_dict())
-    if config.dist_init == "env":
+    if config.group.dist_init == "env":
         rank, world = env_rank()
-        if rank != 0 or world != config.tp:
+        if rank != 0 or world != config.group.tp:
             raise ValueError(
                 f"this process is RANK {rank} of WORLD_SIZE {world}; the engine that serves is "
-                f"rank 0 of tp {config.tp} (start the others with `engine worker`)"
+                f"rank 0 of tp {config.group.tp} (start the others with `engine worker`)"
             )
-        return _connect(0, world, "env://", config.group_timeout, config.device, hello)[0]
+        return _connect(
+            0, world, "env://", config.group.group_timeout, config.model.device, hello
+        )[0]  # fmt: skip
     init = local_init_method(free_port())
-    args = [str(config.tp), init, str(config.group_timeout), config.device]
+    args = [str(config.group.tp), init, str(config.group.group_timeout), config.model.device]
     procs = {
         r: subprocess.Popen(
             [sys.executable, "-m", "engine.group_boot", str(r), *args],
             preexec_fn=dies_with_parent(),
             start_new_session=True,  # signals to rank 0's group are rank 0's to act on
         )
-        for r in range(1, config.tp)
+        for r in range(1, config.group.tp)
     }
     try:
-        member = _connect(0, config.tp, init, config.group_timeout, config.device, hello)[0]
+        member = _connect(
+            0, config.group.tp, init, config.group.group_timeout, config.model.device, hello
+        )[0]
     except BaseException:
         for p in procs.values():
             p.kill()
@@ -141,7 +145,7 @@ def boot(
 ) -> EngineCore:
     """The engine of ``config``: with ``tp`` > 1, rank 0 of its group (the others started or
     met once the model's shapes are checked against ``tp``); ``tracing``: request spans."""
-    join = join_as_rank0 if config.tp > 1 else None
+    join = join_as_rank0 if config.group.tp > 1 else None
     return EngineCore(config, loaded, launch, join=join, tracing=tracing)
 
 
@@ -191,7 +195,7 @@ def follower_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is rank 0's
     signal.signal(signal.SIGTERM, _interrupt)  # rank 0 died (PDEATHSIG) or we were told
     member, fields = _connect(rank, world, init, timeout_s, device)
-    config = EngineConfig(**fields)
+    config = EngineConfig.from_kwargs(**fields)
     try:
         core = EngineCore(config, member=member)
     except BaseException:

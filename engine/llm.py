@@ -24,8 +24,9 @@ class RequestOutput:
 
 class LLM:
     """``LLM(model=None, **engine_config)``: ``model`` is a GGUF file or a Hugging Face folder;
-    None loads the default model. Keyword options are EngineConfig's fields (``tp=2``: two
-    ranks, this process rank 0); ``tracing``: request spans (``engine.obs.tracing``). A group that fails (a split, a rank lost) raises
+    None loads the default model. Keyword options are EngineConfig's flat names, its
+    sections' fields (``tp=2``: two ranks, this process rank 0); ``tracing``: request spans
+    (``engine.obs.tracing``). A group that fails (a split, a rank lost) raises
     ``GroupFailure`` from ``generate`` once its receipts are written."""
 
     def __init__(

@@ -10,6 +10,19 @@ PENALTY_LIMIT = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenA
 BIAS_LIMIT = 100.0  # a logit bias lies in [-100, 100]
 
 
+def _need(ok: bool, field: str, rule: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{field} must be {rule}, got {value!r}")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
 @dataclass(slots=True)
 class SamplingParams:
     max_tokens: int = 16
@@ -32,71 +45,47 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        def need(ok: bool, field: str, rule: str, value: object) -> None:
-            if not ok:
-                raise ValueError(f"{field} must be {rule}, got {value!r}")
-
-        def is_int(v: object) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        def is_num(v: object) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
-
-        need(
-            is_int(self.max_tokens) and self.max_tokens >= 1,
-            "max_tokens",
-            "an integer >= 1",
-            self.max_tokens,
-        )
-        need(
-            is_num(self.temperature) and self.temperature >= 0,
-            "temperature",
-            "a number >= 0",
-            self.temperature,
-        )
-        need(is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
-        need(
-            is_int(self.top_k) and (self.top_k >= 1 or self.top_k in (-1, 0)),
-            "top_k",
-            "-1, 0 (off) or an integer >= 1",
-            self.top_k,
-        )
-        need(is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
-        need(self.seed is None or is_int(self.seed), "seed", "an integer or None", self.seed)
-        need(
+        most, temp = self.max_tokens, self.temperature
+        _need(_is_int(most) and most >= 1, "max_tokens", "an integer >= 1", most)
+        _need(_is_num(temp) and temp >= 0, "temperature", "a number >= 0", temp)
+        _need(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
+        _need(
+            _is_int(self.top_k) and (self.top_k >= 1 or self.top_k in (-1, 0)),
+            "top_k", "-1, 0 (off) or an integer >= 1", self.top_k,
+        )  # fmt: skip
+        _need(_is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
+        _need(self.seed is None or _is_int(self.seed), "seed", "an integer or None", self.seed)
+        _need(
             self.seed is None or SEED_MIN <= self.seed <= SEED_MAX,
             "seed", "a signed 64-bit integer, in [-2**63, 2**63 - 1]", self.seed,
         )  # fmt: skip
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
-            need(is_num(v) and abs(v) <= PENALTY_LIMIT, name, "a number in [-2, 2]", v)
+            _need(_is_num(v) and abs(v) <= PENALTY_LIMIT, name, "a number in [-2, 2]", v)
         bias = self.logit_bias
-        need(
+        _need(
             bias is None or (isinstance(bias, dict) and all(
-                is_int(t) and t >= 0 and is_num(b) and abs(b) <= BIAS_LIMIT
+                _is_int(t) and t >= 0 and _is_num(b) and abs(b) <= BIAS_LIMIT
                 for t, b in bias.items()
             )),
             "logit_bias", "a map of token ids to numbers in [-100, 100]", bias,
         )  # fmt: skip
-        need(
-            is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
-            "min_tokens",
-            f"an integer in [0, max_tokens={self.max_tokens}]",
-            self.min_tokens,
-        )
-        need(isinstance(self.ignore_eos, bool), "ignore_eos", "a boolean", self.ignore_eos)
+        _need(
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+            "min_tokens", f"an integer in [0, max_tokens={self.max_tokens}]", self.min_tokens,
+        )  # fmt: skip
+        _need(isinstance(self.ignore_eos, bool), "ignore_eos", "a boolean", self.ignore_eos)
         stops = [self.stop] if isinstance(self.stop, str) else self.stop
-        need(
-            stops is None or (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)),
+        _need(
+            stops is None
+            or (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)),
             "stop", "a non-empty string or a list of non-empty strings", self.stop,
         )  # fmt: skip
         ids = self.stop_token_ids
-        need(
-            ids is None or (isinstance(ids, list) and all(is_int(i) and i >= 0 for i in ids)),
-            "stop_token_ids",
-            "a list of token ids",
-            ids,
-        )
+        _need(
+            ids is None or (isinstance(ids, list) and all(_is_int(i) and i >= 0 for i in ids)),
+            "stop_token_ids", "a list of token ids", ids,
+        )  # fmt: skip
 
     @property
     def stop_strings(self) -> list[str]:

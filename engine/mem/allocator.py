@@ -123,10 +123,6 @@ class TokenAllocator:
             [torch.arange(last_slot + 1, last_slot + 1 + head, dtype=torch.int64), tail]
         )
 
-    def alloc_decode(self, held: int, last_slot: int) -> torch.Tensor | None:
-        """One slot for the next token of a request holding ``held`` tokens."""
-        return self.alloc_extend(held, 1, last_slot)
-
     # -- freeing ------------------------------------------------------------------------------
 
     def _pages_of(self, slots: torch.Tensor) -> torch.Tensor:

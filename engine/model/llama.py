@@ -124,15 +124,8 @@ class LlamaModel:
         self.norm = self._put(take("model.norm.weight"))
         # the norm each layer's last residual add feeds: the next layer's, then the final one
         self._next_norms = [layer["attn_norm"] for layer in self.layers[1:]] + [self.norm]
-        if "lm_head.weight" in w:
-            head = vocab_rows(take("lm_head.weight"), self.shard.vocab)
-            self.lm_head = self._mat(head, mode="int8") if quant else self._put(head)
-        elif cfg.tie_word_embeddings and quant is None:
-            self.lm_head = self.embed
-        elif cfg.tie_word_embeddings:  # the lookup keeps the dense table, the product its own
-            self.lm_head = self._mat(vocab_rows(embed, self.shard.vocab), mode="int8")
-        else:
-            raise KeyError("missing weight 'lm_head.weight' and embeddings are not tied")
+        head = take("lm_head.weight") if "lm_head.weight" in w else None
+        self.lm_head = self._lm_head(head, embed)
         leftover = sorted(k for k in w if "rotary_emb" not in k)
         if leftover:
             raise ValueError(
@@ -141,6 +134,20 @@ class LlamaModel:
         self.inv_freq = rope_inv_freq(cfg).to(self.device)
         self.q_size = self.local_heads * cfg.head_dim
         self.kv_size = self.local_kv_heads * cfg.head_dim
+
+    def _lm_head(
+        self, head: torch.Tensor | None, embed: torch.Tensor
+    ) -> torch.Tensor | QuantWeight:
+        """The file's LM head, else the tied embeddings (the model's own table, or in fast mode
+        an int8 copy: the lookup keeps the dense table, the product its own)."""
+        if head is not None:
+            head = vocab_rows(head, self.shard.vocab)
+            return self._mat(head, mode="int8") if self.quant else self._put(head)
+        if not self.cfg.tie_word_embeddings:
+            raise KeyError("missing weight 'lm_head.weight' and embeddings are not tied")
+        if self.quant is None:
+            return self.embed
+        return self._mat(vocab_rows(embed, self.shard.vocab), mode="int8")
 
     def _put(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's slice, cast and moved: the rest of a weight never reaches the device.

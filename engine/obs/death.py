@@ -44,12 +44,6 @@ def tail_receipts(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def last_receipt(path: Path) -> dict[str, Any] | None:
-    """The last whole receipt line of the boot log, or None when there is none."""
-    recs = tail_receipts(path)
-    return recs[-1] if recs else None
-
-
 def exit_fields(exit_code: int | None) -> dict[str, Any]:
     """How a process ended, as receipt fields: its exit code, and the signal that killed it."""
     if exit_code is None:

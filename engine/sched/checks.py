@@ -65,9 +65,9 @@ def state_violations(sched: Checked) -> list[Violation]:
     for r in sched.running:
         if r.state not in (State.RUNNING, State.PARKED) or r.row is None:
             out.append(("running_state", {"rid": r.rid, "state": r.state.value}))
-    ceiling = running_ceiling(sched.config.max_running)
+    ceiling = running_ceiling(sched.config.scheduler.max_running)
     if len(sched.running) > ceiling:
-        numbers = {"running": len(sched.running), "max_running": sched.config.max_running}
+        numbers = {"running": len(sched.running), "max_running": sched.config.scheduler.max_running}
         out.append(("running_ceiling", numbers))
     return out
 

@@ -79,7 +79,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.memory = Memory(
             allocator, req_table, cache, group, receipts, (self.running, self.waiting),
-            self.ratio, config.relief_ladder, config.relief_throttle_iterations,
+            self.ratio, config.memory.relief_ladder, config.memory.relief_throttle_iterations,
         )  # fmt: skip
         self.admitter = Admitter(
             config, self.memory, receipts, self.ratio, self.running, self.waiting
@@ -88,7 +88,7 @@ class Scheduler:
         self._was_busy = False
         self._digest_iter = -1  # the last iteration whose receipt carried a batch digest
         self.generated = 0  # tokens sampled since boot: progress the iteration receipt counts
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.scheduler.seed)
 
     # -- intake -------------------------------------------------------------------------------
 
@@ -201,14 +201,14 @@ class Scheduler:
     def _after_step(self, chunks: Planned) -> None:
         if self.traces is not None:
             self.traces.step_done(chunks)
-        interval = self.config.iteration_receipt_interval
+        interval = self.config.observability.iteration_receipt_interval
         if (
             interval
             and self.receipts.iter % interval == 0
             and self._digest_iter != self.receipts.iter
         ):
             self._iteration_receipt()
-        if self.config.check_invariants:
+        if self.config.scheduler.check_invariants:
             checks.check(self)
         elif self._was_busy and not self.has_work():
             checks.audit_idle(self)  # production: the ledger is checked whenever it goes idle

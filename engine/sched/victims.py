@@ -1,6 +1,6 @@
 """Retraction's victim choice, as a pure decision over the running requests and plain numbers.
 
-The actuator (``Scheduler._retract``) takes the victims back to the front of the line; this
+The actuator (``Memory.retract``) takes the victims back to the front of the line; this
 module only says who. Never the last running request: one request alone either fits the pool
 or is aborted with the numbers (``exceeds_pool``), never retracted into a loop.
 """

@@ -87,9 +87,9 @@ def serve(
         raise ValueError(f"drain_timeout must be a number of seconds >= 0, got {drain_timeout!r}")
     if not stall_timeout > 0:
         raise ValueError(f"stall_timeout must be a number of seconds > 0, got {stall_timeout!r}")
-    if pid_file is None and cfg.log_file:
-        pid_file = cfg.log_file + ".pid"
-    claims = claim(cfg.log_file, pid_file, host, port)  # before anything heavy
+    if pid_file is None and cfg.observability.log_file:
+        pid_file = cfg.observability.log_file + ".pid"
+    claims = claim(cfg.observability.log_file, pid_file, host, port)  # before anything heavy
     try:
         stale = asdict(claims.stale) if claims.stale else None
         launch = Launch(argv=list(sys.argv), stale_pid=stale)
@@ -115,7 +115,9 @@ def _serve(
         print(f"attest: the scheduler process died: {reason}; stopping the server", file=sys.stderr)
         # its boot log ends in a crash, said as such (boot_health's stopped_in_order reads it)
         if not driver.ended_itself:  # a failed group wrote its own ending
-            write_death(cfg.log_file, "scheduler_died", driver.lost_at_death, driver.exit_code)
+            write_death(
+                cfg.observability.log_file, "scheduler_died", driver.lost_at_death, driver.exit_code
+            )
         status["code"] = EXIT_SCHEDULER_DIED
         if server:
             server[0].stop()
@@ -129,7 +131,7 @@ def _serve(
     _banner(driver, cfg, name, f"http://{host}:{port}/v1")
     # this process's own provider: the scheduler process has its own
     tracing = setup_tracing(
-        cfg.otlp_endpoint,
+        cfg.observability.otlp_endpoint,
         "frontend",
         on_drop=lambda text: driver.notice("spans_dropped_frontend", text, process="frontend"),
     )
@@ -159,9 +161,9 @@ def _serve(
 
 def _audit_target(cfg: EngineConfig) -> str:
     """What to hand `audit verdict`: the boot log, or with several ranks every rank's log."""
-    if cfg.tp == 1 or cfg.log_file is None:
-        return str(cfg.log_file)
-    p = Path(cfg.log_file)
+    if cfg.group.tp == 1 or cfg.observability.log_file is None:
+        return str(cfg.observability.log_file)
+    p = Path(cfg.observability.log_file)
     return f"'{p.with_name(p.stem + '*' + p.suffix)}'"
 
 
@@ -173,7 +175,8 @@ def _banner(driver: EngineDriver, cfg: EngineConfig, name: str, url: str) -> Non
         f"loaded in {d.load_seconds} s; attention {d.attention_backend} on {d.device}\n"
         f"  KV pool {d.kv_tokens:,} tokens x {d.kv_bytes_per_token:,} B "
         f"= {d.kv_pool_bytes / 2**20:,.0f} MiB ({d.kv_sizing}); context {d.context:,}\n"
-        f"  boot log {cfg.log_file}; audit it with: audit verdict {_audit_target(cfg)}\n"
+        f"  boot log {cfg.observability.log_file}; "
+        f"audit it with: audit verdict {_audit_target(cfg)}\n"
         f"  scheduler process pid {driver.pid}; SIGTERM drains for up to {driver.drain_s:g} s",
         flush=True,
     )

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 import h11
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ServerSection
 from engine.server.protocol import ProtocolError, error_body
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -26,15 +26,15 @@ LINGER_S = 5.0  # the most a refused body's rest is read and dropped after the a
 
 
 @dataclass(frozen=True, slots=True)
-class HttpLimits:
-    read_timeout_s: float = 30.0  # to send the headers, and then the body, each
-    max_client_connections: int = 128  # open at once from one address; 0: no cap
-    request_timeout_s: float | None = 600.0  # arrival to the last token; None: no deadline
+class HttpLimits(ServerSection):
+    """The server section's limits (declared, defaulted and checked there) and the most a
+    request body may hold."""
+
     max_body_bytes: int = MAX_BODY_BYTES
 
     @classmethod
     def of(cls, cfg: EngineConfig) -> HttpLimits:
-        return cls(cfg.read_timeout, cfg.max_client_connections, cfg.request_timeout)
+        return cls(**asdict(cfg.server))
 
 
 class ClientGone(Exception):
@@ -50,11 +50,11 @@ def went_away(request: Request, what: str) -> None:
 
 
 async def read_body(request: Request, limits: HttpLimits) -> bytes:
-    """The whole body, within ``max_body_bytes`` (413) and ``read_timeout_s`` (408)."""
+    """The whole body, within ``max_body_bytes`` (413) and ``read_timeout`` (408)."""
     body = bytearray()
     declared = request.headers.get("content-length")
     try:
-        async with asyncio.timeout(limits.read_timeout_s):
+        async with asyncio.timeout(limits.read_timeout):
             async for part in request.stream():  # bounded even when no length was declared
                 body += part
                 if len(body) > limits.max_body_bytes:
@@ -64,7 +64,7 @@ async def read_body(request: Request, limits: HttpLimits) -> bytes:
     except TimeoutError:
         of = f" of the {declared} declared" if declared else ""
         raise ProtocolError(
-            f"request body not received within {limits.read_timeout_s:g} s (got {len(body)} "
+            f"request body not received within {limits.read_timeout:g} s (got {len(body)} "
             f"bytes{of}); send the whole body at once",
             None,
             408,
@@ -114,69 +114,79 @@ class LingeringTransport:
         return self.lingering or self._transport.is_closing()
 
 
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a header timer and a cap on the connections one client
+    address holds open; each server has its own subclass (``protocol_class``)."""
+
+    open_by_host: ClassVar[dict[str, int]]  # this server's open connections, by address
+    cap: ClassVar[int]  # 0: no cap
+    header_timeout: ClassVar[float]
+    _host = ""
+    _timer: asyncio.TimerHandle | None = None
+    _armed_at: Any = None
+    _heard = False  # bytes arrived since the timer was armed
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        linger = min(LINGER_S, self.header_timeout)
+        super().connection_made(LingeringTransport(transport, self._sending_body, linger))  # type: ignore[arg-type]
+        self._host = self.client[0] if self.client else ""
+        open_by_host, cap = self.open_by_host, self.cap
+        open_by_host[self._host] = open_by_host.get(self._host, 0) + 1
+        if cap and open_by_host[self._host] > cap:
+            self.app = _over_cap(self._host, cap)  # its request is answered 429, then closed
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        left = self.open_by_host.get(self._host, 1) - 1
+        if left > 0:
+            self.open_by_host[self._host] = left
+        else:
+            self.open_by_host.pop(self._host, None)
+        if self._timer is not None:
+            self._timer.cancel()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()  # the next request's headers get the same time
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.lingering:  # the rest of a refused body: dropped
+            return
+        self._heard = True
+        super().data_received(data)
+
+    def _sending_body(self) -> bool:
+        return self.conn.their_state is h11.SEND_BODY
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed_at, self._heard = self.cycle, False
+        self._timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _headers_late(self) -> None:
+        # no new request began since the timer was armed: its headers never completed
+        if self.cycle is self._armed_at and not self.transport.is_closing():
+            if self._heard:  # an idle connection is closed without a word, as keep-alive's
+                message = f"request headers not received within {self.header_timeout:g} s"
+                self.transport.write(raw_error(408, "Request Timeout", message))
+            self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        self.transport.write(raw_error(400, "Bad Request", f"malformed HTTP request: {msg}"))
+        self.transport.close()
+
+
 def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
     """uvicorn's HTTP/1.1 protocol (``uvicorn.Config(http=...)``) for one server, with its own
     count of open connections per client address."""
-    open_by_host: dict[str, int] = {}
-    cap, timeout = limits.max_client_connections, limits.read_timeout_s
 
-    class GuardedH11Protocol(H11Protocol):
-        _host = ""
-        _timer: asyncio.TimerHandle | None = None
-        _armed_at: Any = None
-        _heard = False  # bytes arrived since the timer was armed
+    class ServerH11Protocol(GuardedH11Protocol):
+        open_by_host = {}
+        cap, header_timeout = limits.max_client_connections, limits.read_timeout
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            linger = min(LINGER_S, timeout)
-            super().connection_made(LingeringTransport(transport, self._sending_body, linger))  # type: ignore[arg-type]
-            self._host = self.client[0] if self.client else ""
-            open_by_host[self._host] = open_by_host.get(self._host, 0) + 1
-            if cap and open_by_host[self._host] > cap:
-                self.app = _over_cap(self._host, cap)  # its request is answered 429, then closed
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            left = open_by_host.get(self._host, 1) - 1
-            if left > 0:
-                open_by_host[self._host] = left
-            else:
-                open_by_host.pop(self._host, None)
-            if self._timer is not None:
-                self._timer.cancel()
-            super().connection_lost(exc)
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm()  # the next request's headers get the same time
-
-        def data_received(self, data: bytes) -> None:
-            if self.transport.lingering:  # the rest of a refused body: dropped
-                return
-            self._heard = True
-            super().data_received(data)
-
-        def _sending_body(self) -> bool:
-            return self.conn.their_state is h11.SEND_BODY
-
-        def _arm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._armed_at, self._heard = self.cycle, False
-            self._timer = self.loop.call_later(timeout, self._headers_late)
-
-        def _headers_late(self) -> None:
-            # no new request began since the timer was armed: its headers never completed
-            if self.cycle is self._armed_at and not self.transport.is_closing():
-                if self._heard:  # an idle connection is closed without a word, as keep-alive's
-                    message = f"request headers not received within {timeout:g} s"
-                    self.transport.write(raw_error(408, "Request Timeout", message))
-                self.transport.close()
-
-        def send_400_response(self, msg: str) -> None:
-            self.transport.write(raw_error(400, "Bad Request", f"malformed HTTP request: {msg}"))
-            self.transport.close()
-
-    return GuardedH11Protocol
+    return ServerH11Protocol
 
 
 def _over_cap(host: str, cap: int) -> Any:

@@ -60,7 +60,7 @@ def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None
 
     sink: list[Any] = []  # the receipts, once the engine is built: where a dropped-span notice goes
     tracing = setup_tracing(
-        config.otlp_endpoint,
+        config.observability.otlp_endpoint,
         "scheduler",
         on_drop=lambda text: sink and sink[0].notice("spans_dropped", text, process="scheduler"),
     )

@@ -147,7 +147,7 @@ class CompletionService:
         ``echo``: text each choice's output starts with."""
         params = sampling_params(req, len(ids), self.limits, DEFAULT_MAX_TOKENS)
         rid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
-        deadline = self.http.request_timeout_s
+        deadline = self.http.request_timeout
         job = Job(self.driver, self.metrics, rid, ids, params, req.n, t0, deadline)
         self.trace(job, request, kind, req, params, t0)
         try:

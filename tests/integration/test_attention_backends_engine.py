@@ -56,7 +56,7 @@ def test_flashinfer_without_cuda_stops_the_boot(tiny_model_dir):
 def test_auto_on_cpu_is_the_torch_reference(tiny_model_dir):
     llm = LLM(model=tiny_model_dir, kv_tokens=256)
     try:
-        assert llm.config.attention_backend == "auto"
+        assert llm.config.model.attention_backend == "auto"
         assert llm.core.describe()["attention_backend"] == "torch"
     finally:
         llm.close()

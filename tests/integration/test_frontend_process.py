@@ -91,7 +91,7 @@ class _Pipe:
 
 
 def _serve(tiny_model_dir: str, log: Path, *incoming: object, answers: int) -> list[object]:
-    cfg = EngineConfig(model=tiny_model_dir, kv_tokens=1024, log_file=str(log))
+    cfg = EngineConfig.from_kwargs(model=tiny_model_dir, kv_tokens=1024, log_file=str(log))
     pipe = _Pipe(*incoming, answers=answers)
     sigint = signal.getsignal(signal.SIGINT)
     try:

@@ -121,7 +121,7 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
 
 
 def engine_core(model_path: Path) -> EngineCore:
-    return EngineCore(EngineConfig(model=str(model_path), kv_tokens=512, max_running=4))
+    return EngineCore(EngineConfig.from_kwargs(model=str(model_path), kv_tokens=512, max_running=4))
 
 
 def engine_logits(core: EngineCore, ids: list[int]) -> torch.Tensor:

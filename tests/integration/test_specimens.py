@@ -3,6 +3,8 @@ each receipt carries the inputs of its decision."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine import LLM, SamplingParams
@@ -93,7 +95,9 @@ def test_the_net_flushes_staged_frees_before_giving_up(tiny_model_dir):
     alloc.free_group_begin()
     alloc.free(held[:8])  # two pages freed, but only staged
     assert alloc.available_size() == 0 and alloc.staged_size() == 8
-    sched.config.check_invariants = False  # `held` is outside the ledger during this test
+    # `held` is outside the ledger during this test
+    checks_off = dataclasses.replace(sched.config.scheduler, check_invariants=False)
+    sched.config = dataclasses.replace(sched.config, scheduler=checks_off)
     sched.step()
     sched.step()  # decode at 11 and 12 fill the page; 13 needs a fresh page: only staged ones exist
     sched.step()

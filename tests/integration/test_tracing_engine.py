@@ -58,8 +58,8 @@ def by_rid(spans, name: str) -> dict[str, list]:
 
 def test_unconfigured_tracing_attaches_nothing_and_starts_no_thread(tiny_model_dir):
     before = {t.name for t in threading.enumerate()}
-    cfg = EngineConfig(model=tiny_model_dir, kv_tokens=1024)
-    tracing = setup_tracing(cfg.otlp_endpoint, "scheduler", env={})
+    cfg = EngineConfig.from_kwargs(model=tiny_model_dir, kv_tokens=1024)
+    tracing = setup_tracing(cfg.observability.otlp_endpoint, "scheduler", env={})
     assert tracing is DISABLED
     llm = LLM(model=tiny_model_dir, kv_tokens=1024, tracing=tracing)
     assert RequestTraces.of(tracing, llm.core.receipts) is None

@@ -108,7 +108,7 @@ def test_alloc_is_never_partial(ps):
     a.check()
 
 
-# -- pages_needed / alloc_extend / alloc_decode -----------------------------------------------
+# -- pages_needed / alloc_extend (one token and more) ----------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -176,7 +176,7 @@ def test_interleaved_requests_keep_their_blocks_in_their_own_pages(ps):
         slots = reqs[r]
         last = slots[-1] if slots else None
         if slots and bool(torch.rand(1, generator=rng) < 0.5):
-            got = a.alloc_decode(len(slots), last)
+            got = a.alloc_extend(len(slots), 1, last)
         else:
             extend = int(torch.randint(0, 2 * ps + 2, (1,), generator=rng))
             got = a.alloc_extend(len(slots), extend, last)
@@ -192,12 +192,12 @@ def test_interleaved_requests_keep_their_blocks_in_their_own_pages(ps):
 
 
 @pytest.mark.parametrize("ps", PAGE_SIZES)
-def test_alloc_decode_takes_a_page_only_when_the_last_page_is_full(ps):
+def test_one_more_token_takes_a_page_only_when_the_last_page_is_full(ps):
     a = TokenAllocator(4 * ps, page_size=ps)
     slots: list[int] = []
     for held in range(3 * ps):
         before = a.available_size()
-        got = a.alloc_decode(held, slots[-1] if slots else None)
+        got = a.alloc_extend(held, 1, slots[-1] if slots else None)
         assert got is not None and got.numel() == 1
         slots.append(int(got))
         took = before - a.available_size()
@@ -214,7 +214,7 @@ def test_a_partial_page_without_its_last_slot_is_a_value_error(ps):
     with pytest.raises(ValueError, match="partial last page needs its last slot"):
         a.alloc_extend(1, 3, None)
     with pytest.raises(ValueError, match="partial last page needs its last slot"):
-        a.alloc_decode(ps + 1, None)
+        a.alloc_extend(ps + 1, 1, None)
     assert sizes(a) == before
     # a page-aligned request needs no last slot
     assert a.alloc_extend(ps, 2, None).numel() == 2
@@ -243,7 +243,7 @@ def test_alloc_extend_short_of_pages_takes_nothing_not_even_the_partial_page(ps)
     assert a.alloc(ps) is not None and a.available_size() == 0
     fit = a.alloc_extend(1, ps - 1, req[-1])
     assert fit.tolist() == list(range(req[-1] + 1, req[-1] + ps))
-    assert a.alloc_decode(ps, fit.tolist()[-1]) is None  # page full, pool empty
+    assert a.alloc_extend(ps, 1, fit.tolist()[-1]) is None  # page full, pool empty
     assert other is not None
     a.check()
 
@@ -563,7 +563,7 @@ class PagedAllocatorMachine(RuleBasedStateMachine):
         slots = self.reqs[rid]
         full = len(slots) % self.ps == 0
         free = self.free_pages()
-        got = self.a.alloc_decode(len(slots), slots[-1])
+        got = self.a.alloc_extend(len(slots), 1, slots[-1])
         if full and free == 0:
             assert got is None
             return

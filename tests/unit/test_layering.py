@@ -57,6 +57,10 @@ def long_functions(sources: dict[str, str], limit: int = 60) -> dict[str, int]:
     return out
 
 
+def test_no_function_over_60_lines():
+    assert long_functions(product_files()) == {}
+
+
 def test_the_function_check_counts_a_long_one():
     body = "\n".join(f"    x{i} = {i}" for i in range(60))
     assert long_functions({"m.py": f"def f():\n{body}\n"}) == {"m.py:1 f": 61}

@@ -112,6 +112,6 @@ def test_quant_is_refused_off_the_cpu_and_for_an_unknown_format():
     with pytest.raises(ValueError, match="CPU only"):
         plan_quant("int8", "cuda", BF16_CPU)
     with pytest.raises(ValueError, match="quant"):
-        EngineConfig(quant="int3")
+        EngineConfig.from_kwargs(quant="int3")
     with pytest.raises(ValueError, match="cpu with --quant"):
-        EngineConfig(quant="int8", device="cuda", kv_tokens=1024)
+        EngineConfig.from_kwargs(quant="int8", device="cuda", kv_tokens=1024)

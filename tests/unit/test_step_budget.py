@@ -166,12 +166,12 @@ def test_the_first_chunk_always_moves_when_memory_funds_a_page(
 )
 def test_a_step_budget_below_one_page_is_refused_naming_it(kw, rule):
     with pytest.raises(ValueError, match="^" + re.escape(f"step_tokens must be {rule}")):
-        EngineConfig(**kw)
+        EngineConfig.from_kwargs(**kw)
 
 
 def test_no_step_budget_and_a_budget_of_one_page_are_accepted():
-    assert EngineConfig(step_tokens=None).step_tokens is None
-    assert EngineConfig(step_tokens=16, page_size=16).step_tokens == 16
+    assert EngineConfig.from_kwargs(step_tokens=None).scheduler.step_tokens is None
+    assert EngineConfig.from_kwargs(step_tokens=16, page_size=16).scheduler.step_tokens == 16
 
 
 def test_engine_serve_defaults_to_the_measured_step_budget_and_offline_to_none():
@@ -183,4 +183,4 @@ def test_engine_serve_defaults_to_the_measured_step_budget_and_offline_to_none()
     serve = typer.main.get_command(app).commands["serve"]
     (opt,) = [p for p in serve.params if p.name == "step_tokens"]
     assert opt.default == SERVE_STEP_TOKENS == 32
-    assert EngineConfig().step_tokens is None
+    assert EngineConfig().scheduler.step_tokens is None

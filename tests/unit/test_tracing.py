@@ -105,11 +105,12 @@ def test_clean_makes_receipt_fields_valid_attributes():
 @pytest.mark.parametrize("url", ["127.0.0.1:4318", "ftp://h:1", "http://", "http://h:99999", 5])
 def test_config_rejects_a_bad_otlp_endpoint(url):
     with pytest.raises(ValueError, match="otlp_endpoint must be None or an http"):
-        EngineConfig(otlp_endpoint=url)
+        EngineConfig.from_kwargs(otlp_endpoint=url)
 
 
 def test_config_accepts_an_http_endpoint():
-    assert EngineConfig(otlp_endpoint="https://collector.example:4318").otlp_endpoint
+    url = "https://collector.example:4318"
+    assert EngineConfig.from_kwargs(otlp_endpoint=url).observability.otlp_endpoint == url
 
 
 def test_a_dead_collector_is_said_once_and_never_holds_up_the_exit(monkeypatch, capsys):

@@ -107,11 +107,9 @@ class Cutovers:
         try:
             if self.active is not None:
                 raise Refused(f"cutover {self.active.id} is under way", 409)
-            if self.core.config.group.tp > 1:  # every rank would have to change at one boundary
-                raise Refused(
-                    f"a cutover runs on one rank only; this engine has tp {self.core.config.group.tp}",
-                    409,
-                )
+            tp = self.core.config.group.tp
+            if tp > 1:  # every rank would have to change at one boundary
+                raise Refused(f"a cutover runs on one rank only; this engine has tp {tp}", 409)
             self._check(ask)
         except Refused as e:
             return self._end(a, "rejected", str(e), e.status)

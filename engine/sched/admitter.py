@@ -24,7 +24,7 @@ from collections import deque
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import SchedulerSection
 from engine.mem.radix import MatchResult
 from engine.obs import schema
 from engine.obs.receipts import Receipts
@@ -52,7 +52,7 @@ class Admitter:
 
     def __init__(
         self,
-        config: EngineConfig,
+        config: SchedulerSection,
         memory: Memory,
         receipts: Receipts,
         ratio: NewTokenRatio,
@@ -93,7 +93,7 @@ class Admitter:
     def continue_chunk(self, chunking: list[Request], budget: Budget, planned: Planned) -> int:
         """Phase 1: the in-flight chunked requests continue, or park. Returns the chunk budget
         left for phase 2."""
-        cap = self.config.scheduler.chunk_tokens
+        cap = self.config.chunk_tokens
         for req in chunking:
             room = self._room(planned)
             step = self._plan(req.kv_len, req.prefill_target - req.kv_len, cap, room, budget)
@@ -141,7 +141,7 @@ class Admitter:
                 break
             throttled = self.memory.throttle.active(self.receipts.iter)
             reason = line_closed(
-                chunk_budget=cap, running=len(self.running), max_running=self.config.scheduler.max_running,
+                chunk_budget=cap, running=len(self.running), max_running=self.config.max_running,
                 throttled=throttled, step_budget=room,
             )  # fmt: skip
             if reason is not None:
@@ -167,7 +167,7 @@ class Admitter:
             chunked = isinstance(plan, Admit) and plan.tokens < remaining
             reason = defer_reason(
                 plan, chunked=chunked, inflight=inflight, settled=len(self.running) - inflight,
-                max_running=self.config.scheduler.max_running,
+                max_running=self.config.max_running,
             )  # fmt: skip
             if reason is not None:
                 if match.length:
@@ -191,7 +191,7 @@ class Admitter:
         """The step budget's room for the next chunk: the decodes and the chunks planned so far
         come off it (None: no step budget)."""
         return step_room(
-            step_tokens=self.config.scheduler.step_tokens, decodes=len(self.decode),
+            step_tokens=self.config.step_tokens, decodes=len(self.decode),
             planned=sum(n for _, n in planned), page_size=self.page_size,
         )  # fmt: skip
 

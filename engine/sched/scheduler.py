@@ -82,7 +82,7 @@ class Scheduler:
             self.ratio, config.memory.relief_ladder, config.memory.relief_throttle_iterations,
         )  # fmt: skip
         self.admitter = Admitter(
-            config, self.memory, receipts, self.ratio, self.running, self.waiting
+            config.scheduler, self.memory, receipts, self.ratio, self.running, self.waiting
         )
         self._ids = itertools.count()
         self._was_busy = False

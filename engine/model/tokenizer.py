@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from engine.model.chat import CHATML_TEMPLATE, render_chat
+from engine.model.chat import CHATML_TEMPLATE, ChatTemplateError, normalize_messages, render_chat
 
 # Token texts that end a turn in common chat templates; each is a stop token when the model's
 # vocabulary has it *and* its template uses it.
@@ -90,10 +92,60 @@ class Tokenizer:
     def encode_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> list[int]:
-        # The template writes BOS itself when the model wants one.
-        return self.encode(
-            self.render_chat(messages, add_generation_prompt), add_special_tokens=False
-        )
+        """The chat's token ids. Only the template makes special tokens: a message's content is
+        text, and special-token text in it is tokenized as the plain characters it is (it can
+        never close a turn or open a system one). The template writes BOS itself when the model
+        wants one."""
+        messages = normalize_messages(messages)
+        text = self.render_chat(messages, add_generation_prompt)
+        if not any(self._special_text(m["content"]) for m in messages):
+            return self.encode(text, add_special_tokens=False)  # the common case, unchanged
+        return self._encode_content_as_text(messages, add_generation_prompt, text)
+
+    @cached_property
+    def _specials(self) -> re.Pattern[str] | None:
+        """The special tokens' texts, as one pattern (None: the vocabulary has none)."""
+        texts = [t.content for t in self.backend.get_added_tokens_decoder().values() if t.special]
+        texts.sort(key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+    @cached_property
+    def _as_text(self) -> Any:
+        """A copy of the backend that reads special-token text as plain characters."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        plain = HFTokenizer.from_str(self.backend.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
+    def _special_text(self, text: str) -> bool:
+        return self._specials is not None and self._specials.search(text) is not None
+
+    def _encode_content_as_text(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool, text: str
+    ) -> list[int]:
+        """The template rendered with a marker for each message's content; the template's own
+        text is tokenized with its special tokens, each content as plain text. A template that
+        does not take content verbatim cannot be split so: refused, naming the message."""
+        for i, m in enumerate(messages):
+            if self._special_text(m["role"]):
+                raise ChatTemplateError(f"messages[{i}].role holds special-token text")
+        marked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
+        pieces = re.split("\ue000(\\d+)\ue001", self.render_chat(marked, add_generation_prompt))
+        contents = [messages[int(k)]["content"] for k in pieces[1::2]]
+        if "".join(p for pair in zip(pieces[::2], [*contents, ""]) for p in pair) != text:
+            first = next(i for i, m in enumerate(messages) if self._special_text(m["content"]))
+            raise ChatTemplateError(
+                f"messages[{first}].content holds special-token text, and this model's chat "
+                "template does not take message content verbatim: send it without them"
+            )
+        ids: list[int] = []
+        for j, piece in enumerate(pieces):
+            if j % 2:
+                ids += self._as_text.encode(contents[j // 2], add_special_tokens=False).ids
+            elif piece:
+                ids += self.encode(piece, add_special_tokens=False)
+        return ids
 
     # -- construction -------------------------------------------------------------------------
 

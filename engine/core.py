@@ -136,7 +136,7 @@ class EngineCore:
         """Fast mode's plan (the activations' dtype by what the CPU has), and the attention
         backend, which fails now, before any weight is loaded, if it cannot run here."""
         c = self.config
-        self.quant = plan_quant(c.model.quant, c.model.device) if c.model.quant else None
+        self.quant = self._plan_quant()
         self.dtype = self.quant.dtype if self.quant else DTYPES[c.model.dtype]
         choice = choose_backend(c.model.attention_backend, c.model.device, self.dtype)
         if choice.note is not None:  # an unverified fast path is never taken silently
@@ -252,14 +252,16 @@ class EngineCore:
         if self.member is not None:
             self.member.reap(2.0)  # the others fail at the same collective; a hung one is killed
 
+    def _plan_quant(self) -> Any:
+        """Fast mode's plan for this CPU (None in exact or bfloat16 mode): the boot's model and
+        a weights cutover's new one are quantised alike."""
+        m = self.config.model
+        return plan_quant(m.quant, m.device) if m.quant else None
+
     def build_model(self, loaded: LoadedModel) -> LlamaModel:
         """A model of ``loaded``'s weights on this engine's dtype, backend and device (a weights
         cutover builds the new one beside the serving one); the file's copies are let go."""
-        quant = (
-            plan_quant(self.config.model.quant, self.config.model.device)
-            if self.config.model.quant
-            else None
-        )
+        quant = self._plan_quant()
         model = LlamaModel(
             loaded.config, loaded.weights, self.dtype, self.model.backend,
             device=self.config.model.device, comm=self.comm, quant=quant,

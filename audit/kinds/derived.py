@@ -166,19 +166,6 @@ class Numbers:
         return any(c.count for c in self.counts.values()) or any(self.sums.values())
 
 
-def _let(claim: Claim, env: dict[str, Any], prefix: str = "") -> list[str]:
-    """Evaluate the derived numbers into ``env``; returns their sentences."""
-    said = []
-    for name, e in claim.let.items():
-        scoped = (
-            {k[len(prefix) :]: v for k, v in env.items() if k.startswith(prefix)} if prefix else env
-        )
-        value = e(scoped)
-        env[prefix + name] = value
-        said.append(f"{prefix}{name} = {e.source} = {e.shown(scoped)} = {expr._fmt(value)}")
-    return said
-
-
 def _let(claim: NumbersClaim, env: dict[str, Any], prefix: str = "") -> list[str]:
     """Evaluate the derived numbers into ``env``; returns their sentences."""
     said = []

@@ -86,6 +86,19 @@ def exhaust(llm):
     return alloc.alloc(alloc.available_size())
 
 
+def net_alone(tiny_model_dir):
+    """The net alone, with only the providers a test registers (no production rung): one
+    request prefilled 12 tokens, its next page due at token 13, and every free page taken
+    away. Returns the engine, its scheduler, the request and the pages taken."""
+    llm = tiny(
+        tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False, relief_ladder=False
+    )
+    sched = llm.core.scheduler
+    req = sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
+    sched.step()
+    return llm, sched, req, exhaust(llm)
+
+
 def test_the_net_flushes_staged_frees_before_giving_up(tiny_model_dir):
     llm = tiny(tiny_model_dir, kv_tokens=256, page_size=4)
     sched, alloc = llm.core.scheduler, llm.core.allocator
@@ -115,14 +128,8 @@ def test_the_net_flushes_staged_frees_before_giving_up(tiny_model_dir):
 
 
 def test_the_net_retries_with_relieved_memory_instead_of_raising(tiny_model_dir):
-    # the net alone, with only the providers this test registers (no production rung)
-    llm = tiny(
-        tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False, relief_ladder=False
-    )
-    sched, alloc = llm.core.scheduler, llm.core.allocator
-    req = sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
-    sched.step()
-    held = exhaust(llm)
+    llm, sched, req, held = net_alone(tiny_model_dir)
+    alloc = llm.core.allocator
     asked = []
 
     def give_back(n):
@@ -140,14 +147,8 @@ def test_the_net_retries_with_relieved_memory_instead_of_raising(tiny_model_dir)
 
 
 def test_each_relief_rung_leaves_a_receipt_and_a_raising_one_is_an_outcome(tiny_model_dir):
-    # the net alone, with only the providers this test registers (no production rung)
-    llm = tiny(
-        tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False, relief_ladder=False
-    )
-    sched, alloc = llm.core.scheduler, llm.core.allocator
-    sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
-    sched.step()
-    held = exhaust(llm)
+    llm, sched, _, held = net_alone(tiny_model_dir)
+    alloc = llm.core.allocator
 
     def broken(n):
         raise RuntimeError("tenant is gone")
@@ -169,14 +170,7 @@ def test_each_relief_rung_leaves_a_receipt_and_a_raising_one_is_an_outcome(tiny_
 
 
 def test_an_empty_net_raises_the_original_error_with_the_numbers(tiny_model_dir):
-    # the net alone, with only the providers this test registers (no production rung)
-    llm = tiny(
-        tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False, relief_ladder=False
-    )
-    sched = llm.core.scheduler
-    sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
-    sched.step()
-    exhaust(llm)
+    llm, sched, _, _ = net_alone(tiny_model_dir)
     with pytest.raises(KVPoolExhausted, match="cannot fund 4 tokens .* available 0"):
         sched.step()
     r = llm.core.receipts
@@ -191,13 +185,7 @@ def test_an_empty_net_raises_the_original_error_with_the_numbers(tiny_model_dir)
 def test_the_net_relieves_once_and_retries_once_before_it_raises(tiny_model_dir):
     """Law 5: one relief, one retry of the same call, then the original error: a tenant that
     frees nothing is asked once, not again and again."""
-    llm = tiny(
-        tiny_model_dir, kv_tokens=128, page_size=4, check_invariants=False, relief_ladder=False
-    )
-    sched = llm.core.scheduler
-    sched.add_request([7] * 12, SamplingParams(max_tokens=6, ignore_eos=True))
-    sched.step()
-    exhaust(llm)
+    llm, sched, _, _ = net_alone(tiny_model_dir)
     asked: list[int] = []
     sched.memory.register("stingy", lambda n: asked.append(n) or 0)
     with pytest.raises(KVPoolExhausted, match="cannot fund 4 tokens"):

@@ -11,10 +11,9 @@ but ``self`` (``other.NAME = ...``, ``other.NAME[i] = ...``, ``other.NAME += ...
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("engine", "kernels", "audit", "cli")
+from tests.unit.test_layering import product_files
+
 RECORD_BASES = {"NamedTuple", "TypedDict", "Protocol", "Enum"}
 
 
@@ -85,16 +84,8 @@ def survey(sources: dict[str, str]) -> list[str]:
     return found
 
 
-def product_sources() -> dict[str, str]:
-    return {
-        str(p.relative_to(ROOT)): p.read_text()
-        for pkg in PACKAGES
-        for p in sorted((ROOT / pkg).rglob("*.py"))
-    }
-
-
 def test_no_product_code_sets_another_objects_attribute():
-    assert survey(product_sources()) == []
+    assert survey(product_files()) == []
 
 
 WIRED_FROM_OUTSIDE = """

@@ -17,6 +17,8 @@ import hashlib
 import json
 import random
 
+from cpuinfo import describe  # bench/cpuinfo.py, beside this script
+
 
 def pressured(model: str | None, host_kv_tokens: int) -> tuple[dict[str, int], str]:
     from engine import LLM, SamplingParams
@@ -54,6 +56,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="GGUF file or HF folder (default model)")
     ap.add_argument("--host-kv-tokens", type=int, default=0)
     args = ap.parse_args()
+    print(describe())  # greedy tokens may differ between CPUs: compare runs on one
     counts, digest = pressured(args.model, args.host_kv_tokens)
     print(f"pressured tokens {digest}")
     for kind, n in counts.items():

@@ -191,6 +191,9 @@ class SchedulerSection(_Section):
     check_invariants: bool = _knob(
         False, "Check the memory ledger after every step (slow; for tests)."
     )
+    cutover_timeout: float = _knob(
+        600.0, "Seconds a cutover may wait for its weights or its drain; then it ends, unchanged."
+    )
 
     def validate(self) -> None:
         _need(_int(self.max_running, 1), self, "max_running", "an integer >= 1")
@@ -198,6 +201,7 @@ class SchedulerSection(_Section):
         seed = self.seed
         _need(isinstance(seed, int) and not isinstance(seed, bool), self, "seed", "an integer")
         _need(isinstance(self.check_invariants, bool), self, "check_invariants", "a boolean")
+        _need(_seconds(self.cutover_timeout), self, "cutover_timeout", "a number of seconds > 0")
 
 
 @dataclass(frozen=True, slots=True)

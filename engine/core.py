@@ -302,9 +302,10 @@ class EngineCore:
         return n
 
     def _end_boot(self, reason: str, outs: list[StepOutput] | None, **fields: Any) -> int:
-        """Every request in flight aborts with ``reason`` (final outputs into ``outs``), then
-        ``boot.stop`` with ``fields`` closes the log. Returns how many were in flight."""
+        """A cutover under way ends ``stopped``, every request in flight aborts with ``reason``
+        (final outputs into ``outs``), then ``boot.stop`` with ``fields`` closes the log. Returns how many were in flight."""
         self._stopped = True
+        self.cutovers.halt(reason)  # every cutover.begin has its end before boot.stop
         sched = self.scheduler
         ended = [o for rid in list(sched.requests) if (o := sched.abort(rid, reason=reason))]
         if outs is not None:

@@ -10,10 +10,16 @@
   decoding; those that do not are put back in line; cached prefix is kept up to what fits.
   ``drain``: the line is held until nothing runs, then the cached prefix is carried alone.
 
+Every begin has its end: a cutover that cannot reach its change within ``cutover_timeout``
+(weights whose read never returns, a drain that does not end) ends ``timeout``; one cancelled
+(``DELETE /admin/cutover/{id}``) ends ``cancelled``; one under way when the engine stops ends
+``stopped``. Nothing changes in any of these. A pool cutover keeps the promises made to served
+requests (``engine/sched/promises.py``) and needs the memory for its new pool beside the old.
+
 Receipts: ``cutover.begin`` (the census before), ``cutover.carry`` (what moved),
-``cutover.end`` (outcome ok / rejected / failed, the census after, the pause). A refused
-cutover still writes its begin and its end, and changes nothing; a census that fails writes a
-notice and the cutover goes on. The phases are children of a ``cutover`` span when tracing is
+``cutover.end`` (outcome ok / rejected / failed / timeout / cancelled / stopped, the census
+after, the pause). A refused cutover still writes its begin and its end, and changes nothing; a
+census that fails writes a notice and the cutover goes on. The phases are children of a ``cutover`` span when tracing is
 on. The engine steps between calls to ``advance``: serving never stops for longer than the
 change itself (a drain holds only the line).
 """
@@ -30,7 +36,7 @@ from typing import Any
 from engine.messages import Cutover
 from engine.model.loader import LoadedModel, load_model
 from engine.obs import schema
-from engine.sched import carry, checks
+from engine.sched import carry, checks, promises
 from engine.sched.admission import running_ceiling
 from engine.sched.census import Census, take_census
 
@@ -41,11 +47,13 @@ EMPTY = Census((), (), (), 0)
 
 
 class Refused(Exception):
-    """A cutover that cannot be done as asked: nothing changes (``status``: the HTTP answer)."""
+    """A cutover that cannot be done as asked: nothing changes (``status``: the HTTP answer;
+    ``fields``: what the cutover.end adds, e.g. the promises it would break)."""
 
-    def __init__(self, reason: str, status: int = 400) -> None:
+    def __init__(self, reason: str, status: int = 400, **fields: Any) -> None:
         super().__init__(reason)
         self.status = status
+        self.fields = fields
 
 
 @dataclass(slots=True)
@@ -61,6 +69,7 @@ class Active:
     load_error: BaseException | None = None
     phases: list[tuple[str, int, int, dict[str, Any]]] = field(default_factory=list)
     t0_ns: int = field(default_factory=time.time_ns)
+    extra: dict[str, Any] = field(default_factory=dict)  # cutover.end fields a refusal adds
 
 
 class Cutovers:
@@ -106,12 +115,16 @@ class Cutovers:
         a = Active(cid, ask, before)
         try:
             if self.active is not None:
-                raise Refused(f"cutover {self.active.id} is under way", 409)
+                cid = self.active.id
+                raise Refused(
+                    f"cutover {cid} is under way (DELETE /admin/cutover/{cid} cancels it)", 409
+                )
             tp = self.core.config.group.tp
             if tp > 1:  # every rank would have to change at one boundary
                 raise Refused(f"a cutover runs on one rank only; this engine has tp {tp}", 409)
             self._check(ask)
         except Refused as e:
+            a.extra.update(e.fields)
             return self._end(a, "rejected", str(e), e.status)
         self.active = a
         if ask.kind == "weights":
@@ -124,6 +137,8 @@ class Cutovers:
             raise Refused(f"kind must be 'weights' or 'pool', not {ask.kind!r}")
         if ask.mode not in ("drain", "carry"):
             raise Refused(f"mode must be 'drain' or 'carry', not {ask.mode!r}")
+        if ask.promises not in promises.ON_BROKEN:
+            raise Refused(f"promises must be 'refuse' or 'cap', not {ask.promises!r}")
         if ask.kind == "weights":
             if not ask.path:
                 raise Refused("a weights cutover needs a path")
@@ -139,6 +154,19 @@ class Cutovers:
                 f"a pool of {tokens} tokens is smaller than the in-flight minimum of {least} "
                 "(the longest live request and its next token, in whole pages)"
             )
+        per_token, device = self.core.kv.bytes_per_token, self.core.config.model.device
+        if why := promises.memory_refusal(tokens - tokens % page, per_token, device):
+            raise Refused(why)
+        self._promises(ask)
+
+    def _promises(self, ask: Cutover) -> list[Any]:
+        """The promised requests a pool of the asked size breaks; refused (409, naming them)
+        unless the cutover asks to cap them."""
+        capacity = ask.kv_tokens - ask.kv_tokens % self.sched.page_size
+        broken = promises.broken(self.sched.requests.values(), capacity)
+        if broken and ask.promises != "cap":
+            raise Refused(promises.refusal(broken, capacity), 409, promises=promises.named(broken))
+        return broken
 
     def _load(self, a: Active) -> None:
         """The new weights, loaded and checked beside the serving ones (a thread)."""
@@ -161,6 +189,8 @@ class Cutovers:
         a = self.active
         if a is None:
             return None
+        if (waited := time.perf_counter() - a.t0) > (limit := self._timeout()):
+            return self._finish(a, "timeout", self._late(a, waited, limit), 504)
         if a.loading is not None and a.loading.is_alive():
             return None
         if a.load_error is not None:
@@ -180,6 +210,9 @@ class Cutovers:
             a.paused = time.perf_counter()
         try:
             self._change(a)
+        except Refused as e:  # a promise made while it drained, which the new pool breaks
+            a.extra.update(e.fields)
+            return self._finish(a, "rejected", str(e), e.status)
         except Exception as e:
             self.core.receipts.notice("cutover_failed", f"cutover {a.id}: {type(e).__name__}: {e}")
             return self._finish(a, "failed", f"{type(e).__name__}: {e}", 500)
@@ -189,6 +222,9 @@ class Cutovers:
         """The change itself, at an iteration boundary."""
         sched, t0 = self.sched, time.time_ns()
         if a.ask.kind == "pool":
+            broken = self._promises(a.ask)  # again: a drain let promises be made meanwhile
+            capacity = a.ask.kv_tokens - a.ask.kv_tokens % sched.page_size
+            promises.cap(broken, capacity, a.id, self.core.receipts)
             carried = carry.resize_pool(sched.memory, self.core.kv, a.ask.kv_tokens)
         else:
             carried = carry.put_all_back(sched.memory)
@@ -203,9 +239,43 @@ class Cutovers:
                          "attest.requeued": len(carried.requeued)}))  # fmt: skip
         checks.audit_idle(sched)  # receipts only: bookkeeping never raises into a cutover
 
+    def _timeout(self) -> float:
+        return self.core.config.scheduler.cutover_timeout
+
+    def _late(self, a: Active, waited: float, limit: float) -> str:
+        """Why a cutover ran past its limit: what it was still waiting for."""
+        if a.loading is not None and a.loading.is_alive():
+            what = f"the weights at {a.ask.path!r} were still loading"
+        else:
+            what = f"{len(self.sched.running)} resident(s) were still running (a drain)"
+        return (
+            f"the cutover did not reach its change within {limit:g} s (--cutover-timeout; "
+            f"{waited:.1f} s passed): {what}; nothing changed"
+        )
+
+    def cancel(self, cid: str) -> dict[str, Any] | None:
+        """End the cutover ``cid`` under way before its change (outcome ``cancelled``, nothing
+        changes); None when no cutover of that id is under way."""
+        a = self.active
+        if a is None or a.id != cid:
+            return None
+        return self._finish(a, "cancelled", f"cutover {cid} was cancelled; nothing changed", 409)
+
+    def halt(self, reason: str) -> dict[str, Any] | None:
+        """The engine stops: a cutover under way ends ``stopped`` (nothing changes), so its
+        begin has its end before ``boot.stop``. None when none is under way."""
+        a = self.active
+        if a is None:
+            return None
+        text = f"the engine stopped ({reason}) before cutover {a.id} ended; nothing changed"
+        return self._finish(a, "stopped", text, 503)
+
     def _finish(self, a: Active, outcome: str, reason: str | None, status: int) -> dict[str, Any]:
+        """End the active cutover: the line opens again; weights loaded for it are let go (a
+        load still under way finishes into nothing: a thread cannot be stopped)."""
         if a.hold is not None:
             a.hold.open()
+        a.loaded = None
         self.active = None
         return self._end(a, outcome, reason, status)
 
@@ -221,6 +291,7 @@ class Cutovers:
             "ended": gone, "backlog_before": a.before.backlog, "rids_before": a.before.rids(),
             "pause_s": round(pause, 6), "seconds": round(time.perf_counter() - a.t0, 6),
             "kv_tokens": self.sched.allocator.capacity, "ceiling": self._ceiling(), **error,
+            **a.extra,
         }  # fmt: skip
         if reason is not None:
             fields["reason"] = reason

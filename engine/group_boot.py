@@ -174,7 +174,9 @@ def follow(core: EngineCore) -> int:
 def _apply(sched: Any, op: AddRequest | AbortRequest) -> None:
     if isinstance(op, AddRequest):
         try:
-            sched.add_request(op.prompt_ids, op.params, rid=op.rid, trace_id=op.trace)
+            sched.add_request(
+                op.prompt_ids, op.params, rid=op.rid, trace_id=op.trace, promise=op.promise
+            )
         except ValueError as e:  # rank 0 took it: refusing it here is a split
             raise GroupSplit(
                 f"rank {sched.group.rank} refused {op.rid} that rank 0 took: {e}"

@@ -41,18 +41,24 @@ class LLM:
         self.core.shutdown(reason)
 
     def cutover(
-        self, kind: str, mode: str = "carry", path: str | None = None, kv_tokens: int | None = None
+        self,
+        kind: str,
+        mode: str = "carry",
+        path: str | None = None,
+        kv_tokens: int | None = None,
+        promises: str = "refuse",
     ) -> dict[str, Any]:
         """A live change of weights (``path``) or pool size (``kv_tokens``), ``mode`` drain or
-        carry (``engine/cutover.py``); steps the engine until it has ended. Returns its
-        ``cutover.end`` fields; a refused or failed cutover raises ValueError or RuntimeError
-        with the reason (and changed nothing)."""
-        ask = Cutover(kind=kind, mode=mode, path=path, kv_tokens=kv_tokens)
+        carry (``engine/cutover.py``); steps the engine until it has ended. ``promises``:
+        ``"cap"`` lowers the max_tokens of promised requests a smaller pool would break
+        (``"refuse"``: the cutover is refused). Returns its ``cutover.end`` fields; a refused
+        cutover raises ValueError, one past ``cutover_timeout`` TimeoutError, a failed one
+        RuntimeError, each with the reason (and changed nothing)."""
+        ask = Cutover(kind=kind, mode=mode, path=path, kv_tokens=kv_tokens, promises=promises)
         fields = self.core.cutovers.run(ask)
-        if fields["outcome"] == "rejected":
-            raise ValueError(fields["reason"])
-        if fields["outcome"] == "failed":
-            raise RuntimeError(fields["reason"])
+        raises = {"rejected": ValueError, "timeout": TimeoutError, "failed": RuntimeError}
+        if (error := raises.get(fields["outcome"])) is not None:
+            raise error(fields["reason"])
         return fields
 
     def __enter__(self) -> LLM:

@@ -1,11 +1,12 @@
 """Every message between the frontend process and the scheduler process, as frozen dataclasses.
 
-The frontend sends ``AddRequest``, ``AbortRequest``, ``Notice``, ``Cutover``, ``Serving`` (once,
-when its HTTP socket serves) and ``Stop``; the scheduler process answers with ``Ready`` (once, at
-boot), ``Outputs`` (a step's outputs with the pool snapshot taken after that step), ``Heartbeat``
-(at least every ``HEARTBEAT_S`` while its loop turns, busy or idle), ``Rejected``,
-``CutoverDone`` (when a cutover has ended), ``Stopped`` and ``Dead``. ``Launch`` travels once, with the process's start. ``StepOutput`` is also
-what the offline API reads from ``Scheduler.step``. This module imports no torch: the HTTP
+The frontend sends ``AddRequest``, ``AbortRequest``, ``Notice``, ``Cutover``, ``CancelCutover``,
+``Serving`` (once, when its HTTP socket serves) and ``Stop``; the scheduler process answers with
+``Ready`` (once, at boot), ``Outputs`` (a step's outputs with the pool snapshot taken after that
+step), ``Heartbeat`` (at least every ``HEARTBEAT_S`` while its loop turns, busy or idle),
+``Rejected``, ``CutoverDone`` (when a cutover has ended, or a cancel was answered), ``Stopped``
+and ``Dead``. ``Launch`` travels once, with the process's start. ``StepOutput`` is also what the
+offline API reads from ``Scheduler.step``. This module imports no torch: the HTTP
 process imports it, and must not pay for the model stack.
 """
 
@@ -30,6 +31,7 @@ class StepOutput:
     text_delta: str
     finished: bool
     finish_reason: str | None
+    abort_reason: str | None = None  # finish "abort": why (the request.abort receipt's reason)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     parks: int = 0  # set on the final output: times the request parked
     retractions: int = 0  # ... and was retracted
@@ -121,6 +123,9 @@ class AddRequest:
     prompt_ids: list[int]
     params: SamplingParams
     trace: str | None = None  # the W3C traceparent its scheduler spans go under
+    # the server's requests are promised up front: prompt + max_tokens fit the pool, so none is
+    # ended for the pool's size once admitted (the offline API lets one run until it cannot)
+    promise: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,6 +153,15 @@ class Cutover:
     mode: str
     path: str | None = None
     kv_tokens: int | None = None
+    promises: str = "refuse"  # or "cap": what a pool cutover does with promises it would break
+    ticket: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelCutover:
+    """End the cutover ``id`` under way (outcome ``cancelled``); ``ticket``: whom to answer."""
+
+    id: str
     ticket: int = 0
 
 
@@ -208,6 +222,7 @@ class CutoverDone:
 
     ticket: int
     fields: Mapping[str, Any]
+    snapshot: PoolSnapshot | None = None  # the pool as the cutover left it (/health at once)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,5 +237,5 @@ class Dead:
     ended: bool = False  # the scheduler wrote its own boot.stop (a group that failed)
 
 
-ToScheduler = AddRequest | AbortRequest | Notice | Cutover | Serving | Stop
+ToScheduler = AddRequest | AbortRequest | Notice | Cutover | CancelCutover | Serving | Stop
 ToFrontend = Ready | Outputs | Heartbeat | Rejected | CutoverDone | Stopped | Dead

@@ -63,6 +63,7 @@ REQUEST_RECEIVED = "request.received"
 REQUEST_FINISH = "request.finish"
 REQUEST_ABORT = "request.abort"
 REQUEST_REJECT = "request.reject"
+REQUEST_CAP = "request.cap"
 ADMISSION_ADMIT = "admission.admit"
 ADMISSION_PARK = "admission.park"
 ADMISSION_UNPARK = "admission.unpark"
@@ -113,11 +114,16 @@ _CATALOG = (
     Kind(BOOT_STOP, ("reason", "in_flight"),
          "the boot ends: orderly (a reason in ORDERLY_STOPS) or not (a crash)",
          ("signal", "exit_code", "drained", "lost_ranks", "error")),
-    Kind(REQUEST_RECEIVED, ("rid", "prompt_tokens", "max_new_tokens"), "a request was handed in",
-         ("trace_id",)),
+    Kind(REQUEST_RECEIVED, ("rid", "prompt_tokens", "max_new_tokens"),
+         "a request was handed in; promised: prompt + max_new_tokens, checked against the pool "
+         "(the server's requests): it is never ended for the pool's size",
+         ("trace_id", "promised")),
     Kind(REQUEST_FINISH, ("rid", "reason", "tokens"), "a request ended normally", _ENDING),
     Kind(REQUEST_ABORT, ("rid", "reason"), "a request ended abnormally",
-         _ENDING + ("need", "capacity")),
+         _ENDING + ("need", "capacity", "promised")),
+    Kind(REQUEST_CAP, ("rid", "promised", "max_new_tokens", "reason"),
+         "a promised request's max_new_tokens lowered so it still ends with length in a smaller "
+         "pool (reason: the cutover's id, asked with promises = cap)"),
     Kind(REQUEST_REJECT, ("rid", "reason", "need", "capacity"),
          "a request refused at intake because it could never fit the pool (never received)"),
     Kind(ADMISSION_ADMIT, ("rid", "tokens"), "a request or chunk was scheduled",
@@ -174,12 +180,13 @@ _CATALOG = (
          "put back in line with the tokens they generated (requeued)",
          ("requeued", "requeued_tokens", "cached_tokens", "evicted")),
     Kind(CUTOVER_END, ("id", "kind", "mode", "outcome") + _CENSUS,
-         "a cutover ended: outcome ok, rejected (with the reason; nothing changed) or failed "
-         "(rolled back); the census after it, the census before (*_before), the rids that "
+         "a cutover ended: outcome ok, rejected (with the reason; nothing changed; promises: "
+         "those a smaller pool would break), failed (rolled back), or timeout, cancelled or "
+         "stopped (nothing changed); the census after it, the census before (*_before), the rids that "
          "ended during it (ended) and the seconds no new work could start (pause_s); a weights "
          "cutover that took effect adds the new weights' boot.weights fields (weights)",
          ("reason", "status", "pause_s", "seconds", "ended", "backlog_before", "rids_before",
-          "ceiling", "kv_tokens", "path", "census_error", "weights")),
+          "ceiling", "kv_tokens", "path", "census_error", "weights", "promises")),
     Kind(REQUEUE, ("rid",), "a retracted request was put back in line", ("generated",)),
     Kind(GROUP_FLOOR, ("floor", "local"),
          "the published floor of a multi-rank group, where it binds (this rank counted more)",

@@ -48,6 +48,8 @@ class Request:
     parks: int = 0
     retractions: int = 0
     finish_reason: str | None = None
+    abort_reason: str | None = None  # why the engine or the caller ended it (finish "abort")
+    promised: int | None = None  # prompt + max_tokens, checked against the pool up front
     text: str = ""  # output text, stop string removed
     emitted: int = 0  # characters of `text` handed to the caller so far
     arrival: float = field(default_factory=time.monotonic)
@@ -136,6 +138,7 @@ class Request:
         return StepOutput(
             rid=self.rid, new_token_ids=tokens, text_delta=self.take_text_delta(), finished=done,
             finish_reason=self.finish_reason if done else None, cached_tokens=self.cached_tokens,
+            abort_reason=self.abort_reason if done else None,
             parks=self.parks if done else 0, retractions=self.retractions if done else 0,
         )  # fmt: skip
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from typing import NoReturn
 
 import torch
 
@@ -98,36 +99,51 @@ class Scheduler:
         params: SamplingParams,
         rid: str | None = None,
         trace_id: str | None = None,
+        promise: bool = False,
     ) -> Request:
         """``trace_id``: a W3C traceparent (its spans go under that span; receipts carry its
-        trace id) or a bare trace id."""
+        trace id) or a bare trace id. ``promise``: the request is refused unless its prompt and
+        ``max_tokens`` fit the pool as it is now, and then it is never ended for the pool's
+        size (a pool cutover keeps the promise or is refused)."""
         params.validate()
         vocab = self.runner.model.cfg.vocab_size
         check_prompt(prompt_ids, vocab_size=vocab, max_context=self.max_context)
         check_param_ids(params.stop_token_ids, params.logit_bias, vocab_size=vocab)
         rid = rid or f"r-{next(self._ids)}"
-        if not self.memory.fits(len(prompt_ids) + 1):  # a decision: it could never run here
-            cap = self.memory.capacity
-            self.receipts.emit(
-                schema.REQUEST_REJECT, rid=rid, reason="exceeds_pool",
-                need=len(prompt_ids) + 1, capacity=cap,
-            )  # fmt: skip
-            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the KV pool holds {cap}")
+        need = len(prompt_ids) + (params.max_tokens if promise else 1)
+        if not self.memory.fits(need):  # a decision: it could never run (to its end) here
+            self._refuse(rid, len(prompt_ids), need, promise)
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
         req = Request.create(rid, prompt_ids, params, self.tokenizer, self.max_context, trace_id)
-        self.group.record(
-            AddRequest(rid=rid, prompt_ids=list(prompt_ids), params=params, trace=trace_id)
-        )
+        req.promised = need if promise else None
+        self.group.record(AddRequest(rid=rid, prompt_ids=list(prompt_ids), params=params,
+                                     trace=trace_id, promise=promise))  # fmt: skip
         self.requests[rid] = req
         self.waiting.append(req)
         if self.traces is not None:
             self.traces.open(req)
+        promised = {"promised": need} if promise else {}
         self.receipts.emit(
             schema.REQUEST_RECEIVED, rid=rid, prompt_tokens=req.prompt_len,
-            max_new_tokens=params.max_tokens, trace_id=req.trace_id,
+            max_new_tokens=params.max_tokens, trace_id=req.trace_id, **promised,
         )  # fmt: skip
         return req
+
+    def _refuse(self, rid: str, prompt: int, need: int, promise: bool) -> NoReturn:
+        """Refuse a request the pool can never hold (to its end, when promised), with a
+        receipt and the numbers."""
+        cap = self.memory.capacity
+        self.receipts.emit(
+            schema.REQUEST_REJECT, rid=rid, reason="exceeds_pool", need=need, capacity=cap
+        )
+        if not promise or not self.memory.fits(prompt + 1):
+            raise ValueError(f"prompt has {prompt} tokens; the KV pool holds {cap}")
+        raise ValueError(
+            f"max_tokens {need - prompt} + prompt {prompt} tokens exceed the KV pool of {cap} "
+            f"tokens: this request could never run to its end here; ask for at most "
+            f"{cap - prompt}"
+        )
 
     def abort(self, rid: str, reason: str = "abort") -> StepOutput | None:
         """End a request that has not finished: its final output, or None when there is no
@@ -266,7 +282,9 @@ class Scheduler:
     ) -> StepOutput:
         """End a request (finish, or abort with ``abort_reason`` and the ``numbers`` behind it)."""
         if abort_reason is not None:
-            req.finish_reason = "abort"
+            req.finish_reason, req.abort_reason = "abort", abort_reason
+            if req.promised is not None:
+                numbers["promised"] = req.promised
         self.memory.release(req)
         req.state = State.FINISHED
         self.requests.pop(req.rid, None)

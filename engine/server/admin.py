@@ -1,9 +1,14 @@
-"""The admin routes: ``POST /admin/cutover`` (a live change of weights or pool size).
+"""The admin routes: ``POST /admin/cutover`` (a live change of weights or pool size) and
+``DELETE /admin/cutover/{id}`` (cancel the one under way).
 
 The body is ``{"kind": "weights" | "pool", "mode": "drain" | "carry", "path": ..., "kv_tokens":
-N}``; the answer comes when the cutover has ended, with its ``cutover.end`` fields: 200 when it
-was done, else the error body (400 bad input, 409 another cutover under way, 500 failed) with
-those fields under ``cutover``. The API key guards ``/admin`` as it guards ``/v1``.
+N, "promises": "refuse" | "cap"}``; the answer comes when the cutover has ended, with its
+``cutover.end`` fields: 200 when it was done, else the error body (400 bad input or not enough
+memory for the new pool; 409 another cutover under way, promises a smaller pool would break
+(named under ``cutover.promises``), or cancelled; 500 failed; 503 the engine stopped first; 504
+past ``--cutover-timeout``) with those fields under ``cutover``. A cancel answers 200 with the
+cancelled cutover's end, or 404 when no cutover of that id is under way. The API key guards
+``/admin`` as it guards ``/v1``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from engine.server.limits import HttpLimits, read_body
 from engine.server.protocol import ProtocolError, error_body, json_object
 from engine.server.responses import error_response
 
-_FIELDS = {"kind": str, "mode": str, "path": str, "kv_tokens": int}
+_FIELDS = {"kind": str, "mode": str, "path": str, "kv_tokens": int, "promises": str}
 
 
 def parse_cutover(body: bytes) -> dict[str, Any]:
@@ -49,13 +54,28 @@ async def cutover(
         return error_response(str(e), e.status, e.param)
     except RuntimeError as e:
         return error_response(str(e), 503)
+    return await _answer(fut, metrics)
+
+
+async def cancel(cid: str, driver: EngineDriver, metrics: ServerMetrics) -> Response:
+    try:
+        fut = driver.cancel_cutover(cid)
+    except RuntimeError as e:
+        return error_response(str(e), 503)
+    return await _answer(fut, metrics, counted=False)
+
+
+async def _answer(fut: Any, metrics: ServerMetrics, counted: bool = True) -> Response:
+    """The cutover's end as the HTTP answer (``counted``: its ending goes into /metrics; a
+    cancel's answer repeats an ending the cutover's own answer already counted)."""
     try:
         fields = await asyncio.wrap_future(fut)
     except RuntimeError as e:
         return error_response(str(e), 503)
-    metrics.cutover(fields)
     status = int(fields.get("status", 200))
-    if fields.get("outcome") == "ok":
+    if counted and status != 404:
+        metrics.cutover(fields)
+    if status == 200:
         return JSONResponse(fields)
     body = error_body(str(fields.get("reason", "cutover refused")), status)
     return JSONResponse({**body, "cutover": fields}, status_code=status)

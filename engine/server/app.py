@@ -90,6 +90,10 @@ def create_app(
     async def _cutover(request: Request) -> Response:
         return await admin.cutover(request, driver, metrics, limits or HttpLimits())
 
+    @app.delete("/admin/cutover/{cid}", include_in_schema=False)
+    async def _cancel(cid: str) -> Response:
+        return await admin.cancel(cid, driver, metrics)
+
     app.post("/v1/completions", **openapi.body(CompletionRequest))(service.completions)
     app.post("/v1/chat/completions", **openapi.body(ChatCompletionRequest))(service.chat)
     openapi.publish(app, [CompletionRequest, ChatCompletionRequest], served_model_name,

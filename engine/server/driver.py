@@ -30,6 +30,7 @@ from engine.config import EngineConfig
 from engine.messages import (
     AbortRequest,
     AddRequest,
+    CancelCutover,
     Cutover,
     CutoverDone,
     Dead,
@@ -171,6 +172,12 @@ class EngineDriver:
     def vocab_size(self) -> int:
         return self.info.vocab
 
+    @property
+    def kv_tokens(self) -> int:
+        """The pool a request is promised against: the group's agreed capacity as of the
+        latest snapshot (a pool cutover's answer brings the new one), the boot's before any."""
+        return self._snapshot.kv_total or self.info.kv_tokens
+
     def drain(self, reason: str) -> None:
         """Begin an orderly stop: refuse new work; the scheduler lets what is in flight finish
         for up to ``drain_s``, aborts the rest (each with a receipt), writes ``boot.stop`` and
@@ -225,7 +232,11 @@ class EngineDriver:
             # a send that fails is a death the reader reports to every request, this one too
             self._outbox.put(
                 AddRequest(
-                    rid=sub.rid, prompt_ids=sub.prompt_ids, params=sub.params, trace=trace_id
+                    rid=sub.rid,
+                    prompt_ids=sub.prompt_ids,
+                    params=sub.params,
+                    trace=trace_id,
+                    promise=True,
                 )
             )
 
@@ -245,10 +256,28 @@ class EngineDriver:
                 pass
 
     def cutover(
-        self, kind: str, mode: str, path: str | None, kv_tokens: int | None
+        self,
+        kind: str,
+        mode: str,
+        path: str | None,
+        kv_tokens: int | None,
+        promises: str | None = None,
     ) -> concurrent.futures.Future:
         """Ask for a cutover; the future holds its ``cutover.end`` fields once it has ended (a
         RuntimeError when the scheduler stops or dies first)."""
+        return self._ask(lambda ticket: Cutover(
+            kind=kind, mode=mode, path=path, kv_tokens=kv_tokens,
+            promises=promises or "refuse", ticket=ticket,
+        ))  # fmt: skip
+
+    def cancel_cutover(self, cid: str) -> concurrent.futures.Future:
+        """Cancel the cutover ``cid`` under way; the future holds its ``cutover.end`` fields
+        (status 200), or a 404's when no such cutover is under way."""
+        return self._ask(lambda ticket: CancelCutover(id=cid, ticket=ticket))
+
+    def _ask(self, message: Callable[[int], ToScheduler]) -> concurrent.futures.Future:
+        """Send the message made for a new ticket; its answer (``CutoverDone``) fills the
+        future."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._send_lock:
             with self._subs_lock:
@@ -256,8 +285,7 @@ class EngineDriver:
                     raise RuntimeError(f"scheduler is not serving: {self.dead or self.stopping}")
                 ticket = next(self._tickets)
                 self._cutovers[ticket] = fut
-            msg = Cutover(kind=kind, mode=mode, path=path, kv_tokens=kv_tokens, ticket=ticket)
-            self._outbox.put(msg)
+            self._outbox.put(message(ticket))
         return fut
 
     def stats(self) -> PoolSnapshot:
@@ -312,7 +340,9 @@ class EngineDriver:
                 self._snapshot = snap
             case Rejected(rid=rid, message=message):
                 self._deliver([(rid, ValueError(message), True)])
-            case CutoverDone(ticket=ticket, fields=fields):
+            case CutoverDone(ticket=ticket, fields=fields, snapshot=snap):
+                if snap is not None:  # the pool as the cutover left it, before the answer
+                    self._snapshot = snap
                 with self._subs_lock:
                     fut = self._cutovers.pop(ticket, None)
                 if fut is not None:

@@ -139,14 +139,26 @@ class Job:
                 raise JobFailed(str(item), 400 if isinstance(item, ValueError) else 503)
             if item.finished:
                 self.unread -= 1
-                if item.finish_reason == "abort" and self.driver.stopping:
-                    self.close(SIBLING_FAILED)
-                    raise JobFailed(
-                        f"server is shutting down ({self.driver.stopping}); the request was "
-                        "aborted",
-                        503,
-                    )
+                if item.finish_reason == "abort":
+                    self._engine_ended(i, item)
             yield i, item
+
+    def _engine_ended(self, i: int, item: StepOutput) -> None:
+        """A choice aborted that the client did not ask to end: never a 200. The others are
+        aborted with it and the client gets an error (an error event on a stream)."""
+        if self.rids[i] in self.asked and not self.driver.stopping:
+            return  # the frontend's own abort (deadline, sibling): its error is said elsewhere
+        self.close(SIBLING_FAILED)
+        if self.driver.stopping:
+            raise JobFailed(
+                f"server is shutting down ({self.driver.stopping}); the request was aborted", 503
+            )
+        why = item.abort_reason or "abort"
+        raise JobFailed(
+            f"the engine ended the request after {self.completion[i]} tokens, before it "
+            f"finished ({why})",
+            500,
+        )
 
     async def _next(self) -> tuple[int, Any]:
         if self.deadline is None:

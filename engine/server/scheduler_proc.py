@@ -21,6 +21,7 @@ from engine.messages import (
     HEARTBEAT_S,
     AbortRequest,
     AddRequest,
+    CancelCutover,
     Cutover,
     CutoverDone,
     Dead,
@@ -112,12 +113,14 @@ def _serve_loop(core: Any, conn: Any) -> None:
                     drain = _begin_drain(core, msg)
                 elif isinstance(msg, Cutover):
                     _cutover(core, conn, msg, tickets)
+                elif isinstance(msg, CancelCutover):
+                    _cancel(core, conn, msg, tickets)
                 elif not isinstance(msg, Stop):
                     _handle(core, conn, msg)
             if tickets and (fields := core.cutovers.advance()) is not None:
-                conn.send(CutoverDone(ticket=tickets.pop(), fields=fields))
+                _answer(core, conn, tickets.pop(), fields)
             if drain is not None and (not sched.has_work() or time.monotonic() >= drain.deadline):
-                _stop(core, conn, drain)
+                _stop(core, conn, drain, tickets)
                 return
             if sched.has_work():
                 outs = core.step()
@@ -142,9 +145,9 @@ def _handle(core: Any, conn: Any, msg: ToScheduler) -> None:
     """Act on one message from the frontend (``Stop`` is the loop's own)."""
     sched = core.scheduler
     match msg:
-        case AddRequest(rid=rid, prompt_ids=ids, params=params, trace=trace):
+        case AddRequest(rid=rid, prompt_ids=ids, params=params, trace=trace, promise=promise):
             try:
-                sched.add_request(ids, params, rid=rid, trace_id=trace)
+                sched.add_request(ids, params, rid=rid, trace_id=trace, promise=promise)
             except ValueError as e:
                 conn.send(Rejected(rid=rid, message=str(e)))
         case AbortRequest(rid=rid, reason=reason):
@@ -164,7 +167,28 @@ def _cutover(core: Any, conn: Any, msg: Cutover, tickets: list[int]) -> None:
     if fields is None:
         tickets.append(msg.ticket)
     else:
-        conn.send(CutoverDone(ticket=msg.ticket, fields=fields))
+        _answer(core, conn, msg.ticket, fields)
+
+
+def _answer(core: Any, conn: Any, ticket: int, fields: dict[str, Any]) -> None:
+    """A cutover's end, with the pool as it left it: /health and /metrics show it at once."""
+    conn.send(CutoverDone(ticket=ticket, fields=fields, snapshot=core.scheduler.snapshot()))
+
+
+def _cancel(core: Any, conn: Any, msg: CancelCutover, tickets: list[int]) -> None:
+    """Cancel the cutover ``msg.id`` under way: its own caller and the canceller both get its
+    end; a cutover that is not under way is a 404 to the canceller."""
+    fields = core.cutovers.cancel(msg.id)
+    if fields is None:
+        under = core.cutovers.active
+        now = f"; {under.id} is under way" if under is not None else "; none is under way"
+        fields = {"id": msg.id, "outcome": "not_found", "status": 404,
+                  "reason": f"no cutover {msg.id} is under way{now}"}  # fmt: skip
+    else:
+        if tickets:  # the cutover's own caller: 409, cancelled
+            _answer(core, conn, tickets.pop(), fields)
+        fields = {**fields, "status": 200}  # the canceller's: done
+    _answer(core, conn, msg.ticket, fields)
 
 
 def _begin_drain(core: Any, msg: Stop) -> _Drain:
@@ -184,10 +208,13 @@ def _ended(core: Any) -> int:
     return counts[schema.REQUEST_FINISH] + counts[schema.REQUEST_ABORT]
 
 
-def _stop(core: Any, conn: Any, drain: _Drain) -> None:
-    """An orderly stop: what is still in flight aborts with receipts, ``boot.stop`` is written
+def _stop(core: Any, conn: Any, drain: _Drain, tickets: list[int]) -> None:
+    """An orderly stop: a cutover under way ends ``stopped`` (its caller is answered), what is
+    still in flight aborts with receipts, ``boot.stop`` is written
     (with how many finished while draining), and each waiting client hears its request ended."""
     outs: list[Any] = []
+    if (fields := core.cutovers.halt(drain.reason)) is not None and tickets:
+        _answer(core, conn, tickets.pop(), fields)
     before = drain.ended_before
     n = core.shutdown(drain.reason, outs, None if before is None else _ended(core) - before)
     if outs:

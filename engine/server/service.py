@@ -10,6 +10,7 @@ tokenizer runs in a worker thread (``tokenizers`` releases the GIL while it enco
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable
@@ -88,7 +89,7 @@ class CompletionService:
         self.http = limits
         vocab = driver.tokenizer.backend.get_vocab(with_added_tokens=True)
         self.limits = ModelLimits(
-            max_context=driver.max_context, kv_tokens=driver.info.kv_tokens,
+            max_context=driver.max_context, kv_tokens=driver.kv_tokens,
             vocab_size=driver.vocab_size, token_chars=longest_token_chars(vocab),
         )  # fmt: skip
 
@@ -145,7 +146,9 @@ class CompletionService:
     ) -> Response:
         """Submit and answer one checked request (``kind``: ``"text"`` or ``"chat"``);
         ``echo``: text each choice's output starts with."""
-        params = sampling_params(req, len(ids), self.limits, DEFAULT_MAX_TOKENS)
+        # the pool as it is now (a cutover may have resized it); the scheduler checks again
+        limits = dataclasses.replace(self.limits, kv_tokens=self.driver.kv_tokens)
+        params = sampling_params(req, len(ids), limits, DEFAULT_MAX_TOKENS)
         rid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
         deadline = self.http.request_timeout
         job = Job(self.driver, self.metrics, rid, ids, params, req.n, t0, deadline)

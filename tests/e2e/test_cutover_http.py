@@ -1,7 +1,9 @@
 """Cutover over HTTP, against a real `engine serve` (tiny model): `POST /admin/cutover` behind
 the API key, bad bodies named, a pool resized under streaming load with every stream finished,
 a second cutover while one drains refused 409, a missing weights file refused 400 with serving
-going on, `engine cutover` as an operator runs it, /metrics counting cutovers, the `cutover`
+going on, a pool shrink that would break promises refused 409 then capped on request (the
+streams end ``length``, /health shows the new pool at once, new requests meet the new pool), a
+cutover under way cancelled by ``DELETE``, `engine cutover` as an operator runs it, /metrics counting cutovers, the `cutover`
 span with its phases at the OTLP receiver, and the `cutover` window deciding the boot log."""
 
 from __future__ import annotations
@@ -23,10 +25,19 @@ POOL = 1024
 
 
 @pytest.fixture(scope="module")
-def srv(tiny_model_dir, receiver, tmp_path_factory):
+def model_dir(tmp_path_factory) -> str:
+    """The tiny model with a context long enough that a stream outlasts a few admin calls by
+    thousands of tokens (the module's weights cutovers load it again: same shape)."""
+    from tests.tiny_model import make_tiny_model
+
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny-long"), max_position=4096))
+
+
+@pytest.fixture(scope="module")
+def srv(model_dir, receiver, tmp_path_factory):
     log = tmp_path_factory.mktemp("cutover-http") / "boot.jsonl"
     s = ServerProc(
-        log, "--model", tiny_model_dir, "--kv-tokens", str(POOL), "--max-running", "8",
+        log, "--model", model_dir, "--kv-tokens", str(POOL), "--max-running", "8",
         "--api-key", KEY, "--otlp-endpoint", receiver.url, env={"OTEL_BSP_SCHEDULE_DELAY": "100"},
     )  # fmt: skip
     yield s
@@ -47,7 +58,7 @@ def stream(srv, prompt: str, n: int, got: dict) -> None:
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
             "stream": True}  # fmt: skip
     with httpx.stream("POST", srv.base + "/v1/completions", json=body, headers=AUTH,
-                      timeout=120) as r:  # fmt: skip
+                      timeout=600) as r:  # fmt: skip
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 if reason := orjson.loads(line[6:])["choices"][0].get("finish_reason"):
@@ -98,14 +109,14 @@ def test_a_pool_cutover_under_streaming_load_finishes_every_stream(srv):
     assert 'attest:cutover_last_pause_seconds{kind="pool"}' in metrics
 
 
-def test_a_second_cutover_while_one_drains_is_409_and_the_first_ends_ok(srv, tiny_model_dir):
+def test_a_second_cutover_while_one_drains_is_409_and_the_first_ends_ok(srv, model_dir):
     got: dict[str, tuple[int, str]] = {}
     long = threading.Thread(target=stream, args=(srv, "A long tale", 200, got))
     long.start()
     wait_until(lambda: running(srv) > 0)
     first: list[httpx.Response] = []
     drain = threading.Thread(
-        target=lambda: first.append(cut(srv, kind="weights", mode="drain", path=tiny_model_dir))
+        target=lambda: first.append(cut(srv, kind="weights", mode="drain", path=model_dir))
     )
     drain.start()
     wait_until(lambda: len(receipts(srv, "cutover.begin")) > len(receipts(srv, "cutover.end")))
@@ -141,10 +152,66 @@ def test_engine_cutover_as_an_operator_runs_it(srv):
     assert refused.returncode == 1 and "400" in refused.stderr, refused.stderr
 
 
-def test_the_cutover_span_has_its_phases_and_the_window_decides_the_log(
-    srv, receiver, tiny_model_dir
-):
-    assert cut(srv, kind="weights", mode="carry", path=tiny_model_dir).status_code == 200
+def test_a_pool_shrink_keeps_the_promises_it_found_end_to_end(srv):
+    assert cut(srv, kind="pool", mode="carry", kv_tokens=8 * POOL).status_code == 200
+    got: dict[str, tuple[int, str]] = {}
+    prompts = ["A promised tale", "Another promised tale"]  # each promised about 3,500
+    # a shrink to 3,072 finds them more than 2,500 tokens short of its in-flight minimum
+    threads = [threading.Thread(target=stream, args=(srv, p, 3500, got)) for p in prompts]
+    for t in threads:
+        t.start()
+    wait_until(lambda: running(srv) == len(prompts))
+    small = 3 * POOL
+    refused = cut(srv, kind="pool", mode="carry", kv_tokens=small)
+    assert refused.status_code == 409, refused.text
+    named = refused.json()["cutover"]["promises"]
+    assert len(named) == len(prompts) and all(p["promised"] > small for p in named)
+    assert all(p["rid"] in refused.json()["error"]["message"] for p in named)
+    capped = cut(srv, kind="pool", mode="carry", kv_tokens=small, promises="cap")
+    assert capped.status_code == 200 and capped.json()["kv_tokens"] == small, capped.text
+    assert httpx.get(srv.base + "/health", timeout=10).json()["kv_total"] == small  # at once
+    body = {"prompt": "x", "max_tokens": 3100}  # fits the pool before, not this one
+    late = httpx.post(srv.base + "/v1/completions", json=body, headers=AUTH, timeout=60)
+    assert late.status_code == 400 and f"KV pool of {small}" in late.text, late.text
+    for t in threads:
+        t.join(600)
+    assert got == {p: (200, "length") for p in prompts}
+    caps = receipts(srv, "request.cap")
+    assert {c["rid"] for c in caps} == {p["rid"] for p in named}
+    assert cut(srv, kind="pool", mode="carry", kv_tokens=POOL).status_code == 200
+
+
+def test_a_cutover_under_way_is_cancelled_by_delete(srv, tmp_path):
+    import os
+
+    fifo = tmp_path / "weights.gguf"
+    os.mkfifo(fifo)  # weights whose read never returns
+    first: list[httpx.Response] = []
+    load = threading.Thread(
+        target=lambda: first.append(cut(srv, kind="weights", mode="carry", path=str(fifo)))
+    )
+    load.start()
+    wait_until(lambda: len(receipts(srv, "cutover.begin")) > len(receipts(srv, "cutover.end")))
+    cid = receipts(srv, "cutover.begin")[-1]["id"]
+    r = httpx.delete(f"{srv.base}/admin/cutover/{cid}", headers=AUTH, timeout=60)
+    assert r.status_code == 200 and r.json()["outcome"] == "cancelled", r.text
+    load.join(60)
+    (answer,) = first
+    assert answer.status_code == 409 and answer.json()["cutover"]["outcome"] == "cancelled"
+    again = httpx.delete(f"{srv.base}/admin/cutover/{cid}", headers=AUTH, timeout=60)
+    assert again.status_code == 404 and "no cutover" in again.json()["error"]["message"]
+    cmd = [sys.executable, "-m", "cli.engine_app", "cutover", "--cancel", cid,
+           "--url", srv.base, "--api-key", KEY]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "404" in done.stderr, done.stderr
+    try:  # the abandoned read ends (EOF) once a writer has come and gone
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+def test_the_cutover_span_has_its_phases_and_the_window_decides_the_log(srv, receiver, model_dir):
+    assert cut(srv, kind="weights", mode="carry", path=model_dir).status_code == 200
     assert cut(srv, kind="pool", mode="carry", kv_tokens=POOL).status_code == 200
 
     def children(spans, kind: str) -> set[str]:
@@ -156,7 +223,11 @@ def test_the_cutover_span_has_its_phases_and_the_window_decides_the_log(
         lambda sp: children(sp, "weights") >= {"load", "carry"} and "carry" in children(sp, "pool")
     )
     for root in (s for s in spans if s.name == "cutover"):
-        assert root.parent_id == "" and root.attrs["attest.cutover.outcome"] in ("ok", "rejected")
+        assert root.parent_id == "" and root.attrs["attest.cutover.outcome"] in (
+            "ok",
+            "rejected",
+            "cancelled",
+        )
     verdict = subprocess.run(
         [sys.executable, "-m", "cli.audit_app", "verdict", str(srv.log_file), "--spec", "cutover"],
         capture_output=True, text=True, timeout=120,

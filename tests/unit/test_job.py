@@ -119,6 +119,25 @@ def test_the_deadline_aborts_as_deadline_and_answers_504():
     assert endings(metrics) == {"abort": 2.0} == {"abort": sched.receipts["request.abort"]}
 
 
+def test_an_abort_the_client_did_not_ask_for_is_an_error_never_a_200():
+    async def run():
+        sched = FakeScheduler()
+        job, metrics = make_job(sched, 2)
+        job.submit()
+        sub = sched.subs.pop("cmpl-x-0")  # the engine ends it: nobody asked
+        ended = StepOutput(rid="cmpl-x-0", new_token_ids=[], text_delta="", finished=True,
+                           finish_reason="abort", abort_reason="exceeds_pool")  # fmt: skip
+        sub.loop.call_soon(sub.out.put_nowait, ended)
+        with pytest.raises(JobFailed) as e:
+            await drain(job)
+        await asyncio.sleep(0)
+        return sched, e.value
+
+    sched, err = asyncio.run(run())
+    assert err.status == 500 and "(exceeds_pool)" in str(err)
+    assert sched.aborts == [("cmpl-x-1", "sibling_failed")]
+
+
 def test_an_abort_that_loses_the_race_counts_as_the_ending_that_won():
     async def run():
         sched = FakeScheduler()

@@ -150,6 +150,15 @@ TABLE = [
     Bad("a body that is not an object", COMPLETIONS, b"[1, 2]", 400, None, "JSON object"),
     Bad("GET of a route that does not exist", "/v1/nope", None, 404, None, "no such route"),
     Bad("GET of a POST route", COMPLETIONS, None, 405, None, "method not allowed"),
+    Bad("seed as a string", COMPLETIONS, js(prompt="hi", seed="1"), 400, "seed",
+        "valid integer (got '1')"),
+    Bad("seed true", COMPLETIONS, js(prompt="hi", seed=True), 400, "seed",
+        "valid integer (got true)"),
+    Bad("max_tokens 1.0", COMPLETIONS, js(prompt="hi", max_tokens=1.0), 400, "max_tokens",
+        "valid integer (got 1.0)"),
+    Bad("include_usage as a string", COMPLETIONS,
+        js(prompt="hi", stream=True, stream_options={"include_usage": "yes"}), 400,
+        "stream_options.include_usage", "valid boolean (got 'yes')"),
 ]  # fmt: skip
 
 

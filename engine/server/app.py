@@ -44,6 +44,14 @@ def model_list(driver: EngineDriver, served_name: str) -> dict[str, Any]:
     return {"object": "list", "data": [card]}
 
 
+def authorized(header: str, api_key: str) -> bool:
+    """An ``Authorization: Bearer KEY`` header with this key. The scheme is read in any case
+    (RFC 9110 11.1: schemes are case-insensitive); the key is compared in constant time."""
+    scheme, _, key = header.partition(" ")
+    right_key = hmac.compare_digest(key.lstrip(" ").encode(), api_key.encode())
+    return right_key and scheme.lower() == "bearer"
+
+
 def create_app(
     driver: EngineDriver,
     served_model_name: str,
@@ -60,8 +68,7 @@ def create_app(
     @app.middleware("http")
     async def _guard(request: Request, call_next: Any) -> Response:
         if api_key and request.url.path.split("/", 2)[1] in ("v1", "admin"):
-            got = request.headers.get("authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
+            if not authorized(request.headers.get("authorization", ""), api_key):
                 return error_response("invalid or missing API key", 401)
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:

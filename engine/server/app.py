@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 
 from engine.obs import tracing as tr
 from engine.obs.metrics import CONTENT_TYPE, ServerMetrics
@@ -50,6 +51,15 @@ def authorized(header: str, api_key: str) -> bool:
     scheme, _, key = header.partition(" ")
     right_key = hmac.compare_digest(key.lstrip(" ").encode(), api_key.encode())
     return right_key and scheme.lower() == "bearer"
+
+
+def serve_head(app: FastAPI) -> None:
+    """HEAD wherever GET is served (RFC 9110 9.3.2): the GET's route, status and headers; the
+    server sends no body for a HEAD. Left out of the document, as HEAD goes with GET."""
+    for route in list(app.routes):
+        if isinstance(route, APIRoute) and "GET" in route.methods:
+            app.add_api_route(route.path, route.endpoint, methods=["HEAD"],
+                              response_class=route.response_class, include_in_schema=False)  # fmt: skip
 
 
 def create_app(
@@ -99,6 +109,7 @@ def create_app(
 
     app.post("/v1/completions", **openapi.body(CompletionRequest))(service.completions)
     app.post("/v1/chat/completions", **openapi.body(ChatCompletionRequest))(service.chat)
+    serve_head(app)
     openapi.publish(app, [CompletionRequest, ChatCompletionRequest], served_model_name,
                     driver.vocab_size)  # fmt: skip
     return app

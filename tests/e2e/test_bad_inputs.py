@@ -198,6 +198,18 @@ def test_an_oversized_body_is_answered_413_every_time_not_reset(srv):
     assert not lost, f"{len(lost)} of {len(answers)} answers lost: {lost[:3]}"
 
 
+def test_head_answers_where_get_does_with_its_status_and_headers_and_no_body(srv):
+    name = httpx.get(srv.base + "/v1/models", timeout=30).json()["data"][0]["id"]
+    for path in ("/health", "/metrics", "/version", "/v1/models", f"/v1/models/{name}",
+                 "/v1/models/gpt-9", "/openapi.json"):  # fmt: skip
+        got, head_ = httpx.get(srv.base + path, timeout=30), httpx.head(srv.base + path, timeout=30)
+        assert head_.status_code == got.status_code, (path, head_.status_code, head_.text)
+        assert head_.content == b"", path
+        assert head_.headers["content-type"] == got.headers["content-type"], path
+        if path not in ("/health", "/metrics"):  # these two change from one moment to the next
+            assert head_.headers["content-length"] == got.headers["content-length"], path
+
+
 def test_nothing_bad_reached_the_scheduler(srv):
     assert receipts(srv, '"request.received"') == []
     assert receipts(srv, '"request.abort"') == []

@@ -16,7 +16,7 @@ from engine.obs.metrics import CONTENT_TYPE, ServerMetrics
 from engine.server import admin, openapi
 from engine.server.driver import EngineDriver
 from engine.server.limits import MAX_BODY_BYTES, HttpLimits
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest, ProtocolError
 from engine.server.responses import error_response, install_error_handlers
 from engine.server.service import CompletionService
 
@@ -39,10 +39,14 @@ def health(driver: EngineDriver) -> Response:
     return JSONResponse({"status": "ok", **beat, **driver.stats().gauges()})
 
 
-def model_list(driver: EngineDriver, served_name: str) -> dict[str, Any]:
-    card = {"id": served_name, "object": "model", "created": 0, "owned_by": "attest",
+def model_card(driver: EngineDriver, served_name: str) -> dict[str, Any]:
+    """The one model this server serves, as ``GET /v1/models`` lists it."""
+    return {"id": served_name, "object": "model", "created": 0, "owned_by": "attest",
             "max_model_len": driver.max_context}  # fmt: skip
-    return {"object": "list", "data": [card]}
+
+
+def model_list(driver: EngineDriver, served_name: str) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(driver, served_name)]}
 
 
 def authorized(header: str, api_key: str) -> bool:
@@ -102,6 +106,13 @@ def create_app(
     @app.get("/v1/models")
     async def _models() -> dict[str, Any]:
         return model_list(driver, served_model_name)
+
+    @app.get("/v1/models/{model:path}")
+    async def _model(model: str) -> dict[str, Any]:
+        if model != served_model_name:
+            message = f"model {model!r} does not exist; this server serves {served_model_name!r}"
+            raise ProtocolError(message, "model", 404)
+        return model_card(driver, served_model_name)
 
     @app.post("/admin/cutover", include_in_schema=False)  # an operator's route, not the API's
     async def _cutover(request: Request) -> Response:

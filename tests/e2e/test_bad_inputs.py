@@ -159,6 +159,8 @@ TABLE = [
     Bad("include_usage as a string", COMPLETIONS,
         js(prompt="hi", stream=True, stream_options={"include_usage": "yes"}), 400,
         "stream_options.include_usage", "valid boolean (got 'yes')"),
+    Bad("a model card it does not serve", "/v1/models/gpt-9", None, 404, "model",
+        "model 'gpt-9' does not exist"),
 ]  # fmt: skip
 
 
@@ -208,6 +210,14 @@ def test_head_answers_where_get_does_with_its_status_and_headers_and_no_body(srv
         assert head_.headers["content-type"] == got.headers["content-type"], path
         if path not in ("/health", "/metrics"):  # these two change from one moment to the next
             assert head_.headers["content-length"] == got.headers["content-length"], path
+
+
+def test_the_served_models_card_is_its_entry_in_the_list(srv):
+    listed = httpx.get(srv.base + "/v1/models", timeout=30).json()["data"]
+    assert len(listed) == 1
+    r = httpx.get(srv.base + f"/v1/models/{listed[0]['id']}", timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json() == listed[0]
 
 
 def test_nothing_bad_reached_the_scheduler(srv):

@@ -3,7 +3,8 @@ headers, then its body), how many connections one address may hold open, and the
 deadline. uvicorn bounds neither header nor body time (a client that declares 100 bytes and
 sends 20 holds its connection forever) and caps connections only for the whole server, so the
 first two live here: the body read in ``read_body``, the rest in ``protocol_class``, uvicorn's
-HTTP/1.1 protocol with a header timer and a count of connections per address.
+HTTP/1.1 protocol with a header timer and a count of connections per address. A body framed
+both by Content-Length and by Transfer-Encoding is refused unread (``_one_framing``).
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ class GuardedH11Protocol(H11Protocol):
         open_by_host[self._host] = open_by_host.get(self._host, 0) + 1
         if cap and open_by_host[self._host] > cap:
             self.app = _over_cap(self._host, cap)  # its request is answered 429, then closed
+        else:
+            self.app = _one_framing(self.app)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -189,15 +192,42 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
     return ServerH11Protocol
 
 
+_TWO_FRAMINGS = (
+    "a request with both Content-Length and Transfer-Encoding is refused: they disagree on "
+    "where its body ends (RFC 9112 6.1); send one of them"
+)
+
+
+def _one_framing(app: Any) -> Any:
+    """``app`` behind a refusal of the request-smuggling shape: a body framed both by length and
+    by chunks. h11 would read it chunked, and a proxy in front may have read it by its length,
+    so where one request ends and the next begins is in dispute: 400, and the connection closes
+    (RFC 9112 6.1), so nothing after it on the connection is read as a request."""
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        names = {name for name, _ in scope.get("headers", ())}
+        if scope["type"] == "http" and {b"content-length", b"transfer-encoding"} <= names:
+            await _answer(send, 400, _TWO_FRAMINGS)
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+async def _answer(send: Any, status: int, message: str) -> None:
+    """An error answer that closes the connection, sent straight to the protocol."""
+    body = orjson.dumps(error_body(message, status))
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+               (b"content-length", str(len(body)).encode())]  # fmt: skip
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _over_cap(host: str, cap: int) -> Any:
     message = (f"too many open connections from {host}: at most {cap} at once "
                "(--max-client-connections); close some and retry")  # fmt: skip
-    body = orjson.dumps(error_body(message, 429))
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
-                   (b"content-length", str(len(body)).encode())]  # fmt: skip
-        await send({"type": "http.response.start", "status": 429, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 429, message)
 
     return app

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.e2e.http_raw import exchange, head, hold
+from tests.e2e.http_raw import conversation, exchange, head, hold
 from tests.e2e.server_proc import ServerProc
 
 pytestmark = requires_default_model
@@ -198,6 +198,26 @@ def test_an_oversized_body_is_answered_413_every_time_not_reset(srv):
     answers = [exchange(srv.port, *raw)[:2] for raw in forms * 12]
     lost = [a for a in answers if a[0] != 413 or "exceeds" not in str(a[1])]
     assert not lost, f"{len(lost)} of {len(answers)} answers lost: {lost[:3]}"
+
+
+SMUGGLED = (
+    head(COMPLETIONS, 4, "Transfer-Encoding: chunked\r\n")
+    + b'e\r\n{"prompt": ""}\r\n0\r\n\r\n'
+    + b"GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+)
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_the_connection_closed(srv):
+    """Two framings disagree about where the body ends: the request-smuggling shape RFC 9112
+    6.1 lets a server refuse, and then it must close. The request pipelined behind it is
+    never answered (here a GET; a smuggled request, where a proxy frames the other way)."""
+    answers = conversation(srv.port, SMUGGLED)
+    assert [a[0] for a in answers] == [400], answers
+    status, headers, body = answers[0]
+    err = orjson.loads(body)["error"]
+    assert "both Content-Length and Transfer-Encoding" in err["message"], err
+    assert err["code"] == 400 and err["param"] is None
+    assert headers["connection"] == "close"
 
 
 def test_head_answers_where_get_does_with_its_status_and_headers_and_no_body(srv):

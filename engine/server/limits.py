@@ -3,8 +3,9 @@ headers, then its body), how many connections one address may hold open, and the
 deadline. uvicorn bounds neither header nor body time (a client that declares 100 bytes and
 sends 20 holds its connection forever) and caps connections only for the whole server, so the
 first two live here: the body read in ``read_body``, the rest in ``protocol_class``, uvicorn's
-HTTP/1.1 protocol with a header timer and a count of connections per address. A body framed
-both by Content-Length and by Transfer-Encoding is refused unread (``_one_framing``).
+HTTP/1.1 protocol with a header timer and a count of connections per address. Two bodies are
+refused unread: one framed both by Content-Length and by Transfer-Encoding (``_one_framing``),
+and one in a Content-Encoding (``refuse_encoded``).
 """
 
 from __future__ import annotations
@@ -50,8 +51,25 @@ def went_away(request: Request, what: str) -> None:
           "nothing was queued", file=sys.stderr, flush=True)  # fmt: skip
 
 
+def refuse_encoded(request: Request) -> None:
+    """A body in any Content-Encoding but identity is refused (415), not read as if it were
+    plain. Nothing needs one (OpenAI's clients send plain JSON), and decoding would need a cap
+    on the decoded size besides the one on the sent size: a few KB of gzip inflate to GBs."""
+    sent = ",".join(request.headers.getlist("content-encoding")).lower().split(",")
+    codings = [c.strip() for c in sent if c.strip() not in ("", "identity")]
+    if codings:
+        raise ProtocolError(
+            f"Content-Encoding {', '.join(codings)} is not accepted: only identity (an "
+            "uncompressed body) is",
+            None,
+            415,
+        )
+
+
 async def read_body(request: Request, limits: HttpLimits) -> bytes:
-    """The whole body, within ``max_body_bytes`` (413) and ``read_timeout`` (408)."""
+    """The whole body, within ``max_body_bytes`` (413) and ``read_timeout`` (408), in no
+    Content-Encoding but identity (415, ``refuse_encoded``)."""
+    refuse_encoded(request)
     body = bytearray()
     declared = request.headers.get("content-length")
     try:

@@ -8,6 +8,7 @@ The table is printed at the end of the module (run with -s) and kept in runbooks
 from __future__ import annotations
 
 import concurrent.futures as cf
+import gzip
 import threading
 import time
 from typing import NamedTuple
@@ -81,6 +82,7 @@ def _nested(depth: int) -> bytes:
 
 
 TEN_MB = 10 * 1024 * 1024
+GZIPPED = gzip.compress(b'{"prompt": "hi", "max_tokens": 1}')
 TABLE = [
     Bad("max_tokens of the wrong type", COMPLETIONS, js(prompt="hi", max_tokens="many"), 400,
         "max_tokens", "valid integer"),
@@ -159,6 +161,9 @@ TABLE = [
     Bad("include_usage as a string", COMPLETIONS,
         js(prompt="hi", stream=True, stream_options={"include_usage": "yes"}), 400,
         "stream_options.include_usage", "valid boolean (got 'yes')"),
+    Bad("a gzip body (Content-Encoding)", COMPLETIONS, None, 415, None,
+        "Content-Encoding gzip is not accepted: only identity",
+        raw=(head(COMPLETIONS, len(GZIPPED), "Content-Encoding: gzip\r\n") + GZIPPED, [], 0.0)),
     Bad("a model card it does not serve", "/v1/models/gpt-9", None, 404, "model",
         "model 'gpt-9' does not exist"),
 ]  # fmt: skip

@@ -29,7 +29,7 @@ from engine.obs.receipts import Receipts
 from engine.obs.tracing import Tracing
 from engine.runner import BatchEntry, ModelRunner
 from engine.sched.admission import running_ceiling
-from engine.sched.group import GroupSplit, GroupView, PublishedGroup
+from engine.sched.group import GroupView, PublishedGroup
 from engine.sched.scheduler import Scheduler
 from engine.sched.traces import RequestTraces
 from kernels import cpu_ops
@@ -245,7 +245,7 @@ class EngineCore:
         the group without another collective. Idempotent."""
         if self._stopped:
             return
-        reason = "group_split" if isinstance(error, GroupSplit) else "rank_lost"
+        reason = error.stop if isinstance(error, GroupFailure) else "rank_lost"
         lost = self.member.lost() if self.member is not None else []
         self._end_boot(reason, None, lost_ranks=lost, error=str(error)[:500])
         self.comm.close()

@@ -3,12 +3,14 @@
 The body is ``{"kind": "weights" | "pool", "mode": "drain" | "carry", "path": ..., "kv_tokens":
 N}``; the answer comes when the cutover has ended, with its ``cutover.end`` fields: 200 when it
 was done, else the error body (400 bad input, 409 another cutover under way, 500 failed) with
-those fields under ``cutover``. The API key guards ``/admin`` as it guards ``/v1``.
+those fields under ``cutover`` (a failure's reason, an exception's text, goes to stderr
+instead). The API key guards ``/admin`` as it guards ``/v1``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 from fastapi import Request
@@ -57,5 +59,12 @@ async def cutover(
     status = int(fields.get("status", 200))
     if fields.get("outcome") == "ok":
         return JSONResponse(fields)
-    body = error_body(str(fields.get("reason", "cutover refused")), status)
+    reason = str(fields.get("reason", "cutover refused"))
+    if status >= 500:  # an exception's text: its paths and addresses are for stderr and the log
+        print(f"attest: cutover {fields.get('id')} failed: {reason}", file=sys.stderr, flush=True)
+        kind = reason.split(": ", 1)[0]
+        reason = (f"the cutover failed ({kind if kind.isidentifier() else 'an error'}); the "
+                  "server's stderr and its cutover.end receipt say why")  # fmt: skip
+        fields = {k: v for k, v in fields.items() if k != "reason"}
+    body = error_body(reason, status)
     return JSONResponse({**body, "cutover": fields}, status_code=status)

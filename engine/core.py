@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from engine.clip import clip_words
 from engine.config import EngineConfig
 from engine.cutover import Cutovers
 from engine.dist.comm import Comm, GroupFailure
@@ -247,7 +248,7 @@ class EngineCore:
             return
         reason = error.stop if isinstance(error, GroupFailure) else "rank_lost"
         lost = self.member.lost() if self.member is not None else []
-        self._end_boot(reason, None, lost_ranks=lost, error=str(error)[:500])
+        self._end_boot(reason, None, lost_ranks=lost, error=clip_words(str(error), 500))
         self.comm.close()
         if self.member is not None:
             self.member.reap(2.0)  # the others fail at the same collective; a hung one is killed

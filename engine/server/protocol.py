@@ -207,10 +207,8 @@ def validation_error(model: type[BaseModel], e: ValidationError) -> ProtocolErro
     param = field_path(model, loc)
     message = f"{param}: {first['msg']}"
     value = first.get("input")
-    if first["type"] in _TYPE_ERRORS:  # what came instead, in JSON's words
-        message += f" (got {shown(value)})"
-    elif isinstance(value, (int, float, str)) and "ctx" in first:
-        message += f" (got {str(value)[:40]!r})" if isinstance(value, str) else f" (got {value})"
+    if first["type"] in _TYPE_ERRORS or (isinstance(value, (int, float, str)) and "ctx" in first):
+        message += f" (got {shown(value)})"  # what came, whole or described, never cut
     return ProtocolError(message, param)
 
 

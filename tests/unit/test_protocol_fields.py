@@ -238,3 +238,10 @@ def test_integers_are_integers_and_booleans_booleans(model, extra, param, words)
 def test_a_float_field_takes_an_integer_number_as_openai_does(extra):
     req = _parse(CompletionRequest, {**PROMPT, **extra})
     assert isinstance(req, CompletionRequest), req
+
+
+def test_a_long_value_in_a_message_is_described_not_cut():
+    e = _parse(ChatCompletionRequest, {"messages": [{"role": "w" * 60, "content": "hi"}]})
+    assert isinstance(e, ProtocolError) and e.param == "messages.0.role"
+    assert "'" + "w" * 40 + "'" not in str(e), str(e)  # a cut value reads as another value
+    assert str(e).endswith("(got a string of 60 characters)"), str(e)

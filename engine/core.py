@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from engine.clip import clip_words
 from engine.config import EngineConfig
 from engine.cutover import Cutovers
 from engine.dist.comm import Comm, GroupFailure
@@ -29,7 +30,7 @@ from engine.obs.receipts import Receipts
 from engine.obs.tracing import Tracing
 from engine.runner import BatchEntry, ModelRunner
 from engine.sched.admission import running_ceiling
-from engine.sched.group import GroupSplit, GroupView, PublishedGroup
+from engine.sched.group import GroupView, PublishedGroup
 from engine.sched.scheduler import Scheduler
 from engine.sched.traces import RequestTraces
 from kernels import cpu_ops
@@ -245,9 +246,9 @@ class EngineCore:
         the group without another collective. Idempotent."""
         if self._stopped:
             return
-        reason = "group_split" if isinstance(error, GroupSplit) else "rank_lost"
+        reason = error.stop if isinstance(error, GroupFailure) else "rank_lost"
         lost = self.member.lost() if self.member is not None else []
-        self._end_boot(reason, None, lost_ranks=lost, error=str(error)[:500])
+        self._end_boot(reason, None, lost_ranks=lost, error=clip_words(str(error), 500))
         self.comm.close()
         if self.member is not None:
             self.member.reap(2.0)  # the others fail at the same collective; a hung one is killed

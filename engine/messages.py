@@ -233,8 +233,9 @@ class Stopped:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Dead:
-    reason: str
+    reason: str  # the whole text (for stderr): an exception's, with its paths and addresses
     ended: bool = False  # the scheduler wrote its own boot.stop (a group that failed)
+    said: str = "the scheduler failed"  # what happened, in words a client may read
 
 
 ToScheduler = AddRequest | AbortRequest | Notice | Cutover | CancelCutover | Serving | Stop

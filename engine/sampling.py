@@ -3,6 +3,7 @@ per-request seeds."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -22,12 +23,48 @@ class Sampled(Protocol):
 
 
 def make_generator(seed: int | None) -> torch.Generator | None:
-    """A per-request generator: a seeded request draws the same numbers in any batch."""
+    """A per-request generator: a seeded request draws the same numbers in any batch, and
+    distinct seeds of the signed 64-bit range draw distinct numbers.
+
+    The seed is taken as its unsigned 64-bit two's complement. torch's CPU generator (mt19937)
+    seeds itself from the low 32 bits only, so a seed below 2**32 is its own mt19937 seed (the
+    numbers it always drew), and a wider one sets the whole state (``_wide_state``)."""
     if seed is None:
         return None
     g = torch.Generator()
-    g.manual_seed(seed)
+    u = seed % 2**64
+    g.manual_seed(u)
+    if u >> 32:
+        g.set_state(_wide_state(g.get_state(), u))
     return g
+
+
+_MT_N, _MASK32 = 624, 2**32 - 1
+_STATE_AT = 24  # torch's CPU generator state: seed u64, left i32, seeded i32, next u64, words
+
+
+def _mt_next(word: int, i: int) -> int:
+    """mt19937's seeding recurrence: word i from word i - 1."""
+    return (1812433253 * (word ^ (word >> 30)) + i) & _MASK32
+
+
+def _wide_state(state: torch.Tensor, u: int) -> torch.Tensor:
+    """``state`` (torch's, seeded with ``u``, so from its low half only) with mt19937's words
+    made from all 64 bits: words 0 and 1 as the low half seeds them, word 2 what the low half
+    makes there xor the high half (not 0: ``u`` is wider than 32 bits), the rest by the seeding
+    recurrence. mt19937 draws from words 1..623 (and word 0's top bit); words 1 and 2 give back
+    the two halves, so distinct seeds make distinct states, and none is a 32-bit seed's."""
+    raw = bytearray(state.numpy().tobytes())
+    low, high = u & _MASK32, u >> 32
+    words = [low, _mt_next(low, 1)]
+    seeded = struct.unpack_from("<Q", raw, 0)[0], list(struct.unpack_from("<2Q", raw, _STATE_AT))
+    if seeded != (u, words):
+        raise RuntimeError("torch's CPU generator state is not laid out as make_generator reads it")
+    words.append(_mt_next(words[1], 2) ^ high)
+    for i in range(3, _MT_N):
+        words.append(_mt_next(words[-1], i))
+    struct.pack_into(f"<{_MT_N}Q", raw, _STATE_AT, *words)
+    return torch.frombuffer(raw, dtype=torch.uint8).clone()
 
 
 def sample_for(logits: torch.Tensor, reqs: Sequence[Sampled]) -> list[int]:

@@ -31,7 +31,7 @@ from engine.obs import schema
 
 _MASK64 = (1 << 64) - 1
 _DECISION = 1 << 128 | 1 << 63  # one decision more in a digest sum, its hash made >= 0
-_SHOWN = 40  # characters of a field's value in a sentence
+_SHOWN = 40  # characters of a long list's elements in a sentence
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -122,7 +122,7 @@ class RanksAgree(Checker[RanksAgreeClaim]):
             return "no receipt"
         if type(d) is not tuple:
             return f"{d >> 64} decisions"
-        values = ", ".join(f"{f} {_cut(repr(v))}" for f, v in zip(self.claim.fields, d[1:]))
+        values = ", ".join(f"{f} {_value(v)}" for f, v in zip(self.claim.fields, d[1:]))
         return f"{d[0]} {values}"
 
     def _compare(
@@ -234,8 +234,19 @@ def _rank_missing(
     )
 
 
-def _cut(s: str) -> str:
-    return s if len(s) <= _SHOWN else s[: _SHOWN - 3] + "..."
+def _value(v: Any) -> str:
+    """A field's value in a sentence, whole: cut at a width, two values that differ late read
+    as one. A long list shows its first elements whole and how many more it holds."""
+    if not isinstance(v, list) or len(repr(v)) <= _SHOWN:
+        return repr(v)
+    kept: list[str] = []
+    size = 0
+    for x in v:
+        size += len(repr(x)) + 2
+        if kept and size > _SHOWN:
+            break
+        kept.append(repr(x))
+    return f"[{', '.join(kept)}, ... ({len(v) - len(kept)} more)]"
 
 
 KINDS = (

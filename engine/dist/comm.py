@@ -28,6 +28,8 @@ IDLE_WAIT = timedelta(days=365)
 class GroupFailure(RuntimeError):
     """A collective failed: a rank died, stopped answering within the timeout, or split."""
 
+    stop = "rank_lost"  # the boot.stop reason it ends the boot with
+
 
 class Comm:
     """One rank alone: every collective returns its input."""

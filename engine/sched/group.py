@@ -37,6 +37,8 @@ Op = AddRequest | AbortRequest  # an input rank 0 took, handed to the others in 
 class GroupSplit(GroupFailure):
     """The ranks were about to run different batches."""
 
+    stop = "group_split"
+
 
 @dataclass(slots=True, frozen=True)
 class Terms:

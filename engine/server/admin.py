@@ -6,7 +6,8 @@ N, "promises": "refuse" | "cap"}``; the answer comes when the cutover has ended,
 ``cutover.end`` fields: 200 when it was done, else the error body (400 bad input or not enough
 memory for the new pool; 409 another cutover under way, promises a smaller pool would break
 (named under ``cutover.promises``), or cancelled; 500 failed; 503 the engine stopped first; 504
-past ``--cutover-timeout``) with those fields under ``cutover``. A cancel answers 200 with the
+past ``--cutover-timeout``) with those fields under ``cutover`` (a failure's reason, an
+exception's text, goes to stderr instead). A cancel answers 200 with the
 cancelled cutover's end, or 404 when no cutover of that id is under way. The API key guards
 ``/admin`` as it guards ``/v1``.
 """
@@ -14,9 +15,10 @@ cancelled cutover's end, or 404 when no cutover of that id is under way. The API
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.obs.metrics import ServerMetrics
@@ -42,6 +44,18 @@ def parse_cutover(body: bytes) -> dict[str, Any]:
         if v is not None and (not isinstance(v, typ) or isinstance(v, bool)):
             raise ProtocolError(f"{name!r} must be a {typ.__name__}", name)
     return {name: data.get(name) for name in _FIELDS}
+
+
+def mount(app: FastAPI, driver: EngineDriver, metrics: ServerMetrics, limits: HttpLimits) -> None:
+    """The admin routes on ``app``: an operator's, not the API's (left out of its document)."""
+
+    @app.post("/admin/cutover", include_in_schema=False)
+    async def _cutover(request: Request) -> Response:
+        return await cutover(request, driver, metrics, limits)
+
+    @app.delete("/admin/cutover/{cid}", include_in_schema=False)
+    async def _cancel(cid: str) -> Response:
+        return await cancel(cid, driver, metrics)
 
 
 async def cutover(
@@ -77,5 +91,12 @@ async def _answer(fut: Any, metrics: ServerMetrics, counted: bool = True) -> Res
         metrics.cutover(fields)
     if status == 200:
         return JSONResponse(fields)
-    body = error_body(str(fields.get("reason", "cutover refused")), status)
+    reason = str(fields.get("reason", "cutover refused"))
+    if status == 500:  # an exception's text: its paths and addresses are for stderr and the log
+        print(f"attest: cutover {fields.get('id')} failed: {reason}", file=sys.stderr, flush=True)
+        kind = reason.split(": ", 1)[0]
+        reason = (f"the cutover failed ({kind if kind.isidentifier() else 'an error'}); the "
+                  "server's stderr and its cutover.end receipt say why")  # fmt: skip
+        fields = {k: v for k, v in fields.items() if k != "reason"}
+    body = error_body(reason, status)
     return JSONResponse({**body, "cutover": fields}, status_code=status)

@@ -9,13 +9,14 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 
 from engine.obs import tracing as tr
 from engine.obs.metrics import CONTENT_TYPE, ServerMetrics
 from engine.server import admin, openapi
 from engine.server.driver import EngineDriver
 from engine.server.limits import MAX_BODY_BYTES, HttpLimits
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest, ProtocolError
 from engine.server.responses import error_response, install_error_handlers
 from engine.server.service import CompletionService
 
@@ -38,10 +39,31 @@ def health(driver: EngineDriver) -> Response:
     return JSONResponse({"status": "ok", **beat, **driver.stats().gauges()})
 
 
-def model_list(driver: EngineDriver, served_name: str) -> dict[str, Any]:
-    card = {"id": served_name, "object": "model", "created": 0, "owned_by": "attest",
+def model_card(driver: EngineDriver, served_name: str) -> dict[str, Any]:
+    """The one model this server serves, as ``GET /v1/models`` lists it."""
+    return {"id": served_name, "object": "model", "created": 0, "owned_by": "attest",
             "max_model_len": driver.max_context}  # fmt: skip
-    return {"object": "list", "data": [card]}
+
+
+def model_list(driver: EngineDriver, served_name: str) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(driver, served_name)]}
+
+
+def authorized(header: str, api_key: str) -> bool:
+    """An ``Authorization: Bearer KEY`` header with this key. The scheme is read in any case
+    (RFC 9110 11.1: schemes are case-insensitive); the key is compared in constant time."""
+    scheme, _, key = header.partition(" ")
+    right_key = hmac.compare_digest(key.lstrip(" ").encode(), api_key.encode())
+    return right_key and scheme.lower() == "bearer"
+
+
+def serve_head(app: FastAPI) -> None:
+    """HEAD wherever GET is served (RFC 9110 9.3.2): the GET's route, status and headers; the
+    server sends no body for a HEAD. Left out of the document, as HEAD goes with GET."""
+    for route in list(app.routes):
+        if isinstance(route, APIRoute) and "GET" in route.methods:
+            app.add_api_route(route.path, route.endpoint, methods=["HEAD"],
+                              response_class=route.response_class, include_in_schema=False)  # fmt: skip
 
 
 def create_app(
@@ -60,8 +82,7 @@ def create_app(
     @app.middleware("http")
     async def _guard(request: Request, call_next: Any) -> Response:
         if api_key and request.url.path.split("/", 2)[1] in ("v1", "admin"):
-            got = request.headers.get("authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
+            if not authorized(request.headers.get("authorization", ""), api_key):
                 return error_response("invalid or missing API key", 401)
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -86,16 +107,17 @@ def create_app(
     async def _models() -> dict[str, Any]:
         return model_list(driver, served_model_name)
 
-    @app.post("/admin/cutover", include_in_schema=False)  # an operator's route, not the API's
-    async def _cutover(request: Request) -> Response:
-        return await admin.cutover(request, driver, metrics, limits or HttpLimits())
+    @app.get("/v1/models/{model:path}")
+    async def _model(model: str) -> dict[str, Any]:
+        if model != served_model_name:
+            message = f"model {model!r} does not exist; this server serves {served_model_name!r}"
+            raise ProtocolError(message, "model", 404)
+        return model_card(driver, served_model_name)
 
-    @app.delete("/admin/cutover/{cid}", include_in_schema=False)
-    async def _cancel(cid: str) -> Response:
-        return await admin.cancel(cid, driver, metrics)
-
+    admin.mount(app, driver, metrics, limits or HttpLimits())
     app.post("/v1/completions", **openapi.body(CompletionRequest))(service.completions)
     app.post("/v1/chat/completions", **openapi.body(ChatCompletionRequest))(service.chat)
+    serve_head(app)
     openapi.publish(app, [CompletionRequest, ChatCompletionRequest], served_model_name,
                     driver.vocab_size)  # fmt: skip
     return app

@@ -13,10 +13,13 @@ import errno
 import fcntl
 import os
 import re
+import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from engine.clip import clip
 
 EXIT_REFUSED = 75  # sysexits EX_TEMPFAIL: what it needs is held now; retry once it is free
 _LOCK_LINE = re.compile(r"\s(\d+)\s+([0-9a-f]+):([0-9a-f]+):(\d+)\s")
@@ -38,14 +41,18 @@ class StalePid:
 
 
 def describe(pid: int | None) -> str:
-    """``pid N (its command line)``, as far as the system shows it."""
+    """``pid N (its command line)``, as far as the system shows it: its arguments as a shell
+    would read them, as many whole ones as fit in about 120 characters, and how many more."""
     if pid is None:
         return "another process (its PID is not visible here)"
     try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0")
     except OSError:
         return f"pid {pid}"
-    return f"pid {pid} ({cmd.decode(errors='replace')[:120]})" if cmd else f"pid {pid}"
+    if not raw:  # a kernel thread, or a process on its way out
+        return f"pid {pid}"
+    args = [shlex.quote(a.decode(errors="replace")) for a in raw.split(b"\0")]
+    return f"pid {pid} ({clip(args, 120, 'argument')})"
 
 
 def _alive(pid: int) -> bool:

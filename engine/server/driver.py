@@ -61,6 +61,14 @@ class Submission:
     out: asyncio.Queue
 
 
+class SchedulerDied(RuntimeError):
+    """The scheduler process said it is dying (``Dead``): the whole text, and ``said``."""
+
+    def __init__(self, reason: str, said: str) -> None:
+        super().__init__(reason)
+        self.said = said
+
+
 def how_it_ended(code: int | None) -> str:
     """A process's end in words, from its multiprocessing exit code (-N: killed by signal N)."""
     if code is not None and code < 0:
@@ -75,7 +83,8 @@ class EngineDriver:
     """The frontend's handle on the scheduler process.
 
     ``on_dead`` is called once, from the reader thread, when the scheduler process dies or
-    reports a fatal error: the server uses it to stop with a non-zero status. ``launch``: this
+    reports a fatal error, with the error's whole text (clients read ``dead``, which holds no
+    path and no address): the server prints it and stops with a non-zero status. ``launch``: this
     boot's facts for the scheduler's boot receipts; ``drain_s``: how long an orderly stop lets
     the requests in flight finish before aborting them; ``stall_s``: how long a silence of the
     scheduler process is a stall (``/health`` answers 503 past it)."""
@@ -105,6 +114,8 @@ class EngineDriver:
         self._tickets = itertools.count(1)
         self._snapshot = PoolSnapshot()
         self._stopped = threading.Event()
+        # why the scheduler is gone, in words a client may read (no path, no address); the
+        # whole text goes to on_dead (stderr)
         self.dead: str | None = None
         self.ended_itself = False  # the scheduler wrote its own boot.stop before it died
         self.lost_at_death: list[str] = []  # requests waiting on the scheduler when it died
@@ -322,13 +333,15 @@ class EngineDriver:
         except (EOFError, OSError, RuntimeError) as e:
             self._proc.join(1)
             self.exit_code = code = self._proc.exitcode
-            dead = (
-                str(e) if isinstance(e, RuntimeError) else f"scheduler process {how_it_ended(code)}"
-            )
+            whole = dead = f"scheduler process {how_it_ended(code)}"
+            if isinstance(e, SchedulerDied):
+                whole, dead = str(e), f"{e.said}; the server cannot serve"
+            elif isinstance(e, RuntimeError):
+                whole = f"{dead} ({type(e).__name__}: {e})"
             self._fail_all(f"scheduler failed: {dead}", dead=dead)
             self._stopped.set()
             if self.on_dead is not None:
-                self.on_dead(self.dead)
+                self.on_dead(whole)
 
     def _on(self, msg: ToFrontend) -> bool:
         """Act on one message from the scheduler process; False once it has stopped."""
@@ -351,9 +364,9 @@ class EngineDriver:
                 self._fail_all(f"server is shutting down ({reason})")
                 self._stopped.set()
                 return False
-            case Dead(reason=reason, ended=ended):
+            case Dead(reason=reason, ended=ended, said=said):
                 self.ended_itself = ended
-                raise RuntimeError(reason)
+                raise SchedulerDied(reason, said)
         return True
 
 

@@ -3,7 +3,9 @@ headers, then its body), how many connections one address may hold open, and the
 deadline. uvicorn bounds neither header nor body time (a client that declares 100 bytes and
 sends 20 holds its connection forever) and caps connections only for the whole server, so the
 first two live here: the body read in ``read_body``, the rest in ``protocol_class``, uvicorn's
-HTTP/1.1 protocol with a header timer and a count of connections per address.
+HTTP/1.1 protocol with a header timer and a count of connections per address. Two bodies are
+refused unread: one framed both by Content-Length and by Transfer-Encoding (``_one_framing``),
+and one in a Content-Encoding (``refuse_encoded``).
 """
 
 from __future__ import annotations
@@ -49,8 +51,25 @@ def went_away(request: Request, what: str) -> None:
           "nothing was queued", file=sys.stderr, flush=True)  # fmt: skip
 
 
+def refuse_encoded(request: Request) -> None:
+    """A body in any Content-Encoding but identity is refused (415), not read as if it were
+    plain. Nothing needs one (OpenAI's clients send plain JSON), and decoding would need a cap
+    on the decoded size besides the one on the sent size: a few KB of gzip inflate to GBs."""
+    sent = ",".join(request.headers.getlist("content-encoding")).lower().split(",")
+    codings = [c.strip() for c in sent if c.strip() not in ("", "identity")]
+    if codings:
+        raise ProtocolError(
+            f"Content-Encoding {', '.join(codings)} is not accepted: only identity (an "
+            "uncompressed body) is",
+            None,
+            415,
+        )
+
+
 async def read_body(request: Request, limits: HttpLimits) -> bytes:
-    """The whole body, within ``max_body_bytes`` (413) and ``read_timeout`` (408)."""
+    """The whole body, within ``max_body_bytes`` (413) and ``read_timeout`` (408), in no
+    Content-Encoding but identity (415, ``refuse_encoded``)."""
+    refuse_encoded(request)
     body = bytearray()
     declared = request.headers.get("content-length")
     try:
@@ -134,6 +153,8 @@ class GuardedH11Protocol(H11Protocol):
         open_by_host[self._host] = open_by_host.get(self._host, 0) + 1
         if cap and open_by_host[self._host] > cap:
             self.app = _over_cap(self._host, cap)  # its request is answered 429, then closed
+        else:
+            self.app = _one_framing(self.app)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -189,15 +210,42 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
     return ServerH11Protocol
 
 
+_TWO_FRAMINGS = (
+    "a request with both Content-Length and Transfer-Encoding is refused: they disagree on "
+    "where its body ends (RFC 9112 6.1); send one of them"
+)
+
+
+def _one_framing(app: Any) -> Any:
+    """``app`` behind a refusal of the request-smuggling shape: a body framed both by length and
+    by chunks. h11 would read it chunked, and a proxy in front may have read it by its length,
+    so where one request ends and the next begins is in dispute: 400, and the connection closes
+    (RFC 9112 6.1), so nothing after it on the connection is read as a request."""
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        names = {name for name, _ in scope.get("headers", ())}
+        if scope["type"] == "http" and {b"content-length", b"transfer-encoding"} <= names:
+            await _answer(send, 400, _TWO_FRAMINGS)
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+async def _answer(send: Any, status: int, message: str) -> None:
+    """An error answer that closes the connection, sent straight to the protocol."""
+    body = orjson.dumps(error_body(message, status))
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+               (b"content-length", str(len(body)).encode())]  # fmt: skip
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _over_cap(host: str, cap: int) -> Any:
     message = (f"too many open connections from {host}: at most {cap} at once "
                "(--max-client-connections); close some and retry")  # fmt: skip
-    body = orjson.dumps(error_body(message, 429))
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
-                   (b"content-length", str(len(body)).encode())]  # fmt: skip
-        await send({"type": "http.response.start", "status": 429, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 429, message)
 
     return app

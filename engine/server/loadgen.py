@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 
+from engine.clip import clip_words
+
 TOKEN_IDS = (10, 250)  # ids every vocabulary in use here has (the tiny test model's has 320)
 
 
@@ -45,7 +47,7 @@ class LoadResult:
 
     def fail(self, text: str) -> None:
         if len(self.failures) < 5:
-            self.failures.append(text[:300])
+            self.failures.append(clip_words(text, 300))
 
 
 def prompts(shape: LoadShape) -> list[tuple[list[int], int]]:

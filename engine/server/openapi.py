@@ -37,6 +37,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (405, "the route does not take this method"),
         (408, "the request's headers or body did not arrive in time"),
         (413, "the body is over the limit"),
+        (415, "the body is in a Content-Encoding other than identity"),
         (429, "too many open connections from this address"),
         (503, "the scheduler is not running or the server is stopping"),
         (504, "the request ran past its deadline and was aborted"),

@@ -53,7 +53,11 @@ class ModelLimits:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields refused, and types as the OpenAI API has them: an integer field takes an
+    integer only (not "3", 1.0 or true), a boolean field true or false only; a number field
+    takes an integer too, as JSON numbers go."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Strict):
@@ -145,11 +149,31 @@ _UNBUILT: dict[str, tuple[Any, str]] = {
 }  # fmt: skip
 # fields that change nothing a client receives, accepted and ignored
 _INERT = frozenset({"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
+# the integer and boolean fields of those two groups, typed as strictly as the built ones
+_INT, _BOOL = ("integer", int), ("boolean", bool)
+_SCALARS = {"best_of": _INT, "top_logprobs": _INT, "parallel_tool_calls": _BOOL, "store": _BOOL}
+
+
+def _scalar(key: str, model: type[BaseModel]) -> tuple[str, type] | None:
+    """The JSON type an unbuilt or inert field must have (None: not an integer or boolean)."""
+    if key == "logprobs":  # how many per token in a completion; whether, in a chat
+        return _BOOL if issubclass(model, ChatCompletionRequest) else _INT
+    return _SCALARS.get(key)
+
+
+def _check_scalars(data: dict[str, Any], model: type[BaseModel]) -> None:
+    for key, value in data.items():
+        typed = None if key in model.model_fields else _scalar(key, model)
+        if typed is not None and value is not None and type(value) is not typed[1]:
+            raise ProtocolError(
+                f"{key}: Input should be a valid {typed[0]} (got {shown(value)})", key
+            )
 
 
 def refuse_unbuilt(data: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
     """The body without the fields that ask for nothing; a ProtocolError naming the first field
     that asks for something this server does not do, or that it does not know."""
+    _check_scalars(data, model)
     n = data.get("n") or 1
     best_of = data.get("best_of")
     if best_of not in (None, 1, n) or isinstance(best_of, bool):
@@ -183,9 +207,23 @@ def validation_error(model: type[BaseModel], e: ValidationError) -> ProtocolErro
     param = field_path(model, loc)
     message = f"{param}: {first['msg']}"
     value = first.get("input")
-    if isinstance(value, (int, float, str)) and "ctx" in first:
-        message += f" (got {str(value)[:40]!r})" if isinstance(value, str) else f" (got {value})"
+    if first["type"] in _TYPE_ERRORS or (isinstance(value, (int, float, str)) and "ctx" in first):
+        message += f" (got {shown(value)})"  # what came, whole or described, never cut
     return ProtocolError(message, param)
+
+
+_TYPE_ERRORS = frozenset({"int_type", "bool_type", "float_type", "string_type"})
+
+
+def shown(value: Any) -> str:
+    """A request's value as a message shows it: JSON's words for its literals and containers."""
+    if value is None or isinstance(value, bool):
+        return orjson.dumps(value).decode()
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else f"a string of {len(value)} characters"
+    return "an array" if isinstance(value, list) else "an object"
 
 
 def sampling_params(

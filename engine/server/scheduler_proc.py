@@ -132,13 +132,22 @@ def _serve_loop(core: Any, conn: Any) -> None:
     except (EOFError, BrokenPipeError):
         core.shutdown("frontend_gone")  # nobody to answer, but the log still ends honestly
     except GroupFailure as e:  # core.step wrote the receipts: the frontend must not again
-        conn.send(Dead(reason=f"{type(e).__name__}: {e}", ended=True))
+        conn.send(Dead(reason=f"{type(e).__name__}: {e}", ended=True, said=_GROUP_FAILED[e.stop]))
     except BaseException as e:
         traceback.print_exc()
         try:
-            conn.send(Dead(reason=f"{type(e).__name__}: {e}"))
+            said = f"the scheduler failed ({type(e).__name__})"
+            conn.send(Dead(reason=f"{type(e).__name__}: {e}", said=said))
         except Exception:
             pass
+
+
+# a failed group in a client's words: the collective's own text names source paths and the
+# peers' addresses, which are the operator's to read (on stderr and in boot.stop), not a client's
+_GROUP_FAILED = {
+    "rank_lost": "the scheduler lost a rank",
+    "group_split": "the scheduler's ranks were about to run different batches (a split)",
+}
 
 
 def _handle(core: Any, conn: Any, msg: ToScheduler) -> None:

@@ -61,3 +61,29 @@ def hold(port: int, start: bytes) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     s.sendall(start)
     return s
+
+
+def conversation(port: int, data: bytes, timeout: float = 30) -> list[tuple[int, dict, bytes]]:
+    """Send ``data`` (one request or several, pipelined) and read until the server closes the
+    connection: each answer as (status, lower-cased headers, body). An answer that keeps the
+    connection open is followed by keep-alive's idle close, so this ends either way."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        raw = b""
+        while True:
+            try:
+                chunk = s.recv(1 << 16)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            raw += chunk
+    answers = []
+    while raw:
+        top, _, rest = raw.partition(b"\r\n\r\n")
+        lines = top.decode("latin-1").split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:] if ": " in line)
+        length = int(headers.get("content-length", len(rest)))
+        answers.append((int(lines[0].split(" ", 2)[1]), headers, rest[:length]))
+        raw = rest[length:]
+    return answers

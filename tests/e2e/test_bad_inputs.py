@@ -8,6 +8,7 @@ The table is printed at the end of the module (run with -s) and kept in runbooks
 from __future__ import annotations
 
 import concurrent.futures as cf
+import gzip
 import threading
 import time
 from typing import NamedTuple
@@ -17,7 +18,7 @@ import orjson
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.e2e.http_raw import exchange, head, hold
+from tests.e2e.http_raw import conversation, exchange, head, hold
 from tests.e2e.server_proc import ServerProc
 
 pytestmark = requires_default_model
@@ -81,6 +82,7 @@ def _nested(depth: int) -> bytes:
 
 
 TEN_MB = 10 * 1024 * 1024
+GZIPPED = gzip.compress(b'{"prompt": "hi", "max_tokens": 1}')
 TABLE = [
     Bad("max_tokens of the wrong type", COMPLETIONS, js(prompt="hi", max_tokens="many"), 400,
         "max_tokens", "valid integer"),
@@ -150,6 +152,20 @@ TABLE = [
     Bad("a body that is not an object", COMPLETIONS, b"[1, 2]", 400, None, "JSON object"),
     Bad("GET of a route that does not exist", "/v1/nope", None, 404, None, "no such route"),
     Bad("GET of a POST route", COMPLETIONS, None, 405, None, "method not allowed"),
+    Bad("seed as a string", COMPLETIONS, js(prompt="hi", seed="1"), 400, "seed",
+        "valid integer (got '1')"),
+    Bad("seed true", COMPLETIONS, js(prompt="hi", seed=True), 400, "seed",
+        "valid integer (got true)"),
+    Bad("max_tokens 1.0", COMPLETIONS, js(prompt="hi", max_tokens=1.0), 400, "max_tokens",
+        "valid integer (got 1.0)"),
+    Bad("include_usage as a string", COMPLETIONS,
+        js(prompt="hi", stream=True, stream_options={"include_usage": "yes"}), 400,
+        "stream_options.include_usage", "valid boolean (got 'yes')"),
+    Bad("a gzip body (Content-Encoding)", COMPLETIONS, None, 415, None,
+        "Content-Encoding gzip is not accepted: only identity",
+        raw=(head(COMPLETIONS, len(GZIPPED), "Content-Encoding: gzip\r\n") + GZIPPED, [], 0.0)),
+    Bad("a model card it does not serve", "/v1/models/gpt-9", None, 404, "model",
+        "model 'gpt-9' does not exist"),
 ]  # fmt: skip
 
 
@@ -187,6 +203,46 @@ def test_an_oversized_body_is_answered_413_every_time_not_reset(srv):
     answers = [exchange(srv.port, *raw)[:2] for raw in forms * 12]
     lost = [a for a in answers if a[0] != 413 or "exceeds" not in str(a[1])]
     assert not lost, f"{len(lost)} of {len(answers)} answers lost: {lost[:3]}"
+
+
+SMUGGLED = (
+    head(COMPLETIONS, 4, "Transfer-Encoding: chunked\r\n")
+    + b'e\r\n{"prompt": ""}\r\n0\r\n\r\n'
+    + b"GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+)
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_the_connection_closed(srv):
+    """Two framings disagree about where the body ends: the request-smuggling shape RFC 9112
+    6.1 lets a server refuse, and then it must close. The request pipelined behind it is
+    never answered (here a GET; a smuggled request, where a proxy frames the other way)."""
+    answers = conversation(srv.port, SMUGGLED)
+    assert [a[0] for a in answers] == [400], answers
+    status, headers, body = answers[0]
+    err = orjson.loads(body)["error"]
+    assert "both Content-Length and Transfer-Encoding" in err["message"], err
+    assert err["code"] == 400 and err["param"] is None
+    assert headers["connection"] == "close"
+
+
+def test_head_answers_where_get_does_with_its_status_and_headers_and_no_body(srv):
+    name = httpx.get(srv.base + "/v1/models", timeout=30).json()["data"][0]["id"]
+    for path in ("/health", "/metrics", "/version", "/v1/models", f"/v1/models/{name}",
+                 "/v1/models/gpt-9", "/openapi.json"):  # fmt: skip
+        got, head_ = httpx.get(srv.base + path, timeout=30), httpx.head(srv.base + path, timeout=30)
+        assert head_.status_code == got.status_code, (path, head_.status_code, head_.text)
+        assert head_.content == b"", path
+        assert head_.headers["content-type"] == got.headers["content-type"], path
+        if path not in ("/health", "/metrics"):  # these two change from one moment to the next
+            assert head_.headers["content-length"] == got.headers["content-length"], path
+
+
+def test_the_served_models_card_is_its_entry_in_the_list(srv):
+    listed = httpx.get(srv.base + "/v1/models", timeout=30).json()["data"]
+    assert len(listed) == 1
+    r = httpx.get(srv.base + f"/v1/models/{listed[0]['id']}", timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json() == listed[0]
 
 
 def test_nothing_bad_reached_the_scheduler(srv):

@@ -136,6 +136,20 @@ def test_wrong_api_key_is_401(server):
     assert "API key" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("authorization", "status"),
+    [
+        (f"bearer {API_KEY}", 200), (f"BEARER {API_KEY}", 200), (f"bEaReR {API_KEY}", 200),
+        (f"Bearer {API_KEY}", 200), (f"bearer {API_KEY.upper()}", 401), ("bearer wrong", 401),
+        (f"Basic {API_KEY}", 401), ("bearer", 401), (API_KEY, 401),
+    ],
+)  # fmt: skip
+def test_the_auth_scheme_is_read_in_any_case_and_the_key_exactly(server, authorization, status):
+    """RFC 9110 11.1: an authentication scheme is case-insensitive; the key is not."""
+    r = httpx.get(str(server.base_url) + "/v1/models", headers={"Authorization": authorization})
+    assert r.status_code == status, r.text
+
+
 def test_32_concurrent_streams_all_complete_and_memory_returns_to_idle(server):
     import concurrent.futures as cf
 

@@ -59,6 +59,22 @@ def test_a_digest_that_differs_at_one_iteration_names_it_the_ranks_and_both_dige
     assert decide(tmp_path, DIGESTS, rank_log(0), rank_log(1)).status == "PASS"
 
 
+def test_values_that_differ_past_forty_characters_are_shown_whole(tmp_path):
+    """Cut at a width, two different long values read as one and the same."""
+    a, b = "d" * 45 + "1", "d" * 45 + "2"
+
+    def log(rank: int, digest: str) -> LogText:
+        log = LogText("b-00000001")
+        log.r("boot.start", rank, config={"tp": 2})
+        log.iter = 1
+        log.r("iteration", rank, running=1, waiting=0, digest=digest)
+        return log.stop(rank)
+
+    v = decide(tmp_path, DIGESTS, log(0, a), log(1, b))
+    assert v.status == "FAIL", v.why
+    assert f"rank 0: iteration digest {a!r}, rank 1: iteration digest {b!r}" in v.why, v.why
+
+
 def test_a_rank_without_the_digest_another_wrote_fails_while_its_log_goes_on(tmp_path):
     v = decide(tmp_path, DIGESTS, rank_log(0), rank_log(1, skip=2))
     assert v.status == "FAIL"

@@ -4,6 +4,8 @@ live process holds (naming its PID), and a stale pid file it takes over, saying 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -91,3 +93,33 @@ def test_an_unlocked_pid_file_naming_a_live_process_is_stale_and_says_the_pid_wa
     mine, stale = PidFile.claim(path)
     mine.release()
     assert stale is not None and stale.pid == os.getppid() and stale.running
+
+
+def test_a_conflict_shows_the_holders_command_line_in_whole_arguments():
+    """The refusal names the process that holds the port by its command line, shortened at
+    whole arguments and saying how many it left out: cut at a fixed width, ``--kv-tokens 8192``
+    once read ``--kv-tokens 819``."""
+    port = free_port()
+    hold = "import os, socket, sys, time; s = socket.socket(); " \
+           "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print(1, flush=True); time.sleep(120)"  # fmt: skip
+    head = ["python", "-c", "exec(__import__('os').environ['HOLD'])", str(port)]
+    # as the width cut read it (arguments joined by spaces): its 120th character ends in "819"
+    filler = "--log-file=/var/log/attest/" + "b" * (104 - len(" ".join(head) + " ") - 27)
+    argv = [*head, filler, "--kv-tokens", "8192", "--served-model-name", "smol", "--tp", "1"]
+    assert " ".join(argv)[:120].endswith("--kv-tokens 819")
+    p = subprocess.Popen(argv, executable=sys.executable, stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "HOLD": hold})  # fmt: skip
+    try:
+        assert p.stdout.readline().strip() == "1"  # it listens
+        with pytest.raises(BootRefused) as e:
+            listen("127.0.0.1", port)
+    finally:
+        p.kill()
+        p.wait()
+    assert "--kv-tokens 819)" not in str(e.value)
+    m = re.search(rf"pid {p.pid} \((.*)\); stop it", str(e.value))
+    assert m, str(e.value)
+    shown, _, left = m[1].partition(" ... (")
+    args = shlex.split(shown)
+    assert args == argv[: len(args)], str(e.value)
+    assert left == f"{len(argv) - len(args)} more arguments)", str(e.value)

@@ -33,7 +33,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
         ({"function_call": "auto"}, "function_call", "calls no functions"),
         ({"suffix": "end"}, "suffix", "insertion"),
         ({"logprobs": True}, "logprobs", "not supported"),
-        ({"logprobs": 2}, "logprobs", "not supported"),
+        ({"logprobs": 2}, "logprobs", "valid boolean"),  # a chat's logprobs says whether
         ({"top_logprobs": 3}, "top_logprobs", "logprobs are not"),
         ({"best_of": 3}, "best_of", "equal to n"),
         ({"best_of": 2, "n": 3}, "best_of", "equal to n"),
@@ -157,3 +157,91 @@ def test_every_error_is_the_openai_error_object(status, kind):
     assert error_body("m", status, "p") == {
         "error": {"message": "m", "type": kind, "param": "p", "code": status}
     }
+
+
+def _parse(model, body) -> ProtocolError | object:
+    """The body as ``service.parse`` reads it: unbuilt fields, then the schema."""
+    try:
+        return model.model_validate(refuse_unbuilt(body, model))
+    except ValidationError as e:
+        return validation_error(model, e)
+    except ProtocolError as e:
+        return e
+
+
+PROMPT = {"prompt": "x"}
+
+
+@pytest.mark.parametrize(
+    ("model", "extra", "param", "words"),
+    [
+        (CompletionRequest, {"seed": "1"}, "seed", "valid integer"),
+        (CompletionRequest, {"seed": True}, "seed", "valid integer"),
+        (CompletionRequest, {"seed": 1.0}, "seed", "valid integer"),
+        (CompletionRequest, {"max_tokens": "3"}, "max_tokens", "valid integer"),
+        (CompletionRequest, {"max_tokens": 1.0}, "max_tokens", "valid integer"),
+        (CompletionRequest, {"n": True}, "n", "valid integer"),
+        (CompletionRequest, {"n": "2"}, "n", "valid integer"),
+        (CompletionRequest, {"top_k": 1.5}, "top_k", "valid integer"),
+        (CompletionRequest, {"top_k": "4"}, "top_k", "valid integer"),
+        (CompletionRequest, {"min_tokens": "2"}, "min_tokens", "valid integer"),
+        (CompletionRequest, {"stream": "true"}, "stream", "valid boolean"),
+        (CompletionRequest, {"stream": 1}, "stream", "valid boolean"),
+        (CompletionRequest, {"echo": 1}, "echo", "valid boolean"),
+        (CompletionRequest, {"ignore_eos": "no"}, "ignore_eos", "valid boolean"),
+        (CompletionRequest, {"stream_options": {"include_usage": "yes"}},
+         "stream_options.include_usage", "valid boolean"),
+        (CompletionRequest, {"stream_options": {"include_usage": 1}},
+         "stream_options.include_usage", "valid boolean"),
+        (CompletionRequest, {"prompt": [1, True]}, "prompt.1", "valid integer"),
+        (CompletionRequest, {"stop_token_ids": [2.0]}, "stop_token_ids.0", "valid integer"),
+        (CompletionRequest, {"temperature": True}, "temperature", "valid number"),
+        (CompletionRequest, {"logprobs": False}, "logprobs", "valid integer"),
+        (CompletionRequest, {"logprobs": "0"}, "logprobs", "valid integer"),
+        (CompletionRequest, {"top_logprobs": 0.0}, "top_logprobs", "valid integer"),
+        (CompletionRequest, {"top_logprobs": False}, "top_logprobs", "valid integer"),
+        (CompletionRequest, {"best_of": 1.0}, "best_of", "valid integer"),
+        (CompletionRequest, {"best_of": True}, "best_of", "valid integer"),
+        (ChatCompletionRequest, {"max_completion_tokens": "5"}, "max_completion_tokens",
+         "valid integer"),
+        (ChatCompletionRequest, {"max_completion_tokens": 5.0}, "max_completion_tokens",
+         "valid integer"),
+        (ChatCompletionRequest, {"add_generation_prompt": "yes"}, "add_generation_prompt",
+         "valid boolean"),
+        (ChatCompletionRequest, {"logprobs": "yes"}, "logprobs", "valid boolean"),
+        (ChatCompletionRequest, {"logprobs": 0}, "logprobs", "valid boolean"),
+        (ChatCompletionRequest, {"parallel_tool_calls": "yes"}, "parallel_tool_calls",
+         "valid boolean"),
+        (ChatCompletionRequest, {"store": "no"}, "store", "valid boolean"),
+    ],
+)  # fmt: skip
+def test_integers_are_integers_and_booleans_booleans(model, extra, param, words):
+    """As the OpenAI API types them: a string, a float or a boolean where an integer belongs is
+    refused (pydantic's lax mode would read "3", 1.0 and true as 3, 1 and 1), and so is
+    anything but true or false where a boolean belongs; the message and ``param`` name it."""
+    base = CHAT if model is ChatCompletionRequest else PROMPT
+    e = _parse(model, {**base, **extra})
+    assert isinstance(e, ProtocolError), f"{extra} was accepted: {e}"
+    assert (e.param, e.status) == (param, 400) and words in str(e), str(e)
+    assert str(e).startswith(param), str(e)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"temperature": 1}, {"top_p": 1}, {"min_p": 0}, {"presence_penalty": -1},
+        {"frequency_penalty": 2}, {"logit_bias": {"5": 1}}, {"seed": -(2**63)},
+        {"seed": 2**63 - 1}, {"max_tokens": 3}, {"n": 2}, {"stream": True},
+        {"top_logprobs": 0}, {"best_of": 1}, {"logprobs": None},
+    ],
+)  # fmt: skip
+def test_a_float_field_takes_an_integer_number_as_openai_does(extra):
+    req = _parse(CompletionRequest, {**PROMPT, **extra})
+    assert isinstance(req, CompletionRequest), req
+
+
+def test_a_long_value_in_a_message_is_described_not_cut():
+    e = _parse(ChatCompletionRequest, {"messages": [{"role": "w" * 60, "content": "hi"}]})
+    assert isinstance(e, ProtocolError) and e.param == "messages.0.role"
+    assert "'" + "w" * 40 + "'" not in str(e), str(e)  # a cut value reads as another value
+    assert str(e).endswith("(got a string of 60 characters)"), str(e)

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.sampling import SamplingParams, filtered_probs, make_generator, sample
+from engine.sampling_params import SEED_MAX, SEED_MIN
 
 # A hand-made distribution; logits are its logs, in fp32 as the engine hands them over.
 PROBS = [0.5, 0.3, 0.15, 0.05]
@@ -42,6 +43,9 @@ def kept(probs: torch.Tensor) -> list[int]:
         ({"min_p": -0.1}, "min_p", "in [0, 1]"),
         ({"min_p": 1.5}, "min_p", "in [0, 1]"),
         ({"seed": "x"}, "seed", "an integer or None"),
+        ({"seed": True}, "seed", "an integer or None"),
+        ({"seed": 2**63}, "seed", "a signed 64-bit integer, in [-2**63, 2**63 - 1]"),
+        ({"seed": -(2**63) - 1}, "seed", "a signed 64-bit integer, in [-2**63, 2**63 - 1]"),
         ({"stop": ""}, "stop", "a non-empty string or a list of non-empty strings"),
         ({"stop": [""]}, "stop", "a non-empty string or a list of non-empty strings"),
         ({"stop": [1]}, "stop", "a non-empty string or a list of non-empty strings"),
@@ -72,6 +76,8 @@ def test_invalid_params_name_the_field_and_the_allowed_range(kwargs, field, rule
         {"min_p": 1},
         {"seed": 0},
         {"seed": -3},
+        {"seed": 2**63 - 1},
+        {"seed": -(2**63)},
         {"stop": "x"},
         {"stop": ["a", "bc"]},
         {"stop": []},
@@ -227,6 +233,34 @@ def test_make_generator_is_none_without_a_seed():
     assert make_generator(None) is None
     a, b = make_generator(5), make_generator(5)
     assert torch.equal(torch.rand(8, generator=a), torch.rand(8, generator=b))
+
+
+def _draws(seed: int) -> list[float]:
+    return torch.rand(8, generator=make_generator(seed)).tolist()
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [(1, 1 + 2**32), (1, 1 - 2**63), (-1, 2**63 - 1), (0, 2**32), (-(2**63), 0), (2**40, 2**41)],
+)
+def test_distinct_seeds_in_the_range_draw_distinct_numbers(a, b):
+    """torch's CPU generator (mt19937) seeds itself from a seed's low 32 bits: seeds that differ
+    only above them drew the same numbers, so s and s + 2**32 (and s - 2**63) were one seed."""
+    assert _draws(a) != _draws(b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(SEED_MIN, SEED_MAX), st.integers(SEED_MIN, SEED_MAX), st.booleans())
+def test_any_two_seeds_in_the_range_draw_alike_exactly_when_equal(a, other, same_low_half):
+    low = 2**32 - 1
+    b = (other & ~low) | (a & low) if same_low_half else other  # still in the range
+    assert (_draws(a) == _draws(b)) == (a == b)
+
+
+def test_a_seed_below_2_to_the_32_draws_what_torch_seeded_with_it_draws():
+    """Those seeds keep the numbers they drew before wider seeds were told apart."""
+    for seed in (0, 7, 2**32 - 1):
+        assert _draws(seed) == torch.rand(8, generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def _draw_alone(row: torch.Tensor, p: SamplingParams, steps: int) -> list[int]:

@@ -101,8 +101,9 @@ class OTLPReceiver:
         with self._lock:
             return list(self.spans)
 
-    def wait_for(self, pred, timeout: float = 20.0) -> list[Span]:
-        """The spans, once ``pred(spans)`` holds (else an AssertionError after ``timeout``)."""
+    def wait_for(self, pred, timeout: float = 120.0) -> list[Span]:
+        """The spans, once ``pred(spans)`` holds (else an AssertionError after ``timeout``: roomy,
+        since both processes export on their own schedule and a busy machine delays both)."""
         deadline = time.monotonic() + timeout
         while True:
             spans = self.snapshot()

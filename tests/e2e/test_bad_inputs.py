@@ -26,6 +26,7 @@ pytestmark = requires_default_model
 # DEADLINE is the deadline test's own server's; the shared server's (ROOMY) is far from any
 # request's work, so a loaded machine never turns a short completion into a 504
 READ_TIMEOUT, CAP, DEADLINE, ROOMY, POOL = 1, 6, 4, 300, 1024
+SLOW = 20  # seconds: an answer "at once" on a busy machine; only a wait on something takes longer
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 ROWS: list[tuple[str, int, str]] = []  # (input, status, message): the table, printed at the end
 
@@ -50,8 +51,9 @@ def receipts(srv, kind: str) -> list[dict]:
 
 
 def idle(srv) -> dict:
-    """/health once nothing runs (an abort's memory comes back within moments)."""
-    deadline = time.monotonic() + 5
+    """/health once nothing runs (an abort's memory comes back within moments; the limit is an
+    upper bound, roomy for a busy machine)."""
+    deadline = time.monotonic() + 120
     while True:
         h = httpx.get(srv.base + "/health", timeout=10).json()
         if (h["running"], h["waiting"], h["kv_used"]) == (0, 0, 0) or time.monotonic() > deadline:
@@ -173,12 +175,12 @@ TABLE = [
 def test_a_bad_input_gets_a_4xx_naming_the_field(srv, bad):
     t0 = time.monotonic()
     if bad.raw:
-        status, body, _ = exchange(srv.port, *bad.raw)
+        status, body, _ = exchange(srv.port, *bad.raw, timeout=60)
     elif bad.body is None:
-        r = httpx.get(srv.base + bad.path, timeout=30)
+        r = httpx.get(srv.base + bad.path, timeout=60)
         status, body = r.status_code, r.json()
     else:
-        r = httpx.post(srv.base + bad.path, content=bad.body, timeout=30,
+        r = httpx.post(srv.base + bad.path, content=bad.body, timeout=60,
                        headers={"content-type": "application/json"})  # fmt: skip
         status, body = r.status_code, r.json()
     took = time.monotonic() - t0
@@ -189,7 +191,10 @@ def test_a_bad_input_gets_a_4xx_naming_the_field(srv, bad):
     assert err["param"] == bad.param and bad.words in err["message"], err
     if bad.param:
         assert err["message"].startswith(bad.param.split(".")[0]) or bad.param in err["message"]
-    assert took < (READ_TIMEOUT + 3 if status == 408 else 5), took  # refused at once
+    # refused at once (a stalled body at the 1 s read timeout): the bound is far above a busy
+    # machine's delays and far below what a refusal that waited on something would take (the
+    # 300 s request deadline, the client's 60 s timeout)
+    assert took < SLOW, took
     h = idle(srv)
     assert h["status"] == "ok" and h["kv_used"] == 0
 
@@ -268,31 +273,37 @@ def test_the_fields_it_implements_change_the_output(srv):
 
 
 def test_a_4mb_prompt_is_refused_at_once_and_health_does_not_wait(srv):
-    """Refused on its character count, before any tokenizing."""
+    """Refused on its character count, before any tokenizing (which takes seconds for 4 MB of
+    text); /health waits at most for a body's parse, tens of milliseconds, so a bound of 2 s is
+    far from both (the event loop's own guard is timed in the next test)."""
     results = []
     health_s = watch_health(srv, lambda: results.extend(send_prompts(srv, ["a" * 4_000_000] * 3)))
-    assert len(results) == 3 and all("characters, more than the context" in m for m in results)
-    assert max(health_s) < 0.5, max(health_s)
+    assert len(results) == 3 and all("characters, more than the context" in m for m, _ in results)
+    assert max(health_s) < 2.0, max(health_s)
 
 
 def test_a_long_prompt_is_tokenized_off_the_event_loop(srv):
     """~660k CJK characters pass the character bound (8,192 tokens x 81 characters) and take
-    the tokenizer most of a second each; tokenized on the event loop, /health would wait."""
+    the tokenizer most of a second each; tokenized on the event loop, /health would wait about
+    as long as a prompt takes. Timed against the prompts' own time, on the same machine at the
+    same moment, not a fixed bound: a busy machine slows both alike."""
     text = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(650_000))
     results = []
     health_s = watch_health(srv, lambda: results.extend(send_prompts(srv, [text] * 2)))
     assert len(results) == 2
-    assert all("tokens; the context limit is 8192" in m for m in results), results
-    assert max(health_s) < 0.4, max(health_s)
+    assert all("tokens; the context limit is 8192" in m for m, _ in results), results
+    fastest = min(took for _, took in results)
+    assert max(health_s) < fastest / 2, (max(health_s), fastest)
 
 
-def send_prompts(srv, prompts: list[str]) -> list[str]:
-    def one(p: str) -> str:
+def send_prompts(srv, prompts: list[str]) -> list[tuple[str, float]]:
+    """Each prompt's refusal: (its message, seconds it took), sent all at once."""
+
+    def one(p: str) -> tuple[str, float]:
         t0 = time.monotonic()
-        r = httpx.post(srv.base + COMPLETIONS, json={"prompt": p}, timeout=60)
+        r = httpx.post(srv.base + COMPLETIONS, json={"prompt": p}, timeout=300)
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
-        assert time.monotonic() - t0 < 20  # a loaded machine is slow, not wrong
-        return r.json()["error"]["message"]
+        return r.json()["error"]["message"], time.monotonic() - t0
 
     with cf.ThreadPoolExecutor(len(prompts)) as ex:
         return list(ex.map(one, prompts))
@@ -303,7 +314,7 @@ def watch_health(srv, work) -> list[float]:
     times, done = [], threading.Event()
 
     def poll():
-        with httpx.Client(base_url=srv.base, timeout=30) as c:
+        with httpx.Client(base_url=srv.base, timeout=60) as c:
             while not done.is_set():
                 t0 = time.monotonic()
                 assert c.get("/health").status_code == 200
@@ -330,16 +341,23 @@ def test_connections_past_the_cap_get_429_and_the_rest_are_served(srv):
     finally:
         for s in held:
             s.close()
-    time.sleep(0.2)
-    r = httpx.post(srv.base + COMPLETIONS, json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+    # served once the server has seen the held connections close (a moment; on a busy machine
+    # more than the 0.2 s this once slept, so it asks until it is not refused as over the cap)
+    deadline = time.monotonic() + 120
+    while (r := post_hi(srv)).status_code == 429 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert r.status_code == 200, r.text
+
+
+def post_hi(srv) -> httpx.Response:
+    return httpx.post(srv.base + COMPLETIONS, json={"prompt": "hi", "max_tokens": 2}, timeout=60)
 
 
 def test_slow_headers_get_408_and_the_connection_closes(srv):
     start = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # and never the rest
-    status, body, took = exchange(srv.port, start)
+    status, body, took = exchange(srv.port, start, timeout=60)
     assert status == 408 and "headers not received within 1 s" in body["error"]["message"]
-    assert took < READ_TIMEOUT + 2
+    assert took < SLOW  # at the read timeout, not the client's
 
 
 @pytest.fixture(scope="module")

@@ -31,14 +31,13 @@ def dead_pid() -> int:
     return p.pid
 
 
-def serve(model: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
-    """A second `engine serve`, run to its end: (the finished process, seconds it took)."""
-    t0 = time.monotonic()
-    done = subprocess.run(
+def serve(model: str, *args: str) -> subprocess.CompletedProcess:
+    """A second `engine serve`, run to its end. "At once" is what it printed (no model loaded,
+    no pool built), not its seconds: a busy machine takes longer to start any Python."""
+    return subprocess.run(
         [sys.executable, "-m", "cli.engine_app", "serve", "--model", model, "--kv-tokens", "1024",
-         *args], capture_output=True, text=True, timeout=60,
+         *args], capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    return done, time.monotonic() - t0
 
 
 @pytest.fixture(scope="module")
@@ -58,18 +57,17 @@ def live(tiny_model_dir, tmp_path_factory):
 
 def test_a_held_port_is_refused_at_once_naming_the_port_and_the_pid(live, tiny_model_dir, tmp_path):
     log = tmp_path / "second.jsonl"
-    done, took = serve(tiny_model_dir, "--port", str(live.port), "--log-file", str(log))
+    done = serve(tiny_model_dir, "--port", str(live.port), "--log-file", str(log))
     assert done.returncode == REFUSED, done.stderr
     assert f"port {live.port}" in done.stderr and f"pid {live.proc.pid}" in done.stderr
     assert "Attest serving" not in done.stdout  # no model was loaded, no pool built
     assert not log.exists() and not Path(f"{log}.pid").exists()  # and nothing left behind
-    assert took < 15
 
 
 def test_a_log_held_by_a_live_boot_is_refused_and_left_as_it_was(live, tiny_model_dir, tmp_path):
     before = receipts(live.log_file)
-    done, _ = serve(tiny_model_dir, "--port", str(free_port()), "--log-file", str(live.log_file),
-                    "--pid-file", str(tmp_path / "second.pid"))  # fmt: skip
+    done = serve(tiny_model_dir, "--port", str(free_port()), "--log-file", str(live.log_file),
+                 "--pid-file", str(tmp_path / "second.pid"))  # fmt: skip
     assert done.returncode == REFUSED, done.stderr
     assert str(live.log_file) in done.stderr and f"pid {live.proc.pid}" in done.stderr
     after = receipts(live.log_file)
@@ -78,8 +76,8 @@ def test_a_log_held_by_a_live_boot_is_refused_and_left_as_it_was(live, tiny_mode
 
 
 def test_a_held_pid_file_is_refused_naming_the_pid(live, tiny_model_dir, tmp_path):
-    done, _ = serve(tiny_model_dir, "--port", str(free_port()),
-                    "--log-file", str(tmp_path / "second.jsonl"), "--pid-file", str(live.pid_file))  # fmt: skip
+    done = serve(tiny_model_dir, "--port", str(free_port()),
+                 "--log-file", str(tmp_path / "second.jsonl"), "--pid-file", str(live.pid_file))  # fmt: skip
     assert done.returncode == REFUSED, done.stderr
     assert str(live.pid_file) in done.stderr and f"pid {live.proc.pid}" in done.stderr
     assert live.pid_file.read_text() == f"{live.proc.pid}\n"
@@ -140,15 +138,15 @@ def test_boot_ready_is_written_only_once_the_port_answers(tiny_model_dir, tmp_pa
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300
         while not (log.exists() and b'"boot.ready"' in log.read_bytes()):
             assert proc.poll() is None and time.monotonic() < deadline, "never ready"
             time.sleep(0.001)
         # the moment the log says ready, a client is served (not refused, not left waiting)
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
             conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             assert conn.recv(64).startswith(b"HTTP/1.1 200 ")
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out

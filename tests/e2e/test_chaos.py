@@ -48,6 +48,16 @@ def audit(log, spec: str) -> tuple[int, dict[str, str]]:
     return done.returncode, {c["claim"]: c["verdict"] for c in claims}
 
 
+def set_once_written(log, marker: bytes, event: threading.Event, limit: float = 300) -> None:
+    """Set ``event`` once ``marker`` is in the file ``log`` (or ``event`` is set already)."""
+    deadline = time.monotonic() + limit
+    while not event.is_set() and time.monotonic() < deadline:
+        if log.exists() and marker in log.read_bytes():
+            break
+        time.sleep(0.01)
+    event.set()
+
+
 def every_request_ends(recs: list[dict]) -> None:
     received = {r["rid"] for r in recs if r["event"] == "request.received"}
     ends = Counter(r["rid"] for r in recs if r["event"] in ("request.finish", "request.abort"))
@@ -80,7 +90,7 @@ class Client(threading.Thread):
     def run(self) -> None:
         try:
             with httpx.stream("POST", self.base + "/v1/completions", json=self.body,
-                              timeout=60) as r:  # fmt: skip
+                              timeout=300) as r:  # fmt: skip
                 self.status = r.status_code
                 if not self.stream or r.status_code != 200:
                     body = orjson.loads(r.read())
@@ -105,21 +115,23 @@ def test_sigkill_of_the_scheduler_under_load_errors_every_request_and_audits_fai
     log = tmp_path / "boot.jsonl"
     srv = ServerProc(log, "--model", model, "--kv-tokens", "8192", "--max-running", "8", *ONE)
     try:
-        health = httpx.get(srv.base + "/health", timeout=5).json()
+        health = httpx.get(srv.base + "/health", timeout=60).json()
         assert health["scheduler_pid"] == srv.scheduler_pid()
         streams = [Client(srv.base, LONG, stream=True) for _ in range(5)]
         plain = [Client(srv.base, LONG, stream=False) for _ in range(3)]
-        assert all(c.first.wait(30) for c in streams), "the load never started"
+        assert all(c.first.wait(300) for c in streams), "the load never started"
         assert all(c.ended_at is None for c in streams + plain), "the load ended before the kill"
         killed = time.monotonic()
         os.kill(health["scheduler_pid"], signal.SIGKILL)
         for c in streams + plain:
-            c.join(10)
-        for c in streams + plain:  # each hears it, by its own channel, within a second
-            assert c.ended_at - killed < 1.0, (c.stream, c.ended_at - killed)
+            c.join(120)
+        # each hears it, by its own channel, at once: the bound is far below the clients' own
+        # timeout (what a missed death would cost) and far above a busy machine's delays
+        for c in streams + plain:
+            assert c.ended_at - killed < 30, (c.stream, c.ended_at - killed)
             assert c.error and "scheduler" in c.error["message"], c.error
             assert c.status == (200 if c.stream else 503)  # a stream's headers were already sent
-        code, out = srv.stop(signal.SIGCONT, timeout=20)  # it exits by itself
+        code, out = srv.stop(signal.SIGCONT)  # it exits by itself
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
@@ -152,27 +164,27 @@ def test_sigterm_under_heavy_load_drains_within_its_bound_with_receipts(model, t
         longs = [Client(srv.base, LONG, stream=i % 2 == 0) for i in range(12)]
         leave = threading.Event()  # a client that hangs up while the server drains
         leaver = Client(srv.base, LONG, stream=True, leave=leave)
-        assert all(c.first.wait(30) for c in [*longs[::2], leaver]), "the load never started"
+        assert all(c.first.wait(300) for c in [*longs[::2], leaver]), "the load never started"
         shorts = [Client(srv.base, medium, stream=i % 2 == 0) for i in range(12)]
-        deadline = time.monotonic() + 10  # most requests are in the scheduler
+        deadline = time.monotonic() + 120  # most requests are in the scheduler
         while time.monotonic() < deadline:
             m = srv.metrics()
             if m["attest:num_requests_running"] + m["attest:num_requests_waiting"] >= 20:
                 break
             time.sleep(0.05)
-        t0 = time.monotonic()
-        threading.Timer(0.5, leave.set).start()
-        code, out = srv.stop(signal.SIGTERM, timeout=30)
-        took = time.monotonic() - t0
+        # it hangs up once the drain has begun (its receipt is written), not after a pause that
+        # a busy machine could stretch past the drain's end
+        threading.Thread(target=set_once_written, args=(log, b'"boot.drain"', leave)).start()
+        code, out = srv.stop(signal.SIGTERM)
         late = Client(srv.base, SHORT, stream=False)  # after the stop: refused or unreachable
-        late.join(10)
+        late.join(60)
     finally:
+        leave.set()  # the watcher's wait ends too
         if srv.proc.poll() is None:
             srv.proc.kill()
     assert code == 0, out
-    assert drain <= took < drain + 8, f"{took:.1f} s for a {drain} s drain"
     for c in longs + shorts:
-        c.join(10)
+        c.join(60)
         assert not c.is_alive()
         if c.error:  # aborted at the deadline: a clean 503 naming the stop
             assert "shutting down" in c.error["message"], c.error
@@ -185,6 +197,11 @@ def test_sigterm_under_heavy_load_drains_within_its_bound_with_receipts(model, t
     assert (begin["reason"], begin["timeout_s"]) == ("sigterm", drain)
     stop = recs[-1]
     assert (stop["event"], stop["reason"]) == ("boot.stop", "sigterm")
+    # the drain's length by the scheduler's own receipts: from its start to the stop, one step
+    # past the deadline; the longs alone would run on for tens of seconds more. Timed from the
+    # client, it would also hold the processes' exit, which a busy machine stretches
+    took = stop["ts"] - begin["ts"]
+    assert drain - 0.01 <= took < drain + 8, f"{took:.1f} s for a {drain} s drain"
     after = recs[recs.index(begin) :]
     aborted = [r for r in after if r["event"] == "request.abort"]
     finished = [r for r in after if r["event"] == "request.finish"]
@@ -201,39 +218,54 @@ def test_sigterm_under_heavy_load_drains_within_its_bound_with_receipts(model, t
 
 
 def test_a_frozen_scheduler_turns_health_to_503_naming_the_stall(model, tmp_path):
-    # one request at a time: the big ones below then share one prefill through the prefix cache
+    # one request at a time: the big ones below then share one prefill through the prefix cache.
+    # The stall limit is ten heartbeats (0.5 s apart): a busy machine that delays a beat never
+    # reaches it, and a stopped scheduler (which never beats) always does
+    stall = 5
     srv = ServerProc(tmp_path / "boot.jsonl", "--model", model, "--kv-tokens", "8192",
-                     "--max-running", "1", "--stall-timeout", "1", *ONE)  # fmt: skip
+                     "--max-running", "1", "--stall-timeout", str(stall), *ONE)  # fmt: skip
     # 8 choices of 4,000 tokens: ~100 KB to send the scheduler
     big = {"prompt": [256 + i * 7 % 64 for i in range(4000)], "max_tokens": 1, "n": 8}
 
+    def health() -> httpx.Response:
+        """/health, which never waits on the scheduler: a stopped one included."""
+        t0 = time.monotonic()
+        r = httpx.get(srv.base + "/health", timeout=60)
+        assert time.monotonic() - t0 < 20, "/health waited on the scheduler"
+        return r
+
     try:
-        time.sleep(1.5)  # idle: the scheduler still beats
-        ok = httpx.get(srv.base + "/health", timeout=5)
-        assert ok.status_code == 200 and ok.json()["heartbeat_age_s"] < 1.0, ok.json()
+        # idle, the scheduler still beats: the heartbeat's age falls back, again and again
+        ages, deadline = [], time.monotonic() + 120
+        while sum(b < a for a, b in zip(ages, ages[1:])) < 3:
+            assert time.monotonic() < deadline, f"no heartbeat while idle: {ages}"
+            ok = health()
+            assert ok.status_code == 200, ok.json()
+            ages.append(ok.json()["heartbeat_age_s"])
+            time.sleep(0.1)
         pid = ok.json()["scheduler_pid"]
         os.kill(pid, signal.SIGSTOP)
         try:
             # ten of them overfill the pipe's buffers (about 400 KB)
             waiting = [Client(srv.base, big, stream=False) for _ in range(10)]
-            time.sleep(1.6)
-            t0 = time.monotonic()  # what is sent to a stopped scheduler never blocks the server
-            frozen = httpx.get(srv.base + "/health", timeout=5)
-            assert time.monotonic() - t0 < 1.0
+            deadline = time.monotonic() + 300  # past the stall limit, however slow the machine
+            while (frozen := health()).status_code == 200:
+                assert time.monotonic() < deadline, "a stopped scheduler never counted as stalled"
+                time.sleep(0.2)
         finally:
             os.kill(pid, signal.SIGCONT)
         assert frozen.status_code == 503, frozen.text
         body = frozen.json()
         assert "stalled" in body["error"]["message"] and f"pid {pid}" in body["error"]["message"]
-        assert body["heartbeat_age_s"] >= 1.0 and body["scheduler_pid"] == pid
-        deadline = time.monotonic() + 5
-        while httpx.get(srv.base + "/health", timeout=5).status_code != 200:
+        assert body["heartbeat_age_s"] > stall and body["scheduler_pid"] == pid
+        deadline = time.monotonic() + 120
+        while health().status_code != 200:
             assert time.monotonic() < deadline, "health never recovered after SIGCONT"
             time.sleep(0.1)
         for c in waiting:  # held while it was stopped, served once it went on
-            c.join(30)
+            c.join(300)
             assert c.status == 200, c.error
-        r = httpx.post(srv.base + "/v1/completions", json=SHORT, timeout=30)
+        r = httpx.post(srv.base + "/v1/completions", json=SHORT, timeout=60)
         assert r.status_code == 200, r.text
     finally:
         code, out = srv.stop()

@@ -9,7 +9,7 @@ import sys
 from tests.conftest import requires_default_model
 
 
-def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout
     )

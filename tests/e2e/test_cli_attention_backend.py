@@ -13,7 +13,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return subprocess.run(
         [sys.executable, "-m", "cli.engine_app", *args],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
 
 

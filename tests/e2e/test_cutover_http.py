@@ -69,7 +69,7 @@ def running(srv) -> int:
     return httpx.get(srv.base + "/health", timeout=10).json()["running"]
 
 
-def wait_until(pred, timeout: float = 60) -> None:
+def wait_until(pred, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < deadline, "timed out"

@@ -198,10 +198,11 @@ def test_a_client_that_goes_away_frees_its_memory(server, boot_log):
     with server.stream("POST", "/v1/completions", json=body) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):
+                rid = orjson.loads(line[6:])["id"]
                 break  # one chunk, then hang up
-    # freed within moments of the hang-up (a leak would be forever; 3 s leaves room for a busy
-    # host, where one such wait of 1 s ran out)
-    deadline = time.monotonic() + 3.0
+    # freed within moments of the hang-up; a leak would be forever, so the wait's limit is roomy
+    # (a busy host ran out of 1 s here; it is an upper bound, not waited out)
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         h = server.get("/health").json()
         if h["running"] == 0 and h["kv_used"] == 0:
@@ -211,7 +212,8 @@ def test_a_client_that_goes_away_frees_its_memory(server, boot_log):
     aborts = [
         orjson.loads(x) for x in boot_log.read_bytes().splitlines() if b'"request.abort"' in x
     ]
-    assert aborts and aborts[-1]["reason"] == "client_disconnect" and aborts[-1]["tokens"] < 2000
+    (mine,) = [a for a in aborts if a["rid"] == rid]  # aborted, not run to its end
+    assert mine["reason"] == "client_disconnect" and mine["tokens"] < 2000
 
 
 def test_n_choices_are_separate_requests_with_one_usage(server):
@@ -274,22 +276,23 @@ def test_a_non_streaming_client_that_goes_away_frees_its_memory(served, server, 
     body = orjson.dumps({"prompt": "Write a long story.", "max_tokens": 3000, "ignore_eos": True})
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    aborted = len([x for x in boot_log.read_bytes().splitlines() if b'"request.abort"' in x])
     with socket.create_connection(("127.0.0.1", served.port)) as s:
         s.sendall(head.encode() + body)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300
         while server.get("/health").json()["running"] == 0:  # wait until it is decoding
             assert time.monotonic() < deadline
             time.sleep(0.1)
-    deadline = time.monotonic() + 3.0  # hung up: freed within moments (as above)
+    deadline = time.monotonic() + 120  # hung up: freed within moments (as above)
     while time.monotonic() < deadline:
         h = server.get("/health").json()
         if h["running"] == 0 and h["kv_used"] == 0:
             break
         time.sleep(0.1)
     assert h["running"] == 0 and h["kv_used"] == 0, h
-    last = orjson.loads(
-        [x for x in boot_log.read_bytes().splitlines() if b'"request.abort"' in x][-1]
-    )
+    aborts = [x for x in boot_log.read_bytes().splitlines() if b'"request.abort"' in x]
+    assert len(aborts) == aborted + 1  # this one was aborted, not run to its end
+    last = orjson.loads(aborts[-1])
     assert last["reason"] == "client_disconnect" and last["tokens"] < 3000
 
 

@@ -25,6 +25,12 @@ def receipts(path) -> list[dict]:
     return [orjson.loads(x) for x in path.read_bytes().splitlines()]
 
 
+def in_scheduler(srv: ServerProc) -> int:
+    """Requests the scheduler holds (running or waiting), by its last snapshot."""
+    h = httpx.get(srv.base + "/health", timeout=60).json()
+    return h["running"] + h["waiting"]
+
+
 class Stream(threading.Thread):
     """A streaming client in the background: its SSE data lines, once the first has arrived."""
 
@@ -48,12 +54,10 @@ def test_a_signal_stops_in_order_with_boot_stop_and_exit_0(tmp_path, sig):
     log = tmp_path / "boot.jsonl"
     srv = ServerProc(log, "--kv-tokens", "8192")
     client = Stream(srv.base)
-    assert client.first.wait(60)
-    t0 = time.monotonic()
-    code, out = srv.stop(sig)
+    assert client.first.wait(300)
+    code, out = srv.stop(sig)  # never a hang: stop fails past its (roomy) limit
     assert code == 0, out
-    assert time.monotonic() - t0 < 20
-    client.join(10)
+    client.join(60)
     assert not client.is_alive()
     assert client.lines[-1] == "[DONE]"
     error = orjson.loads(client.lines[-2])["error"]
@@ -71,24 +75,27 @@ def test_a_dead_scheduler_is_503_with_the_reason_then_exit_1(tmp_path):
     srv = ServerProc(tmp_path / "boot.jsonl", "--kv-tokens", "8192")
     try:
         stream = Stream(srv.base)
-        assert stream.first.wait(60)
+        assert stream.first.wait(300)
         answer = {}
 
         def plain() -> None:
-            r = httpx.post(srv.base + "/v1/completions", json=LONG, timeout=60)
+            r = httpx.post(srv.base + "/v1/completions", json=LONG, timeout=300)
             answer["status"], answer["body"] = r.status_code, r.json()
 
         waiter = threading.Thread(target=plain, daemon=True)
         waiter.start()
-        time.sleep(1.0)  # both requests are in the scheduler now
+        deadline = time.monotonic() + 300  # both requests are in the scheduler, however slow
+        while in_scheduler(srv) < 2:
+            assert time.monotonic() < deadline, "the requests never reached the scheduler"
+            time.sleep(0.05)
         os.kill(srv.scheduler_pid(), signal.SIGKILL)
-        waiter.join(20)
-        stream.join(20)
+        waiter.join(120)
+        stream.join(120)
         assert answer["status"] == 503
         assert "scheduler" in answer["body"]["error"]["message"]
         error = orjson.loads(stream.lines[-2])["error"]
         assert error["code"] == 503 and "scheduler" in error["message"]
-        code, out = srv.stop(signal.SIGCONT, timeout=20)  # no signal needed: it exits by itself
+        code, out = srv.stop(signal.SIGCONT)  # no signal needed: it exits by itself
         assert code == 1, out
         assert "scheduler process died" in out
         # the frontend wrote the death into the boot log, continuing the dead process's seq

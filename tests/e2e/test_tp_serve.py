@@ -23,6 +23,10 @@ from tests.e2e.audit_cli import audit
 from tests.e2e.server_proc import ServerProc, free_port
 
 POOLS = (1024, 640)  # rank 0's pool, rank 1's: the group decides from the smaller
+# --group-timeout for the tests of a rank's death: far above any wait for a live rank on a busy
+# machine (a rank importing torch, a slow step), and far above the bounds the tests set on
+# seeing a death, which comes from the dead rank's closed sockets, not from this timeout
+GROUP_TIMEOUT = "300"
 LONG = {"prompt": [7, 8, 9, 10], "max_tokens": 400, "ignore_eos": True}
 # what a client reads when a rank is lost (the collective's own text goes to stderr)
 LOST = "scheduler failed: the scheduler lost a rank; the server cannot serve"
@@ -63,7 +67,7 @@ class Stream(threading.Thread):
 
     def run(self) -> None:
         with httpx.stream("POST", self.base + "/v1/completions", json={**LONG, "stream": True},
-                          timeout=60) as r:  # fmt: skip
+                          timeout=300) as r:  # fmt: skip
             self.status = r.status_code
             for line in r.iter_lines():
                 if line.startswith("data: "):
@@ -81,7 +85,7 @@ class Plain(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        r = httpx.post(self.base + "/v1/completions", json=LONG, timeout=60)
+        r = httpx.post(self.base + "/v1/completions", json=LONG, timeout=300)
         self.status, self.body = r.status_code, r.json()
 
 
@@ -105,7 +109,7 @@ def test_tp2_serves_concurrent_completions_and_its_rank_logs_pass_the_audit(
         prompts = [[2 + (3 * i + j) % 300 for j in range(5 + i)] for i in range(8)]
 
         def complete(ids: list[int]) -> httpx.Response:
-            return httpx.post(srv.base + "/v1/completions", timeout=60, json={
+            return httpx.post(srv.base + "/v1/completions", timeout=300, json={
                 "model": "tiny", "prompt": ids, "max_tokens": 80, "ignore_eos": True})  # fmt: skip
 
         with ThreadPoolExecutor(8) as pool:
@@ -175,16 +179,16 @@ def test_two_nodes_on_loopback_serve_and_stop_together(tiny_model_dir, tmp_path)
         try:
             assert spawned_ranks(srv) == []  # the worker is the other rank, not a child
             assert worker.poll() is None
-            r = httpx.post(srv.base + "/v1/completions", timeout=60,
+            r = httpx.post(srv.base + "/v1/completions", timeout=300,
                            json={"prompt": [5, 6, 7, 8, 9], "max_tokens": 12, "ignore_eos": True})  # fmt: skip
             assert r.status_code == 200, r.text
             assert r.json()["usage"]["completion_tokens"] == 12
         finally:
             code, out = srv.stop()
         assert code == 0, out
-        t0 = time.monotonic()
-        assert worker.wait(10) == 0, worker_out.read_text()
-        assert time.monotonic() - t0 < 5
+        # it ends with rank 0 (its wait for rank 0's next word breaks with rank 0's sockets);
+        # missed, it would wait for good: the limit only has to be finite
+        assert worker.wait(120) == 0, worker_out.read_text()
     finally:
         if worker.poll() is None:
             worker.kill()
@@ -221,7 +225,7 @@ def test_engine_worker_without_its_place_exits_2_naming_what_is_missing(env, mes
             if k not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")}  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-m", "cli.engine_app", "worker"], env={**base, **env},
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in " ".join(done.stderr.split())
@@ -232,22 +236,26 @@ def test_a_rank_killed_mid_stream_ends_the_boot_rank_lost_503_and_exit_1(tiny_mo
     logs = tmp_path / "logs"
     logs.mkdir()
     srv = ServerProc(logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2",
-                     "--kv-tokens", "4096", "--group-timeout", "5")  # fmt: skip
+                     "--kv-tokens", "4096", "--group-timeout", GROUP_TIMEOUT)  # fmt: skip
     try:
         (rank1,) = spawned_ranks(srv)
         assert rank1.cmdline()[rank1.cmdline().index("engine.group_boot") + 1] == "1"
         streams = [Stream(srv.base), Stream(srv.base)]
         plain = Plain(srv.base)
-        assert all(s.first.wait(30) for s in streams)
-        time.sleep(0.3)  # the plain request is in the scheduler too
+        assert all(s.first.wait(300) for s in streams)
+        deadline = time.monotonic() + 300  # the plain request is in the scheduler too
+        while (h := httpx.get(srv.base + "/health", timeout=60).json())["running"] < 3:
+            assert time.monotonic() < deadline, h
+            time.sleep(0.05)
         assert srv.proc.poll() is None and all(len(s.lines) > 1 for s in streams)
         rank1.kill()
         t0 = time.monotonic()
         for t in (*streams, plain):
-            t.join(30)
+            t.join(120)
             assert not t.is_alive()
-        code, out = srv.stop(signal.SIGCONT, timeout=30)  # no signal needed: it exits by itself
-        assert time.monotonic() - t0 < 30
+        code, out = srv.stop(signal.SIGCONT)  # no signal needed: it exits by itself
+        # seen by the closed sockets at once, not by the group timeout (300 s)
+        assert time.monotonic() - t0 < 60
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
@@ -277,16 +285,17 @@ def test_a_rank_killed_mid_stream_ends_the_boot_rank_lost_503_and_exit_1(tiny_mo
 def test_a_rank_lost_while_idle_fails_the_next_request_and_names_the_rank(tiny_model_dir, tmp_path):
     log = tmp_path / "boot.jsonl"
     srv = ServerProc(log, "--model", tiny_model_dir, "--tp", "2", "--kv-tokens", "1024",
-                     "--group-timeout", "5")  # fmt: skip
+                     "--group-timeout", GROUP_TIMEOUT)  # fmt: skip
     try:
         (rank1,) = spawned_ranks(srv)
         rank1.kill()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120
         while rank1.is_running() and rank1.status() != psutil.STATUS_ZOMBIE:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        r = httpx.post(srv.base + "/v1/completions", json={**LONG, "max_tokens": 8}, timeout=30)
-        code, out = srv.stop(signal.SIGCONT, timeout=30)
+        # answered at once (the closed sockets), far within the group timeout (300 s)
+        r = httpx.post(srv.base + "/v1/completions", json={**LONG, "max_tokens": 8}, timeout=60)
+        code, out = srv.stop(signal.SIGCONT)
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
@@ -306,11 +315,11 @@ def test_a_sigterm_to_the_whole_process_group_drains_every_rank_in_order(tiny_mo
         logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2", "--kv-tokens", "1024",
         new_session=True,
     )  # fmt: skip
-    r = httpx.post(srv.base + "/v1/completions", timeout=60,
+    r = httpx.post(srv.base + "/v1/completions", timeout=300,
                    json={"prompt": [5, 6, 7], "max_tokens": 4})  # fmt: skip
     assert r.status_code == 200
     os.killpg(srv.proc.pid, signal.SIGTERM)
-    code, out = srv.stop(timeout=30)
+    code, out = srv.stop()
     assert code == 0, out
     for name in ("boot.jsonl", "boot.rank1.jsonl"):
         stop = receipts(logs / name)[-1]
@@ -332,14 +341,14 @@ def test_a_split_while_serving_answers_503_exits_1_and_ends_every_rank_log(
 
     def complete(ids: list[int]) -> int:
         try:
-            return httpx.post(srv.base + "/v1/completions", timeout=60, json={
+            return httpx.post(srv.base + "/v1/completions", timeout=300, json={
                 "prompt": ids, "max_tokens": 60, "ignore_eos": True}).status_code  # fmt: skip
         except httpx.HTTPError:
             return -1
 
     with ThreadPoolExecutor(12) as pool:
         codes = list(pool.map(complete, prompts))
-    code, out = srv.stop(timeout=30)
+    code, out = srv.stop()
     assert code == 1, out
     assert 503 in codes, codes
     for name in ("boot.jsonl", "boot.rank1.jsonl"):

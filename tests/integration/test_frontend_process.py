@@ -44,7 +44,7 @@ FRONTEND_MODULES = (
 def _fresh_interpreter(code: str) -> str:
     """Run ``code`` in a new interpreter from the repository root; its stdout."""
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()

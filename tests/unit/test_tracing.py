@@ -125,7 +125,7 @@ def test_a_dead_collector_is_said_once_and_never_holds_up_the_exit(monkeypatch, 
                 with t.span("work", i=i):
                     pass
             time.sleep(0.3)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 120
         while not said and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.5)  # more failed batches: still said once
@@ -150,7 +150,7 @@ def test_shutdown_is_bounded_while_an_export_is_still_retrying(monkeypatch):
     t0 = time.monotonic()
     t.shutdown(timeout_s=0.5)
     assert time.monotonic() - t0 < 1.5
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while not said and time.monotonic() < deadline:
         time.sleep(0.05)
     assert said, "the spans lost at shutdown were not said"

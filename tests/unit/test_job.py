@@ -114,7 +114,7 @@ def test_the_deadline_aborts_as_deadline_and_answers_504():
 
     sched, metrics, err, waited = asyncio.run(run())
     assert err.status == 504 and "deadline of 0.05 s" in str(err)
-    assert 0.04 < waited < 1.0
+    assert 0.04 < waited < 30  # no hang; the lower bound is the deadline itself
     assert sorted(sched.aborts) == [("cmpl-x-0", "deadline"), ("cmpl-x-1", "deadline")]
     assert endings(metrics) == {"abort": 2.0} == {"abort": sched.receipts["request.abort"]}
 

@@ -151,7 +151,7 @@ def test_sigkill_of_the_scheduler_under_load_errors_every_request_and_audits_fai
 
 def test_sigterm_under_heavy_load_drains_within_its_bound_with_receipts(model, tmp_path):
     log = tmp_path / "boot.jsonl"
-    drain = 3.0
+    drain = 10.0  # roomy: the medium requests must finish within it on a loaded machine
     # long enough to be in flight when the signal lands, short enough to finish within the drain
     medium = {**SHORT, "max_tokens": 100}
     # a pool all 25 requests fit at full length: retracted under memory pressure, the client

@@ -55,7 +55,7 @@ def idle(srv) -> dict:
     upper bound, roomy for a busy machine)."""
     deadline = time.monotonic() + 120
     while True:
-        h = httpx.get(srv.base + "/health", timeout=10).json()
+        h = httpx.get(srv.base + "/health", timeout=60).json()
         if (h["running"], h["waiting"], h["kv_used"]) == (0, 0, 0) or time.monotonic() > deadline:
             return h
         time.sleep(0.1)

@@ -319,28 +319,36 @@ class _Refuser:
         self.http.server_close()
 
 
+# an export's timeout far past any loaded machine's delay: waiting on it cannot pass for load
+EXPORT_S = 240
+
+
 @pytest.mark.parametrize("collector", [_BlackHole, _Refuser], ids=["never_answers", "refuses"])
 def test_a_collector_that_hangs_or_refuses_costs_no_request(model, tmp_path, collector):
     col = collector()
     srv = ServerProc(
         tmp_path / "boot.jsonl", "--model", model, "--kv-tokens", "1024",
-        "--otlp-endpoint", col.url, *ONE, env={"OTEL_BSP_SCHEDULE_DELAY": "100"},
+        "--otlp-endpoint", col.url, *ONE,
+        env={"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_EXPORTER_OTLP_TIMEOUT": str(EXPORT_S),
+             "OTEL_BSP_EXPORT_TIMEOUT": str(EXPORT_S * 1000)},
     )  # fmt: skip
     try:
         for i in range(6):
             t0 = time.monotonic()
             r = httpx.post(srv.base + "/v1/completions", json={**SHORT, "prompt": [5, 6 + i]},
-                           timeout=30)  # fmt: skip
+                           timeout=300)  # fmt: skip
             assert r.status_code == 200, r.text
-            # an export holds on for its 10 s timeout (never answers) or 1, 2, 4 ... s between
-            # retries (refuses): a request that waited on one would take that long
-            assert time.monotonic() - t0 < 5.0, "a request waited on the collector"
+            # an export holds on for its timeout (never answers) or 1, 2, 4 ... s between
+            # retries up to it (refuses): a request that waited on one would take that long
+            assert time.monotonic() - t0 < EXPORT_S / 2, "a request waited on the collector"
             time.sleep(0.2)  # several export batches, each stuck or refused
-        assert httpx.get(srv.base + "/health", timeout=5).status_code == 200
+        assert httpx.get(srv.base + "/health", timeout=60).status_code == 200
     finally:
         t0 = time.monotonic()
         code, out = srv.stop()
         took = time.monotonic() - t0
         col.close()
     assert code == 0, out
-    assert took < 10, f"the collector held up the exit: {took:.1f} s"
+    assert took < EXPORT_S / 2, f"the collector held up the exit: {took:.1f} s"
+    # the scheduler ended by itself, not at the frontend's limit (its drain + 10 s)
+    assert "did not stop in time" not in out, out

@@ -9,7 +9,9 @@ import sys
 from tests.conftest import requires_default_model
 
 
-def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    # the limit only catches a hang: loading the default model on a loaded 2-core machine
+    # has taken minutes
     return subprocess.run(
         [sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout
     )

@@ -122,6 +122,13 @@ def name_some(items: list[str]) -> str:
 def describe_wedge(w: Wedge, threshold_s: float) -> str:
     """A wedge in one sentence, with its numbers and the receipts at both ends."""
     where = f"from {locate(w.start)} to {locate(w.end)}"
+    if w.end.get("event") == schema.SCHEDULER_RESUME:  # the loop stood still
+        s, arrived = w.start, w.end.get("arrived")
+        held = f"running {s.get('running')}, waiting {s.get('waiting')}, parked {s.get('parked')}"
+        return (
+            f"the scheduler stood still for {w.seconds:.1f} s > {threshold_s:g} s holding work "
+            f"({held}; {arrived} arrived while it stood), {where}"
+        )
     if w.counters is None:  # the scheduling rule: a log whose iterations lack the counters
         return (
             f"work waited {w.seconds:.1f} s > {threshold_s:g} s with no tokens scheduled, {where}"

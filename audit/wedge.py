@@ -18,6 +18,11 @@ running > 0) or an iteration with nothing waiting, parked or running; every rece
 measures the span so far.
 
 A span longer than the threshold is a wedge, reported once, with the receipts at both ends.
+
+By standing still (any engine that writes them): a ``scheduler.resume`` whose ``stalled_s`` is
+past the threshold, after a ``scheduler.stall`` that held work (running, waiting or parked) or
+with requests that arrived while it stood, is a wedge from the one to the other: the loop did
+not turn at all, so no receipt could show the time go by.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ _STARTS = frozenset((schema.ITERATION, schema.ADMISSION_DEFER, schema.ADMISSION_
 _WAITS = frozenset((schema.ADMISSION_DEFER, schema.ADMISSION_PARK))  # held back: a span starts
 _ENDS = PROGRESS_KINDS | {schema.BOOT_STOP}  # what ends the scheduling rule's span
 _ITERATION = schema.ITERATION
+_STOOD = frozenset((schema.SCHEDULER_STALL, schema.SCHEDULER_RESUME))
 _NUMBER = (int, float)
 
 
@@ -56,6 +62,8 @@ class _Rank:
     waits: bool = False  # its own rule's span is open (the other receipts measure it)
     by_scheduling: list[Wedge] = field(default_factory=list)
     by_progress: list[Wedge] = field(default_factory=list)
+    stall: dict[str, Any] | None = None  # the scheduler.stall its resume will close
+    stood: list[Wedge] = field(default_factory=list)  # the rule of standing still
 
 
 def _counters(rec: dict[str, Any]) -> Counters | None:
@@ -87,6 +95,12 @@ class WedgeDetector:
             r = self.ranks.get((boot, rank))
             self._last = boot, rank, r
         event = rec["event"]
+        if event in _STOOD:
+            if r is None:
+                r = self.ranks[(boot, rank)] = _Rank()
+                self._last = boot, rank, r
+            self._stood(r, rec, event)
+            return
         if r is not None and not r.waits and event not in _STARTS:
             return  # nothing waits on this rank, and this receipt cannot start a wait
         ts = rec.get("ts")
@@ -121,8 +135,18 @@ class WedgeDetector:
         return [
             w
             for r in self.ranks.values()
-            for w in (r.by_progress if r.counted else r.by_scheduling)
+            for w in (*(r.by_progress if r.counted else r.by_scheduling), *r.stood)
         ]
+
+    def _stood(self, r: _Rank, rec: dict[str, Any], event: str) -> None:
+        if event == schema.SCHEDULER_STALL:
+            r.stall = rec
+            return
+        stall, r.stall = r.stall, None
+        seconds = _num(rec, "stalled_s")
+        held = 0 if stall is None else _held(stall) + _num(stall, "running")
+        if seconds > self.threshold_s and held + _num(rec, "arrived") > 0:
+            r.stood.append(Wedge(seconds, stall or rec, rec, None))
 
     def _by_scheduling(self, r: _Rank, rec: dict[str, Any], event: str, ts: float) -> None:
         start = r.since

@@ -19,6 +19,7 @@ from typing import Any
 from engine.sampling_params import SamplingParams
 
 HEARTBEAT_S = 0.5  # the scheduler process's loop says it turns at least this often
+STALL_S = 10.0  # the default stall limit: /health's 503 and the scheduler.stall receipt
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +127,7 @@ class AddRequest:
     # the server's requests are promised up front: prompt + max_tokens fit the pool, so none is
     # ended for the pool's size once admitted (the offline API lets one run until it cannot)
     promise: bool = False
+    arrived: float | None = None  # the wall time the frontend took it in (latencies count from it)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,6 +187,7 @@ class Launch:
 
     argv: list[str]
     stale_pid: Mapping[str, Any] | None = None  # a dead predecessor's pid file, taken over
+    stall_s: float = STALL_S  # a loop that does not turn for longer is a stall (scheduler.stall)
 
 
 # -- scheduler -> frontend ------------------------------------------------------------------

@@ -90,6 +90,8 @@ GROUP_FLOOR = "group.floor"
 ITERATION = "iteration"
 INVARIANT_VIOLATION = "invariant.violation"
 NOTICE = "notice"
+SCHEDULER_STALL = "scheduler.stall"
+SCHEDULER_RESUME = "scheduler.resume"
 
 _CATALOG = (
     Kind(BOOT_START, ("config",), "the engine starts; its whole configuration",
@@ -116,8 +118,10 @@ _CATALOG = (
          ("signal", "exit_code", "drained", "lost_ranks", "error")),
     Kind(REQUEST_RECEIVED, ("rid", "prompt_tokens", "max_new_tokens"),
          "a request was handed in; promised: prompt + max_new_tokens, checked against the pool "
-         "(the server's requests): it is never ended for the pool's size",
-         ("trace_id", "promised")),
+         "(the server's requests): it is never ended for the pool's size; arrived: the wall time "
+         "the frontend took it in (its latencies count from then, queueing before the scheduler "
+         "saw it included)",
+         ("trace_id", "promised", "arrived")),
     Kind(REQUEST_FINISH, ("rid", "reason", "tokens"), "a request ended normally", _ENDING),
     Kind(REQUEST_ABORT, ("rid", "reason"), "a request ended abnormally",
          _ENDING + ("need", "capacity", "promised")),
@@ -198,6 +202,13 @@ _CATALOG = (
          + PROGRESS),
     Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
     Kind(NOTICE, ("text",), "something said once", ("process",)),
+    Kind(SCHEDULER_STALL, ("since", "limit_s", "running", "waiting", "parked"),
+         "the scheduler's loop did not turn for longer than the stall limit (stopped, or one step "
+         "that long): written when it turns again, with the wall time of its last turn (since) "
+         "and the work it held then"),
+    Kind(SCHEDULER_RESUME, ("stalled_s", "arrived"),
+         "the loop turns again after a stall of stalled_s seconds; arrived: the requests handed "
+         "in while it stood (each request.received before this receipt carries its arrival)"),
 )  # fmt: skip
 
 CATALOG: dict[str, Kind] = {k.name: k for k in _CATALOG}

@@ -100,11 +100,13 @@ class Scheduler:
         rid: str | None = None,
         trace_id: str | None = None,
         promise: bool = False,
+        arrived: float | None = None,
     ) -> Request:
         """``trace_id``: a W3C traceparent (its spans go under that span; receipts carry its
         trace id) or a bare trace id. ``promise``: the request is refused unless its prompt and
         ``max_tokens`` fit the pool as it is now, and then it is never ended for the pool's
-        size (a pool cutover keeps the promise or is refused)."""
+        size (a pool cutover keeps the promise or is refused). ``arrived``: the wall time the
+        frontend took it in, when that was before now: its latencies count from then."""
         params.validate()
         vocab = self.runner.model.cfg.vocab_size
         check_prompt(prompt_ids, vocab_size=vocab, max_context=self.max_context)
@@ -117,16 +119,20 @@ class Scheduler:
             raise ValueError(f"request id {rid!r} is already in use")
         req = Request.create(rid, prompt_ids, params, self.tokenizer, self.max_context, trace_id)
         req.promised = need if promise else None
+        if arrived is not None:  # queued before we saw it (a busy or stalled loop): counted
+            req.arrival -= max(0.0, time.time() - arrived)
         self.group.record(AddRequest(rid=rid, prompt_ids=list(prompt_ids), params=params,
                                      trace=trace_id, promise=promise))  # fmt: skip
         self.requests[rid] = req
         self.waiting.append(req)
         if self.traces is not None:
             self.traces.open(req)
-        promised = {"promised": need} if promise else {}
+        extra = {"promised": need} if promise else {}
+        if arrived is not None:
+            extra["arrived"] = round(arrived, 6)
         self.receipts.emit(
             schema.REQUEST_RECEIVED, rid=rid, prompt_tokens=req.prompt_len,
-            max_new_tokens=params.max_tokens, trace_id=req.trace_id, **promised,
+            max_new_tokens=params.max_tokens, trace_id=req.trace_id, **extra,
         )  # fmt: skip
         return req
 

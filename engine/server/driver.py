@@ -59,6 +59,7 @@ class Submission:
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
+    arrived: float | None = None  # the wall time the HTTP request came in
 
 
 class SchedulerDied(RuntimeError):
@@ -248,6 +249,7 @@ class EngineDriver:
                     params=sub.params,
                     trace=trace_id,
                     promise=True,
+                    arrived=sub.arrived,
                 )
             )
 

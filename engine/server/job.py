@@ -74,7 +74,7 @@ class Job:
         self.rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
         self.subs = [
             # several seeded choices must still differ: each draws from its own seed
-            Submission(r, ids, choice_params(params, i), loop, _Inbox(self, i))
+            Submission(r, ids, choice_params(params, i), loop, _Inbox(self, i), t0_ns / 1e9)
             for i, r in enumerate(self.rids)
         ]
         self.index = {r: i for i, r in enumerate(self.rids)}

@@ -92,7 +92,7 @@ def serve(
     claims = claim(cfg.observability.log_file, pid_file, host, port)  # before anything heavy
     try:
         stale = asdict(claims.stale) if claims.stale else None
-        launch = Launch(argv=list(sys.argv), stale_pid=stale)
+        launch = Launch(argv=list(sys.argv), stale_pid=stale, stall_s=stall_timeout)
         return _serve(cfg, claims.sock, served_model_name, api_key, launch, drain_timeout,
                       stall_timeout)  # fmt: skip
     finally:

@@ -19,6 +19,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.messages import (
     HEARTBEAT_S,
+    STALL_S,
     AbortRequest,
     AddRequest,
     CancelCutover,
@@ -38,6 +39,7 @@ from engine.messages import (
     ToScheduler,
 )
 from engine.obs import schema
+from engine.server.stall import StallWatch, write_resume, write_stall
 
 
 @dataclass(slots=True)
@@ -81,7 +83,7 @@ def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None
         tracing.shutdown()
         return
     try:
-        _serve_loop(core, conn)
+        _serve_loop(core, conn, STALL_S if launch is None else launch.stall_s)
     finally:
         tracing.shutdown()  # bounded: a dead collector must not hold up the exit
 
@@ -97,18 +99,24 @@ def _boot_attributes(core: Any, info: EngineInfo) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _serve_loop(core: Any, conn: Any) -> None:
+def _serve_loop(core: Any, conn: Any, stall_s: float) -> None:
     from engine.dist.comm import GroupFailure
 
     sched = core.scheduler
     drain: _Drain | None = None
     tickets: list[int] = []  # the cutover under way (at most one): whom to answer
     beat = time.monotonic() + HEARTBEAT_S
+    watch = StallWatch(stall_s)
     try:
         while True:
+            if (stall := watch.turn()) is not None:
+                write_stall(core.receipts, stall, stall_s, sched.snapshot())
+            arrived = 0  # requests handed in while a stall stood
             # block briefly when idle; never when there is work to do
             while conn.poll(0 if sched.has_work() else HEARTBEAT_S):
                 msg = conn.recv()
+                if stall is not None and isinstance(msg, AddRequest):
+                    arrived += msg.arrived is not None and msg.arrived < stall.seen
                 if isinstance(msg, Stop) and drain is None:
                     drain = _begin_drain(core, msg)
                 elif isinstance(msg, Cutover):
@@ -117,6 +125,8 @@ def _serve_loop(core: Any, conn: Any) -> None:
                     _cancel(core, conn, msg, tickets)
                 elif not isinstance(msg, Stop):
                     _handle(core, conn, msg)
+            if stall is not None:
+                write_resume(core.receipts, stall, arrived)
             if tickets and (fields := core.cutovers.advance()) is not None:
                 _answer(core, conn, tickets.pop(), fields)
             if drain is not None and (not sched.has_work() or time.monotonic() >= drain.deadline):
@@ -154,9 +164,13 @@ def _handle(core: Any, conn: Any, msg: ToScheduler) -> None:
     """Act on one message from the frontend (``Stop`` is the loop's own)."""
     sched = core.scheduler
     match msg:
-        case AddRequest(rid=rid, prompt_ids=ids, params=params, trace=trace, promise=promise):
+        case AddRequest(
+            rid=rid, prompt_ids=ids, params=params, trace=trace, promise=promise, arrived=arrived
+        ):
             try:
-                sched.add_request(ids, params, rid=rid, trace_id=trace, promise=promise)
+                sched.add_request(
+                    ids, params, rid=rid, trace_id=trace, promise=promise, arrived=arrived
+                )
             except ValueError as e:
                 conn.send(Rejected(rid=rid, message=str(e)))
         case AbortRequest(rid=rid, reason=reason):

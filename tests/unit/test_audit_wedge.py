@@ -117,3 +117,36 @@ def test_each_boot_is_judged_apart(tmp_path):
     log.r("iteration", ts=1101.0, iter=2, **BUSY)  # b-1 again, 100 s on: that is a wedge
     v = decide(tmp_path, WEDGE, log)
     assert v.status == "FAIL" and "boot b-1" in v.why, v.why
+
+
+def stood(seconds: float, arrived: int = 0, **held) -> LogText:
+    """A loop that stood still for ``seconds`` (no receipt in between, as a stopped process
+    writes none), holding ``held``, then turned again."""
+    fields = {**dict(running=0, waiting=0, parked=0), **held}
+    steps = [
+        ("iteration", 0, 1, counters(10)),
+        ("scheduler.stall", seconds, 2, dict(since=0.0, limit_s=10, **fields)),
+        ("scheduler.resume", seconds, 2, dict(stalled_s=seconds, arrived=arrived)),
+        ("iteration", seconds + 1, 3, counters(12)),
+    ]
+    return run(steps)
+
+
+@pytest.mark.parametrize(
+    "held", [dict(running=2), dict(waiting=1), dict(parked=1), dict(arrived=3)],
+    ids=["running", "waiting", "parked", "arrived-while-it-stood"],
+)  # fmt: skip
+def test_a_stall_past_the_threshold_holding_work_is_a_wedge(tmp_path, held):
+    v = decide(tmp_path, WEDGE, stood(35.0, **held))
+    assert (v.status, v.numbers["found"]) == ("FAIL", 1), v.why
+    assert "the scheduler stood still for 35.0 s > 30 s holding work" in v.why
+    assert "from scheduler.stall" in v.why and "to scheduler.resume" in v.why
+
+
+@pytest.mark.parametrize(
+    ("seconds", "held"), [(35.0, {}), (20.0, dict(running=2, arrived=1))],
+    ids=["idle", "short"],
+)  # fmt: skip
+def test_a_stall_that_held_nothing_or_was_short_is_no_wedge(tmp_path, seconds, held):
+    v = decide(tmp_path, WEDGE, stood(seconds, **held))
+    assert (v.status, v.numbers["found"]) == ("PASS", 0), v.why

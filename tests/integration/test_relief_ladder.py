@@ -212,7 +212,8 @@ def test_the_relief_ladder_window_passes_on_the_engines_own_receipts(tiny_model_
     report = evaluate([resolve("relief_ladder")], [on], control=off)
     got = {c.claim: (c.status.value, c.reason, c.why) for c in report.specs[0].claims}
     assert {k: v[0] for k, v in got.items()} == {
-        "ladder_engaged": "PASS", "rungs_paid": "PASS", "fewer_parks_than_control": "PASS",
+        "ladder_engaged": "PASS", "rungs_paid": "PASS", "paid_rungs_met_the_ask": "PASS",
+        "rung_paid_what_it_freed": "PASS", "fewer_parks_than_control": "PASS",
     }, got  # fmt: skip
     # the control, ladder off, never engaged: alone it is UNDECIDED, never PASS
     alone = evaluate([resolve("relief_ladder")], [off])

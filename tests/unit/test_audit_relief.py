@@ -94,3 +94,54 @@ def test_a_rung_that_pays_more_than_its_eviction_freed_fails(tmp_path):
     assert report.status.value == "FAIL"
     v = got["rung_paid_what_it_freed"]
     assert v.status.value == "FAIL" and "paid == ev.evicted: 16 == 0" in v.why
+
+
+def tiered(host: int = 4096) -> LogText:
+    log = LogText().r("boot.start", config={})
+    log.r("tier.sized", path="configured", host_kv_tokens=host, bytes_per_token=512, page_size=4)
+    log.r("boot.ready", startup_s=0.1)
+    for _ in range(3):
+        paid_at_decode(log)
+    return log
+
+
+def spill(log: LogText, n: int) -> LogText:
+    return log.r(
+        "tier.spill", tokens=n, bytes=n * 512, seconds=0.001, nodes=1, dropped=0, host_free=4096 - n
+    )
+
+
+def load(log: LogText, n: int, rid: str = "r-1") -> LogText:
+    return log.r("tier.load", tokens=n, bytes=n * 512, seconds=0.001, nodes=1, rid=rid, asked=n)
+
+
+def test_a_load_of_tokens_never_spilled_fails(tmp_path):
+    log = spill(tiered(), 32)
+    load(log, 32)  # what was spilled: fine
+    load(log, 64).stop()  # 64 tokens loaded from a host that was given 32
+    report, got = judge(tmp_path, log, control_with_parks(2))
+    v = got["host_loads_were_spilled"]
+    assert v.status.value == "FAIL", v.why
+    assert "tokens <= spilled - dropped: 64 <= 32 - 0" in v.why
+    assert report.status.value == "FAIL"
+
+
+def test_a_drop_of_more_than_the_host_held_fails(tmp_path):
+    log = spill(tiered(), 32)
+    log.r("tier.drop", reason="spill", tokens=48, nodes=2, need=48, host_free=4096).stop()
+    _, got = judge(tmp_path, log, control_with_parks(2))
+    v = got["host_drops_were_held"]
+    assert v.status.value == "FAIL" and "48 <= 32 - 0" in v.why
+
+
+def test_without_a_host_tier_the_host_claims_do_not_apply(tmp_path):
+    log = LogText().r("boot.start", config={})
+    log.r("tier.sized", path="off", host_kv_tokens=0, bytes_per_token=512, page_size=4, reason="x")
+    log.r("boot.ready", startup_s=0.1)
+    for _ in range(3):
+        paid_at_decode(log)
+    report, got = judge(tmp_path, log.stop(), control_with_parks(2))
+    assert {c: got[c].status.value for c in ("host_loads_were_spilled", "host_drops_were_held")} == {
+        "host_loads_were_spilled": "N/A", "host_drops_were_held": "N/A",
+    }  # fmt: skip
+    assert report.status.value == "PASS", {c: v.why for c, v in got.items()}

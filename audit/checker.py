@@ -225,14 +225,28 @@ class Checker(Generic[C]):
     def __init__(self, claim: C, bus: Bus) -> None:
         self.claim = claim
         self.requires = SelCount(claim.requires, bus) if claim.requires else None
+        self.applies = SelCount(claim.applies, bus) if claim.applies else None
 
     def subscribe_control(self, bus: Bus) -> None:
         """Only `control` claims read the control log."""
 
     def verdict(self, ctx: Context) -> ClaimVerdict:
         v = self.decide(ctx)
+        if v.status is not Status.FAIL and (na := self.not_applicable(ctx)) is not None:
+            v = na  # a FAIL stands: what was read cannot be made not to apply
         v.claim, v.kind = self.claim.id, self.claim.kind
         return v
+
+    def not_applicable(self, ctx: Context) -> ClaimVerdict | None:
+        """N/A where nothing the claim applies to is in the log; only a complete log can say
+        so (a lost line might have been the one)."""
+        if self.applies is None or self.applies.count or ctx.stats.incomplete() is not None:
+            return None
+        return outcome(
+            Status.NOT_APPLICABLE,
+            f"{self.applies.describe()} never seen: the claim does not apply to this log",
+            "not_applicable",
+        )
 
     def decide(self, ctx: Context) -> ClaimVerdict:
         raise NotImplementedError

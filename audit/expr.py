@@ -1,5 +1,5 @@
-"""Small arithmetic expressions for specs: names, numbers, + - * /, min/max/abs/len/distinct, and one
-comparison. Parsed once with ``ast`` into a closure; anything else is a spec error.
+"""Small arithmetic expressions for specs: names, numbers, + - * /, min/max/abs/len/distinct/outside,
+and one comparison. Parsed once with ``ast`` into a closure; anything else is a spec error.
 
 Division by zero is not an error: it yields ``ZeroDivision``, which a claim turns into
 UNDECIDED (``zero_denominator``), never a number.
@@ -30,8 +30,14 @@ def _distinct(*lists: Any) -> int:
     return len({x for items in lists for x in items})
 
 
+def _outside(items: Any, of: Any) -> int:
+    """How many of ``items`` are not in ``of`` (a census before against the one after)."""
+    held = set(of)
+    return sum(1 for x in items if x not in held)
+
+
 _FUNCS: dict[str, Callable[..., Any]] = {
-    "min": min, "max": max, "abs": abs, "len": len, "distinct": _distinct,
+    "min": min, "max": max, "abs": abs, "len": len, "distinct": _distinct, "outside": _outside,
 }  # fmt: skip
 
 

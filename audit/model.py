@@ -117,6 +117,8 @@ class Claim:
     description: str = ""
     requires: tuple[Selector, ...] = ()  # what shows the mechanism engaged
     allow_vacuous: bool = False
+    # what the claim is about: where none of it is in a (complete) log, the claim is N/A
+    applies: tuple[Selector, ...] = ()
 
     def common(self) -> dict[str, Any]:
         """The common part as keywords, for a kind's parser to build its own claim with."""

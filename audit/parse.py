@@ -23,7 +23,7 @@ RECIPE_KEYS = ("engine", "load", "control")  # [regime.*] tables: audit.recipe
 
 __all__ = ["SpecError", "parse_claim", "parse_spec", "selectors"]
 
-_COMMON = {"id", "kind", "description", "requires", "allow_vacuous"}
+_COMMON = {"id", "kind", "description", "requires", "allow_vacuous", "applies"}
 
 
 def parse_claim(t: dict[str, Any], where: str, events: Events = NO_EVENTS) -> Claim:
@@ -42,10 +42,12 @@ def parse_claim(t: dict[str, Any], where: str, events: Events = NO_EVENTS) -> Cl
     requires = (
         selectors(t["requires"], f"{where} requires", events=events) if "requires" in t else ()
     )
+    applies = selectors(t["applies"], f"{where} applies", events=events) if "applies" in t else ()
     description, vacuous = str(t.get("description", "")), bool(t.get("allow_vacuous", False))
     head = Claim(
-        id=cid, kind=kind, description=description, requires=requires, allow_vacuous=vacuous
-    )
+        id=cid, kind=kind, description=description, requires=requires, allow_vacuous=vacuous,
+        applies=applies,
+    )  # fmt: skip
     return known[kind].parse(t, where, head, events)
 
 

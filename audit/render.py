@@ -1,7 +1,8 @@
 """A report three ways: a Rich table for people, JSON and JUnit XML for machines.
 
 In JUnit an UNDECIDED claim is an ``<error>`` (the evidence was not there), never
-``<skipped>``: a CI dashboard must not show an unanswered question as green.
+``<skipped>``: a CI dashboard must not show an unanswered question as green. ``<skipped>`` is
+kept for an N/A claim, one that does not apply to the log.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from rich.text import Text
 from audit.status import Status
 from audit.verdict import Report
 
-STYLE = {Status.PASS: "bold green", Status.FAIL: "bold red", Status.UNDECIDED: "bold yellow"}
+STYLE = {
+    Status.PASS: "bold green", Status.FAIL: "bold red", Status.UNDECIDED: "bold yellow",
+    Status.NOT_APPLICABLE: "dim",
+}  # fmt: skip
 
 
 def to_json(report: Report) -> str:
@@ -25,10 +29,10 @@ def to_json(report: Report) -> str:
 
 def to_junit(report: Report) -> str:
     root = ET.Element("testsuites", name="audit")
-    totals = {"tests": 0, "failures": 0, "errors": 0}
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for sv in report.specs:
         suite = ET.SubElement(root, "testsuite", name=sv.spec)
-        counts = {"tests": 0, "failures": 0, "errors": 0}
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
         for cv in sv.claims:
             counts["tests"] += 1
             case = ET.SubElement(
@@ -42,12 +46,14 @@ def to_junit(report: Report) -> str:
                 counts["errors"] += 1
                 el = ET.SubElement(case, "error", message=cv.why, type=cv.reason or "UNDECIDED")
                 el.text = f"UNDECIDED ({cv.reason}): {cv.why}"
+            elif cv.status is Status.NOT_APPLICABLE:
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", message=cv.why, type=cv.reason or "N/A")
             else:
                 ET.SubElement(case, "system-out").text = cv.why
         for k, v in counts.items():
             suite.set(k, str(v))
             totals[k] += v
-        suite.set("skipped", "0")
     for k, v in totals.items():
         root.set(k, str(v))
     return ET.tostring(root, encoding="unicode", xml_declaration=True)

@@ -1,6 +1,7 @@
 """Self-test: every spec's cases (small logs with the verdict each claim must get) are run, and
 every claim must have a case that makes it FAIL (where its kind can fail) and one that makes it
-UNDECIDED. A spec whose claims cannot be shown to fail proves nothing when they pass.
+UNDECIDED, and a claim with ``applies`` one where it is N/A. A spec whose claims cannot be shown
+to fail proves nothing when they pass.
 
 A case is ``cases/<name>.toml``: ``description``, ``log`` (the log text), optional ``control``
 (a control log's text), and ``[expect]`` with ``overall``, ``claims`` (claim id -> verdict, for
@@ -103,6 +104,8 @@ def self_test(spec: Spec) -> SelfTest:
             coverage.append(f"{c.id}: no case makes it FAIL")
         if Status.UNDECIDED.value not in seen[c.id]:
             coverage.append(f"{c.id}: no case makes it UNDECIDED")
+        if c.applies and Status.NOT_APPLICABLE.value not in seen[c.id]:
+            coverage.append(f"{c.id}: no case makes it N/A")
     if not paths:
         coverage.append(f"no cases in {case_dir}")
     return SelfTest(spec.name, results, coverage)

@@ -1,6 +1,7 @@
 """The ``every`` claim kind: each key with a ``when`` record has a ``then`` record later on the
 same (boot, rank), before the key's window closes (at a ``closes`` record of that key, boot.stop,
-or one of the claim's ``stops``).
+or one of the claim's ``stops``). With ``tally``, the verdict says how many keys each ``then``
+closed (each key once, under the first selector in ``then`` that followed it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class EveryClaim(Claim):
     closes: tuple[ReceiptSel, ...] = ()  # a key's terminal events (boot.stop closes all)
     close_key: str = "rid"
     stops: tuple[ReceiptSel, ...] = ()  # records that end the run, as boot.stop ends a rank's
+    tally: bool = False  # count the keys each `then` selector closed
 
 
 def parse(t: dict[str, Any], where: str, head: Claim, events: Events) -> EveryClaim:
@@ -44,6 +46,8 @@ def parse(t: dict[str, Any], where: str, head: Claim, events: Events) -> EveryCl
     closes, close_key = _closes(t, where, when_key, receipts, events)
     ends = stops(t, where, events)
     one_stream((*when, *then, *closes, *ends), where)
+    if not isinstance(t.get("tally", False), bool):
+        raise err(where, "tally is true or false")
     return EveryClaim(
         **head.common(),
         when=when,
@@ -53,6 +57,7 @@ def parse(t: dict[str, Any], where: str, head: Claim, events: Events) -> EveryCl
         closes=closes,
         close_key=close_key,
         stops=ends,
+        tally=t.get("tally", False),
     )
 
 
@@ -96,6 +101,7 @@ class Every(Checker[EveryClaim]):
         self.then = [bus.last_seq(s, claim.then_key) for s in claim.then]
         self.closes = [bus.last_seq(s, claim.close_key) for s in claim.closes]
         self.stops: dict[tuple[str, int], int] = {}
+        self.closed_by = dict.fromkeys((s.describe() for s in claim.then), 0)  # with tally
         bus.kinds[schema.BOOT_STOP].append(self._stop)
         for s in claim.stops:
             bus.subscribe(s, lambda rec, s=s: self._stop(rec) if s.matches(rec) else None)
@@ -123,6 +129,8 @@ class Every(Checker[EveryClaim]):
             closes = [t for i in self.closes if (t := i.tables.get(at))]
             whens = highest([t for i in self.when if (t := i.tables.get(at)) is not None])
             total += len(whens)
+            if self.claim.tally:
+                self._tally(at, whens)
             late: Any = whens.items()  # the keys no `then` followed (yet), table by table
             for t in thens:
                 late = [(k, a) for k, a in late if t.get(k, 0) <= a]
@@ -142,6 +150,21 @@ class Every(Checker[EveryClaim]):
                     open_.append(name)
         return total, sorted(failed), sorted(open_)
 
+    def _tally(self, at: tuple[str, int], whens: dict[Any, int]) -> None:
+        """Each key under the first `then` selector (in the spec's order) that followed it."""
+        tables = [(s.describe(), i.tables.get(at, {})) for s, i in zip(self.claim.then, self.then)]
+        for k, a in whens.items():
+            by = next((name for name, t in tables if t.get(k, 0) > a), None)
+            if by is not None:
+                self.closed_by[by] += 1
+
+    def _counted(self) -> tuple[str, dict[str, Any]]:
+        """With tally: what closed the keys, as a clause and a number."""
+        if not self.claim.tally:
+            return "", {}
+        said = ", ".join(f"{n} by {name}" for name, n in self.closed_by.items())
+        return f" ({said})", {"closed_by": dict(self.closed_by)}
+
     def _ends(self) -> str:
         """What closes a window, for a sentence."""
         ends = [s.describe() for s in (*self.claim.closes, *self.claim.stops)]
@@ -157,6 +180,8 @@ class Every(Checker[EveryClaim]):
         total, failed, open_ = self._windows(c.when[0].kind if len(c.when) == 1 else "when")
         gated = self.gate(ctx, total > 0, f"no {when} seen: nothing to follow")
         nums = {"keys": total, "failed": len(failed), "open": len(open_)}
+        counted, tally = self._counted()
+        nums.update(tally)
         if gated:
             gated.numbers.update(nums)
             return gated
@@ -166,7 +191,7 @@ class Every(Checker[EveryClaim]):
                 Status.FAIL,
                 f"{len(failed)} of {total} {label}s from {when} had no later {then} before their "
                 f"window closed (at {self._ends()}): {name_some(names)}; "
-                f"first: {names[0]}: {failed[0][1]}",
+                f"first: {names[0]}: {failed[0][1]}{counted}",
                 failed_keys=names[:50],
                 **nums,
             )
@@ -180,8 +205,10 @@ class Every(Checker[EveryClaim]):
                 open_keys=open_[:50],
                 **nums,
             )
-        return outcome(Status.PASS, f"all {total} {label}s from {when} later had {then}", **nums)
+        return outcome(
+            Status.PASS, f"all {total} {label}s from {when} later had {then}{counted}", **nums
+        )
 
 
-_KEYS = {"when", "then", "key", "when_key", "then_key", "closes", "close_key", "stops"}
+_KEYS = {"when", "then", "key", "when_key", "then_key", "closes", "close_key", "stops", "tally"}
 KINDS = (ClaimKind("every", frozenset(_KEYS), parse, Every, can_fail=True),)

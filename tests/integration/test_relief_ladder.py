@@ -212,7 +212,9 @@ def test_the_relief_ladder_window_passes_on_the_engines_own_receipts(tiny_model_
     report = evaluate([resolve("relief_ladder")], [on], control=off)
     got = {c.claim: (c.status.value, c.reason, c.why) for c in report.specs[0].claims}
     assert {k: v[0] for k, v in got.items()} == {
-        "ladder_engaged": "PASS", "rungs_paid": "PASS", "fewer_parks_than_control": "PASS",
+        "ladder_engaged": "PASS", "rungs_paid": "PASS", "paid_rungs_met_the_ask": "PASS",
+        "rung_paid_what_it_freed": "PASS", "fewer_parks_than_control": "PASS",
+        "host_loads_were_spilled": "N/A", "host_drops_were_held": "N/A",  # no host tier here
     }, got  # fmt: skip
     # the control, ladder off, never engaged: alone it is UNDECIDED, never PASS
     alone = evaluate([resolve("relief_ladder")], [off])
@@ -236,6 +238,26 @@ def test_with_a_host_tier_evict_sheds_what_the_host_holds_and_spill_copies_the_r
     sheds = [e for e in evictions if e.get("scope") == "host_backed" and e["evicted"]]
     assert sheds and all(e["spilled"] == 0 for e in sheds)  # the evict rung copies nothing
     assert any(e["spilled"] > 0 for e in evictions if e.get("scope") is None)
+
+
+def test_the_host_tier_claims_pass_on_the_engines_own_receipts(tiny_model_dir, tmp_path):
+    """A host tier small enough to make room: every load and every drop the engine writes is
+    within what was spilled to the host less what it dropped (relief_ladder's host claims)."""
+    from audit.spec import resolve
+    from audit.verdict import evaluate
+    from tests.integration.test_host_tier import chats
+
+    log = tmp_path / "tier.jsonl"
+    llm = LLM(
+        model=tiny_model_dir, kv_tokens=256, host_kv_tokens=64, check_invariants=True,
+        log_file=str(log),
+    )  # fmt: skip
+    chats(llm, 300)
+    llm.close("test")
+    report = evaluate([resolve("relief_ladder")], [log])
+    got = {c.claim: (c.status.value, c.reason, c.why) for c in report.specs[0].claims}
+    for claim in ("host_loads_were_spilled", "host_drops_were_held"):
+        assert got[claim][:2] == ("PASS", None), got[claim]  # engaged: not vacuous
 
 
 def test_retraction_is_never_asked_once_the_batch_is_being_built(tiny_model_dir):

@@ -11,7 +11,10 @@ name one, so no spec can scope a regex with a head that matches anything.
 
 The event's fields are the head's named groups (always there; empty where the line lacks that
 part, e.g. the rank tag of a single-rank SGLang) and the regex's (left out where an optional group
-did not match), with integers and decimals read as numbers.
+did not match), with integers and decimals read as numbers. A head whose rank tag names ranks
+that log alike also gives ``group``: the tag without the ranks one rank speaks for (SGLang's
+tensor-parallel ranks all log their retractions, only the group's first logs batch reports, so
+'DP1 TP3' is of group 'DP1', 'TP5' of the one group ''): a claim about a group keys by it.
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ class LogFormat:
     head: re.Pattern[str]
     logger: bool
     learned: str  # where the shape comes from
+    # the parts of the rank tag (``proc``) dropped to name its ``group``; None: no group field
+    peers: re.Pattern[str] | None = None
 
     @property
     def fields(self) -> frozenset[str]:
-        return frozenset(self.head.groupindex)
+        return frozenset(self.head.groupindex) | ({"group"} if self.peers else set())
 
 
 FORMATS: dict[str, LogFormat] = {
@@ -62,6 +67,8 @@ FORMATS: dict[str, LogFormat] = {
             logger=False,
             learned="SGLang's configure_logger ('[%(asctime)s{prefix}] %(message)s', the prefix "
             "the scheduler's DP/PP/TP/EP ranks) and its scheduler lines quoted in its issues",
+            # every TP (and EP) rank of a DP/PP group logs a retraction; only its rank 0 the batch
+            peers=re.compile(r" ?\b(?:TP|EP)\d+\b"),
         ),
         LogFormat(
             "vllm",
@@ -99,10 +106,12 @@ def number(text: str) -> int | float | str:
     return text
 
 
-def fields(head: re.Match[str], body: re.Match[str]) -> dict[str, Any]:
-    """An event's fields: the head's groups (empty where absent), then the body's (left out
-    where an optional group did not match)."""
+def fields(fmt: LogFormat, head: re.Match[str], body: re.Match[str]) -> dict[str, Any]:
+    """An event's fields: the head's groups (empty where absent) and the rank group it derives,
+    then the body's (left out where an optional group did not match)."""
     out: dict[str, Any] = {k: number(v) if v else "" for k, v in head.groupdict().items()}
+    if fmt.peers is not None:
+        out["group"] = fmt.peers.sub("", head["proc"] or "").strip()
     out.update({k: number(v) for k, v in body.groupdict().items() if v is not None})
     return out
 
@@ -115,18 +124,18 @@ class Matcher:
         by_format: dict[str, list[TextEvent]] = {}
         for ev in events:
             by_format.setdefault(ev.format, []).append(ev)
-        self.groups = [(FORMATS[f].head, evs) for f, evs in by_format.items()]
+        self.groups = [(FORMATS[f], evs) for f, evs in by_format.items()]
 
     def match(self, line: str) -> Iterator[tuple[TextEvent, dict[str, Any]]]:
-        for head, evs in self.groups:
-            h = head.match(line)
+        for fmt, evs in self.groups:
+            h = fmt.head.match(line)
             if h is None:
                 continue
             rest = line[h.end() :]
             for ev in evs:
                 m = ev.pattern.fullmatch(rest)
                 if m is not None and (ev.logger is None or h["logger"] == ev.logger):
-                    yield ev, fields(h, m)
+                    yield ev, fields(fmt, h, m)
 
 
 def plain(line: str) -> str:

@@ -42,6 +42,7 @@ def test_named_groups_become_fields_with_numbers_read_as_numbers():
     assert fields == {
         "time": "2025-01-01 12:00:13",
         "proc": "DP1 TP1",  # the head's groups: the rank tag
+        "group": "DP1",  # and the scheduler group it belongs to
         "retracted": 3,
         "before": 0.315,
         "after": 0.5,  # an optional group that did not match ('gained') is left out
@@ -54,7 +55,23 @@ def test_a_head_part_the_line_lacks_is_an_empty_field():
     [(_, fields)] = found(
         [SG_RETRACT], "[12:00:13] KV cache pool is full. Retract requests. #retracted_reqs: 1"
     )
-    assert fields == {"time": "12:00:13", "proc": "", "retracted": 1}
+    assert fields == {"time": "12:00:13", "proc": "", "group": "", "retracted": 1}
+
+
+def test_the_group_is_the_rank_tag_without_the_ranks_its_first_rank_speaks_for():
+    # every TP (and EP) rank logs a retraction; only a DP/PP group's first rank reports batches
+    line = SG_LINE.replace("DP1 TP1", "{}")
+    got = {
+        tag: found([SG_RETRACT], line.format(tag))[0][1]["group"]
+        for tag in ("TP0", "TP5", "DP1 TP3", "DP0 PP1 TP3 EP3", "PP1 TP12")
+    }
+    assert got == {
+        "TP0": "",
+        "TP5": "",
+        "DP1 TP3": "DP1",
+        "DP0 PP1 TP3 EP3": "DP0 PP1",
+        "PP1 TP12": "PP1",
+    }
 
 
 def test_vllm_heads_old_and_new_and_the_process_tag():

@@ -1,13 +1,11 @@
 """Foreign engines' text lines as events: a line becomes an event only if it starts with the named
 engine's log head and the event's regex matches the whole rest; the named groups are its fields,
-numbers read as numbers. A line with the same words and any other start is not an event."""
+numbers read as numbers. A line with the same words and any other start is not an event (but
+for the outer layers a collector writes before the head: test_audit_foreign_layers.py)."""
 
 from __future__ import annotations
 
 import re
-
-from hypothesis import given
-from hypothesis import strategies as st
 
 from audit.checker import Bus
 from audit.foreign import FORMATS, TEXT_BOOT, Matcher, number
@@ -23,7 +21,8 @@ STATS = r"Avg prompt throughput: .* Running: (?P<running>\d+) reqs, .*Pending: (
 
 def event(name: str, fmt: str, regex: str, logger: str | None = None) -> TextEvent:
     pattern = re.compile(regex)
-    return TextEvent(name, fmt, pattern, logger, FORMATS[fmt].fields | set(pattern.groupindex))
+    pins = None if logger is None else (logger,)
+    return TextEvent(name, fmt, pattern, pins, FORMATS[fmt].fields | set(pattern.groupindex))
 
 
 SG_RETRACT = event("retract", "sglang", RETRACT)
@@ -33,7 +32,7 @@ V_LINE = "INFO 01-22 18:27:15 metrics.py:449] Avg prompt throughput: 812.3 token
 
 
 def found(events: list[TextEvent], line: str) -> list[tuple[str, dict]]:
-    return [(ev.name, fields) for ev, fields in Matcher(events).match(line)]
+    return [(ev.name, fields) for ev, fields in Matcher(events).read(line)[1]]
 
 
 def test_named_groups_become_fields_with_numbers_read_as_numbers():
@@ -104,14 +103,6 @@ def test_the_words_without_the_head_are_not_an_event():
         " " + SG_LINE,  # the head must start the line
     ):
         assert found([SG_RETRACT], line) == [], line
-
-
-@given(st.text(min_size=1))
-def test_nothing_before_the_head_makes_an_event(junk):
-    for ev, line in ((SG_RETRACT, SG_LINE), (V_STATS, V_LINE)):
-        head = FORMATS[ev.format].head
-        if head.match(junk + line) is None:  # junk that is not itself a head
-            assert found([ev], junk + line) == []
 
 
 def test_numbers():

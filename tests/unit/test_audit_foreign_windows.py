@@ -4,6 +4,7 @@ words anywhere else (a prompt, another program's line) do not."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -139,3 +140,104 @@ NOT_SIGNALS = [
 def test_the_same_words_elsewhere_fail_nothing(tmp_path, window, claim, line):
     got = verdicts(tmp_path, window, case_log(window, "pass") + line + "\n")
     assert got[claim] == "PASS", line
+
+
+def cases(window: str) -> list[str]:
+    return sorted(p.stem for p in (acceptance_dir() / window / "cases").glob("*.toml"))
+
+
+def expected(window: str, case: str) -> dict[str, str]:
+    path = acceptance_dir() / window / "cases" / f"{case}.toml"
+    return tomllib.loads(path.read_text(encoding="utf-8"))["expect"]["claims"]
+
+
+def each_line(text: str, wrap) -> str:
+    return "".join(wrap(x) + "\n" if x.strip() else "\n" for x in text.splitlines())
+
+
+BAR0 = "Processed prompts:   0%|          | 0/64 [00:00<?, ?it/s]"
+BAR = "Processed prompts:  50%|█████     | 32/64 [00:10<00:10, 3.20it/s, est. speed input: 400.00 toks/s]"
+COLLECTORS = {  # how a whole log is collected: each line as the collector writes it
+    "docker logs -t": lambda x: "2025-10-15T00:07:38.764529167Z " + x,
+    "journald": lambda x: "Sep 22 23:46:42 gpu-node-3 server[361991]: " + x,
+    "journalctl -o short-iso": lambda x: "2025-09-22T23:46:42+0000 gpu-node-3 server[361991]: " + x,
+    "docker compose": lambda x: "server-1  | " + x,
+    "Ray actor": lambda x: "(ServerActor pid=41820) " + x,
+    "srun --label": lambda x: "0: " + x,
+    "compose of docker -t": lambda x: "server-1  | 2025-10-15T00:07:38.764529167Z " + x,
+    "after a progress bar": lambda x: BAR + x,
+    "after carriage returns": lambda x: "\r" + BAR0 + "\r" + BAR + x,
+}
+
+
+@pytest.mark.parametrize("collector", COLLECTORS)
+@pytest.mark.parametrize("window", ["sglang_pressure", "vllm_pressure"])
+def test_every_case_collected_any_way_gets_its_verdicts(tmp_path, window, collector):
+    # decoys stay decoys, crashes stay crashes, and runs stay PASS behind every outer layer
+    wrap = COLLECTORS[collector]
+    got = {
+        c: verdicts(tmp_path, window, each_line(case_log(window, c), wrap)) for c in cases(window)
+    }
+    assert got == {c: expected(window, c) for c in cases(window)}
+
+
+SG_HEAD = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: [A-Z][A-Z0-9 ]*)?\] (?!INFO: )")
+SG_CONFIGS = {  # SGLang run with a logging config: its heads carry no rank tag
+    "time, level, pid, file": lambda m: f"{m[1]} INFO 151972 [scheduler.py:1580] ",
+    "time, [level], logger": lambda m: f"{m[1]},659 [INFO] sglang.srt.managers.scheduler: ",
+}
+# cases that tell apart scheduler groups by their rank tags, or predate the date in the head
+SG_NEEDS_TAGS = {"pass_data_parallel", "fail_not_drained", "fail_oom_crash"}
+
+
+@pytest.mark.parametrize("config", SG_CONFIGS)
+def test_sglang_with_a_logging_config_gets_its_verdicts(tmp_path, config):
+    head = SG_CONFIGS[config]
+    for case in sorted(set(cases("sglang_pressure")) - SG_NEEDS_TAGS):
+        text = each_line(case_log("sglang_pressure", case), lambda x: SG_HEAD.sub(head, x, count=1))
+        assert verdicts(tmp_path, "sglang_pressure", text) == expected("sglang_pressure", case), (
+            case
+        )
+
+
+V_HEAD = re.compile(
+    r"(\([^()]*\) )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d) \[?(\w+)\.py:\d+\] "
+)
+V_MODULES = {
+    "metrics": "vllm.engine.metrics",
+    "scheduler": "vllm.core.scheduler",
+    "launcher": "vllm.entrypoints.launcher",
+    "loggers": "vllm.v1.metrics.loggers",
+    "core": "vllm.v1.engine.core",
+}
+
+
+def v_logging_format(m: re.Match[str]) -> str:
+    # '%(asctime)s - %(name)s - %(levelname)s - %(message)s', after vLLM's own process tag
+    name = V_MODULES.get(m[4], f"vllm.{m[4]}")
+    return f"{m[1] or ''}2025-{m[3]},123 - {name} - {m[2]} - "
+
+
+def v_2024(line: str) -> str:
+    # the 0.x engine's stats line as 2024 releases logged it: from llm_engine.py, and carrying
+    # fields this window does not read (between the ones it reads, and after them)
+    if "metrics.py:" not in line:
+        return line
+    line = line.replace("metrics.py:449]", "llm_engine.py:706]").replace(
+        "metrics.py:467]", "llm_engine.py:706]"
+    )
+    line = line.replace(" reqs, Swapped:", " reqs, Running LoRA adapters: 0, Swapped:")
+    return line.rstrip(".") + ", Max running adapters: 0"
+
+
+VLLM_WRITES = {
+    "a logging format of its own": lambda x: V_HEAD.sub(v_logging_format, x, count=1),
+    "2024: the stats from llm_engine.py, with more fields": v_2024,
+}
+
+
+@pytest.mark.parametrize("writes", VLLM_WRITES)
+def test_vllm_as_other_releases_and_logging_configs_write_it(tmp_path, writes):
+    for case in cases("vllm_pressure"):
+        text = each_line(case_log("vllm_pressure", case), VLLM_WRITES[writes])
+        assert verdicts(tmp_path, "vllm_pressure", text) == expected("vllm_pressure", case), case

@@ -49,6 +49,7 @@ _LEVEL = r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)"
 _ANY_LEVEL = r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)"
 _DATETIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?"  # Python logging's asctime
 _RFC3339 = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)"
+_SYSLOG_TIME = r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d"  # "Sep 22 23:46:42", "Sep  2 03:04:05"
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,9 +65,7 @@ LAYERS = (
     Layer(
         "journald",
         # "Sep 22 23:46:42 gpu-3 vllm[361991]: ", "2025-09-22T23:46:42+0000 gpu-3 vllm[361991]: "
-        r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|"
-        + _RFC3339
-        + r") [^\s\[\]]+ [^\s\[\]:]+(?:\[\d+\])?: ",
+        f"(?:{_SYSLOG_TIME}|{_RFC3339})" + r" [^\s\[\]]+ [^\s\[\]:]+(?:\[\d+\])?: ",
         "journalctl's short and short-iso output: time, host, identifier[pid]",
     ),
     Layer(

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from audit.foreign import TEXT_BOOT, Matcher, plain
+from audit.foreign import TEXT_BOOT, Found, Matcher, plain
 from audit.lastseq import LastSeq
 from audit.model import Claim, ReceiptSel, Selector, TextEvent, TextSel, WedgeSel
 from audit.reader import TEXT
@@ -79,17 +79,18 @@ class Bus:
             fn(rec)
 
     def text(self, source: str, line: str, where: str) -> None:
+        """A text line: plain lines lose their outer layers (a collector's prefix, a process
+        tag) before text selectors see them, and make the text events they start with."""
         line = plain(line)
         self.text_lines += 1
+        found: Found = []
+        if source == TEXT and (self.events or self.texts.get(TEXT)):
+            if self._matcher is None:
+                self._matcher = Matcher(self.events)
+            line, found = self._matcher.read(line)
         for fn in self.texts.get(source, ()):
             fn(line, where)
-        if self.events and source == TEXT:
-            self._events(line, where)
-
-    def _events(self, line: str, where: str) -> None:
-        if self._matcher is None:
-            self._matcher = Matcher(self.events)
-        for ev, fields in self._matcher.match(line):
+        for ev, fields in found:
             rec = {"event": ev.name, "boot": TEXT_BOOT, "rank": 0, "seq": self.text_lines}
             rec.update(fields, where=where)
             for fn in self.events[ev]:

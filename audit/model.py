@@ -56,12 +56,13 @@ class TextEvent:
     """A spec's event made of plain text lines of one known log format (``audit.foreign``): a
     line that starts with the format's head, the rest of it matched whole by ``pattern``. Its
     fields are the head's named groups and the pattern's (numbers read as numbers); ``logger``,
-    where given, must be the logger the head names."""
+    where given, names the loggers one of which the head must name (compared by module:
+    'metrics.py' is the logger 'vllm.engine.metrics' too)."""
 
     name: str
     format: str
     pattern: re.Pattern[str]
-    logger: str | None
+    logger: tuple[str, ...] | None
     fields: frozenset[str]
 
 

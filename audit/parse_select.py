@@ -189,10 +189,18 @@ def _event(name: str, t: Any, where: str) -> TextEvent:
             "words would make the event",
         )
     logger = t.get("logger")
-    if logger is not None and (not isinstance(logger, str) or not fmt.logger):
+    if isinstance(logger, str):
+        logger = [logger]
+    if logger is not None and (
+        not isinstance(logger, list)
+        or not logger
+        or not all(isinstance(x, str) and x for x in logger)
+        or not fmt.logger
+    ):
         raise err(
             where,
-            f"'logger' is a logger's name, and only a prefix that names one has it ({fmt.name} does not)",
+            "'logger' is a logger's name (or a list of them), and only a prefix that names one "
+            f"has it ({fmt.name} does not)",
         )
     if not isinstance(t.get("regex"), str) or not t["regex"]:
         raise err(where, "needs a non-empty 'regex' (matched against the whole rest of the line)")
@@ -206,4 +214,5 @@ def _event(name: str, t: Any, where: str) -> TextEvent:
             where,
             f"group name(s) {', '.join(clash)} are taken (by every text event, or the {fmt.name} prefix)",
         )
-    return TextEvent(name, fmt.name, pattern, logger, fmt.fields | frozenset(pattern.groupindex))
+    loggers = None if logger is None else tuple(logger)
+    return TextEvent(name, fmt.name, pattern, loggers, fmt.fields | frozenset(pattern.groupindex))

@@ -63,7 +63,13 @@ ENGAGED = 'kind = "engaged"\nselect = { kind = "retraction" }\n'
             "[event.retraction]\nprefix = 'sglang'\nlogger = 'scheduler.py'\nregex = 'x'\n",
             "sglang does not",
         ),
+        ("[event.retraction]\nprefix = 'vllm'\nlogger = []\nregex = 'x'\n", "or a list of them"),
+        (
+            "[event.retraction]\nprefix = 'vllm'\nlogger = ['a.py', 3]\nregex = 'x'\n",
+            "list of them",
+        ),
         ("[event.retraction]\nprefix = 'sglang'\nregex = '(?P<seq>\\d+)'\n", "seq are taken"),
+        ("[event.retraction]\nprefix = 'sglang'\nregex = '(?P<group>\\d+)'\n", "group are taken"),
         ("[event.retraction]\nprefix = 'sglang'\nregex = '(?P<proc>\\d+)'\n", "proc are taken"),
         ("[event.retraction]\nprefix = 'sglang'\nregex = '('\n", "bad regex"),
         (
@@ -76,6 +82,14 @@ ENGAGED = 'kind = "engaged"\nselect = { kind = "retraction" }\n'
 def test_a_text_event_without_a_known_prefix_is_a_bad_spec(events, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
         spec(ENGAGED, events)
+
+
+def test_a_logger_pin_may_name_several_loggers():
+    events = "[event.retraction]\nprefix = 'vllm'\nlogger = ['metrics.py', 'llm_engine.py']\nregex = 'x'\n"
+    [ev] = spec(ENGAGED, events).events
+    assert ev.logger == ("metrics.py", "llm_engine.py")
+    [ev] = spec(ENGAGED, events.replace("['metrics.py', 'llm_engine.py']", "'metrics.py'")).events
+    assert ev.logger == ("metrics.py",)
 
 
 def test_a_text_selector_with_named_groups_and_no_prefix_is_a_bad_spec():

@@ -169,7 +169,10 @@ class SelCount:
                 return
             self.hits += 1
             if self.first_hit is None:  # described once, not per match, with what it matched on
-                shown = ", ".join(f"{p.field} {rec.get(p.field)!r}" for p in s.where)
+                names = [p.field for p in s.where]  # and what caused it, where the record says
+                causes = schema.CAUSE_FIELDS.get(s.kind, ()) if s.event is None else ()
+                names += [f for f in causes if f in rec]
+                shown = ", ".join(f"{f} {rec.get(f)!r}" for f in dict.fromkeys(names))
                 self.first_hit = locate(rec) + (f": {shown}" if shown else "")
 
         return fn

@@ -10,7 +10,8 @@ The order of the gates is the same for every kind:
 3. a mechanism that never engaged is UNDECIDED (``no_engagement``), or a PASS marked
    ``vacuous`` where the claim says ``allow_vacuous = true``;
 4. a claim about the whole boot (``needs_end = true``) over a log that ends with requests in
-   flight and no boot.stop is UNDECIDED (``in_flight_at_end``);
+   flight and no boot.stop is UNDECIDED (``in_flight_at_end``), unless the log is a live
+   window's (``audit.live``): its end is the window's, and the claim decides as of there;
 5. then the claim decides.
 
 "Later" means a higher ``seq`` on the same (boot, rank), so no verdict depends on the order in
@@ -102,6 +103,7 @@ class Context:
 
     stats: ReadStats
     control_stats: ReadStats | None = None
+    live: bool = False  # a live window (``audit.live``): the run goes on past the log's last line
 
 
 def locate(rec: dict[str, Any]) -> str:
@@ -228,6 +230,8 @@ class Checker(Generic[C]):
     def verdict(self, ctx: Context) -> ClaimVerdict:
         v = self.decide(ctx)
         v.claim, v.kind = self.claim.id, self.claim.kind
+        if ctx.live and self.needs_end and v.status is Status.PASS:
+            v.why += "; as of the live window's end (the server still ran: no stop was awaited)"
         return v
 
     def decide(self, ctx: Context) -> ClaimVerdict:
@@ -247,7 +251,7 @@ class Checker(Generic[C]):
                     Status.PASS, f"vacuous pass (allowed by the spec): {not_engaged_why}", "vacuous"
                 )
             return outcome(Status.UNDECIDED, not_engaged_why, "no_engagement")
-        if self.needs_end:
+        if self.needs_end and not ctx.live:
             return in_flight_at_end(ctx.stats)
         return None
 

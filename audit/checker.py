@@ -10,7 +10,8 @@ The order of the gates is the same for every kind:
 3. a mechanism that never engaged is UNDECIDED (``no_engagement``), or a PASS marked
    ``vacuous`` where the claim says ``allow_vacuous = true``;
 4. a claim about the whole boot (``needs_end = true``) over a log that ends with requests in
-   flight and no boot.stop is UNDECIDED (``in_flight_at_end``);
+   flight and no boot.stop is UNDECIDED (``in_flight_at_end``), unless the log is a live
+   window's (``audit.live``): its end is the window's, and the claim decides as of there;
 5. then the claim decides.
 
 "Later" means a higher ``seq`` on the same (boot, rank), so no verdict depends on the order in
@@ -103,6 +104,7 @@ class Context:
 
     stats: ReadStats
     control_stats: ReadStats | None = None
+    live: bool = False  # a live window (``audit.live``): the run goes on past the log's last line
 
 
 def locate(rec: dict[str, Any]) -> str:
@@ -177,7 +179,10 @@ class SelCount:
                 return
             self.hits += 1
             if self.first_hit is None:  # described once, not per match, with what it matched on
-                shown = ", ".join(f"{p.field} {rec.get(p.field)!r}" for p in s.where)
+                names = [p.field for p in s.where]  # and what caused it, where the record says
+                causes = schema.CAUSE_FIELDS.get(s.kind, ()) if s.event is None else ()
+                names += [f for f in causes if f in rec]
+                shown = ", ".join(f"{f} {rec.get(f)!r}" for f in dict.fromkeys(names))
                 self.first_hit = locate(rec) + (f": {shown}" if shown else "")
 
         return fn
@@ -236,6 +241,8 @@ class Checker(Generic[C]):
         if v.status is not Status.FAIL and (na := self.not_applicable(ctx)) is not None:
             v = na  # a FAIL stands: what was read cannot be made not to apply
         v.claim, v.kind = self.claim.id, self.claim.kind
+        if ctx.live and self.needs_end and v.status is Status.PASS:
+            v.why += "; as of the live window's end (the server still ran: no stop was awaited)"
         return v
 
     def not_applicable(self, ctx: Context) -> ClaimVerdict | None:
@@ -266,7 +273,7 @@ class Checker(Generic[C]):
                     Status.PASS, f"vacuous pass (allowed by the spec): {not_engaged_why}", "vacuous"
                 )
             return outcome(Status.UNDECIDED, not_engaged_why, "no_engagement")
-        if self.needs_end:
+        if self.needs_end and not ctx.live:
             return in_flight_at_end(ctx.stats)
         return None
 

@@ -15,6 +15,7 @@ from typing import Any
 from audit.boot_ranks import WorldSize
 from audit.checker import Bus, Context, SelCount
 from audit.kinds import build_checker
+from audit.live import WindowEnd
 from audit.model import Spec
 from audit.reader import scan
 from audit.readstats import ReadStats
@@ -49,6 +50,7 @@ class Report:
     control: str | None = None
     control_stats: ReadStats | None = None
     not_applicable: list[tuple[str, str]] = field(default_factory=list)  # (spec, why)
+    window: WindowEnd | None = None  # a live window's end (``audit.live``); None: not live
 
     @property
     def status(self) -> Status:
@@ -56,9 +58,13 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         incomplete = self.stats.incomplete()
+        live = {} if self.window is None else {
+            "live": True, "window_end": self.window.as_dict(self.stats.lines),
+        }  # fmt: skip
         return {
             "verdict": self.status.value,
             "exit_code": self.status.exit_code,
+            **live,
             "logs": self.logs,
             "control": self.control,
             "read": self.stats.as_dict(),
@@ -85,14 +91,19 @@ def evaluate(
     control: str | Path | None = None,
     *,
     only_applicable: bool = False,
+    live: bool = False,
 ) -> Report:
     """Read ``logs`` once and decide every claim of every spec. With ``only_applicable``, specs
-    whose regime does not apply to these logs are left out (and listed as such)."""
+    whose regime does not apply to these logs are left out (and listed as such). With ``live``,
+    the logs are a running server's, judged as a window that ends at their last line
+    (``audit.live``; the control log, a finished run, is read as ever)."""
     bus = Bus()
     checkers = [[build_checker(c, bus) for c in s.claims] for s in specs]
     applies = [SelCount(s.regime.applies, bus) for s in specs]
     world = WorldSize(bus)  # a boot that says N ranks needs N, whichever rank logs came
-    stats = scan(logs, on_text=bus.text, routes=_routes(bus))
+    window = WindowEnd(bus) if live else None
+    on_text = bus.text if window is None else window.watch(bus.text)
+    stats = scan(logs, on_text=on_text, routes=_routes(bus))
     control_stats = None
     if control is not None:
         cbus = Bus()
@@ -100,7 +111,7 @@ def evaluate(
             for ch in row:
                 ch.subscribe_control(cbus)
         control_stats = scan([control], on_text=cbus.text, routes=_routes(cbus))
-    ctx = Context(stats=stats, control_stats=control_stats)
+    ctx = Context(stats=stats, control_stats=control_stats, live=live)
     out, skipped = [], []
     for spec, row, app in zip(specs, checkers, applies):
         ranks = max(len(stats.ranks), world.most())
@@ -120,4 +131,5 @@ def evaluate(
         control=None if control is None else str(control),
         control_stats=control_stats,
         not_applicable=skipped,
+        window=window,
     )

@@ -92,6 +92,13 @@ def verdict(
     control: str = typer.Option(None, "--control", help="a control log for `control` claims"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
     junit: str = typer.Option(None, "--junit", help="also write a JUnit XML report here"),
+    live: bool = typer.Option(
+        False,
+        "--live",
+        help="the logs are a server's still running: judge them as a window that ends at their "
+        "last line (claims about the end of the run are decided as of there; requests in "
+        "flight there stay UNDECIDED)",
+    ),
 ) -> int:
     """PASS / FAIL / UNDECIDED per claim; exit 0 / 1 / 2."""
 
@@ -103,7 +110,7 @@ def verdict(
             specs = [load_spec(p) for p in shipped()]
             if not specs:
                 raise Fatal(EX_USAGE, f"no shipped specs under {acceptance_dir()}; pass --spec")
-        return evaluate(specs, files, control, only_applicable=not spec)
+        return evaluate(specs, files, control, only_applicable=not spec, live=live)
 
     report = _guard(run)
     if junit:

@@ -210,6 +210,7 @@ def serve(
     A port, pid file or boot log another live process holds is refused at once (exit 75)."""
     options = locals() | {"log_file": log_file or default_log_file()}
     from engine.server.boot_guard import BootRefused
+    from engine.server.launch import BootFailed
     from engine.server.launch import serve as run_server
 
     try:
@@ -217,7 +218,7 @@ def serve(
             config_of(options), host, port, served_model_name, api_key, pid_file=pid_file,
             drain_timeout=drain_timeout, stall_timeout=stall_timeout,
         )  # fmt: skip
-    except BootRefused as e:
+    except (BootRefused, BootFailed) as e:  # the code a failed boot's log names, too
         _fail(str(e), e.code)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         _fail(str(e))

@@ -7,6 +7,7 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -291,14 +292,16 @@ class EngineCore:
         reason: str = "shutdown",
         outs: list[StepOutput] | None = None,
         drained: int | None = None,
+        cause: Mapping[str, Any] | None = None,
     ) -> int:
         """An orderly stop: every request still in flight ends with an abort receipt (its final
         output appended to ``outs`` when given), then ``boot.stop`` says why and how many there
-        were (and ``drained``: how many ended during a drain before it). Returns that count.
-        Idempotent."""
+        were (and ``drained``: how many ended during a drain before it; ``cause``: more fields,
+        the exit code and error of a boot that never served). Returns that count. Idempotent."""
         if self._stopped:
             return 0
-        n = self._end_boot(reason, outs, **({} if drained is None else {"drained": drained}))
+        fields = {**(cause or {}), **({} if drained is None else {"drained": drained})}
+        n = self._end_boot(reason, outs, **fields)
         self._leave(reason)
         return n
 

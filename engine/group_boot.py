@@ -31,10 +31,14 @@ from engine.dist.comm import GroupFailure, TorchComm, local_init_method
 from engine.dist.spawn import dies_with_parent, free_port
 from engine.messages import AbortRequest, AddRequest
 from engine.model.loader import LoadedModel
+from engine.obs.death import write_boot_failed
 from engine.obs.tracing import Tracing
 from engine.sched.group import GroupSplit, Intake
 
 JOIN_GRACE_S = 10.0  # how long rank 0 waits for the others to stop before killing them
+EXIT_FAILED = 1  # a rank above 0 whose part of the engine failed, at boot or later
+# why a rank stopped while it built its part: SIGTERM (``_interrupt``), its rank 0 gone or told
+_STOPPED = "SIGTERM while this rank built its part of the engine (its rank 0 died, or was told)"
 
 
 @dataclass(slots=True)
@@ -165,7 +169,7 @@ def follow(core: EngineCore) -> int:
                 core.step()  # a failed group ends the boot there
     except GroupFailure as e:  # an input this rank refused (``_apply``); idempotent after step
         core.fail(e)
-        return 1
+        return EXIT_FAILED
     except KeyboardInterrupt:
         core.shutdown("sigterm")
         return 0
@@ -200,10 +204,12 @@ def follower_main(
     config = EngineConfig.from_kwargs(**fields)
     try:
         core = EngineCore(config, member=member)
-    except BaseException:
+    except BaseException as e:  # the boot this rank began in its log ends saying why
         traceback.print_exc()
         member.comm.close()
-        return 1
+        why = _STOPPED if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
+        write_boot_failed(config.log_file_of(rank), os.getpid(), EXIT_FAILED, why)
+        return EXIT_FAILED
     return follow(core)
 
 

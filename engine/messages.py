@@ -179,6 +179,8 @@ class Serving:
 class Stop:
     reason: str
     drain_s: float = 0.0  # let the requests in flight finish for up to this long, then abort
+    # boot.stop's fields besides the reason: a boot that never served says why (exit_code, error)
+    cause: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,6 +5,8 @@ have ended after it.
 The end of the run is boot.stop on the record's (boot, rank), or any of the claim's ``stops`` (a
 server's shutdown line, for a text log). A last record with no end after it is not known to be
 the last: the engine may still be running, or the log was cut (UNDECIDED, ``in_flight_at_end``).
+In a live window (``audit.live``) the window's end stands for it: a last value that holds there
+passes as of there, one that does not stays UNDECIDED (the run goes on after the window).
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ class Final(Checker[FinalClaim]):
             return gated
         broken, open_, missing = [], [], []
         for at, rec in sorted(self.last.items(), key=lambda kv: repr(kv[0])):
-            if self.ends.get(at[:2], 0) <= rec["seq"]:
+            ended = self.ends.get(at[:2], 0) > rec["seq"]
+            if not ended and not ctx.live:
                 open_.append(self._name(at))
                 continue
             try:
@@ -101,7 +104,9 @@ class Final(Checker[FinalClaim]):
             except (expr.Missing, expr.ZeroDivision, TypeError):
                 missing.append(f"{self._name(at)}: {locate(rec)}")
                 continue
-            if not ok:
+            if not ok and not ended:  # a live window's last value: it may hold yet
+                open_.append(self._name(at))
+            elif not ok:
                 broken.append(f"{self._name(at)}: {locate(rec)}: {c.check.shown(rec)}")
         nums = {"keys": len(self.last), "broken": len(broken), "open": len(open_)}
         if broken:
@@ -112,13 +117,15 @@ class Final(Checker[FinalClaim]):
                 **nums,
             )
         if open_:
-            return outcome(
-                Status.UNDECIDED,
-                f"nothing ended the run after the last {sel} of {name_some(open_)} (still "
-                "running, or the log was cut): a last value read is not known to be final",
-                "in_flight_at_end",
-                **nums,
+            why = (
+                f"{c.check.source} does not hold on the last {sel} of {name_some(open_)} where "
+                "the live window ends, and the run goes on after it"
+                if ctx.live
+                else f"nothing ended the run after the last {sel} of {name_some(open_)} (still "
+                "running, or the log was cut)"
             )
+            why += ": a last value read is not known to be final"
+            return outcome(Status.UNDECIDED, why, "in_flight_at_end", **nums)
         if missing:
             return outcome(
                 Status.UNDECIDED,
@@ -126,10 +133,12 @@ class Final(Checker[FinalClaim]):
                 "missing_field",
                 **nums,
             )
+        ended = (
+            "the live window ends after them or there" if ctx.live else "the run ended after them"
+        )
         return outcome(
             Status.PASS,
-            f"{c.check.source} holds in the last {sel} of all {len(self.last)} key(s), and the "
-            "run ended after them",
+            f"{c.check.source} holds in the last {sel} of all {len(self.last)} key(s), and {ended}",
             **nums,
         )
 

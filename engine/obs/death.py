@@ -1,4 +1,4 @@
-"""The boot log's last receipt when the scheduler process dies.
+"""The boot log's last receipt when the scheduler process dies, or a boot fails before serving.
 
 A scheduler process killed from outside (the OOM killer, SIGKILL) writes nothing more, so its
 boot log would end mid-work and read as a cut log. The frontend, which outlives it, writes the
@@ -7,6 +7,11 @@ dead process's boot, rank and ``seq`` so the auditor reads one unbroken log that
 Before it, each request that was in flight gets its ``request.abort`` (same reason), unless the
 dead process wrote its ending already. Never raises: a death notice that cannot be written is
 said on stderr, not raised into the exit path.
+
+A boot that fails before it serves (its engine could not be built) would leave a log that only
+began. The process about to exit writes ``boot.stop`` ``boot_failed`` with its exit code and
+message, ending the boot that the failed engine began: the one whose ``boot.start`` names that
+engine's pid (the file may hold earlier boots).
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from typing import Any
 
 import orjson
 
+from engine.clip import clip_words
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 
 TAIL_BYTES = 1 << 16  # the last receipt is in the file's last 64 KiB (receipts are small)
+ERROR_CHARS = 500  # a message in a receipt: about this long at most, cut between words
 
 
 _ENDINGS = (schema.REQUEST_FINISH, schema.REQUEST_ABORT)
@@ -71,17 +78,10 @@ def write_death(
         if not tail:
             print(f"attest: no receipt in {p} to continue; boot.stop not written", file=sys.stderr)
             return False
-        last = tail[-1]
         # its output was lost with the process, but the ending is written: no second ending
         ended = {r.get("rid") for r in tail if r.get("event") in _ENDINGS}
         lost = [rid for rid in rids if rid not in ended]
-        with p.open("rb+") as f:  # a line cut by the kill ends here, not inside our receipt
-            if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n":
-                f.write(b"\n")
-        it = last.get("iter", 0) if isinstance(last.get("iter"), int) else 0
-        receipts = Receipts(
-            p, boot=str(last.get("boot")), rank=last["rank"], after=(last["seq"], it)
-        )
+        receipts = _after(p, tail[-1])
         for rid in lost:
             receipts.emit(schema.REQUEST_ABORT, rid=rid, reason=reason)
         receipts.emit(
@@ -90,5 +90,42 @@ def write_death(
         receipts.close()
         return receipts.failures == 0
     except Exception as e:  # the exit path goes on: the operator still sees the death on stderr
+        print(f"attest: could not write boot.stop ({type(e).__name__}: {e})", file=sys.stderr)
+        return False
+
+
+def _after(p: Path, last: dict[str, Any]) -> Receipts:
+    """Receipts that continue ``last``'s boot, rank, seq and iter in the log at ``p``, on a line
+    of their own (a line cut by a kill ends before them, not inside them)."""
+    with p.open("rb+") as f:
+        if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n":
+            f.write(b"\n")
+    it = last.get("iter", 0) if isinstance(last.get("iter"), int) else 0
+    return Receipts(p, boot=str(last.get("boot")), rank=last["rank"], after=(last["seq"], it))
+
+
+def write_boot_failed(path: str | Path | None, pid: int | None, exit_code: int, error: str) -> bool:
+    """End the boot that process ``pid`` began in the log at ``path`` with ``boot.stop``
+    ``boot_failed``, ``exit_code`` (what the failed boot's process exits with) and ``error``
+    (its message). False, writing nothing, where no ``boot.start`` of that process is in the
+    log's tail (it failed before it wrote one: nothing began) or that boot has ended already."""
+    if path is None or pid is None:
+        return False
+    p = Path(path)
+    try:
+        tail = tail_receipts(p) if p.is_file() else []
+        starts = [r for r in tail if r.get("event") == schema.BOOT_START and r.get("pid") == pid]
+        if not starts:
+            return False
+        at = (starts[-1].get("boot"), starts[-1]["rank"])
+        own = [r for r in tail if (r.get("boot"), r["rank"]) == at]
+        if any(r.get("event") == schema.BOOT_STOP for r in own):
+            return False
+        receipts = _after(p, max(own, key=lambda r: r["seq"]))
+        receipts.emit(schema.BOOT_STOP, reason=schema.BOOT_FAILED, in_flight=0,
+                      exit_code=exit_code, error=clip_words(error, ERROR_CHARS))  # fmt: skip
+        receipts.close()
+        return receipts.failures == 0
+    except Exception as e:  # the exit path goes on: the operator still sees the error on stderr
         print(f"attest: could not write boot.stop ({type(e).__name__}: {e})", file=sys.stderr)
         return False

@@ -41,6 +41,11 @@ PROGRESS = ("tokens_generated", "admissions", "requests_ended")
 # defaults of EngineCore.shutdown / EngineDriver.stop ("shutdown") and LLM.close ("closed"), the
 # scheduler process after its frontend went away, and the reason the test suites close with.
 ORDERLY_STOPS = ("sigterm", "sigint", "shutdown", "closed", "frontend_gone", "test")
+# The `boot.stop` reason of a boot that exited before it served (its engine could not be built:
+# a bad --tp, a model that does not load, a pool that does not fit; its HTTP server never
+# started; a rank that could not build its part of a group), written by the process that exits,
+# with its `exit_code` and its message (`error`). Not an orderly stop: boot_health FAILs it.
+BOOT_FAILED = "boot_failed"
 
 # A cutover's census: the rids running, parked and waiting, and the prompt tokens not yet
 # prefilled (counted once per request); the end repeats the census taken before as *_before.
@@ -58,6 +63,9 @@ BOOT_WEIGHTS = "boot.weights"
 BOOT_READY = "boot.ready"
 BOOT_STOP = "boot.stop"
 BOOT_DRAIN = "boot.drain"
+# The fields that say what caused a receipt, where it carries them: the auditor names them beside
+# the receipt when a claim matched it (a stop's exit code, signal, lost ranks and message).
+CAUSE_FIELDS = {BOOT_STOP: ("exit_code", "signal", "lost_ranks", "error")}
 BOOT_STALE_PID = "boot.stale_pid"
 REQUEST_RECEIVED = "request.received"
 REQUEST_FINISH = "request.finish"
@@ -114,7 +122,8 @@ _CATALOG = (
     Kind(BOOT_DRAIN, ("reason", "in_flight", "timeout_s"),
          "an orderly stop lets the requests in flight finish for up to timeout_s"),
     Kind(BOOT_STOP, ("reason", "in_flight"),
-         "the boot ends: orderly (a reason in ORDERLY_STOPS) or not (a crash)",
+         "the boot ends: orderly (a reason in ORDERLY_STOPS) or not (a crash; BOOT_FAILED: it "
+         "exited before serving)",
          ("signal", "exit_code", "drained", "lost_ranks", "error")),
     Kind(REQUEST_RECEIVED, ("rid", "prompt_tokens", "max_new_tokens"),
          "a request was handed in; promised: prompt + max_new_tokens, checked against the pool "

@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,25 +131,36 @@ class EngineDriver:
         self._writer = threading.Thread(target=self._write, name="attest-ipc-writer", daemon=True)
 
     def start(self, timeout: float = 600) -> None:
-        """Start the scheduler process and wait until its engine is built."""
+        """Start the scheduler process and wait until its engine is built. A RuntimeError
+        saying why where it is not; the process has exited by then (it writes no more)."""
         self._proc.start()
         self._child.close()
         if not self._conn.poll(timeout):
-            self._proc.terminate()
+            self._end_unready()
             raise RuntimeError(f"scheduler process did not become ready in {timeout:.0f} s")
         try:
             msg = self._conn.recv()
         except EOFError:  # it died while building the engine (killed, out of memory)
-            self._proc.join(1)
+            self._end_unready()
             raise RuntimeError(
-                f"scheduler process exited (code {self._proc.exitcode}) before it was ready"
+                f"scheduler process {how_it_ended(self._proc.exitcode)} before it was ready"
             ) from None
         if not isinstance(msg, Ready):
+            self._end_unready()  # it returns once it has said why
             raise RuntimeError(msg.reason)  # Dead: why the engine could not start
         self.info, self.tokenizer, self._snapshot = msg.info, msg.tokenizer, msg.snapshot
         self.heard = time.monotonic()
         self._reader.start()
         self._writer.start()
+
+    def _end_unready(self, grace: float = 10.0) -> None:
+        """The scheduler process that will not serve has exited when this returns: given
+        ``grace`` seconds to, then terminated, then killed."""
+        self._proc.join(grace)
+        for end in (self._proc.terminate, self._proc.kill):
+            if self._proc.is_alive():
+                end()
+                self._proc.join(5)
 
     @property
     def pid(self) -> int | None:
@@ -190,21 +201,26 @@ class EngineDriver:
         latest snapshot (a pool cutover's answer brings the new one), the boot's before any."""
         return self._snapshot.kv_total or self.info.kv_tokens
 
-    def drain(self, reason: str) -> None:
+    def drain(self, reason: str, cause: Mapping[str, Any] | None = None) -> None:
         """Begin an orderly stop: refuse new work; the scheduler lets what is in flight finish
-        for up to ``drain_s``, aborts the rest (each with a receipt), writes ``boot.stop`` and
-        exits. Safe to call more than once."""
+        for up to ``drain_s``, aborts the rest (each with a receipt), writes ``boot.stop`` (with
+        ``cause``'s fields) and exits. Safe to call more than once."""
         with self._send_lock:  # one order with submit: no request can slip in after the stop
             if self.stopping is not None or self.dead:
                 return
             self.stopping = reason
-            self._outbox.put(Stop(reason=reason, drain_s=self.drain_s))
+            self._outbox.put(Stop(reason=reason, drain_s=self.drain_s, cause=dict(cause or {})))
 
-    def stop(self, reason: str = "shutdown", timeout: float | None = None) -> None:
+    def stop(
+        self,
+        reason: str = "shutdown",
+        timeout: float | None = None,
+        cause: Mapping[str, Any] | None = None,
+    ) -> None:
         """Drain and wait for the scheduler process to exit: ``drain_s`` plus ``timeout``
         (default 10 s) at most, then it is terminated, and killed if that does not end it
-        (a stopped process does not act on SIGTERM)."""
-        self.drain(reason)
+        (a stopped process does not act on SIGTERM). ``cause``: as ``drain``'s."""
+        self.drain(reason, cause)
         deadline = time.monotonic() + self.drain_s + (10.0 if timeout is None else timeout)
         self._stopped.wait(max(0.0, deadline - time.monotonic()))
         self._proc.join(max(0.0, deadline - time.monotonic()))

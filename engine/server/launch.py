@@ -11,6 +11,9 @@ Lifecycle, as the server promises it:
   frontend ends each in the boot log and writes ``boot.stop`` with the signal, and exits 1.
 - The scheduler process stops turning (frozen, stopped): ``/health`` says so past
   ``stall_timeout`` seconds without a heartbeat. It never hangs unseen.
+- The boot fails before it serves (the engine cannot be built, the HTTP server cannot be set up
+  or does not start): the boot log ends with ``boot.stop`` ``boot_failed``, the exit code and
+  the message, and the process exits with that code (2; 3 where uvicorn did not start).
 """
 
 from __future__ import annotations
@@ -22,21 +25,32 @@ import threading
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
+from engine.clip import clip_words
 from engine.config import EngineConfig
 from engine.messages import Launch
-from engine.obs.death import write_death
-from engine.obs.tracing import setup_tracing
+from engine.obs import schema
+from engine.obs.death import ERROR_CHARS, write_boot_failed, write_death
+from engine.obs.tracing import Tracing, setup_tracing
 from engine.server.app import create_app
 from engine.server.boot_guard import claim
 from engine.server.driver import EngineDriver
 from engine.server.limits import HttpLimits, protocol_class
 
 EXIT_SCHEDULER_DIED = 1
+EXIT_BOOT_FAILED = 2  # the engine could not be built (a bad option's code: a bad --tp, say)
 EXIT_STARTUP_FAILED = 3  # uvicorn's own code for a server that never started
 SHUTDOWN_MARGIN_S = 10.0  # past the drain: connections close, the scheduler process exits
+
+
+class BootFailed(RuntimeError):
+    """The boot exited before it served; its log ends with ``boot.stop`` ``boot_failed`` saying
+    why, with ``code``, the status the process exits with."""
+
+    code = EXIT_BOOT_FAILED
 
 
 class _Server(uvicorn.Server):
@@ -125,11 +139,57 @@ def _serve(
     driver = EngineDriver(
         cfg, on_dead=on_dead, launch=launch, drain_s=drain_timeout, stall_s=stall_timeout
     )
-    driver.start()  # the scheduler process builds the engine
-    host, port = sock.getsockname()[:2]
-    name = served_model_name or Path(driver.info.model).stem
-    _banner(driver, cfg, name, f"http://{host}:{port}/v1")
-    # this process's own provider: the scheduler process has its own
+    _start(driver, cfg)  # the scheduler process builds the engine
+    tracing: Tracing | None = None
+    ending: dict[str, Any] = {}  # how the scheduler ends a boot that never served
+    try:
+        tracing = _tracing(cfg, driver)
+        server.append(
+            _server(cfg, driver, sock, served_model_name, api_key, tracing, drain_timeout)
+        )
+        if not driver.dead:  # it may have died while we were printing (the reader said so)
+            server[0].run(sockets=[sock])
+        if status["code"] == 0 and not server[0].started:
+            ending = _failed(
+                EXIT_STARTUP_FAILED, "the HTTP server did not start (uvicorn says why)"
+            )
+            return EXIT_STARTUP_FAILED
+        return status["code"]
+    except Exception as e:
+        if server and server[0].started:
+            raise  # it served: whatever this is, it is not a boot that failed
+        ending = _failed(
+            EXIT_BOOT_FAILED, f"the HTTP server could not be set up: {type(e).__name__}: {e}"
+        )
+        raise BootFailed(ending["cause"]["error"]) from e
+    finally:
+        # after uvicorn has closed its connections; a no-op when already stopped. A scheduler
+        # that had to be killed here is a death (on_dead has run when stop returns).
+        driver.stop(**ending)
+        if tracing is not None:
+            tracing.shutdown()  # bounded: a dead collector must not hold up the exit
+
+
+def _start(driver: EngineDriver, cfg: EngineConfig) -> None:
+    """Start the scheduler process. Where its engine cannot be built, the boot it began ends
+    in its log with ``boot.stop`` ``boot_failed``, the exit code and why, and BootFailed says
+    why (what ``engine serve`` prints before it exits with that code)."""
+    try:
+        driver.start()
+    except RuntimeError as e:
+        write_boot_failed(cfg.observability.log_file, driver.pid, EXIT_BOOT_FAILED, str(e))
+        raise BootFailed(str(e)) from None
+
+
+def _failed(code: int, error: str) -> dict[str, Any]:
+    """``EngineDriver.stop``'s keywords for a boot that never served: the scheduler's
+    ``boot.stop`` says ``boot_failed``, the exit code and why."""
+    return {"reason": schema.BOOT_FAILED,
+            "cause": {"exit_code": code, "error": clip_words(error, ERROR_CHARS)}}  # fmt: skip
+
+
+def _tracing(cfg: EngineConfig, driver: EngineDriver) -> Tracing:
+    """This process's own span provider (the scheduler process has its own)."""
     tracing = setup_tracing(
         cfg.observability.otlp_endpoint,
         "frontend",
@@ -137,6 +197,22 @@ def _serve(
     )
     if tracing.enabled:
         print(f"  traces to {tracing.endpoint} (OTLP/HTTP)", flush=True)
+    return tracing
+
+
+def _server(
+    cfg: EngineConfig,
+    driver: EngineDriver,
+    sock: socket.socket,
+    served_model_name: str | None,
+    api_key: str | None,
+    tracing: Tracing,
+    drain_timeout: float,
+) -> _Server:
+    """The HTTP server over ``sock`` (the banner printed), not started yet."""
+    host, port = sock.getsockname()[:2]
+    name = served_model_name or Path(driver.info.model).stem
+    _banner(driver, cfg, name, f"http://{host}:{port}/v1")
     limits = HttpLimits.of(cfg)
     app = create_app(driver, name, api_key=api_key, tracing=tracing, limits=limits)
     config = uvicorn.Config(
@@ -144,19 +220,7 @@ def _serve(
         timeout_graceful_shutdown=int(drain_timeout + SHUTDOWN_MARGIN_S),
         http=protocol_class(limits),  # header timeout, connections per client address
     )  # fmt: skip
-    srv = _Server(config, driver, sock)
-    server.append(srv)
-    try:
-        if not driver.dead:  # it may have died while we were printing (the reader said so)
-            srv.run(sockets=[sock])
-    finally:
-        # after uvicorn has closed its connections; a no-op when already stopped. A scheduler
-        # that had to be killed here is a death (on_dead has run when stop returns).
-        driver.stop()
-        tracing.shutdown()  # bounded: a dead collector must not hold up the exit
-    if status["code"] == 0 and not srv.started:
-        return EXIT_STARTUP_FAILED
-    return status["code"]
+    return _Server(config, driver, sock)
 
 
 def _audit_target(cfg: EngineConfig) -> str:

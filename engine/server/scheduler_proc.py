@@ -49,6 +49,7 @@ class _Drain:
     reason: str
     deadline: float
     ended_before: int | None  # requests ended when a timed drain began; None: no drain
+    cause: Any = None  # boot.stop's fields besides the reason (``Stop.cause``)
 
 
 def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None) -> None:
@@ -222,8 +223,8 @@ def _begin_drain(core: Any, msg: Stop) -> _Drain:
             schema.BOOT_DRAIN, reason=msg.reason, in_flight=len(sched.requests),
             timeout_s=msg.drain_s,
         )  # fmt: skip
-        return _Drain(msg.reason, time.monotonic() + msg.drain_s, _ended(core))
-    return _Drain(msg.reason, time.monotonic(), None)
+        return _Drain(msg.reason, time.monotonic() + msg.drain_s, _ended(core), msg.cause)
+    return _Drain(msg.reason, time.monotonic(), None, msg.cause)
 
 
 def _ended(core: Any) -> int:
@@ -239,7 +240,8 @@ def _stop(core: Any, conn: Any, drain: _Drain, tickets: list[int]) -> None:
     if (fields := core.cutovers.halt(drain.reason)) is not None and tickets:
         _answer(core, conn, tickets.pop(), fields)
     before = drain.ended_before
-    n = core.shutdown(drain.reason, outs, None if before is None else _ended(core) - before)
+    drained = None if before is None else _ended(core) - before
+    n = core.shutdown(drain.reason, outs, drained, drain.cause)
     if outs:
         conn.send(Outputs(outputs=outs, snapshot=core.scheduler.snapshot()))
     conn.send(Stopped(reason=drain.reason, in_flight=n))

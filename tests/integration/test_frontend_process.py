@@ -1,16 +1,19 @@
-"""The frontend's side of the process split: the HTTP process imports no torch, and what the
-scheduler process sends it (typed messages, in order) unpickles without torch too."""
+"""The frontend's side of the process split: the HTTP process imports no torch, what the
+scheduler process sends it (typed messages, in order) unpickles without torch too, and a
+frontend that cannot set up its HTTP server has the scheduler end the boot saying why."""
 
 from __future__ import annotations
 
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 from collections import deque
 from pathlib import Path
 
 import orjson
+import pytest
 
 from engine.config import EngineConfig
 from engine.messages import (
@@ -25,6 +28,7 @@ from engine.messages import (
     Stopped,
 )
 from engine.sampling_params import SamplingParams
+from engine.server import launch
 from engine.server.scheduler_proc import scheduler_main
 from tests.tiny_model import VOCAB
 
@@ -139,3 +143,27 @@ def test_the_scheduler_answers_in_typed_messages_that_unpickle_without_torch(
     path.write_bytes(pickle.dumps(sent))
     # the frontend unpickles each of them (the tokenizer, the outputs) and still has no torch
     assert _torch_after(f"import pickle; pickle.loads(open({str(path)!r}, 'rb').read())") == "[]"
+
+
+def test_a_frontend_that_cannot_set_up_its_server_ends_the_boot_with_boot_failed(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    def broken(*args, **kwargs):
+        raise OSError("no room for the app")
+
+    monkeypatch.setattr(launch, "create_app", broken)  # this process's; the scheduler's is whole
+    log = tmp_path / "boot.jsonl"
+    cfg = EngineConfig.from_kwargs(model=tiny_model_dir, kv_tokens=1024, log_file=str(log))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(launch.BootFailed, match="OSError: no room for the app") as failed:
+        launch.serve(cfg, port=port)
+    assert failed.value.code == 2
+    recs = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    assert recs[0]["event"] == "boot.start"
+    assert "boot.ready" not in {r["event"] for r in recs}  # it never served
+    stop = recs[-1]  # written by the scheduler process, told why in its Stop
+    assert stop["event"] == "boot.stop" and stop["reason"] == "boot_failed"
+    assert stop["exit_code"] == 2 and stop["error"] == str(failed.value)
+    assert (stop["boot"], stop["seq"]) == (recs[0]["boot"], len(recs))

@@ -1,6 +1,7 @@
 """A tensor-parallel group of two ranks on the tiny model (gloo on loopback): uneven pools
-under pressure stay in agreement, a rank that reads its own pool is caught as a split, and a
-rank that dies stops the group with receipts saying which."""
+under pressure stay in agreement, a rank that reads its own pool is caught as a split, a
+rank that dies stops the group with receipts saying which, and a rank that cannot build its part
+ends the boot it began in its log saying why."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import pytest
 from audit.inputs import expand_logs
 from audit.spec import resolve
 from audit.verdict import evaluate
+from engine import group_boot
+from engine.config import EngineConfig
 from engine.dist.comm import GroupFailure
 from engine.llm import LLM
 from engine.sampling import SamplingParams
@@ -151,3 +154,39 @@ def test_one_multi_rank_engine_per_process_until_it_is_closed(tiny_model_dir):
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     assert len(second.generate([[5, 6, 7]], params)[0].token_ids) == 4
     second.close()
+
+
+class _Unmet:
+    """The comm of a rank whose group it never got to use: its rank, and whether it was closed."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.closed = rank, False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_rank_that_cannot_build_its_part_ends_its_log_with_boot_failed(tmp_path, monkeypatch):
+    # rank 0 names a model folder this rank's node does not have: rank 1 opens its log under
+    # rank 0's boot id, then fails to load
+    missing = tmp_path / "not-on-this-node"
+    log = tmp_path / "boot.log"
+    fields = EngineConfig.from_kwargs(
+        model=str(missing), tp=2, kv_tokens=1024, log_file=str(log)
+    ).as_dict()
+    comm = _Unmet(1)
+    joined = (group_boot.Member(comm, "b-0000beef"), fields)
+    monkeypatch.setattr(group_boot, "_connect", lambda *args: joined)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert group_boot.follower_main(1, 2, "env://") == group_boot.EXIT_FAILED == 1
+    finally:
+        for s, h in handlers.items():  # a rank's process owns its signals; this one is pytest's
+            signal.signal(s, h)
+    assert comm.closed and not log.exists()  # rank 0's own log is rank 0's to write
+    start, *_, stop = read(tmp_path / "boot.rank1.log")
+    assert start["event"] == "boot.start" and start["pid"] == os.getpid()
+    assert stop["event"] == "boot.stop" and stop["reason"] == "boot_failed"
+    assert (stop["boot"], stop["rank"]) == ("b-0000beef", 1)
+    assert stop["exit_code"] == 1 and "does not exist" in stop["error"]
+    assert verdicts(tmp_path, "boot_health")["stopped_in_order"] == "FAIL"

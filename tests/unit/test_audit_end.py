@@ -1,6 +1,7 @@
 """How a boot ended: a log cut with requests in flight cannot decide a claim that needs the end
 (`needs_end`: UNDECIDED, in_flight_at_end); a boot.stop for any reason but an orderly one is a
-crash (boot_health FAIL); a seq the engine never writes is its own reason (seq_invalid)."""
+crash (boot_health FAIL), and a boot that failed before it served is one, named with its cause;
+a seq the engine never writes is its own reason (seq_invalid)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,35 @@ def test_boot_health_passes_every_orderly_stop(tmp_path, reason):
     log = LogText().ready().received("r-1").r("request.abort", rid="r-1", reason=reason)
     log.r("boot.stop", reason=reason, in_flight=1)
     assert boot_health(tmp_path, log)["stopped_in_order"] == ("PASS", None)
+
+
+def boot_health_whys(tmp_path, log: LogText) -> dict[str, tuple[str, str]]:
+    report = evaluate([resolve("boot_health")], [log.write(tmp_path / "boot.log")])
+    return {c.claim: (c.status.value, c.why) for c in report.specs[0].claims}
+
+
+def test_a_boot_that_failed_before_serving_fails_boot_health_naming_its_cause(tmp_path):
+    log = LogText().r("boot.start", config={"tp": 3})  # never ready: it exited while booting
+    error = "engine failed to start: ValueError: tp 3 does not divide the model's 4 attention heads"
+    log.r("boot.stop", reason=schema.BOOT_FAILED, in_flight=0, exit_code=2, error=error)
+    got = boot_health_whys(tmp_path, log)
+    status, why = got["stopped_in_order"]
+    assert status == "FAIL"
+    assert f"reason 'boot_failed', exit_code 2, error {error!r}" in why
+    assert got["ready"][0] == "UNDECIDED"  # a boot that never served says nothing of serving
+    assert schema.BOOT_FAILED not in schema.ORDERLY_STOPS
+
+
+def test_a_boot_that_only_began_stays_undecided(tmp_path):
+    got = boot_health(tmp_path, LogText().r("boot.start", config={}))  # it may be booting still
+    assert {v for v, _ in got.values()} == {"UNDECIDED"}
+
+
+def test_a_crash_names_what_its_stop_says_of_the_cause(tmp_path):
+    log = LogText().ready().received("r-1").r("request.abort", rid="r-1", reason="scheduler_died")
+    log.r("boot.stop", reason="scheduler_died", in_flight=1, signal="SIGKILL", exit_code=-9)
+    _, why = boot_health_whys(tmp_path, log)["stopped_in_order"]
+    assert why.endswith("reason 'scheduler_died', exit_code -9, signal 'SIGKILL'")
 
 
 def test_the_spec_names_exactly_the_orderly_stops_of_the_schema():

@@ -1,12 +1,14 @@
 """The frontend's boot.stop after the scheduler process died: it continues the dead process's
 boot, rank and seq, names the signal or exit code, ends each request that was in flight with an
-abort, and survives a line the kill cut in half."""
+abort, and survives a line the kill cut in half. And the boot.stop of a boot that failed before
+serving: it ends the boot the failed process began (found by its pid), with the exit code and
+the message, and nothing else."""
 
 from __future__ import annotations
 
 import orjson
 
-from engine.obs.death import write_death
+from engine.obs.death import write_boot_failed, write_death
 from engine.obs.receipts import Receipts
 
 
@@ -79,3 +81,56 @@ def test_no_log_or_no_receipt_writes_nothing_and_raises_nothing(tmp_path, capsys
     assert text.read_text() == "Traceback (most recent call last):\n"
     assert not write_death(tmp_path / "missing.jsonl", "scheduler_died", [])
     assert "boot.stop" in capsys.readouterr().err
+
+
+def begun(path, pid: int, n: int = 2) -> Receipts:
+    """A boot that process ``pid`` began: boot.start and ``n`` receipts more, left open."""
+    r = Receipts(path)
+    r.emit("boot.start", config={}, pid=pid, ppid=1, host="h", argv=[], versions={})
+    for _ in range(n):
+        r.emit("notice", text="loading")
+    r.close()
+    return r
+
+
+def test_a_failed_boot_ends_the_boot_its_process_began_with_the_exit_code_and_message(tmp_path):
+    log = tmp_path / "boot.jsonl"
+    older = begun(log, pid=41)  # an earlier boot in the same file, by another process
+    Receipts(log, boot=older.boot, after=(older.seq, 0)).emit("boot.stop", reason="sigterm",
+                                                            in_flight=0)  # fmt: skip
+    failed = begun(log, pid=42)
+    assert write_boot_failed(log, 42, 2, "tp 3 does not divide the model's 4 attention heads")
+    *_, before, stop = records(log)
+    assert stop["event"] == "boot.stop" and stop["reason"] == "boot_failed"
+    assert (stop["boot"], stop["rank"], stop["seq"]) == (failed.boot, 0, before["seq"] + 1)
+    assert stop["exit_code"] == 2 and stop["in_flight"] == 0
+    assert stop["error"] == "tp 3 does not divide the model's 4 attention heads"
+
+
+def test_a_failed_boot_with_no_boot_start_of_its_own_writes_nothing(tmp_path, capsys):
+    log = tmp_path / "boot.jsonl"
+    begun(log, pid=41)  # another process's boot, still open: not this one's to end
+    before = log.read_bytes()
+    assert not write_boot_failed(log, 42, 2, "killed before it wrote a receipt")
+    assert not write_boot_failed(tmp_path / "missing.jsonl", 42, 2, "no log at all")
+    assert not write_boot_failed(None, 42, 2, "no log asked for")
+    assert log.read_bytes() == before
+    assert capsys.readouterr().err == ""  # nothing began, nothing to say
+
+
+def test_a_boot_that_ended_already_is_not_ended_twice(tmp_path):
+    log = tmp_path / "boot.jsonl"
+    r = begun(log, pid=42)
+    Receipts(log, boot=r.boot, after=(r.seq, 0)).emit("boot.stop", reason="rank_lost",
+                                                      in_flight=0)  # fmt: skip
+    before = log.read_bytes()
+    assert not write_boot_failed(log, 42, 1, "the group failed")
+    assert log.read_bytes() == before
+
+
+def test_a_long_message_is_clipped_between_words(tmp_path):
+    log = tmp_path / "boot.jsonl"
+    begun(log, pid=42)
+    assert write_boot_failed(log, 42, 2, "word " * 400)
+    stop = records(log)[-1]
+    assert len(stop["error"]) < 600 and stop["error"].endswith("more words)")

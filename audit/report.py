@@ -19,18 +19,11 @@ import plotly.io as pio
 import plotly.offline
 from plotly.subplots import make_subplots
 
-from audit.report_data import CUTOVER_KINDS, Key, ReportData, percentile
+from audit.report_data import CUTOVER_KINDS, ReportData, percentile
+from audit.report_time import X_TITLE, mark, pool_figure, queue_figure
 from audit.verdict import Report
 
-_X = "seconds since the first receipt"
 _CONFIG = {"displaylogo": False, "responsive": True}
-_LAYERS = (  # (field, legend, colour), bottom to top: the stack adds up to the capacity
-    ("used", "used (private to requests)", "#d62728"),
-    ("cached_held", "cached, held by requests", "#ff7f0e"),
-    ("evictable", "cached, evictable", "#bcbd22"),
-    ("staged", "staged frees", "#9467bd"),
-    ("free", "free", "#2ca02c"),
-)
 # one colour per timeline lane, so a lane keeps its colour whichever lanes have events
 _LANE_COLOURS = (
     "#1f77b4", "#17becf", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#ff7f0e", "#7f7f7f",
@@ -74,17 +67,6 @@ def _figure_html(fig: go.Figure, div_id: str, height: int = 380) -> str:
     return pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=div_id, config=_CONFIG)
 
 
-def _mark(fig: go.Figure, data: ReportData) -> None:
-    """Boots, stops and cutovers as dotted vertical lines on a time figure."""
-    for m in data.markers:
-        fig.add_vline(x=data.rel(m.t), line={"dash": "dot", "color": "#888", "width": 1})
-        fig.add_annotation(
-            x=data.rel(m.t), y=1, yref="paper", text=_esc(f"{m.kind} r{m.rank}"),
-            showarrow=False, textangle=-90, xanchor="right", yanchor="top",
-            font={"size": 9, "color": "#666"},
-        )  # fmt: skip
-
-
 # -- sections -------------------------------------------------------------------------------------
 
 
@@ -109,29 +91,6 @@ def verdict_section(report: Report) -> str:
     return "\n".join(parts)
 
 
-def _pool_figure(data: ReportData, key: Key) -> go.Figure:
-    samples = data.pool[key]
-    x = [data.rel(s.t) for s in samples]
-    fig = go.Figure()
-    for name, legend, colour in _LAYERS:
-        y = [getattr(s, name) for s in samples]
-        if any(v is None for v in y):
-            continue  # "used" needs the pool's size
-        fig.add_trace(
-            go.Scatter(
-                x=x, y=y, name=legend, mode="lines", stackgroup="pool",
-                line={"width": 0.5, "color": colour}, fillcolor=colour,
-            )
-        )  # fmt: skip
-    cap = data.capacity.get(key)
-    if cap is not None:
-        fig.add_hline(y=cap, line={"dash": "dash", "color": "#333", "width": 1})
-    title = f"{data.label(key)}: KV pool (tokens)" + (f", capacity {cap}" if cap else "")
-    fig.update_layout(title=title, xaxis_title=_X, yaxis_title="tokens", hovermode="x unified")
-    _mark(fig, data)
-    return fig
-
-
 def pool_section(data: ReportData) -> str:
     parts = ['<h2 id="pool">Pool usage over time</h2>']
     if not data.pool:
@@ -142,7 +101,7 @@ def pool_section(data: ReportData) -> str:
                 f'<p class="meta">{_esc(data.label(key))}: no boot.pool_sized receipt, so the '
                 "pool's size and its used layer are unknown; the other layers are drawn</p>"
             )
-        parts.append(_figure_html(_pool_figure(data, key), f"fig-pool-{i}"))
+        parts.append(_figure_html(pool_figure(data, key), f"fig-pool-{i}"))
     return "\n".join(parts)
 
 
@@ -171,8 +130,8 @@ def timeline_section(data: ReportData) -> str:
         tickvals=list(range(len(lanes))), ticktext=counts, range=[len(lanes) - 0.5, -0.5],
         showgrid=True, zeroline=False,
     )  # fmt: skip
-    fig.update_layout(title="receipts by kind (hover for the numbers)", xaxis_title=_X)
-    _mark(fig, data)
+    fig.update_layout(title="receipts by kind (hover for the numbers)", xaxis_title=X_TITLE)
+    mark(fig, data)
     notes = "".join(
         f'<p class="warn">{_esc(lane)}: {n} more event(s) not drawn</p>'
         for lane, n in data.left_out.items()
@@ -184,22 +143,7 @@ def queue_section(data: ReportData) -> str:
     head = '<h2 id="queue">Queue depth</h2>'
     if not data.pool:
         return head + _nodata("no iteration receipts in these logs")
-    fig = go.Figure()
-    for key in sorted(data.pool):
-        samples = data.pool[key]
-        x = [data.rel(s.t) for s in samples]
-        for name, dash in (("waiting", "solid"), ("running", "dash"), ("parked", "dot")):
-            fig.add_trace(
-                go.Scatter(
-                    x=x, y=[getattr(s, name) for s in samples], mode="lines",
-                    name=f"{data.label(key)} {name}", line={"dash": dash, "shape": "hv"},
-                )
-            )  # fmt: skip
-    fig.update_layout(
-        title="requests waiting, running and parked (iteration receipts)", xaxis_title=_X,
-        yaxis_title="requests", hovermode="x unified",
-    )  # fmt: skip
-    _mark(fig, data)
+    fig = queue_figure(data)
     return head + _figure_html(fig, "fig-queue")
 
 
@@ -242,7 +186,7 @@ def ranks_section(data: ReportData) -> str:
                 go.Scatter(x=x, y=[v for _, _, v in series], name=f"rank {rank} local",
                            line={"dash": "dot"})
             )  # fmt: skip
-        fig.update_layout(title="published floor vs local room (group.floor)", xaxis_title=_X)
+        fig.update_layout(title="published floor vs local room (group.floor)", xaxis_title=X_TITLE)
         parts.append(_figure_html(fig, "fig-floors"))
     elif len(ranks) > 1:
         parts.append(_nodata("no group.floor receipt: no rank published a floor"))

@@ -1,9 +1,12 @@
 """`audit report`: one self-contained HTML page for people, from boot logs and their verdicts.
 
 Sections: the verdict table; pool usage over time (used / cached / evictable / staged / free,
-stacked to the capacity); pressure events on a timeline (parks, retractions, evictions, relief
-rungs, the allocation net, aborts); queue depth; per-request latency distributions (TTFT, E2E);
-ranks (receipts per kind and rank, the published floor) and cutovers where the logs have them.
+stacked to the capacity from iterations, and each layer from every receipt that carries it);
+pressure events on a timeline (parks, retractions, evictions, relief rungs, the allocation net,
+aborts); queue depth; progress (the iterations' counters) and the scheduler's stalls, shaded on
+every time figure; per-request latency distributions (TTFT, E2E); ranks (receipts per kind and
+rank, the published floor) and cutovers where the logs have them. The time figures are
+`audit/report_time.py`; which receipts speak for which series, `audit/report_series.py`.
 
 Plotly draws the figures; its JavaScript is embedded once in the page, so the file opens offline
 and fetches nothing. A section with nothing to draw says so ("no data") instead of vanishing.
@@ -20,7 +23,8 @@ import plotly.offline
 from plotly.subplots import make_subplots
 
 from audit.report_data import CUTOVER_KINDS, ReportData, percentile
-from audit.report_time import X_TITLE, mark, pool_figure, queue_figure
+from audit.report_series import POOL_SERIES, PROGRESS_SERIES, QUEUE_SERIES
+from audit.report_time import X_TITLE, keys_with, mark, pool_figure, progress_figure, queue_figure
 from audit.verdict import Report
 
 _CONFIG = {"displaylogo": False, "responsive": True}
@@ -39,6 +43,9 @@ text-align:left;vertical-align:top} th{background:#f4f4f4} td.num{text-align:rig
 .nodata{color:#777;font-style:italic} .warn{background:#fff3cd;padding:8px;border:1px solid #e0c36c}
 .meta{color:#555}
 """
+
+
+_NO_ITERATIONS = "no iteration receipts in these logs"
 
 
 def _esc(v: object) -> str:
@@ -93,15 +100,22 @@ def verdict_section(report: Report) -> str:
 
 def pool_section(data: ReportData) -> str:
     parts = ['<h2 id="pool">Pool usage over time</h2>']
-    if not data.pool:
-        return parts[0] + _nodata("no iteration receipts in these logs")
-    for i, key in enumerate(sorted(data.pool)):
-        if key not in data.capacity:
+    keys = sorted(set(data.pool) | set(keys_with(data, POOL_SERIES)))
+    if not keys:
+        return parts[0] + _nodata(f"{_NO_ITERATIONS}, and no other receipt carries a pool number")
+    for i, key in enumerate(keys):
+        label = _esc(data.label(key))
+        if key not in data.pool:
             parts.append(
-                f'<p class="meta">{_esc(data.label(key))}: no boot.pool_sized receipt, so the '
+                f'<p class="meta">{label}: no iteration receipt, so no moment with every layer: '
+                "the layers other receipts carry are drawn, each on its own</p>"
+            )
+        elif key not in data.capacity:
+            parts.append(
+                f'<p class="meta">{label}: no boot.pool_sized receipt, so the '
                 "pool's size and its used layer are unknown; the other layers are drawn</p>"
             )
-        parts.append(_figure_html(pool_figure(data, key), f"fig-pool-{i}"))
+        parts.append(_figure_html(pool_figure(data, key), f"fig-pool-{i}", height=560))
     return "\n".join(parts)
 
 
@@ -141,10 +155,29 @@ def timeline_section(data: ReportData) -> str:
 
 def queue_section(data: ReportData) -> str:
     head = '<h2 id="queue">Queue depth</h2>'
-    if not data.pool:
-        return head + _nodata("no iteration receipts in these logs")
-    fig = queue_figure(data)
-    return head + _figure_html(fig, "fig-queue")
+    if not keys_with(data, QUEUE_SERIES):
+        return head + _nodata(f"{_NO_ITERATIONS}, and no other receipt carries the queue's counts")
+    return head + _figure_html(queue_figure(data), "fig-queue")
+
+
+def progress_section(data: ReportData) -> str:
+    head = '<h2 id="progress">Progress and stalls</h2>'
+    if not keys_with(data, PROGRESS_SERIES):
+        why = "no iteration receipt with the progress counters (" + ", ".join(PROGRESS_SERIES)
+        return head + _nodata(why + ")") + _stall_table(data)
+    return head + _figure_html(progress_figure(data), "fig-progress") + _stall_table(data)
+
+
+def _stall_table(data: ReportData) -> str:
+    """The scheduler's stalls (shaded on every time figure), with their numbers."""
+    if not data.stalls:
+        return '<p class="meta">no scheduler.stall or scheduler.resume receipt</p>'
+    rows = [
+        [f"{data.rel(s.since):.3f}", f"{data.rel(s.until):.3f}", _esc(data.label(s.key)),
+         "?" if s.stalled_s is None else f"{s.stalled_s:.3f}", _esc(s.text)]
+        for s in data.stalls
+    ]  # fmt: skip
+    return _table(["from +s", "to +s", "rank", "stood (s)", "what it held"], rows)
 
 
 def latency_section(data: ReportData) -> str:
@@ -223,7 +256,8 @@ def _header(data: ReportData, report: Report) -> str:
     nav = " · ".join(
         f'<a href="#{a}">{t}</a>'
         for a, t in (("verdicts", "verdicts"), ("pool", "pool"), ("timeline", "timeline"),
-                     ("queue", "queue"), ("latency", "latency"), ("ranks", "ranks"))
+                     ("queue", "queue"), ("progress", "progress"), ("latency", "latency"),
+                     ("ranks", "ranks"))
     )  # fmt: skip
     return "\n".join(lines) + f"<p>{nav}</p>"
 
@@ -237,6 +271,7 @@ def render(data: ReportData, report: Report) -> str:
             pool_section(data),
             timeline_section(data),
             queue_section(data),
+            progress_section(data),
             latency_section(data),
             ranks_section(data),
         )

@@ -1,8 +1,10 @@
 """Which receipts speak for which series of `audit report`'s time plots, with which number.
 
-The ``iteration`` receipt is sampled (every ``iteration_receipt_interval`` steps, 50 by
-default), so a slow boot may write its first one many seconds in. Other receipts carry some of
-the same numbers at their own moments, and each adds a point to the series it can speak for.
+The ``iteration`` receipt is sampled: every ``iteration_receipt_interval`` steps (50 by
+default), and with one rank after each step that moved the queue; an engine that wrote only the
+samples, or a rank of a group between its steps with work, leaves stretches of a slow boot with
+none (a first one 23 s in). Other receipts carry some of the same numbers at their own moments,
+and each adds a point to the series it can speak for.
 
 The rule: a receipt adds a point to a series only where it carries that series' number as the
 same quantity the ``iteration`` receipt writes for it, and the point is at the receipt's time

@@ -1,9 +1,12 @@
 """`audit report`: one self-contained HTML page for people, from boot logs and their verdicts.
 
 Sections: the verdict table; pool usage over time (used / cached / evictable / staged / free,
-stacked to the capacity); pressure events on a timeline (parks, retractions, evictions, relief
-rungs, the allocation net, aborts); queue depth; per-request latency distributions (TTFT, E2E);
-ranks (receipts per kind and rank, the published floor) and cutovers where the logs have them.
+stacked to the capacity from iterations, and each layer from every receipt that carries it);
+pressure events on a timeline (parks, retractions, evictions, relief rungs, the allocation net,
+aborts); queue depth; progress (the iterations' counters) and the scheduler's stalls, shaded on
+every time figure; per-request latency distributions (TTFT, E2E); ranks (receipts per kind and
+rank, the published floor) and cutovers where the logs have them. The time figures are
+`audit/report_time.py`; which receipts speak for which series, `audit/report_series.py`.
 
 Plotly draws the figures; its JavaScript is embedded once in the page, so the file opens offline
 and fetches nothing. A section with nothing to draw says so ("no data") instead of vanishing.
@@ -19,18 +22,12 @@ import plotly.io as pio
 import plotly.offline
 from plotly.subplots import make_subplots
 
-from audit.report_data import CUTOVER_KINDS, Key, ReportData, percentile
+from audit.report_data import CUTOVER_KINDS, ReportData, percentile
+from audit.report_series import POOL_SERIES, PROGRESS_SERIES, QUEUE_SERIES
+from audit.report_time import X_TITLE, keys_with, mark, pool_figure, progress_figure, queue_figure
 from audit.verdict import Report
 
-_X = "seconds since the first receipt"
 _CONFIG = {"displaylogo": False, "responsive": True}
-_LAYERS = (  # (field, legend, colour), bottom to top: the stack adds up to the capacity
-    ("used", "used (private to requests)", "#d62728"),
-    ("cached_held", "cached, held by requests", "#ff7f0e"),
-    ("evictable", "cached, evictable", "#bcbd22"),
-    ("staged", "staged frees", "#9467bd"),
-    ("free", "free", "#2ca02c"),
-)
 # one colour per timeline lane, so a lane keeps its colour whichever lanes have events
 _LANE_COLOURS = (
     "#1f77b4", "#17becf", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#ff7f0e", "#7f7f7f",
@@ -46,6 +43,9 @@ text-align:left;vertical-align:top} th{background:#f4f4f4} td.num{text-align:rig
 .nodata{color:#777;font-style:italic} .warn{background:#fff3cd;padding:8px;border:1px solid #e0c36c}
 .meta{color:#555}
 """
+
+
+_NO_ITERATIONS = "no iteration receipts in these logs"
 
 
 def _esc(v: object) -> str:
@@ -74,17 +74,6 @@ def _figure_html(fig: go.Figure, div_id: str, height: int = 380) -> str:
     return pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=div_id, config=_CONFIG)
 
 
-def _mark(fig: go.Figure, data: ReportData) -> None:
-    """Boots, stops and cutovers as dotted vertical lines on a time figure."""
-    for m in data.markers:
-        fig.add_vline(x=data.rel(m.t), line={"dash": "dot", "color": "#888", "width": 1})
-        fig.add_annotation(
-            x=data.rel(m.t), y=1, yref="paper", text=_esc(f"{m.kind} r{m.rank}"),
-            showarrow=False, textangle=-90, xanchor="right", yanchor="top",
-            font={"size": 9, "color": "#666"},
-        )  # fmt: skip
-
-
 # -- sections -------------------------------------------------------------------------------------
 
 
@@ -109,40 +98,24 @@ def verdict_section(report: Report) -> str:
     return "\n".join(parts)
 
 
-def _pool_figure(data: ReportData, key: Key) -> go.Figure:
-    samples = data.pool[key]
-    x = [data.rel(s.t) for s in samples]
-    fig = go.Figure()
-    for name, legend, colour in _LAYERS:
-        y = [getattr(s, name) for s in samples]
-        if any(v is None for v in y):
-            continue  # "used" needs the pool's size
-        fig.add_trace(
-            go.Scatter(
-                x=x, y=y, name=legend, mode="lines", stackgroup="pool",
-                line={"width": 0.5, "color": colour}, fillcolor=colour,
-            )
-        )  # fmt: skip
-    cap = data.capacity.get(key)
-    if cap is not None:
-        fig.add_hline(y=cap, line={"dash": "dash", "color": "#333", "width": 1})
-    title = f"{data.label(key)}: KV pool (tokens)" + (f", capacity {cap}" if cap else "")
-    fig.update_layout(title=title, xaxis_title=_X, yaxis_title="tokens", hovermode="x unified")
-    _mark(fig, data)
-    return fig
-
-
 def pool_section(data: ReportData) -> str:
     parts = ['<h2 id="pool">Pool usage over time</h2>']
-    if not data.pool:
-        return parts[0] + _nodata("no iteration receipts in these logs")
-    for i, key in enumerate(sorted(data.pool)):
-        if key not in data.capacity:
+    keys = sorted(set(data.pool) | set(keys_with(data, POOL_SERIES)))
+    if not keys:
+        return parts[0] + _nodata(f"{_NO_ITERATIONS}, and no other receipt carries a pool number")
+    for i, key in enumerate(keys):
+        label = _esc(data.label(key))
+        if key not in data.pool:
             parts.append(
-                f'<p class="meta">{_esc(data.label(key))}: no boot.pool_sized receipt, so the '
+                f'<p class="meta">{label}: no iteration receipt, so no moment with every layer: '
+                "the layers other receipts carry are drawn, each on its own</p>"
+            )
+        elif key not in data.capacity:
+            parts.append(
+                f'<p class="meta">{label}: no boot.pool_sized receipt, so the '
                 "pool's size and its used layer are unknown; the other layers are drawn</p>"
             )
-        parts.append(_figure_html(_pool_figure(data, key), f"fig-pool-{i}"))
+        parts.append(_figure_html(pool_figure(data, key), f"fig-pool-{i}", height=560))
     return "\n".join(parts)
 
 
@@ -171,8 +144,8 @@ def timeline_section(data: ReportData) -> str:
         tickvals=list(range(len(lanes))), ticktext=counts, range=[len(lanes) - 0.5, -0.5],
         showgrid=True, zeroline=False,
     )  # fmt: skip
-    fig.update_layout(title="receipts by kind (hover for the numbers)", xaxis_title=_X)
-    _mark(fig, data)
+    fig.update_layout(title="receipts by kind (hover for the numbers)", xaxis_title=X_TITLE)
+    mark(fig, data)
     notes = "".join(
         f'<p class="warn">{_esc(lane)}: {n} more event(s) not drawn</p>'
         for lane, n in data.left_out.items()
@@ -182,25 +155,29 @@ def timeline_section(data: ReportData) -> str:
 
 def queue_section(data: ReportData) -> str:
     head = '<h2 id="queue">Queue depth</h2>'
-    if not data.pool:
-        return head + _nodata("no iteration receipts in these logs")
-    fig = go.Figure()
-    for key in sorted(data.pool):
-        samples = data.pool[key]
-        x = [data.rel(s.t) for s in samples]
-        for name, dash in (("waiting", "solid"), ("running", "dash"), ("parked", "dot")):
-            fig.add_trace(
-                go.Scatter(
-                    x=x, y=[getattr(s, name) for s in samples], mode="lines",
-                    name=f"{data.label(key)} {name}", line={"dash": dash, "shape": "hv"},
-                )
-            )  # fmt: skip
-    fig.update_layout(
-        title="requests waiting, running and parked (iteration receipts)", xaxis_title=_X,
-        yaxis_title="requests", hovermode="x unified",
-    )  # fmt: skip
-    _mark(fig, data)
-    return head + _figure_html(fig, "fig-queue")
+    if not keys_with(data, QUEUE_SERIES):
+        return head + _nodata(f"{_NO_ITERATIONS}, and no other receipt carries the queue's counts")
+    return head + _figure_html(queue_figure(data), "fig-queue")
+
+
+def progress_section(data: ReportData) -> str:
+    head = '<h2 id="progress">Progress and stalls</h2>'
+    if not keys_with(data, PROGRESS_SERIES):
+        why = "no iteration receipt with the progress counters (" + ", ".join(PROGRESS_SERIES)
+        return head + _nodata(why + ")") + _stall_table(data)
+    return head + _figure_html(progress_figure(data), "fig-progress") + _stall_table(data)
+
+
+def _stall_table(data: ReportData) -> str:
+    """The scheduler's stalls (shaded on every time figure), with their numbers."""
+    if not data.stalls:
+        return '<p class="meta">no scheduler.stall or scheduler.resume receipt</p>'
+    rows = [
+        [f"{data.rel(s.since):.3f}", f"{data.rel(s.until):.3f}", _esc(data.label(s.key)),
+         "?" if s.stalled_s is None else f"{s.stalled_s:.3f}", _esc(s.text)]
+        for s in data.stalls
+    ]  # fmt: skip
+    return _table(["from +s", "to +s", "rank", "stood (s)", "what it held"], rows)
 
 
 def latency_section(data: ReportData) -> str:
@@ -242,7 +219,7 @@ def ranks_section(data: ReportData) -> str:
                 go.Scatter(x=x, y=[v for _, _, v in series], name=f"rank {rank} local",
                            line={"dash": "dot"})
             )  # fmt: skip
-        fig.update_layout(title="published floor vs local room (group.floor)", xaxis_title=_X)
+        fig.update_layout(title="published floor vs local room (group.floor)", xaxis_title=X_TITLE)
         parts.append(_figure_html(fig, "fig-floors"))
     elif len(ranks) > 1:
         parts.append(_nodata("no group.floor receipt: no rank published a floor"))
@@ -279,7 +256,8 @@ def _header(data: ReportData, report: Report) -> str:
     nav = " · ".join(
         f'<a href="#{a}">{t}</a>'
         for a, t in (("verdicts", "verdicts"), ("pool", "pool"), ("timeline", "timeline"),
-                     ("queue", "queue"), ("latency", "latency"), ("ranks", "ranks"))
+                     ("queue", "queue"), ("progress", "progress"), ("latency", "latency"),
+                     ("ranks", "ranks"))
     )  # fmt: skip
     return "\n".join(lines) + f"<p>{nav}</p>"
 
@@ -293,6 +271,7 @@ def render(data: ReportData, report: Report) -> str:
             pool_section(data),
             timeline_section(data),
             queue_section(data),
+            progress_section(data),
             latency_section(data),
             ranks_section(data),
         )

@@ -1,9 +1,13 @@
 """What `audit report` draws, read from boot logs in one pass (pure data; no plotting here).
 
-Pool layers and queue depth come from ``iteration`` receipts, the pool's size from
-``boot.pool_sized``; pressure events (parks, retractions, evictions, relief rungs, ...) are placed
-on a timeline by their ``ts``; latencies come from ``request.finish``. Series are kept per
-(boot, rank), so two ranks or two boots in one log are drawn side by side, never summed.
+The stacked pool layers come from ``iteration`` receipts (every layer at one moment), the pool's
+size from ``boot.pool_sized``; each pool layer, the queue's counts and the progress counters
+over time come from every receipt that carries them (``series``: which receipts speak for which
+series is `audit/report_series.py`'s rule); stalls are spans from a ``scheduler.stall``'s
+``since`` to the ``scheduler.resume`` after it; pressure events (parks, retractions, evictions,
+relief rungs, ...) are placed on a timeline by their ``ts``; latencies come from
+``request.finish``. Series are kept per (boot, rank), so two ranks or two boots in one log are
+drawn side by side, never summed.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 from audit.explain import detail
 from audit.reader import scan
 from audit.readstats import ReadStats
+from audit.report_series import Point, points
 from engine.obs import schema
 
 Key = tuple[str, int]  # (boot, rank)
@@ -69,11 +74,25 @@ class Event:
 
 
 @dataclass(slots=True)
+class Stall:
+    """The scheduler's loop stood still on a rank: from ``since`` (its last turn) to the
+    ``scheduler.resume`` after it (``until``; the stall's own ts where no resume follows)."""
+
+    key: Key
+    since: float
+    until: float
+    stalled_s: float | None  # the resume's; None where no resume follows
+    text: str  # what it held and who arrived meanwhile, for the figures
+
+
+@dataclass(slots=True)
 class ReportData:
     stats: ReadStats
     t0: float | None = None  # the earliest receipt's ts: every time axis starts here
     capacity: dict[Key, int] = field(default_factory=dict)
-    pool: dict[Key, list[PoolSample]] = field(default_factory=dict)
+    pool: dict[Key, list[PoolSample]] = field(default_factory=dict)  # iterations: the stack
+    series: dict[Key, dict[str, list[Point]]] = field(default_factory=dict)  # in time order
+    stalls: list[Stall] = field(default_factory=list)
     lanes: dict[str, list[Event]] = field(default_factory=dict)
     left_out: dict[str, int] = field(default_factory=dict)  # lane -> events beyond the cap
     markers: list[Event] = field(default_factory=list)
@@ -135,6 +154,43 @@ def percentile(values: list[float], q: float) -> float | None:
     return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
 
 
+def _held(rec: dict[str, Any]) -> str:
+    return ", ".join(f"{_shown(rec.get(n))} {n}" for n in ("running", "waiting", "parked"))
+
+
+def _shown(v: object) -> object:
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else "?"
+
+
+class _Stalls:
+    """Pairs each ``scheduler.stall`` with the ``scheduler.resume`` after it, per rank."""
+
+    def __init__(self) -> None:
+        self.open: dict[Key, Stall] = {}
+        self.done: list[Stall] = []
+
+    def stall(self, key: Key, t: float, rec: dict[str, Any]) -> None:
+        since = rec.get("since")
+        since = float(since) if isinstance(since, int | float) and math.isfinite(since) else t
+        self.open[key] = Stall(key, min(since, t), t, None, f"held {_held(rec)}")
+
+    def resume(self, key: Key, t: float, rec: dict[str, Any]) -> None:
+        s, stalled = self.open.pop(key, None), rec.get("stalled_s")
+        stalled = float(stalled) if isinstance(stalled, int | float) else None
+        if s is None:  # its stall line is lost: the resume says how long it stood
+            if stalled is None or not math.isfinite(stalled) or stalled < 0:
+                return
+            s = Stall(key, t - stalled, t, None, "its scheduler.stall is not in the log")
+        s.until, s.stalled_s = t, stalled
+        s.text += f"; {_shown(rec.get('arrived'))} arrived"
+        self.done.append(s)
+
+    def all(self) -> list[Stall]:
+        for s in self.open.values():
+            s.text += "; no scheduler.resume follows in the log"
+        return sorted(self.done + list(self.open.values()), key=lambda s: s.since)
+
+
 class _Collector:
     """The scan's receipt handler: fills a ReportData."""
 
@@ -143,6 +199,11 @@ class _Collector:
         self.pending: dict[Key, list[tuple[float, dict[str, Any]]]] = defaultdict(list)
         self.lanes: dict[str, list[Event]] = {lane: [] for lane in LANES}
         self.latency: dict[str, list[float]] = {"ttft_s": [], "e2e_s": [], "queue_s": []}
+        self.series: dict[Key, dict[str, list[Point]]] = defaultdict(lambda: defaultdict(list))
+        self.local: dict[Key, dict[str, list[Point]]] = defaultdict(lambda: defaultdict(list))
+        self.ranks: dict[str, set[int]] = defaultdict(set)  # per boot: ranks seen
+        self.declared: dict[str, int] = {}  # per boot: boot.start's config.tp
+        self.stalls = _Stalls()
 
     def __call__(self, rec: dict[str, Any]) -> None:
         t = _ts(rec)
@@ -150,6 +211,9 @@ class _Collector:
             return
         d, event, key = self.data, rec["event"], (rec["boot"], rec["rank"])
         d.t0 = t if d.t0 is None else min(d.t0, t)
+        self.ranks[key[0]].add(key[1])
+        for series, point, local in points(rec, t):
+            (self.local if local else self.series)[key][series].append(point)
         if event == schema.ITERATION:
             self.pending[key].append((t, rec))  # the pool's size may come later in the file
         elif event == schema.BOOT_POOL_SIZED:
@@ -161,6 +225,14 @@ class _Collector:
                 v = rec.get(name)
                 if isinstance(v, int | float) and math.isfinite(v):
                     values.append(float(v))
+        elif event == schema.SCHEDULER_STALL:
+            self.stalls.stall(key, t, rec)
+        elif event == schema.SCHEDULER_RESUME:
+            self.stalls.resume(key, t, rec)
+        elif event == schema.BOOT_START:
+            tp = rec["config"].get("tp") if isinstance(rec.get("config"), dict) else None
+            if type(tp) is int:
+                self.declared[key[0]] = max(self.declared.get(key[0], 0), tp)
         elif event == schema.GROUP_FLOOR:
             floor = rec["floor"] if isinstance(rec["floor"], int | float) else None
             d.floors.setdefault(rec["rank"], []).append((t, floor, _num(rec, "local")))
@@ -184,12 +256,26 @@ class _Collector:
         for key, recs in self.pending.items():
             recs.sort(key=lambda tr: tr[0])
             d.pool[key] = [pool_sample(r, t, d.capacity.get(key)) for t, r in recs]
+        self._series()
+        d.stalls = self.stalls.all()
         d.lanes = {lane: sorted(ev, key=lambda e: e.t) for lane, ev in self.lanes.items()}
         d.latency = self.latency
         d.markers.sort(key=lambda e: e.t)
         for series in d.floors.values():
             series.sort(key=lambda x: x[0])
         return d
+
+    def _series(self) -> None:
+        """Every series in time order; the rank-local numbers only in boots of one rank."""
+        for key, by_series in self.local.items():
+            boot = key[0]
+            if len(self.ranks[boot]) <= 1 and self.declared.get(boot, 1) <= 1:
+                for name, pts in by_series.items():
+                    self.series[key][name].extend(pts)
+        self.data.series = {
+            key: {name: sorted(pts, key=lambda p: p.t) for name, pts in by_series.items()}
+            for key, by_series in self.series.items()
+        }
 
 
 def collect(logs: list[str | Path]) -> ReportData:

@@ -276,7 +276,7 @@ class ObservabilitySection(_Section):
     log_file: str | None = _knob(None, "Boot log of JSON receipts.")
     console_receipts: bool = _knob(False, "Also print receipts, pretty, on stderr.")
     iteration_receipt_interval: int = _knob(
-        50, "An `iteration` summary receipt every N steps; 0: off."
+        50, "An `iteration` receipt every N steps, and after one that moved the queue; 0: off."
     )
     # OTLP/HTTP collector base URL for traces; None: the OTEL_* variables decide (off if unset)
     otlp_endpoint: str | None = _knob(

@@ -205,7 +205,8 @@ _CATALOG = (
          "the published floor of a multi-rank group, where it binds (this rank counted more)",
          ("available", "evictable", "staged")),
     Kind(ITERATION, ("running", "waiting"),
-         "a sampled scheduler summary; with more than one rank, one on every iteration that "
+         "a scheduler summary, sampled every N steps and (one rank) after a step that moved the "
+         "queue (running, waiting, parked); with more than one rank, one on every iteration that "
          "scheduled work, with the digest of the batch about to run (batch_digest)",
          ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio", "digest")
          + PROGRESS),

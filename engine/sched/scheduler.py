@@ -88,6 +88,7 @@ class Scheduler:
         self._ids = itertools.count()
         self._was_busy = False
         self._digest_iter = -1  # the last iteration whose receipt carried a batch digest
+        self._queue_written = (0, 0, 0)  # running, waiting, parked of the last iteration receipt
         self.generated = 0  # tokens sampled since boot: progress the iteration receipt counts
         torch.manual_seed(config.scheduler.seed)
 
@@ -223,12 +224,7 @@ class Scheduler:
     def _after_step(self, chunks: Planned) -> None:
         if self.traces is not None:
             self.traces.step_done(chunks)
-        interval = self.config.observability.iteration_receipt_interval
-        if (
-            interval
-            and self.receipts.iter % interval == 0
-            and self._digest_iter != self.receipts.iter
-        ):
+        if self._iteration_due():
             self._iteration_receipt()
         if self.config.scheduler.check_invariants:
             checks.check(self)
@@ -320,8 +316,27 @@ class Scheduler:
             **schema.progress(self.generated, self.receipts.counts),
         )  # fmt: skip
 
+    def _iteration_due(self) -> bool:
+        """An ``iteration`` receipt after this step: every ``interval`` steps, and with one rank
+        after a step that moved the queue (running, waiting or parked differ from the last
+        receipt's), so a slow boot's queue is in its log from its first step. A step that moved
+        nothing writes nothing between the samples, so a busy engine writes at most one a step,
+        and only where admissions, parks, endings or arrivals changed the counts. None where
+        this iteration's receipt is written already (a group's, with its digest: every step
+        with work), and none at all with the interval 0 (off)."""
+        interval, it = self.config.observability.iteration_receipt_interval, self.receipts.iter
+        if not interval or self._digest_iter == it:
+            return False
+        if it % interval == 0:
+            return True
+        if self.group.world > 1:
+            return False
+        parked = sum(1 for r in self.running if r.state is State.PARKED)
+        return (len(self.running) - parked, len(self.waiting), parked) != self._queue_written
+
     def _iteration_receipt(self, digest: str | None = None) -> None:
         s = self.snapshot()
+        self._queue_written = (s.running, s.waiting, s.parked)
         extra = {} if digest is None else {"digest": digest}
         self._digest_iter = self.receipts.iter if digest is not None else self._digest_iter
         self.receipts.emit(

@@ -15,7 +15,10 @@ import pytest
 from tests.e2e.browser import view, why_no_browser
 from tests.unit.report_logs import busy_log
 
-FIGURES = ["fig-pool-0", "fig-pool-1", "fig-timeline", "fig-queue", "fig-latency", "fig-floors"]
+FIGURES = [
+    "fig-pool-0", "fig-pool-1", "fig-timeline", "fig-queue", "fig-progress", "fig-latency",
+    "fig-floors",
+]  # fmt: skip
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """`audit report`'s data on a boot log the real engine wrote under pressure (tiny model): the pool
 layers it derives from `iteration` receipts and `boot.pool_sized` add up to the pool, with no
 layer negative, so the picture keeps the engine's ledger (law 7); every finished request has its
-latencies; the pressure the engine reports lands on the timeline."""
+latencies; the pressure the engine reports lands on the timeline; the receipts between the
+sampled iterations add points with numbers inside the pool."""
 
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ def test_the_report_of_a_pressured_engine_keeps_its_ledger(tiny_model_dir, tmp_p
         assert min(layers) >= 0, s
         assert sum(layers) == cap, s
     assert max(s.used for s in samples) > 0 and max(s.waiting for s in samples) > 0
+    # the receipts between the sampled iterations speak too, with numbers inside the pool
+    series = d.series[key]
+    assert min(p.t for p in series["evictable"]) < samples[0].t  # admissions before it
+    assert {p.kind for p in series["free"]} > {"iteration"}
+    for name in ("free", "evictable", "staged", "cached"):
+        assert all(0 <= p.value <= cap for p in series[name]), name
     assert len(d.latency["ttft_s"]) == len(d.latency["e2e_s"]) == len(finished) == 24
     assert all(0 <= t <= e for t, e in zip(d.latency["ttft_s"], d.latency["e2e_s"]))
     assert d.lanes["eviction"] and d.lanes["park"]  # the pressure engaged, and is drawn

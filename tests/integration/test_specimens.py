@@ -11,6 +11,7 @@ from engine import LLM, SamplingParams
 from engine.sched.memory import KVPoolExhausted
 from engine.sched.victims import pick_victims
 from tests.fakes import SetFloor, llm_with_group
+from tests.integration.test_pressure import three_at_once, workload
 
 
 def tiny(tiny_model_dir, **kw):
@@ -245,13 +246,45 @@ def test_retract_and_requeue_receipts_name_victims_and_ratio(tiny_model_dir):
     assert [q["rid"] for q in r.of("requeue")] == retracted  # every retraction is requeued
 
 
-def test_iteration_receipt_is_sampled_at_the_interval(tiny_model_dir):
+def test_iteration_receipt_at_the_interval_and_when_the_queue_moves(tiny_model_dir):
+    """Sampled every N steps, and written after a step that changed running, waiting or parked:
+    the queue is in the log from the first step; a step that moved none of them writes none."""
     llm = tiny(tiny_model_dir, kv_tokens=512, iteration_receipt_interval=5)
     run(llm, [[3, 4, 5]], max_tokens=12)
     its = llm.core.receipts.of("iteration")
-    assert [r["iter"] for r in its] == [5, 10]
+    got = [(r["iter"], r["running"], r["waiting"]) for r in its]
+    assert got == [(1, 1, 0), (5, 1, 0), (10, 1, 0), (12, 0, 0)]  # admitted, sampled, ended
     for k in ("running", "waiting", "parked", "token_usage", "avail", "evictable", "staged"):
         assert k in its[0]
+    off = tiny(tiny_model_dir, kv_tokens=512, iteration_receipt_interval=0)
+    run(off, [[3, 4, 5]], max_tokens=12)
+    assert off.core.receipts.of("iteration") == []  # 0 is off, the changes included
+
+
+def test_every_step_that_moved_the_queue_has_an_iteration_receipt_and_no_other(tiny_model_dir):
+    prompts, params = workload(300, n=12, seed=2)
+    llm = tiny(
+        tiny_model_dir, kv_tokens=three_at_once(prompts, params), chunk_tokens=32,
+        max_running=4, relief_ladder=False, iteration_receipt_interval=50,
+    )  # fmt: skip
+    sched = llm.core.scheduler
+    for p, q in zip(prompts[:6], params[:6]):
+        sched.add_request(p, q)
+    expected, before = [], (0, 0, 0)
+    while sched.has_work():
+        if sched.receipts.iter == 20:  # arrivals between steps move the queue too
+            for p, q in zip(prompts[6:], params[6:]):
+                sched.add_request(p, q)
+        sched.step()
+        s = sched.snapshot()
+        now = (s.running, s.waiting, s.parked)
+        if now != before or sched.receipts.iter % 50 == 0:
+            expected.append((sched.receipts.iter, *now))
+        before = now
+    its = llm.core.receipts.of("iteration")
+    assert [(r["iter"], r["running"], r["waiting"], r["parked"]) for r in its] == expected
+    assert len(its) < sched.receipts.iter / 2  # steps that moved nothing wrote nothing
+    assert any(r["parked"] for r in its) and its[-1]["running"] == its[-1]["waiting"] == 0
 
 
 def test_abort_frees_memory_and_says_why(tiny_model_dir):

@@ -9,10 +9,13 @@ import pytest
 from audit import report_data
 from audit.report import render
 from audit.report_data import collect, percentile
+from audit.report_time import pool_figure, progress_figure, queue_figure
 from audit.spec import load_spec, shipped
 from audit.verdict import evaluate
 from tests.unit.audit_logs import LogText
-from tests.unit.report_logs import CAPACITY, REQUESTS, busy_log, quiet_log
+from tests.unit.report_logs import CAPACITY, REQUESTS, busy_log, quiet_log, sparse_boot_log
+
+KEY = ("b-00000001", 0)
 
 
 @pytest.fixture
@@ -107,16 +110,117 @@ def test_a_lane_over_its_cap_keeps_its_first_events_and_counts_the_rest(busy, mo
     assert "relief rung: 5 more event(s) not drawn" in html
 
 
+# -- between the sampled iterations -----------------------------------------------------------
+
+
+def early(d, name: str, before: float = 23.0) -> list[tuple[float, int, str]]:
+    """The points of ``name`` on rank 0 before ``before`` seconds: (+s, value, receipt kind)."""
+    pts = d.series[KEY].get(name, [])
+    return [(round(d.rel(p.t), 2), p.value, p.kind) for p in pts if d.rel(p.t) < before]
+
+
+def test_a_sparse_40s_boot_has_points_for_its_first_seconds_from_the_other_receipts(tmp_path):
+    d = collect([sparse_boot_log(tmp_path / "sparse.jsonl")])
+    assert [round(d.rel(s.t), 2) for s in d.pool[KEY]] == [23.0, 28.0, 33.0, 38.0]  # stacked
+    assert early(d, "evictable") == [
+        (1.0, 0, "admission.admit"), (2.0, 32, "admission.admit"), (3.0, 48, "admission.defer"),
+        (4.0, 48, "admission.defer"), (14.0, 0, "retract"), (16.0, 0, "eviction"),
+    ]  # fmt: skip
+    # admission's local_avail is its budget term (less this step's decode slots), not free
+    assert early(d, "free") == [(14.0, 16, "retract"), (16.0, 96, "eviction")]
+    # the stall's numbers are the work held from its `since`; a defer naming a rid counts its
+    # in-flight chunk, not the line
+    assert early(d, "waiting") == [
+        (3.0, 4, "admission.defer"), (5.0, 4, "scheduler.stall"), (15.0, 5, "relief.throttle"),
+    ]  # fmt: skip
+    # the `running` of a defer or the throttle counts parked requests in: not the series
+    assert early(d, "running") == [(5.0, 2, "scheduler.stall")]
+    assert early(d, "parked") == [(5.0, 1, "scheduler.stall")]
+    assert early(d, "staged") == early(d, "cached") == []  # nothing that early carries them
+    assert [p.value for p in d.series[KEY]["cached"]] == [128] * 4
+
+
+def test_the_time_figures_draw_the_first_seconds(tmp_path):
+    log = sparse_boot_log(tmp_path / "sparse.jsonl")
+    d = collect([log])
+
+    def first_x(fig) -> float:
+        return min(x for trace in fig.data for x in trace.x)
+
+    assert first_x(pool_figure(d, KEY)) == pytest.approx(1.0)
+    assert first_x(queue_figure(d)) == pytest.approx(3.0)
+    assert first_x(progress_figure(d)) == pytest.approx(23.0)
+    html = page([log])
+    for anchor in ("pool", "queue", "progress"):
+        assert f'<h2 id="{anchor}">' in html
+
+
+def test_rank_local_pool_numbers_count_on_a_boot_of_one_rank_only(tmp_path):
+    one = collect([sparse_boot_log(tmp_path / "one.jsonl")])
+    two = collect([sparse_boot_log(tmp_path / "two.jsonl", tp=2)])  # rank 0's log alone
+    assert {p.kind for p in one.series[KEY]["free"]} == {"retract", "eviction", "iteration"}
+    assert {p.kind for p in two.series[KEY]["free"]} == {"retract", "iteration"}
+    log = LogText().ready()
+    log.r("eviction", reason="load", asked=8, evicted=8, staged=0, evictable_before=8,
+          evictable_after=4, available_after=20, scope="host_backed")  # fmt: skip
+    log.r("alloc.oom", need=64, available=3, staged=5, evictable=0, capacity=64, site="decode")
+    d = collect([log.write(tmp_path / "tier.jsonl")])
+    got = {name: [(p.value, p.kind) for p in pts] for name, pts in d.series[KEY].items()}
+    # host_backed: evictable_after is what such a pass can reach, not the pool's evictable
+    assert got == {
+        "free": [(20, "eviction"), (3, "alloc.oom")], "staged": [(5, "alloc.oom")],
+        "evictable": [(0, "alloc.oom")],
+    }  # fmt: skip
+
+
+def test_stalls_are_spans_from_since_to_the_resume_on_every_time_figure(tmp_path):
+    d = collect([sparse_boot_log(tmp_path / "sparse.jsonl")])
+    spans = [(round(d.rel(s.since), 2), round(d.rel(s.until), 2), s.stalled_s) for s in d.stalls]
+    assert spans == [(5.0, 12.02, 7.0), (38.5, 39.5, None)]  # the last one never resumed
+    assert "held 2 running, 4 waiting, 1 parked; 1 arrived" in d.stalls[0].text
+    for fig in (pool_figure(d, KEY), queue_figure(d), progress_figure(d)):
+        rects = [(round(r.x0, 2), round(r.x1, 2)) for r in fig.layout.shapes if r.type == "rect"]
+        assert rects == [(a, b) for a, b, _ in spans]
+    log = LogText().ready()
+    log.r("scheduler.resume", ts=1010.0, stalled_s=4.0, arrived=0)  # its stall line was lost
+    (alone,) = collect([log.write(tmp_path / "alone.jsonl")]).stalls
+    assert (alone.since, alone.until, alone.stalled_s) == (1006.0, 1010.0, 4.0)
+
+
+def test_progress_counters_come_from_iterations_over_time(tmp_path):
+    d = collect([sparse_boot_log(tmp_path / "sparse.jsonl")])
+    got = {
+        name: [(round(d.rel(p.t)), p.value) for p in d.series[KEY][name]]
+        for name in ("tokens_generated", "admissions", "requests_ended")
+    }
+    assert got == {
+        "tokens_generated": [(23, 40), (28, 80), (33, 120), (38, 160)],
+        "admissions": [(23, 3), (28, 4), (33, 5), (38, 6)],
+        "requests_ended": [(23, 0), (28, 1), (33, 2), (38, 3)],
+    }
+    fig = progress_figure(d)
+    assert sorted(t.name for t in fig.data) == [
+        "rank 0 admissions", "rank 0 requests_ended", "rank 0 tokens_generated",
+    ]  # fmt: skip
+    log = LogText().ready()
+    log.r("iteration", running=1, waiting=0, avail=10)  # an engine that predates the counters
+    old = collect([log.write(tmp_path / "old.jsonl")])
+    assert "tokens_generated" not in old.series[KEY]  # never a zero it did not write
+    html = render(old, evaluate([], [tmp_path / "old.jsonl"]))
+    assert "no data: no iteration receipt with the progress counters" in html
+
+
 # -- the page ---------------------------------------------------------------------------------
 
 
 def test_the_page_has_every_section_its_verdicts_and_fetches_nothing(busy):
     html = page([busy])
-    for anchor in ("verdicts", "pool", "timeline", "queue", "latency", "ranks"):
+    for anchor in ("verdicts", "pool", "timeline", "queue", "progress", "latency", "ranks"):
         assert f'<h2 id="{anchor}">' in html
     figures = re.findall(r'<div id="(fig-[a-z0-9-]+)" class="plotly-graph-div"', html)
     assert figures == [
-        "fig-pool-0", "fig-pool-1", "fig-timeline", "fig-queue", "fig-latency", "fig-floors"
+        "fig-pool-0", "fig-pool-1", "fig-timeline", "fig-queue", "fig-progress", "fig-latency",
+        "fig-floors",
     ]  # fmt: skip
     # every figure id is unique in the page (a heading with a figure's id hides the figure)
     for f in figures:
@@ -132,6 +236,7 @@ def test_the_page_has_every_section_its_verdicts_and_fetches_nothing(busy):
 def test_a_log_with_no_iteration_receipts_still_makes_a_report_saying_no_data(tmp_path):
     html = page([quiet_log(tmp_path / "quiet.jsonl")])
     assert html.count("no data: no iteration receipts in these logs") == 2  # pool and queue
+    assert "no data: no iteration receipt with the progress counters" in html
     assert "no data: no park, retraction, eviction" in html
     assert "no data: no request.finish receipt" in html
     assert "plotly-graph-div" not in html

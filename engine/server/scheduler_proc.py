@@ -100,7 +100,7 @@ def _boot_attributes(core: Any, info: EngineInfo) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _serve_loop(core: Any, conn: Any, stall_s: float) -> None:
+def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
     from engine.dist.comm import GroupFailure
 
     sched = core.scheduler

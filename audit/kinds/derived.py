@@ -55,14 +55,8 @@ class ControlClaim(CompareClaim):
     control_engaged: str | None = None  # a count or sum that must be non-zero in the control
 
 
-_Numbers = tuple[dict[str, tuple[Selector, ...]], dict[str, Sum], dict[str, expr.Expr], set[str]]
-
-
-def _numbers(t: dict[str, Any], where: str, control: bool, events: Events) -> _Numbers:
-    """(counts, sums, let, the names an expression may use)."""
-    counts = {
-        n: selectors(s, f"{where} count.{n}", events=events) for n, s in t.get("count", {}).items()
-    }
+def parse_sums(t: dict[str, Any], where: str, events: Events) -> dict[str, Sum]:
+    """A claim's ``sum`` table: each name a field summed over the receipts its selector picks."""
     sums = {}
     for n, s in t.get("sum", {}).items():
         if not isinstance(s, dict):
@@ -72,6 +66,18 @@ def _numbers(t: dict[str, Any], where: str, control: bool, events: Events) -> _N
         for r in sel:
             field(r, s.get("field", ""), f"{where} sum.{n}")
         sums[n] = Sum(sel, s["field"])
+    return sums
+
+
+_Numbers = tuple[dict[str, tuple[Selector, ...]], dict[str, Sum], dict[str, expr.Expr], set[str]]
+
+
+def _numbers(t: dict[str, Any], where: str, control: bool, events: Events) -> _Numbers:
+    """(counts, sums, let, the names an expression may use)."""
+    counts = {
+        n: selectors(s, f"{where} count.{n}", events=events) for n, s in t.get("count", {}).items()
+    }
+    sums = parse_sums(t, where, events)
     names = set(counts) | set(sums)
     if not names:
         raise err(where, "needs at least one 'count' or 'sum'")

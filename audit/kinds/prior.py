@@ -21,9 +21,9 @@ from typing import Any
 from audit import expr
 from audit.checker import Bus, Checker, Context, locate, outcome
 from audit.kinds.base import ClaimKind, expression, select
-from audit.kinds.derived import Sum
+from audit.kinds.derived import Sum, parse_sums
 from audit.model import Claim, ReceiptSel
-from audit.parse_select import Events, err, field, keys, known_fields, one_stream, selectors
+from audit.parse_select import Events, err, field, known_fields, one_stream, selectors
 from audit.status import ClaimVerdict, Status
 
 SHOWN = 6  # list items a sentence shows
@@ -45,15 +45,7 @@ def _fields(sels: tuple[ReceiptSel, ...]) -> set[str]:
 def parse(t: dict[str, Any], where: str, head: Claim, events: Events) -> PriorClaim:
     sel = select(t, where, events)
     names = _fields(sel)
-    sums: dict[str, Sum] = {}
-    for n, s in t.get("sum", {}).items():
-        if not isinstance(s, dict):
-            raise err(where, f"sum.{n} is a table with 'select' and 'field'")
-        keys(s, {"select", "field"}, f"{where} sum.{n}")
-        sels = selectors(s.get("select"), f"{where} sum.{n}", receipts_only=True, events=events)
-        for r in sels:
-            field(r, s.get("field", ""), f"{where} sum.{n}")
-        sums[n] = Sum(sels, s["field"])
+    sums = parse_sums(t, where, events)
     last = {
         n: selectors(s, f"{where} last.{n}", receipts_only=True, events=events)
         for n, s in t.get("last", {}).items()

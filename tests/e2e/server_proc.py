@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -86,3 +87,17 @@ class ServerProc:
                 name, value = line.rsplit(" ", 1)
                 out[name] = float(value)
         return out
+
+
+class Plain(threading.Thread):
+    """A non-streaming completion of ``body`` in the background: its status and body. The
+    limit only catches a hang."""
+
+    def __init__(self, base: str, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.base, self.request, self.status, self.body = base, body, None, None
+        self.start()
+
+    def run(self) -> None:
+        r = httpx.post(self.base + "/v1/completions", json=self.request, timeout=600)
+        self.status, self.body = r.status_code, r.json()

@@ -10,14 +10,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import orjson
 import pytest
 
-from tests.e2e.server_proc import ServerProc
+from tests.e2e.server_proc import Plain, ServerProc
 from tests.tiny_model import make_tiny_model
 
 DEADLINE = 20  # the request timeout: passes well inside the stall, on any machine
@@ -30,19 +29,6 @@ def model(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("stall-model"), max_position=4096))
 
 
-class Plain(threading.Thread):
-    """A completion in the background: its status and body."""
-
-    def __init__(self, base: str) -> None:
-        super().__init__(daemon=True)
-        self.base, self.status, self.body = base, None, None
-        self.start()
-
-    def run(self) -> None:
-        r = httpx.post(self.base + "/v1/completions", json=LONG, timeout=600)
-        self.status, self.body = r.status_code, r.json()
-
-
 def receipts(path) -> list[dict]:
     return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.startswith(b"{")]
 
@@ -52,7 +38,7 @@ def test_a_stopped_scheduler_writes_its_stall_and_fails_no_wedge(model, tmp_path
     srv = ServerProc(log, "--model", model, "--kv-tokens", "8192", "--threads", "1",
                      "--request-timeout", str(DEADLINE), "--stall-timeout", "5")  # fmt: skip
     try:
-        running = [Plain(srv.base), Plain(srv.base)]
+        running = [Plain(srv.base, LONG), Plain(srv.base, LONG)]
         deadline = time.monotonic() + 300
         while (h := httpx.get(srv.base + "/health", timeout=60).json())["running"] < 2:
             assert time.monotonic() < deadline, h
@@ -60,7 +46,7 @@ def test_a_stopped_scheduler_writes_its_stall_and_fails_no_wedge(model, tmp_path
         pid = h["scheduler_pid"]
         os.kill(pid, signal.SIGSTOP)
         try:
-            during = Plain(srv.base)  # handed in while it stands: it waits in the pipe
+            during = Plain(srv.base, LONG)  # handed in while it stands: it waits in the pipe
             time.sleep(STOPPED)
         finally:
             os.kill(pid, signal.SIGCONT)

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.e2e.audit_cli import audit
-from tests.e2e.server_proc import ServerProc, free_port
+from tests.e2e.server_proc import Plain, ServerProc, free_port
 
 POOLS = (1024, 640)  # rank 0's pool, rank 1's: the group decides from the smaller
 # --group-timeout for the tests of a rank's death: far above any wait for a live rank on a busy
@@ -74,19 +74,6 @@ class Stream(threading.Thread):
                     self.lines.append(line[6:])
                     self.first.set()
         self.first.set()
-
-
-class Plain(threading.Thread):
-    """A non-streaming completion in the background: its status and body."""
-
-    def __init__(self, base: str) -> None:
-        super().__init__(daemon=True)
-        self.base, self.status, self.body = base, None, None
-        self.start()
-
-    def run(self) -> None:
-        r = httpx.post(self.base + "/v1/completions", json=LONG, timeout=300)
-        self.status, self.body = r.status_code, r.json()
 
 
 def test_tp2_serves_concurrent_completions_and_its_rank_logs_pass_the_audit(
@@ -242,7 +229,7 @@ def test_a_rank_killed_mid_stream_ends_the_boot_rank_lost_503_and_exit_1(tiny_mo
         (rank1,) = spawned_ranks(srv)
         assert rank1.cmdline()[rank1.cmdline().index("engine.group_boot") + 1] == "1"
         streams = [Stream(srv.base), Stream(srv.base)]
-        plain = Plain(srv.base)
+        plain = Plain(srv.base, LONG)
         assert all(s.first.wait(300) for s in streams)
         # mid-stream: the plain request is in the scheduler too, and each stream has tokens
         # behind its first (a loaded machine may take a while between the two)

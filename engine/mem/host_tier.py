@@ -80,12 +80,13 @@ class HostTier:
         self.make_room(need, reason="spill")
         placed: list[tuple[TreeNode, torch.Tensor]] = []
         dropped, error = 0, None
+        forgot = [0, 0]  # host copies spilled before that went with a node this spill dropped
         for node, slots in reversed(victims):  # parents before their children
             got = None if node.parent is None else self.alloc.alloc(int(slots.numel()))
             if got is None:  # no room, or already gone with a dropped parent
                 dropped += int(slots.numel())
                 if node.parent is not None:
-                    self._drop_subtree(node)
+                    self._drop_subtree(node, forgot)
                 self.cache.allocator.free(slots)
                 continue
             node.host = got
@@ -98,11 +99,19 @@ class HostTier:
             except Exception as e:  # a spill that cannot copy drops instead: eviction still pays
                 error = f"{type(e).__name__}: {e}"
                 dropped += int(dev.numel())
+                fresh = {node for node, _ in placed}  # their host slots held nothing yet
+                for node in fresh:
+                    self._free_host(node)
                 for node, _ in placed:
                     if node.parent is not None:
-                        self._drop_subtree(node)
+                        self._drop_subtree(node, forgot)
                 placed = []
             self.cache.allocator.free(dev)
+        if forgot[0]:
+            self.receipts.emit(
+                schema.TIER_DROP, reason="spill_failed", tokens=forgot[0], nodes=forgot[1],
+                need=need, host_free=self.alloc.available_size(),
+            )  # fmt: skip
         tokens = sum(len(n.key) for n, _ in placed)
         seconds = time.perf_counter() - t0
         self.moved["spill_tokens"] += tokens
@@ -154,15 +163,17 @@ class HostTier:
         self.nodes.discard(node)
         return size
 
-    def _drop_subtree(self, node: TreeNode) -> None:
+    def _drop_subtree(self, node: TreeNode, forgot: list[int]) -> None:
         """Take ``node`` out of the tree with everything below it (host-only nodes, or victims
-        of the same spill whose device slots the caller frees)."""
+        of the same spill whose device slots the caller frees); the host copies it frees are
+        added to ``forgot`` (tokens, nodes), for their receipt."""
         self.cache.detach(node)
         stack = [node]
         while stack:
             n = stack.pop()
             if n.host is not None:
-                self._free_host(n)
+                forgot[0] += self._free_host(n)
+                forgot[1] += 1
             for c in n.children.values():
                 c.parent = None  # gone with its parent: a later victim of this spill sees it
                 stack.append(c)

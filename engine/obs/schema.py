@@ -179,7 +179,8 @@ _CATALOG = (
          "a prefix hit's host-only KV copied host -> device before the request's extend",
          ("nodes", "rid", "asked", "error")),
     Kind(TIER_DROP, ("reason", "tokens"),
-         "host copies dropped (least recently used first) to make room, or at a reset",
+         "host copies dropped (least recently used first) to make room, at a reset, or below "
+         "a node whose spill failed (spill_failed)",
          ("nodes", "need", "host_free")),
     Kind(RETRACT, ("rids", "tokens_freed"), "decode requests retracted",
          ("ratio_old", "ratio_new", "need", "available", "evictable", "candidates",

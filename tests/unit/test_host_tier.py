@@ -305,3 +305,21 @@ def test_a_load_whose_copy_fails_leaves_the_hit_on_the_host(monkeypatch):
     assert t.a.available_size() == 32 and t.c.match_prefix([1] * 16).host_len == 16
     assert all(n.lock_ref == 0 for n, _ in t.walk())
     t.check()
+
+
+def test_host_copies_that_go_with_a_spill_that_failed_are_dropped_with_a_receipt(monkeypatch):
+    """A node whose spill fails is taken out with what hangs below it; a host copy among those
+    (spilled earlier) is forgotten too, and that is a tier.drop like any other."""
+    import engine.mem.host_tier as host_tier
+
+    t = Tiered(device=64, host=64)
+    t.compute([1] * 16)
+    t.compute([1] * 16 + [2] * 16)  # a child below the first node
+    assert t.c.evict(16) == 16  # the child (least recently used leaf) spills to the host
+    assert t.tier.used_size() == 16
+    monkeypatch.setattr(host_tier, "copy_kv", broken_copy)
+    assert t.c.evict(16) == 16  # the parent's spill fails: it drops, its host-only child too
+    assert t.tier.used_size() == 0
+    (drop,) = t.rec.of("tier.drop")
+    assert (drop["reason"], drop["tokens"], drop["nodes"]) == ("spill_failed", 16, 1)
+    t.check()

@@ -344,11 +344,9 @@ def test_a_collector_that_hangs_or_refuses_costs_no_request(model, tmp_path, col
             time.sleep(0.2)  # several export batches, each stuck or refused
         assert httpx.get(srv.base + "/health", timeout=60).status_code == 200
     finally:
-        t0 = time.monotonic()
         code, out = srv.stop()
-        took = time.monotonic() - t0
         col.close()
     assert code == 0, out
-    assert took < EXPORT_S / 2, f"the collector held up the exit: {took:.1f} s"
-    # the scheduler ended by itself, not at the frontend's limit (its drain + 10 s)
+    # a collector that held up the exit shows as the frontend's own limit (its drain + 10 s)
+    # running out on the scheduler, whatever the machine's speed: no clock of ours needed
     assert "did not stop in time" not in out, out

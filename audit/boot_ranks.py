@@ -20,13 +20,19 @@ class WorldSize:
 
     def __init__(self, bus: Bus) -> None:
         self.declared: dict[str, int] = {}
+        self.started: set[str] = set()  # boots whose boot.start was read, declaring or not
         bus.kinds[schema.BOOT_START].append(self._start)
 
     def _start(self, rec: dict[str, Any]) -> None:
+        self.started.add(rec["boot"])
         config = rec.get("config")
         n = config.get(WORLD_FIELD) if isinstance(config, dict) else None
         if type(n) is int and n > 0:
             self.declared[rec["boot"]] = max(self.declared.get(rec["boot"], 0), n)
+
+    def one_rank(self, boot: str) -> bool:
+        """Whether the boot's boot.start, read so far, says (or implies) a single rank."""
+        return boot in self.started and self.declared.get(boot, 1) == 1
 
     def most(self) -> int:
         return max(self.declared.values(), default=0)

@@ -43,7 +43,8 @@ class Bus:
     """Who wants which lines: receipts by kind, receipts of any kind, text lines by source, and
     the events the specs' text events make of text lines (by definition)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, exact: bool = False) -> None:
+        self.exact = exact  # keep all a claim could need, even what one rank's boot never does
         self.kinds: dict[str, list[Callable[[dict[str, Any]], None]]] = defaultdict(list)
         self.any: list[Callable[[dict[str, Any]], None]] = []
         self.texts: dict[str, list[Callable[[str, str], None]]] = defaultdict(list)
@@ -258,6 +259,11 @@ class Checker(Generic[C]):
 
     def decide(self, ctx: Context) -> ClaimVerdict:
         raise NotImplementedError
+
+    def rescan(self, ctx: Context) -> bool:
+        """Whether the logs must be read again on an ``exact`` bus to decide: what was left
+        unkept (as a one-rank boot needs) turned out to be needed."""
+        return False
 
     # the shared gates (2 and 3 of the module docstring)
     def gate(self, ctx: Context, engaged: bool, not_engaged_why: str) -> ClaimVerdict | None:

@@ -157,9 +157,10 @@ _KINDS = tuple(schema.CATALOG)
 
 
 class _Pass:
-    """One scan's state. ``block`` is the loop every line goes through: a line that starts with
-    ``{`` and parses into a receipt is handled inline; any other line takes ``_classify``. The
-    (boot, rank) of the last receipt, its run of seqs, top iter and counts stay in locals."""
+    """One scan's state. ``block`` is the loop every line goes through: a line that parses into a
+    receipt of a known kind is handled inline; any other line takes ``other`` (which hands back
+    the receipts among them: of a kind the catalog lacks, behind a rank prefix). The (boot,
+    rank) of the last receipt, its run of seqs, top iter and counts stay in locals."""
 
     def __init__(self, stats: ReadStats, routes: dict[str, Route], on_text: OnText | None):
         self.stats, self.routes, self.on_text = stats, routes, on_text
@@ -170,23 +171,26 @@ class _Pass:
         limit, deep = BITMAP_LIMIT, _DEEP_LINE
         track, boot0, rank0, lo, hi, top_it, counts = self.at
         for lineno, line in enumerate(lines, lineno + 1):  # noqa: B020 (the count goes on)
-            obj = None
+            obj = route = None
             if line[:1] == b"{":
                 try:
                     obj = loads(line)
-                    ev, boot, rank, seq = obj["event"], obj["boot"], obj["rank"], obj["seq"]
-                except (bad, KeyError):
-                    obj = None
-                else:
-                    if type(ev) is not str or type(boot) is not str or "v" not in obj:
-                        obj = None
-                    elif type(rank) is not int or type(seq) is not int:
-                        obj = None
-            if obj is None:
+                    route = routes[obj["event"]]
+                    boot, rank, seq = obj["boot"], obj["rank"], obj["seq"]
+                except (bad, KeyError, TypeError):  # not JSON, no envelope, an unknown kind
+                    route = None
+            if (
+                route is None
+                or type(boot) is not str
+                or type(rank) is not int
+                or type(seq) is not int
+                or "v" not in obj
+            ):  # not a plain receipt of a known kind: the other lines' way, out of line
                 obj = self.other(line, cut, f"{name}:{lineno}")
                 if obj is None:
                     continue
-                ev, boot, rank, seq = obj["event"], obj["boot"], obj["rank"], obj["seq"]
+                boot, rank, seq = obj["boot"], obj["rank"], obj["seq"]
+                route = routes.get(obj["event"])
             if boot != boot0 or rank != rank0:
                 if track is not None:
                     track.lo, track.hi, track.top_iter = lo, hi, top_it
@@ -196,7 +200,6 @@ class _Pass:
                 hi = seq
             else:
                 lo, hi = track.restart(lo, hi, seq)
-            route = routes.get(ev)
             if route is None or not obj.keys() >= route[0]:
                 self.unfit(route, line, cut)
                 continue
@@ -221,8 +224,8 @@ class _Pass:
         return track
 
     def other(self, line: bytes, cut: bool, where: str) -> dict[str, Any] | None:
-        """Any line but a plain receipt: counted, text handed on; a receipt behind a rank prefix
-        comes back."""
+        """Any line but a plain receipt of a known kind: a receipt (of a kind the catalog lacks,
+        or behind a rank prefix) comes back; any other line is counted, its text handed on."""
         what, obj = _classify(line if cut else line + b"\n", self.stats, cut)
         if what == "receipt":
             return obj

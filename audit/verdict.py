@@ -78,7 +78,7 @@ class Report:
         }
 
 
-def _routes(bus: Bus) -> dict[str, tuple[Callable[[dict[str, Any]], None], ...]]:
+def receivers(bus: Bus) -> dict[str, tuple[Callable[[dict[str, Any]], None], ...]]:
     """Who gets each kind's receipts, in the order ``Bus.receipt`` calls them (by kind, then
     every receipt's): the reader makes one lookup a receipt instead of a call and two loops."""
     kinds = set(bus.kinds) | (set(schema.CATALOG) if bus.any else set())
@@ -92,26 +92,33 @@ def evaluate(
     *,
     only_applicable: bool = False,
     live: bool = False,
+    exact: bool = False,
 ) -> Report:
     """Read ``logs`` once and decide every claim of every spec. With ``only_applicable``, specs
     whose regime does not apply to these logs are left out (and listed as such). With ``live``,
     the logs are a running server's, judged as a window that ends at their last line
-    (``audit.live``; the control log, a finished run, is read as ever)."""
-    bus = Bus()
+    (``audit.live``; the control log, a finished run, is read as ever). Claims keep no more than
+    what these logs can need (``Bus.exact``); where that proves too little, the logs are read
+    again keeping everything."""
+    # a live window grows, and a pipe reads once: neither can be read again
+    exact = exact or live or not all(Path(p).is_file() for p in logs)
+    bus = Bus(exact=exact)
     checkers = [[build_checker(c, bus) for c in s.claims] for s in specs]
     applies = [SelCount(s.regime.applies, bus) for s in specs]
     world = WorldSize(bus)  # a boot that says N ranks needs N, whichever rank logs came
     window = WindowEnd(bus) if live else None
     on_text = bus.text if window is None else window.watch(bus.text)
-    stats = scan(logs, on_text=on_text, routes=_routes(bus))
+    stats = scan(logs, on_text=on_text, routes=receivers(bus))
     control_stats = None
     if control is not None:
         cbus = Bus()
         for row in checkers:
             for ch in row:
                 ch.subscribe_control(cbus)
-        control_stats = scan([control], on_text=cbus.text, routes=_routes(cbus))
+        control_stats = scan([control], on_text=cbus.text, routes=receivers(cbus))
     ctx = Context(stats=stats, control_stats=control_stats, live=live)
+    if not exact and any(ch.rescan(ctx) for row in checkers for ch in row):
+        return evaluate(specs, logs, control, only_applicable=only_applicable, exact=True)
     out, skipped = [], []
     for spec, row, app in zip(specs, checkers, applies):
         ranks = max(len(stats.ranks), world.most())

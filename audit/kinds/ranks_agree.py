@@ -81,24 +81,62 @@ class RanksAgree(Checker[RanksAgreeClaim]):
         # FAIL can show it; more than one as the sum of (hash + _DECISION) over them: the count
         # above bit 128, below it the hashes (each in [0, 2^64) once shifted), one add each
         self.digest: dict[tuple[str, int], dict[int, Any]] = {}
+        # (boot, rank)s whose decisions are not kept: their boot.start said one rank (or none),
+        # so there is nothing to compare them with, unless another rank turns up (then the logs
+        # are read again keeping every digest: ``rescan``); ``unkept``, those that decided
+        self.lazy: set[tuple[str, int]] = set()
+        self.unkept: set[tuple[str, int]] = set()
+        self.keep_all = bus.exact
         self.world = WorldSize(bus)
+        self._last: list[Any] = [None, None, None]  # boot, rank, what _table said of it
         for s in claim.select:
             bus.subscribe(s, self._fn(s))
 
+    def _table(self, boot: str, rank: int) -> dict[int, Any] | bool | None:
+        """Where a (boot, rank)'s decisions go: its digests; False where they are not kept and
+        none was seen yet; None where they are not kept and one was (``unkept``)."""
+        at = (boot, rank)
+        per_iter: dict[int, Any] | bool | None = self.digest.get(at)
+        if per_iter is None:
+            if at in self.unkept:
+                per_iter = None
+            elif at in self.lazy:
+                per_iter = False
+            elif not self.keep_all and self.world.one_rank(boot):
+                self.lazy.add(at)
+                per_iter = False
+            else:
+                per_iter = self.digest[at] = {}
+        self._last[:] = boot, rank, per_iter
+        return per_iter
+
+    def rescan(self, ctx: Context) -> bool:
+        """Whether a boot whose decisions were not kept turned out to have more than one rank
+        (a boot.start that said one, and another rank's log): its digests are needed."""
+        if not self.unkept:
+            return False
+        boots = {b for b, _ in self.unkept}
+        return any(len([r for b, r in ctx.stats.seqs if b == boot]) > 1 for boot in boots)
+
     def _fn(self, s: ReceiptSel) -> Callable[[dict[str, Any]], None]:
-        fields, digest, where = self.claim.fields, self.digest, bool(s.where)
+        fields, last, where = self.claim.fields, self._last, bool(s.where)
         one = fields[0] if len(fields) == 1 else None
         kind = s.kind  # every record this selector gets is of this kind (no text events here)
 
         def fn(rec: dict[str, Any]) -> None:
+            boot, rank, per_iter = last
+            if rec["rank"] != rank or rec["boot"] != boot:  # lines of one rank come in runs
+                per_iter = self._table(rec["boot"], rec["rank"])
+            if per_iter is None:  # not kept, and a decision of this (boot, rank) was seen
+                return
             it = rec.get("iter")
             if type(it) is not int or (where and not s.matches(rec)):
                 return
+            if per_iter is False:  # not kept: that it decided is all that is needed of it
+                self.unkept.add((rec["boot"], rec["rank"]))
+                last[2] = None
+                return
             raw = (kind, rec.get(one)) if one is not None else (kind, *map(rec.get, fields))
-            at = (rec["boot"], rec["rank"])
-            per_iter = digest.get(at)
-            if per_iter is None:
-                per_iter = digest[at] = {}
             old = per_iter.get(it)
             if old is None:
                 per_iter[it] = raw
@@ -176,7 +214,8 @@ class RanksAgree(Checker[RanksAgreeClaim]):
             )
         if missing:
             return _rank_missing(missing, nums)
-        gated = self.gate(ctx, any(self.digest.values()), "no decision receipts to compare")
+        decided = bool(self.unkept) or any(self.digest.values())
+        gated = self.gate(ctx, decided, "no decision receipts to compare")
         if gated:
             gated.numbers.update(nums)
             return gated

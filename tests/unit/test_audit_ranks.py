@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from audit.checker import Bus
+from audit.kinds import build_checker
 from audit.parse import parse_spec
+from audit.reader import scan
 from audit.spec import load_spec, shipped
-from audit.verdict import evaluate
+from audit.verdict import evaluate, receivers
 from engine.obs.schema import batch_digest
 from tests.unit.audit_logs import LogText
 
@@ -140,3 +143,31 @@ def test_group_agreement_applies_to_multi_rank_boots_and_to_a_boot_that_says_it_
     assert applied(rank_log(0))  # tp = 2 said, one rank's log came: judged (rank_missing)
     assert not applied(rank_log(0, tp=None))
     assert not applied(rank_log(0, tp=1))
+
+
+def test_a_boot_that_says_one_rank_keeps_no_digests(tmp_path):
+    """A one-rank boot has nothing to agree with: its decisions are counted, not held, so the
+    auditor's memory does not grow with a one-rank log's iterations."""
+    spec = parse_spec('description = "t"\n[[claim]]\nid = "c"\n' + PARKS, Path("t/spec.toml"))
+    log = LogText("b-00000001")
+    log.r("boot.start", 0, config={"tp": 1})
+    for it in range(1, 50):
+        log.iter = it
+        log.r("admission.admit", 0, rid=f"r-{it}", tokens=4, pages=1)
+    path = log.stop(0).write(tmp_path / "one.jsonl")
+    bus = Bus()
+    (checker,) = [build_checker(c, bus) for c in spec.claims]
+    scan([path], routes=receivers(bus))
+    assert checker.digest == {} and checker.unkept == {("b-00000001", 0)}
+    kept = evaluate([spec], [path], exact=True).specs[0].claims[0]
+    assert evaluate([spec], [path]).specs[0].claims[0] == kept
+    assert kept.reason == "single_rank"
+
+
+def test_a_boot_that_says_one_rank_and_has_two_is_read_again_with_every_digest(tmp_path):
+    """boot.start said tp 1, yet two ranks' logs hold the boot: the decisions left unkept are
+    needed, so the logs are read again keeping them, and the difference is found."""
+    split = [("r-1", 1), ("r-2", 8)]
+    v = decide(tmp_path, DIGESTS, rank_log(0, tp=1), rank_log(1, tp=1, change={2: split}))
+    assert v.status == "FAIL" and v.numbers["differ"] == 1 and v.numbers["iterations"] == 3
+    assert decide(tmp_path, DIGESTS, rank_log(0, tp=1), rank_log(1, tp=1)).status == "PASS"

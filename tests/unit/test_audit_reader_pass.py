@@ -265,7 +265,7 @@ def test_every_shipped_verdict_is_what_the_line_by_line_loop_and_full_dispatch_g
     specs = [load_spec(s) for s in shipped()]
     new = verdict.evaluate(specs, [p]).as_dict()
     with pytest.MonkeyPatch.context() as mp:  # before: each receipt through Bus.receipt, and
-        mp.setattr(verdict, "_routes", lambda bus: bus)  # the wedge detector fed in full
+        mp.setattr(verdict, "receivers", lambda bus: bus)  # the wedge detector fed in full
         mp.setattr(verdict, "scan", lambda logs, on_text, routes: reference_scan(
             logs, routes.receipt, on_text))  # fmt: skip
         mp.setattr(wedge, "_STARTS", frozenset(schema.CATALOG))

@@ -5,8 +5,9 @@ records (``sum``), and the fields of the last earlier record of a kind (``last``
 
 A cutover's end against its own begin (``key = "id"``, ``last = { begin = ... }``); a load from
 the host tier against what was spilled there less what was dropped (``sum``). "Earlier" is a
-lower ``seq``: the records are ordered by seq when the log has been read, so no verdict depends
-on the order in which lines or files were read. A record that a sum or ``last`` also selects is
+lower ``seq``: a log read in seq order is checked as it is read (holding the sums and the last
+records, not the records), and one that is not is read again and ordered by seq, so no verdict
+depends on the order in which lines or files were read. A record that a sum or ``last`` also selects is
 not before itself. A lost line can move a sum, so an incomplete log is UNDECIDED before anything
 is decided.
 """
@@ -81,10 +82,32 @@ def _shown(v: Any) -> Any:
     return v
 
 
+class _At:
+    """One (boot, rank)'s state: sums and last records per key, what was checked, and where it
+    stands in seq order (seq, then checked before remembered)."""
+
+    __slots__ = ("place", "sums", "last", "checked", "broken", "unevaluable", "broke", "missed")
+
+    def __init__(self, sums: dict[str, Sum]) -> None:
+        self.place = (-1, 0)
+        self.sums: dict[Any, dict[str, float]] = defaultdict(lambda: dict.fromkeys(sums, 0))
+        self.last: dict[Any, dict[str, dict[str, Any]]] = defaultdict(dict)
+        self.checked = self.broken = self.unevaluable = 0
+        self.broke: str | None = None  # the first broken record, described
+        self.missed: str | None = None  # the first record that could not be checked
+
+
 class Prior(Checker[PriorClaim]):
+    """Each selected record against the records before it. A log read in seq order (as one rank
+    writes it) is checked as it is read, holding only the sums and last records; where a record
+    comes before one already read, the logs are read again on an exact bus (``rescan``), which
+    holds every selected record and orders them by seq once read."""
+
     def __init__(self, claim: PriorClaim, bus: Bus) -> None:
         super().__init__(claim, bus)
-        # per (boot, rank): (seq, 0 checked | 1 remembered, name, key value, record or value)
+        self.ats: dict[tuple[str, int], _At] = {}
+        self.exact, self.disordered = bus.exact, False
+        # exact: per (boot, rank), (seq, 0 checked | 1 remembered, name, key value, item)
         self.seen: dict[tuple[str, int], list[tuple[int, int, str, Any, Any]]] = defaultdict(list)
         for s in claim.select:
             bus.subscribe(s, self._fn(s, 0, "", None))
@@ -94,9 +117,6 @@ class Prior(Checker[PriorClaim]):
         for n, sels in claim.last.items():
             for s in sels:
                 bus.subscribe(s, self._fn(s, 1, n, None))
-        self.checked = self.broken = self.unevaluable = 0
-        self.first_broken: str | None = None
-        self.first_missing: str | None = None
 
     def _fn(
         self, s: ReceiptSel, order: int, name: str, value_of: str | None
@@ -113,40 +133,57 @@ class Prior(Checker[PriorClaim]):
                 item = rec.get(value_of)
                 if not isinstance(item, int | float) or isinstance(item, bool):
                     return
-            self.seen[(rec["boot"], rec["rank"])].append((rec["seq"], order, name, k, item))
+            at, place = (rec["boot"], rec["rank"]), (rec["seq"], order)
+            if self.exact:
+                self.seen[at].append((*place, name, k, item))
+                return
+            st = self.ats.get(at)
+            if st is None:
+                st = self.ats[at] = _At(self.claim.sums)
+            if place < st.place:  # before what was read: only the exact way can order it
+                self.disordered = True
+                return
+            st.place = place
+            self._apply(st, order, name, k, item)
 
         return fn
 
-    def _run(self) -> None:
-        """Every selected record against the state before it, in seq order (once)."""
-        c = self.claim
-        for at in sorted(self.seen):
-            sums: dict[Any, dict[str, float]] = defaultdict(lambda: dict.fromkeys(c.sums, 0))
-            last: dict[Any, dict[str, dict[str, Any]]] = defaultdict(dict)
-            for _, order, name, k, item in sorted(self.seen[at], key=lambda e: e[:2]):
-                if order == 1 and isinstance(k, list | dict):
-                    continue  # a key is one value
-                if order == 1 and name in c.sums:
-                    sums[k][name] += item
-                elif order == 1:
-                    last[k][name] = item
-                else:
-                    self._check(item, k, sums[k], last[k])
-        self.seen.clear()
+    def rescan(self, ctx: Context) -> bool:
+        return self.disordered
 
-    def _check(
-        self, rec: dict[str, Any], k: Any, sums: dict[str, float], last: dict[str, dict[str, Any]]
-    ) -> None:
+    def _apply(self, st: _At, order: int, name: str, k: Any, item: Any) -> None:
+        """One record: remembered (into a sum or as the last of its name) or checked."""
+        if order == 1 and isinstance(k, list | dict):
+            return  # a key is one value
+        if order == 1 and name in self.claim.sums:
+            st.sums[k][name] += item
+        elif order == 1:
+            st.last[k][name] = item
+        else:
+            self._check(st, item, k)
+
+    def _run(self) -> tuple[_At, ...]:
+        """Each (boot, rank)'s state, in (boot, rank) order; read the exact way, every
+        selected record in seq order first (once)."""
+        for at in sorted(self.seen):
+            st = self.ats[at] = _At(self.claim.sums)
+            for _, order, name, k, item in sorted(self.seen[at], key=lambda e: e[:2]):
+                self._apply(st, order, name, k, item)
+        self.seen.clear()
+        return tuple(self.ats[at] for at in sorted(self.ats))
+
+    def _check(self, st: _At, rec: dict[str, Any], k: Any) -> None:
         c = self.claim
+        sums, last = st.sums[k], st.last[k]
         where = locate(rec) + ("" if c.key is None else f" ({c.key} {k})")
         gone = [
             n for n in c.last if n not in last and any(x.startswith(n + ".") for x in c.check.names)
         ]
         if gone or (c.key is not None and (k is None or isinstance(k, list | dict))):
-            self.unevaluable += 1
-            if self.first_missing is None:
+            st.unevaluable += 1
+            if st.missed is None:
                 what = " | ".join(s.describe() for s in c.last[gone[0]]) if gone else f"no {c.key}"
-                self.first_missing = f"{where}: no earlier {what}" if gone else f"{where}: {what}"
+                st.missed = f"{where}: no earlier {what}" if gone else f"{where}: {what}"
             return
         env = dict(rec) | sums
         for n, r in last.items():
@@ -154,24 +191,27 @@ class Prior(Checker[PriorClaim]):
         try:
             ok = c.check(env)
         except expr.Missing as e:
-            self.unevaluable += 1
-            self.first_missing = self.first_missing or f"{where} has no {e.name}"
+            st.unevaluable += 1
+            st.missed = st.missed or f"{where} has no {e.name}"
             return
         except (TypeError, expr.ZeroDivision):
-            self.unevaluable += 1
-            self.first_missing = (
-                self.first_missing or f"{where}: {c.check.source} cannot be evaluated"
-            )
+            st.unevaluable += 1
+            st.missed = st.missed or f"{where}: {c.check.source} cannot be evaluated"
             return
-        self.checked += 1
+        st.checked += 1
         if not ok:
-            self.broken += 1
-            if self.first_broken is None:
+            st.broken += 1
+            if st.broke is None:
                 shown = c.check.shown({n: _shown(v) for n, v in env.items()})
-                self.first_broken = f"{where}: {c.check.source}: {shown}"
+                st.broke = f"{where}: {c.check.source}: {shown}"
 
     def decide(self, ctx: Context) -> ClaimVerdict:
-        self._run()
+        ats = self._run()
+        self.checked = sum(st.checked for st in ats)
+        self.broken = sum(st.broken for st in ats)
+        self.unevaluable = sum(st.unevaluable for st in ats)
+        self.first_broken = next((st.broke for st in ats if st.broke is not None), None)
+        self.first_missing = next((st.missed for st in ats if st.missed is not None), None)
         c = self.claim
         nums = {"checked": self.checked, "broken": self.broken, "unevaluable": self.unevaluable}
         sel = " | ".join(s.describe() for s in c.select)

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from audit.checker import Bus
+from audit.kinds import build_checker
 from audit.parse import SpecError, parse_spec
+from audit.reader import scan
 from audit.spec import resolve
-from audit.verdict import evaluate
+from audit.verdict import evaluate, receivers
 from tests.unit.audit_logs import LogText
 
 
@@ -172,3 +175,18 @@ def test_a_cutover_refused_while_another_runs_does_not_stand_in_for_its_begin(tm
     log.r("cutover.end", id="c-1", kind="pool", mode="carry", outcome="ok", **census("r-0"))
     v = decide(tmp_path, PAIR, log.stop())
     assert v.status.value == "FAIL" and "(id c-1)" in v.why, v.why
+
+
+def test_a_log_in_seq_order_is_checked_as_it_is_read_holding_no_record(tmp_path):
+    """The sums and the last records are all a prior claim holds while a log in seq order is
+    read: its memory does not grow with the records it checks."""
+    log = spill(LogText().ready(), 32)
+    for _ in range(20):
+        load(log, 1)
+    spec = parse_spec('description = "t"\n[[claim]]\nid = "c"\n' + HOST, Path("t/spec.toml"))
+    bus = Bus()
+    (checker,) = [build_checker(c, bus) for c in spec.claims]
+    scan([log.stop().write(tmp_path / "b.log")], routes=receivers(bus))
+    assert checker.seen == {} and not checker.rescan(None)
+    (st,) = checker.ats.values()
+    assert st.checked == 20 and dict(st.sums) == {None: {"spilled": 32, "dropped": 0}}

@@ -152,6 +152,9 @@ def main() -> None:
     ap.add_argument("--baseline", help="another auditor to time beside it, named as below")
     ap.add_argument("--baseline-name", default="baseline", help="the baseline's name in the table")
     ap.add_argument("--verdict-out", help="write the last run's `audit verdict --json` here")
+    ap.add_argument("--rss-head", type=float, default=0.1,
+                    help="also run each auditor once on this fraction of the log (its first "
+                         "lines) and print the peak RSS at both sizes (0: skip)")  # fmt: skip
     args = ap.parse_args()
     d = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="audit-bench-"))
     d.mkdir(parents=True, exist_ok=True)
@@ -189,6 +192,8 @@ def main() -> None:
         if args.verdict_out:
             Path(args.verdict_out).write_bytes(aud[-1].out)
         report(log.stat().st_size / 1e6, grep, runs, orjson.loads(aud[-1].out))
+        if args.rss_head > 0:
+            rss_growth(log, d / "head.jsonl", args.rss_head, auditors, runs)
         if args.baseline:
             same = {r.out for rs in runs.values() for r in rs} == {aud[-1].out}
             print(f"verdicts of {args.baseline_name} and audit verdict, every run: "
@@ -198,6 +203,28 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def rss_growth(
+    log: Path, head: Path, frac: float, auditors: dict[str, list[str]], runs: dict[str, list[Run]]
+) -> None:
+    """Peak RSS on the log's first lines against the whole log's: what the auditor holds per
+    GB read (flat: about nothing)."""
+    want = int(log.stat().st_size * frac)
+    with log.open("rb") as src, head.open("wb") as dst:
+        while dst.tell() < want:
+            chunk = src.readline()
+            if not chunk:
+                break
+            dst.write(chunk)
+    mb, whole = head.stat().st_size / 1e6, log.stat().st_size / 1e6
+    for name, cmd in auditors.items():
+        small = run([*cmd, "verdict", str(head), "--json"])
+        big = max(r.rss_mb for r in runs[name])
+        per_gb = (big - small.rss_mb) / (whole - mb) * 1000
+        print(f"peak RSS of {name}: {small.rss_mb:.0f} MB on the first {mb:.0f} MB, {big:.0f} MB "
+              f"on {whole:.0f} MB: {per_gb:+.0f} MB per GB read")  # fmt: skip
+    head.unlink()
 
 
 def report(mb: float, grep: list[Run], runs: dict[str, list[Run]], verdict: dict) -> None:

@@ -62,6 +62,8 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    # vLLM's extension: with include_usage, every chunk carries its choice's usage so far
+    continuous_usage_stats: bool = False
 
 
 # a token id: the document says its upper bound too, the served vocabulary (openapi.publish)

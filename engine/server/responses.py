@@ -108,8 +108,10 @@ def _chunk(
     text: str | None,
     reason: str | None,
     first: bool = False,
+    usage: dict[str, int] | None = None,
 ) -> bytes:
-    """One choice's delta as an SSE event; a chat stream's first chunk names the role."""
+    """One choice's delta as an SSE event; a chat stream's first chunk names the role. ``usage``:
+    the choice's so far, where the client asked for it in every chunk."""
     if kind == "text":
         choice: dict[str, Any] = {"index": i, "text": text or "", "logprobs": None}
     else:
@@ -118,7 +120,16 @@ def _chunk(
             delta["content"] = text
         choice = {"index": i, "delta": delta, "logprobs": None}
     choice["finish_reason"] = reason
-    return sse({**meta, "object": _stream_object(kind), "choices": [choice]})
+    event = {**meta, "object": _stream_object(kind), "choices": [choice]}
+    if usage is not None:
+        event["usage"] = usage
+    return sse(event)
+
+
+def _so_far(job: Job, done: int) -> dict[str, int]:
+    """A choice's usage after ``done`` of its tokens (vLLM's continuous usage stats)."""
+    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": done,
+            "total_tokens": job.prompt_tokens + done}  # fmt: skip
 
 
 def _stream_object(kind: str) -> str:
@@ -126,21 +137,27 @@ def _stream_object(kind: str) -> str:
 
 
 async def stream(
-    job: Job, kind: str, meta: dict[str, Any], include_usage: bool, echo: str = ""
-) -> AsyncIterator[bytes]:
+    job: Job, kind: str, meta: dict[str, Any], include_usage: bool, echo: str = "",
+    continuous: bool = False,
+) -> AsyncIterator[bytes]:  # fmt: skip
     """The SSE body: the echoed prompt (``echo``), a chunk per delta, an error event if the job
-    fails midway (the deadline included), the usage (when asked) and ``[DONE]``. Closing it
-    early aborts what is still running."""
+    fails midway (the deadline included), the usage (when asked) and ``[DONE]``; ``continuous``
+    (with ``include_usage``): each chunk with its choice's usage so far. Closing it early aborts
+    what is still running."""
     status, error = 499, "the client went away"
+    done = [0] * len(job.subs)  # each choice's tokens so far, as its chunks tell them
+    every = include_usage and continuous
     try:
         if kind == "chat" or echo:
             for i in range(len(job.subs)):
-                yield _chunk(kind, meta, i, echo, None, first=True)
+                yield _chunk(kind, meta, i, echo, None, True, _so_far(job, 0) if every else None)
         try:
             async for i, item in job.events():
+                done[i] += len(item.new_token_ids)
                 if item.text_delta or item.finished:
                     reason = item.finish_reason if item.finished else None
-                    yield _chunk(kind, meta, i, item.text_delta, reason)
+                    usage = _so_far(job, done[i]) if every else None
+                    yield _chunk(kind, meta, i, item.text_delta, reason, usage=usage)
         except JobFailed as e:
             status, error = e.status, str(e)
             yield sse(error_body(str(e), e.status))

@@ -160,10 +160,10 @@ class CompletionService:
             return error_response(str(e), e.status)
         meta = {"id": rid, "created": int(time.time()), "model": self.served_name}
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(
-                stream(job, kind, meta, include_usage, echo), media_type="text/event-stream"
-            )
+            opts = req.stream_options
+            body = stream(job, kind, meta, bool(opts and opts.include_usage), echo,
+                          bool(opts and opts.continuous_usage_stats))  # fmt: skip
+            return StreamingResponse(body, media_type="text/event-stream")
         return await self.collect(job, kind, meta, req.n, request, echo)
 
     async def collect(

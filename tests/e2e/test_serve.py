@@ -94,6 +94,41 @@ def test_streaming_completion_matches_non_streaming(server):
     assert [c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"] == "length"
 
 
+def _events(server, path: str, body: dict) -> list[dict]:
+    """A stream's events, parsed, up to [DONE] (which must come)."""
+    events = []
+    with server.stream("POST", path, json=body) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                return events
+            if line:
+                events.append(orjson.loads(line.removeprefix("data: ")))
+    raise AssertionError("the stream ended without [DONE]")
+
+
+def test_continuous_usage_stats_puts_each_choices_usage_so_far_in_every_chunk(server):
+    """vLLM's ``stream_options.continuous_usage_stats`` (load generators such as guidellm send
+    it): with ``include_usage``, every chunk carries the usage of its choice so far; the last
+    event is still the whole request's usage. Without ``include_usage`` it adds nothing."""
+    req = {"messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 8,
+           "temperature": 0, "ignore_eos": True, "n": 2, "stream": True}  # fmt: skip
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    events = _events(server, "/v1/chat/completions", {**req, "stream_options": opts})
+    *chunks, last = events
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 16
+    prompt = last["usage"]["prompt_tokens"]
+    for i in range(2):
+        mine = [c for c in chunks if c["choices"][0]["index"] == i]
+        done = [c["usage"]["completion_tokens"] for c in mine]
+        assert done[0] == 0 and done[-1] == 8 and done == sorted(done), done
+        assert all(c["usage"]["prompt_tokens"] == prompt for c in mine)
+        assert all(c["usage"]["total_tokens"] == prompt + d for c, d in zip(mine, done))
+    plain = _events(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 4, "stream": True,
+                    "stream_options": {"continuous_usage_stats": True}})  # fmt: skip
+    assert plain and not any("usage" in e for e in plain)
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [

@@ -40,6 +40,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    # vLLM's: the stop string that ended the text stays in it; special tokens' text is shown
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -74,7 +77,8 @@ class SamplingParams:
             _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
             "min_tokens", f"an integer in [0, max_tokens={self.max_tokens}]", self.min_tokens,
         )  # fmt: skip
-        _need(isinstance(self.ignore_eos, bool), "ignore_eos", "a boolean", self.ignore_eos)
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            _need(isinstance(getattr(self, name), bool), name, "a boolean", getattr(self, name))
         stops = [self.stop] if isinstance(self.stop, str) else self.stop
         _need(
             stops is None

@@ -12,8 +12,9 @@ class IncrementalDetokenizer:
     trailing U+FFFD is held back until the next token completes it.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self.tok = tokenizer
+        self.skip = skip_special_tokens  # special tokens' text left out (as decode does)
         self.ids: list[int] = []
         self.text = ""
         self._prefix = 0  # start of the window decoded for context
@@ -22,8 +23,8 @@ class IncrementalDetokenizer:
     def push(self, tid: int) -> str:
         """Add one id; return the newly completed text (possibly empty)."""
         self.ids.append(tid)
-        prefix_text = self.tok.decode(self.ids[self._prefix : self._read])
-        full = self.tok.decode(self.ids[self._prefix :])
+        prefix_text = self.tok.decode(self.ids[self._prefix : self._read], self.skip)
+        full = self.tok.decode(self.ids[self._prefix :], self.skip)
         if full.endswith("\ufffd") or len(full) <= len(prefix_text):
             return ""
         delta = full[len(prefix_text) :]
@@ -33,8 +34,8 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """At the end of a request: whatever is still held back (a truly invalid byte sequence)."""
-        full = self.tok.decode(self.ids[self._prefix :])
-        prefix_text = self.tok.decode(self.ids[self._prefix : self._read])
+        full = self.tok.decode(self.ids[self._prefix :], self.skip)
+        prefix_text = self.tok.decode(self.ids[self._prefix : self._read], self.skip)
         delta = full[len(prefix_text) :] if len(full) > len(prefix_text) else ""
         self._prefix = self._read = len(self.ids)
         self.text += delta

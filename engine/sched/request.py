@@ -71,7 +71,8 @@ class Request:
         trace_id, trace_parent = split_trace(trace)
         return cls(
             rid=rid, prompt_ids=list(prompt_ids), params=params,
-            detok=IncrementalDetokenizer(tokenizer), stop_ids=tokenizer.stop_ids,
+            detok=IncrementalDetokenizer(tokenizer, params.skip_special_tokens),
+            stop_ids=tokenizer.stop_ids,
             max_context=max_context, generator=make_generator(params.seed),
             trace_id=trace_id, trace_parent=trace_parent,
         )  # fmt: skip
@@ -119,8 +120,8 @@ class Request:
                 (i, s) for s in stops if (i := self.text.find(s, max(0, before - len(s) + 1))) >= 0
             ]
             if hits:
-                cut = min(i for i, _ in hits)
-                self.text = self.text[:cut]
+                i, s = min(hits, key=lambda h: h[0])  # the earliest (the first listed of a tie)
+                self.text = self.text[: i + len(s) if p.include_stop_str_in_output else i]
                 self.finish_reason = "stop"
                 return
         if (

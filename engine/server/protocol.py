@@ -98,6 +98,9 @@ class _Common(_Strict):
     frequency_penalty: Penalty | None = 0.0
     logit_bias: BiasMap | None = None  # token id (a JSON key, so a string) -> bias
     user: str | None = None
+    # vLLM's sampling extensions
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     @field_validator("temperature", "top_p", "stream", "n", "presence_penalty",
                      "frequency_penalty", mode="before")  # fmt: skip
@@ -254,6 +257,8 @@ def sampling_params(
             stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty, logit_bias=bias,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens,
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(str(e), str(e).split(" ", 1)[0]) from e

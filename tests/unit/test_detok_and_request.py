@@ -267,14 +267,8 @@ def test_flush_emits_a_truly_incomplete_tail(tok):
 def make_request(
     tok: Tokenizer, prompt_len: int = 3, max_context: int = 10_000, **params
 ) -> Request:
-    return Request(
-        rid="r-0",
-        prompt_ids=[tid(tok, "h")] * prompt_len,
-        params=SamplingParams(**params),
-        detok=IncrementalDetokenizer(tok),
-        stop_ids=tok.stop_ids,
-        max_context=max_context,
-    )
+    return Request.create("r-0", [tid(tok, "h")] * prompt_len, SamplingParams(**params), tok,
+                          max_context)  # fmt: skip
 
 
 def stream(req: Request, ids: list[int]) -> list[str]:
@@ -432,3 +426,23 @@ def test_stop_string_cannot_end_a_request_before_min_tokens(tok):
     stream(late, ids)
     assert late.finish_reason == "stop" and late.text == "ab "
     assert len(late.output_ids) == n
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string_and_what_came_before(tok):
+    """vLLM's ``include_stop_str_in_output``: the text ends with the stop string that ended it
+    (the earliest one), nothing after it; streamed, the deltas add up to the same."""
+    req = make_request(tok, stop=["world", "lo"], max_tokens=100, include_stop_str_in_output=True)
+    deltas = stream(req, tok.encode("hello world and more"))
+    assert req.finish_reason == "stop"
+    assert req.text == "hello" == "".join(deltas)
+    req = make_request(tok, stop="TO", max_tokens=100, include_stop_str_in_output=True)
+    stream(req, tok.encode("go STOP"))
+    assert req.text == "go STO"
+
+
+def test_skip_special_tokens_false_keeps_special_tokens_in_the_text(tok):
+    ids = [*tok.encode("hi"), tid(tok, "<|im_end|>"), *tok.encode(" there")]
+    kept = make_request(tok, max_tokens=len(ids), skip_special_tokens=False, ignore_eos=True)
+    assert "".join(stream(kept, ids)) == kept.text == "hi<|im_end|> there"
+    skipped = make_request(tok, max_tokens=len(ids), ignore_eos=True)
+    assert "".join(stream(skipped, ids)) == skipped.text == "hi there"

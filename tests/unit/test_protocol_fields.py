@@ -123,6 +123,15 @@ def test_penalties_bias_and_seed_reach_the_sampler():
     assert p.logit_bias == {7: -100, 3: 2.5}
 
 
+def test_vllms_output_fields_reach_the_request():
+    p = _params({"prompt": "x", "include_stop_str_in_output": True, "skip_special_tokens": False})
+    assert (p.include_stop_str_in_output, p.skip_special_tokens) == (True, False)
+    p = _params({"messages": [{"role": "user", "content": "x"}]}, model=ChatCompletionRequest)
+    assert (p.include_stop_str_in_output, p.skip_special_tokens) == (False, True)
+    err = _parse(CompletionRequest, {"prompt": "x", "skip_special_tokens": "no"})
+    assert isinstance(err, ProtocolError) and err.param == "skip_special_tokens"
+
+
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [

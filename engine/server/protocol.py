@@ -101,6 +101,23 @@ class _Common(_Strict):
     # vLLM's sampling extensions
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None  # the last k; -1: context
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _k_tokens(cls, v: int | None) -> int | None:
+        if v == 0:
+            raise ValueError("must be -1 (the model's context) or an integer >= 1, got 0")
+        return v
+
+    def truncated(self, ids: list[int], max_context: int) -> list[int]:
+        """The prompt's last ``truncate_prompt_tokens`` tokens (-1: as many as the context
+        holds), as vLLM truncates; the whole prompt where it is within that."""
+        k = self.truncate_prompt_tokens
+        if k is None:
+            return ids
+        k = max_context if k == -1 else k
+        return ids[-k:] if len(ids) > k else ids
 
     @field_validator("temperature", "top_p", "stream", "n", "presence_penalty",
                      "frequency_penalty", mode="before")  # fmt: skip

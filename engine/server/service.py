@@ -116,8 +116,11 @@ class CompletionService:
             ids = await asyncio.to_thread(tok.encode, prompt)
         else:
             ids = list(prompt)
+        whole = len(ids)
+        ids = req.truncated(ids, self.limits.max_context)
         self.check_prompt(ids)
-        echo = "" if not req.echo else prompt if isinstance(prompt, str) else tok.decode(ids)
+        shown = prompt if isinstance(prompt, str) and len(ids) == whole else tok.decode(ids)
+        echo = shown if req.echo else ""
         return await self.run(ids, req, "text", request, t0, echo)
 
     async def chat(self, request: Request) -> Response:
@@ -130,6 +133,7 @@ class CompletionService:
             ids = await asyncio.to_thread(tok.encode_chat, messages, req.add_generation_prompt)
         except ChatTemplateError as e:
             raise ProtocolError(str(e), "messages") from e
+        ids = req.truncated(ids, self.limits.max_context)
         self.check_prompt(ids)
         return await self.run(ids, req, "chat", request, t0)
 

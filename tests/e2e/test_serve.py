@@ -129,6 +129,34 @@ def test_continuous_usage_stats_puts_each_choices_usage_so_far_in_every_chunk(se
     assert plain and not any("usage" in e for e in plain)
 
 
+def test_truncate_prompt_tokens_keeps_the_last_k_tokens_of_the_prompt(server):
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last k tokens are what runs (usage
+    counts k), so what came before them changes nothing. A prompt within k runs whole; 0 or
+    below -1 is a 400 naming the field."""
+    base = {"max_tokens": 6, "temperature": 0, "ignore_eos": True, "truncate_prompt_tokens": 5}
+    text = "The quick brown fox jumps over the lazy dog. " * 3
+
+    def complete(**body):
+        r = server.post("/v1/completions", json={**base, **body})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    cut = complete(prompt=text)
+    assert cut["usage"]["prompt_tokens"] == 5
+    other = complete(prompt="Something else entirely, and longer than that. " + text)
+    assert other["usage"]["prompt_tokens"] == 5
+    assert other["choices"][0]["text"] == cut["choices"][0]["text"]
+    whole = complete(prompt=text, truncate_prompt_tokens=10_000)
+    assert whole["usage"]["prompt_tokens"] > 20
+    chat = server.post("/v1/chat/completions", json={**base, "truncate_prompt_tokens": 3,
+                       "messages": [{"role": "user", "content": text}]})  # fmt: skip
+    assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == 3
+    for bad in (0, -2):
+        r = server.post("/v1/completions", json={**base, "prompt": text,
+                        "truncate_prompt_tokens": bad})  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [

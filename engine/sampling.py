@@ -20,6 +20,7 @@ class Sampled(Protocol):
     params: SamplingParams
     generator: torch.Generator | None
     output_ids: list[int]
+    prompt_ids: list[int]
 
 
 def make_generator(seed: int | None) -> torch.Generator | None:
@@ -70,8 +71,9 @@ def _wide_state(state: torch.Tensor, u: int) -> torch.Tensor:
 def sample_for(logits: torch.Tensor, reqs: Sequence[Sampled]) -> list[int]:
     """One token for each request, from its row of ``logits``."""
     return sample(
-        logits, [r.params for r in reqs], [r.generator for r in reqs], [r.output_ids for r in reqs]
-    )
+        logits, [r.params for r in reqs], [r.generator for r in reqs],
+        [r.output_ids for r in reqs], [r.prompt_ids for r in reqs],
+    )  # fmt: skip
 
 
 def sample(
@@ -79,15 +81,20 @@ def sample(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
     outputs: Sequence[list[int]] | None = None,
+    prompts: Sequence[list[int]] | None = None,
 ) -> list[int]:
     """One token per row. Rows whose request sets a bias or a penalty are adjusted first (on a
-    copy: ``logits`` is left as it was), over ``outputs``, the tokens each has generated. Greedy
-    rows take the argmax; the rest sample from the filtered softmax."""
+    copy: ``logits`` is left as it was), over ``outputs``, the tokens each has generated (and
+    ``prompts``, for the repetition penalty). Greedy rows take the argmax; the rest sample from
+    the filtered softmax."""
     rows = [i for i, p in enumerate(params) if p.adjusts_logits]
     if rows:
         logits = logits.clone()
         for i in rows:
-            adjust_logits(logits[i], params[i], outputs[i] if outputs is not None else [])
+            adjust_logits(
+                logits[i], params[i], outputs[i] if outputs is not None else [],
+                prompts[i] if prompts is not None else (),
+            )  # fmt: skip
     out = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         if p.greedy:
@@ -96,16 +103,24 @@ def sample(
     return out
 
 
-def adjust_logits(row: torch.Tensor, p: SamplingParams, generated: list[int]) -> None:
-    """Apply ``p``'s logit bias and its presence and frequency penalties to ``row``, in place.
-    A bias for an id outside the row is skipped: the HTTP layer refuses those, and the sampler
-    must not fail the whole batch for one request."""
+def adjust_logits(
+    row: torch.Tensor, p: SamplingParams, generated: list[int], prompt: Sequence[int] = ()
+) -> None:
+    """Apply ``p``'s logit bias, then its repetition penalty (over ``prompt`` and ``generated``),
+    then its presence and frequency penalties (over ``generated``) to ``row``, in place, in
+    vLLM's order. An id outside the row is skipped: the HTTP layer refuses those, and the
+    sampler must not fail the whole batch for one request."""
     vocab = row.numel()
     if p.logit_bias:
         bias = [(t, b) for t, b in p.logit_bias.items() if t < vocab]
         if bias:
             ids, values = zip(*bias)
             row[list(ids)] += torch.tensor(values, dtype=row.dtype)
+    if p.repetition_penalty != 1.0 and (generated or prompt):
+        seen = torch.tensor([*prompt, *generated]).unique()
+        seen = seen[seen < vocab]
+        x = row[seen]
+        row[seen] = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
     if (p.presence_penalty or p.frequency_penalty) and generated:
         ids, counts = torch.tensor(generated).unique(return_counts=True)
         keep = ids < vocab

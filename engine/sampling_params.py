@@ -43,6 +43,9 @@ class SamplingParams:
     # vLLM's: the stop string that ended the text stays in it; special tokens' text is shown
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's repetition penalty over the prompt's and the output's tokens: a seen token's logit
+    # is divided by it where positive, multiplied where negative (1: off)
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -65,6 +68,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             _need(_is_num(v) and abs(v) <= PENALTY_LIMIT, name, "a number in [-2, 2]", v)
+        rep = self.repetition_penalty
+        _need(_is_num(rep) and 0 < rep < float("inf"), "repetition_penalty",
+              "a finite number > 0", rep)  # fmt: skip
         bias = self.logit_bias
         _need(
             bias is None or (isinstance(bias, dict) and all(
@@ -104,4 +110,9 @@ class SamplingParams:
     @property
     def adjusts_logits(self) -> bool:
         """Whether the sampler must change this request's logits before it picks a token."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.logit_bias
+            or self.repetition_penalty != 1.0
+        )

@@ -102,6 +102,7 @@ class _Common(_Strict):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None  # the last k; -1: context
+    repetition_penalty: Annotated[float, Field(gt=0)] = 1.0
 
     @field_validator("truncate_prompt_tokens")
     @classmethod
@@ -276,6 +277,7 @@ def sampling_params(
             frequency_penalty=req.frequency_penalty, logit_bias=bias,
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
+            repetition_penalty=req.repetition_penalty,
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(str(e), str(e).split(" ", 1)[0]) from e

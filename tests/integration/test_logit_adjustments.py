@@ -34,6 +34,18 @@ def test_a_penalty_changes_a_greedy_run_where_it_would_repeat_and_not_before(llm
     assert penalised.token_ids != plain.token_ids
 
 
+def test_a_repetition_penalty_changes_a_greedy_run_and_counts_the_prompt(llm):
+    """vLLM's repetition penalty: the prompt's tokens count as seen, so a run that would repeat
+    one of them (or itself) takes another course; 1 is plain greedy."""
+    plain, penalised, off = llm.generate(
+        [PROMPT] * 3,
+        [SamplingParams(**GREEDY), SamplingParams(**GREEDY, repetition_penalty=3.0),
+         SamplingParams(**GREEDY, repetition_penalty=1.0)],
+    )  # fmt: skip
+    assert off.token_ids == plain.token_ids
+    assert penalised.token_ids != plain.token_ids
+
+
 def test_a_logit_bias_steers_every_token_and_leaves_its_batch_mates_alone(llm):
     alone = llm.generate([PROMPT], SamplingParams(**GREEDY))[0]
     biased, plain = llm.generate(

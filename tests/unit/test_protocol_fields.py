@@ -39,7 +39,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
         ({"best_of": 2, "n": 3}, "best_of", "equal to n"),
         ({"modalities": ["text", "audio"]}, "modalities", "text only"),
         ({"audio": {"voice": "x"}}, "audio", "not supported"),
-        ({"repetition_penalty": 1.2}, "repetition_penalty", "not a supported request field"),
+        ({"use_beam_search": True}, "use_beam_search", "not a supported request field"),
         ({"frobnicate": True}, "frobnicate", "not a supported request field"),
     ],
 )  # fmt: skip
@@ -130,6 +130,10 @@ def test_vllms_output_fields_reach_the_request():
     assert (p.include_stop_str_in_output, p.skip_special_tokens) == (False, True)
     err = _parse(CompletionRequest, {"prompt": "x", "skip_special_tokens": "no"})
     assert isinstance(err, ProtocolError) and err.param == "skip_special_tokens"
+    assert _params({"prompt": "x", "repetition_penalty": 1.3}).repetition_penalty == 1.3
+    for bad in (0, -1.5, "2"):
+        err = _parse(CompletionRequest, {"prompt": "x", "repetition_penalty": bad})
+        assert isinstance(err, ProtocolError) and err.param == "repetition_penalty", bad
 
 
 @pytest.mark.parametrize(

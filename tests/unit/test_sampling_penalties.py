@@ -39,7 +39,7 @@ def test_a_negative_penalty_favours_what_was_generated():
 def test_a_repeating_greedy_request_changes_course_under_a_frequency_penalty():
     class Req:
         def __init__(self, params):
-            self.params, self.generator, self.output_ids = params, None, []
+            self.params, self.generator, self.output_ids, self.prompt_ids = params, None, [], []
 
     logits = torch.tensor([[2.0, 1.5, 0.0]])
     plain, penalised = (
@@ -93,3 +93,36 @@ def test_edge_values_are_accepted():
     SamplingParams(presence_penalty=-2, frequency_penalty=2, logit_bias={0: -100, 9: 100})
     SamplingParams(seed=2**63 - 1)
     SamplingParams(seed=-(2**63))
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens():
+    """vLLM's (and the CTRL paper's) repetition penalty: every token of the prompt or the output
+    so far has its logit divided by the penalty where positive, multiplied where negative; the
+    rest are left alone. 1 changes nothing."""
+    row = torch.tensor([4.0, -2.0, 3.0, -1.0, 2.0])
+    adjust_logits(row, SamplingParams(repetition_penalty=2.0), [1], prompt=[0, 0, 9])
+    assert row.tolist() == [2.0, -4.0, 3.0, -1.0, 2.0]
+    row = torch.tensor([4.0, -2.0])
+    adjust_logits(row, SamplingParams(repetition_penalty=0.5), [0, 1])  # below 1: favoured
+    assert row.tolist() == [8.0, -1.0]
+    assert not SamplingParams(repetition_penalty=1.0).adjusts_logits
+
+
+def test_repetition_penalty_counts_the_prompt_too():
+    class Req:
+        def __init__(self, params):
+            self.params, self.generator, self.output_ids = params, None, []
+            self.prompt_ids = [0]
+
+    logits = torch.tensor([[2.0, 1.5, 0.0], [2.0, 1.5, 0.0]])
+    plain, penalised = (
+        Req(SamplingParams(**GREEDY)),
+        Req(SamplingParams(**GREEDY, repetition_penalty=1.5)),
+    )
+    assert sample_for(logits, [plain, penalised]) == [0, 1]  # 2 / 1.5 < 1.5: the prompt's token
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), True])
+def test_repetition_penalty_is_a_finite_number_above_zero(bad):
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        SamplingParams(repetition_penalty=bad)

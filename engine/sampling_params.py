@@ -8,6 +8,9 @@ from dataclasses import dataclass
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed, as OpenAI and vLLM take it
 PENALTY_LIMIT = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI defines them
 BIAS_LIMIT = 100.0  # a logit bias lies in [-100, 100]
+# a repetition penalty lies in [1/100, 100]: vLLM asks only > 0, but a logit divided by 1e-300
+# is inf in float32, and one row of infs would turn the batch's softmax to NaN
+REPETITION_LIMIT = 100.0
 
 
 def _need(ok: bool, field: str, rule: str, value: object) -> None:
@@ -69,8 +72,9 @@ class SamplingParams:
             v = getattr(self, name)
             _need(_is_num(v) and abs(v) <= PENALTY_LIMIT, name, "a number in [-2, 2]", v)
         rep = self.repetition_penalty
-        _need(_is_num(rep) and 0 < rep < float("inf"), "repetition_penalty",
-              "a finite number > 0", rep)  # fmt: skip
+        _need(_is_num(rep) and 1 / REPETITION_LIMIT <= rep <= REPETITION_LIMIT,
+              "repetition_penalty", f"a number in [{1 / REPETITION_LIMIT}, {REPETITION_LIMIT:g}]",
+              rep)  # fmt: skip
         bias = self.logit_bias
         _need(
             bias is None or (isinstance(bias, dict) and all(

@@ -16,7 +16,14 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
 from engine.prompt import PromptError, check_param_ids, fit_max_tokens
-from engine.sampling_params import BIAS_LIMIT, PENALTY_LIMIT, SEED_MAX, SEED_MIN, SamplingParams
+from engine.sampling_params import (
+    BIAS_LIMIT,
+    PENALTY_LIMIT,
+    REPETITION_LIMIT,
+    SEED_MAX,
+    SEED_MIN,
+    SamplingParams,
+)
 
 MAX_N = 16  # choices per request; each is its own request in the scheduler, sharing the prefix
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
@@ -102,7 +109,7 @@ class _Common(_Strict):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None  # the last k; -1: context
-    repetition_penalty: Annotated[float, Field(gt=0)] = 1.0
+    repetition_penalty: Annotated[float, Field(ge=1 / REPETITION_LIMIT, le=REPETITION_LIMIT)] = 1.0
 
     @field_validator("truncate_prompt_tokens")
     @classmethod

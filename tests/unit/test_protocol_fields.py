@@ -131,7 +131,7 @@ def test_vllms_output_fields_reach_the_request():
     err = _parse(CompletionRequest, {"prompt": "x", "skip_special_tokens": "no"})
     assert isinstance(err, ProtocolError) and err.param == "skip_special_tokens"
     assert _params({"prompt": "x", "repetition_penalty": 1.3}).repetition_penalty == 1.3
-    for bad in (0, -1.5, "2"):
+    for bad in (0, -1.5, "2", 1e-300, 1e6):
         err = _parse(CompletionRequest, {"prompt": "x", "repetition_penalty": bad})
         assert isinstance(err, ProtocolError) and err.param == "repetition_penalty", bad
 

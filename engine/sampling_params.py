@@ -9,7 +9,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed, as OpenAI and 
 PENALTY_LIMIT = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI defines them
 BIAS_LIMIT = 100.0  # a logit bias lies in [-100, 100]
 # a repetition penalty lies in [1/100, 100]: vLLM asks only > 0, but a logit divided by 1e-300
-# is inf in float32, and one row of infs would turn the batch's softmax to NaN
+# is inf in float32, that row's softmax NaN, and its draw would fail the whole batch's step
 REPETITION_LIMIT = 100.0
 
 

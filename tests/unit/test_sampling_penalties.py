@@ -124,7 +124,7 @@ def test_repetition_penalty_counts_the_prompt_too():
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, 1e-300, 101.0, float("inf"), float("nan"), True])
 def test_repetition_penalty_is_a_number_in_a_hundredth_to_a_hundred(bad):
-    """Not only > 0 (vLLM's rule): a logit divided by 1e-300 is inf in float32, and a row of
-    infs would make the softmax NaN for the whole batch."""
+    """Not only > 0 (vLLM's rule): a logit divided by 1e-300 is inf in float32, its row's
+    softmax NaN, and that row's draw would fail the step of the whole batch."""
     with pytest.raises(ValueError, match="repetition_penalty"):
         SamplingParams(repetition_penalty=bad)

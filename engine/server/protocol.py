@@ -176,12 +176,17 @@ _UNBUILT: dict[str, tuple[Any, str]] = {
     "modalities": (lambda v: v is None or v == ["text"], 'is not supported: this server writes text only (["text"])'),
     "audio": (lambda v: v is None, "output is not supported by this server"),
     "prediction": (lambda v: v is None, "(predicted outputs) is not supported by this server"),
+    # vLLM's scheduling priority: as vLLM under its default first-come-first-served policy
+    "priority": (lambda v: v is None or (v == 0 and v is not False),
+                 "is not supported: this server schedules first come, first served (priority "
+                 "scheduling is not enabled; 0, the default, asks for nothing)"),
 }  # fmt: skip
 # fields that change nothing a client receives, accepted and ignored
 _INERT = frozenset({"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
 # the integer and boolean fields of those two groups, typed as strictly as the built ones
 _INT, _BOOL = ("integer", int), ("boolean", bool)
-_SCALARS = {"best_of": _INT, "top_logprobs": _INT, "parallel_tool_calls": _BOOL, "store": _BOOL}
+_SCALARS = {"best_of": _INT, "top_logprobs": _INT, "parallel_tool_calls": _BOOL, "store": _BOOL,
+            "priority": _INT}  # fmt: skip
 
 
 def _scalar(key: str, model: type[BaseModel]) -> tuple[str, type] | None:

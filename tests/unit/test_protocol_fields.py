@@ -40,6 +40,9 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
         ({"modalities": ["text", "audio"]}, "modalities", "text only"),
         ({"audio": {"voice": "x"}}, "audio", "not supported"),
         ({"use_beam_search": True}, "use_beam_search", "not a supported request field"),
+        ({"priority": 1}, "priority", "priority scheduling is not enabled"),
+        ({"priority": -3}, "priority", "first come, first served"),
+        ({"priority": "0"}, "priority", "valid integer"),
         ({"frobnicate": True}, "frobnicate", "not a supported request field"),
     ],
 )  # fmt: skip
@@ -55,7 +58,7 @@ def test_a_field_that_asks_for_what_is_not_built_is_refused_by_name(extra, param
     [
         {"response_format": {"type": "text"}}, {"tools": []}, {"tool_choice": "none"},
         {"functions": None}, {"logprobs": False}, {"top_logprobs": 0}, {"best_of": 1},
-        {"best_of": 2, "n": 2}, {"suffix": ""}, {"parallel_tool_calls": True},
+        {"best_of": 2, "n": 2}, {"suffix": ""}, {"parallel_tool_calls": True}, {"priority": 0},
         {"metadata": {"k": "v"}}, {"store": False}, {"modalities": ["text"]},
     ],
 )  # fmt: skip

@@ -59,7 +59,11 @@ def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None
     # Its own process group: a signal to the frontend's whole group (Ctrl-C, `kill -- -PGID`,
     # a supervisor's stop) reaches the frontend, which drains this process in order
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.setpgid(0, 0)
+    try:
+        os.setpgid(0, 0)
+    except PermissionError:  # a session leader may not move, and it leads its own group already
+        if os.getpgid(0) != os.getpid():
+            raise
     from engine.obs.tracing import setup_tracing
 
     sink: list[Any] = []  # the receipts, once the engine is built: where a dropped-span notice goes

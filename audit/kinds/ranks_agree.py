@@ -16,7 +16,7 @@ What it decides, boot by boot (ranks are compared only within their boot):
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -113,10 +113,8 @@ class RanksAgree(Checker[RanksAgreeClaim]):
     def rescan(self, ctx: Context) -> bool:
         """Whether a boot whose decisions were not kept turned out to have more than one rank
         (a boot.start that said one, and another rank's log): its digests are needed."""
-        if not self.unkept:
-            return False
-        boots = {b for b, _ in self.unkept}
-        return any(len([r for b, r in ctx.stats.seqs if b == boot]) > 1 for boot in boots)
+        ranks = Counter(b for b, _ in ctx.stats.seqs)
+        return any(ranks[b] > 1 for b, _ in self.unkept)
 
     def _fn(self, s: ReceiptSel) -> Callable[[dict[str, Any]], None]:
         fields, last, where = self.claim.fields, self._last, bool(s.where)

@@ -119,8 +119,9 @@ class CompletionService:
         whole = len(ids)
         ids = req.truncated(ids, self.limits.max_context)
         self.check_prompt(ids)
-        shown = prompt if isinstance(prompt, str) and len(ids) == whole else tok.decode(ids)
-        echo = shown if req.echo else ""
+        echo = ""
+        if req.echo:  # the prompt that runs: the text as sent, unless it was cut or sent as ids
+            echo = prompt if isinstance(prompt, str) and len(ids) == whole else tok.decode(ids)
         return await self.run(ids, req, "text", request, t0, echo)
 
     async def chat(self, request: Request) -> Response:

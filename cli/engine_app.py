@@ -30,6 +30,7 @@ from cli.options import (
     DeviceOpt,
     DrainOpt,
     DtypeOpt,
+    GrammarTimeoutOpt,
     HostKvOpt,
     HostOpt,
     IterationIntervalOpt,
@@ -199,15 +200,15 @@ def serve(
     max_client_connections: ClientConnOpt = DEFAULTS["max_client_connections"],
     request_timeout: RequestTimeoutOpt = DEFAULTS["request_timeout"],
     cutover_timeout: CutoverTimeoutOpt = DEFAULTS["cutover_timeout"],
+    grammar_timeout: GrammarTimeoutOpt = DEFAULTS["grammar_timeout"],
     tp: TpOpt = DEFAULTS["tp"],
     dist_init: DistInitOpt = DEFAULTS["dist_init"],
     group_check_interval: GroupCheckOpt = DEFAULTS["group_check_interval"],
     group_timeout: GroupTimeoutOpt = DEFAULTS["group_timeout"],
     published_floor: FloorOpt = DEFAULTS["published_floor"],
 ) -> None:
-    """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
-    /health, /metrics). SIGTERM or Ctrl-C stops it in order: exit 0, with `boot.stop` logged.
-    A port, pid file or boot log another live process holds is refused at once (exit 75)."""
+    """Serve the OpenAI-compatible API (/v1/*, /health, /metrics); SIGTERM or Ctrl-C stops it in
+    order (exit 0). A port, pid file or boot log a live process holds is refused (exit 75)."""
     options = locals() | {"log_file": log_file or default_log_file()}
     from engine.server.boot_guard import BootRefused
     from engine.server.launch import BootFailed

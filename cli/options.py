@@ -56,6 +56,7 @@ ReadTimeoutOpt = Annotated[float, typer.Option(help=HELP["read_timeout"])]
 ClientConnOpt = Annotated[int, typer.Option(help=HELP["max_client_connections"])]
 RequestTimeoutOpt = Annotated[float, typer.Option(help=HELP["request_timeout"])]
 CutoverTimeoutOpt = Annotated[float, typer.Option(help=HELP["cutover_timeout"])]
+GrammarTimeoutOpt = Annotated[float, typer.Option(help=HELP["grammar_timeout"])]
 KvFractionOpt = Annotated[float, typer.Option(help=HELP["kv_memory_fraction"])]
 PageSizeOpt = Annotated[int, typer.Option(help=HELP["page_size"])]
 LogFileOpt = Annotated[

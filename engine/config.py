@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from engine.config_rules import http_url, int_or_none, is_int, need, per_rank, seconds
+
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("int8", "int4")  # fast mode's weight formats (engine/model/quant.py)
 DIST_INITS = ("spawn", "env")
@@ -24,43 +26,6 @@ SERVE_STEP_TOKENS = 32
 def _knob(default: Any, text: str) -> Any:
     """A field with its default and its help text, the one place both are declared."""
     return field(default=default, metadata={"help": text})
-
-
-def _need(ok: bool, section: object, name: str, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"{name} must be {rule}, got {getattr(section, name)!r}")
-
-
-def _int(v: Any, low: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-
-def _int_or_none(v: Any, low: int) -> bool:
-    return v is None or _int(v, low)
-
-
-def _per_rank(v: Any, tp: int) -> bool:
-    """One pool size per rank, each an integer >= 1."""
-    if not isinstance(v, (list, tuple)) or len(v) != tp or tp < 2:
-        return False
-    return all(_int(x, 1) for x in v)
-
-
-def _http_url(v: Any) -> bool:
-    from urllib.parse import urlsplit
-
-    if not isinstance(v, str):
-        return False
-    try:
-        u = urlsplit(v)
-        u.port  # noqa: B018 (raises on a malformed port)
-    except ValueError:
-        return False
-    return u.scheme in ("http", "https") and bool(u.hostname)
-
-
-def _seconds(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
 
 
 class _Section:
@@ -104,18 +69,18 @@ class ModelSection(_Section):
     device: str = _knob("cpu", "cpu, cuda or cuda:N (off the CPU, give --kv-tokens).")
 
     def validate(self) -> None:
-        _need(self.model is None or isinstance(self.model, str), self, "model", "a path or None")
-        _need(self.dtype in DTYPES, self, "dtype", f"one of {DTYPES}")
-        _need(self.quant is None or self.quant in QUANTS, self, "quant", f"None or one of {QUANTS}")
-        _need(_int_or_none(self.max_model_len, 1), self, "max_model_len", "None or an integer >= 1")
-        _need(isinstance(self.attention_backend, str), self, "attention_backend", "a backend name")
-        _need(_int_or_none(self.threads, 1), self, "threads", "None or an integer >= 1")
-        _need(
+        need(self.model is None or isinstance(self.model, str), self, "model", "a path or None")
+        need(self.dtype in DTYPES, self, "dtype", f"one of {DTYPES}")
+        need(self.quant is None or self.quant in QUANTS, self, "quant", f"None or one of {QUANTS}")
+        need(int_or_none(self.max_model_len, 1), self, "max_model_len", "None or an integer >= 1")
+        need(isinstance(self.attention_backend, str), self, "attention_backend", "a backend name")
+        need(int_or_none(self.threads, 1), self, "threads", "None or an integer >= 1")
+        need(
             isinstance(self.device, str)
             and (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")),
             self, "device", "cpu, cuda or cuda:N",
         )  # fmt: skip
-        _need(
+        need(
             self.quant is None or self.device == "cpu",
             self, "device", "cpu with --quant (its kernels are torch's CPU ones)",
         )  # fmt: skip
@@ -156,17 +121,15 @@ class MemorySection(_Section):
 
     def validate(self) -> None:
         f = self.kv_memory_fraction
-        _need(
+        need(
             isinstance(f, (int, float)) and 0 < f <= 0.9, self, "kv_memory_fraction", "in (0, 0.9]"
         )
-        _need(_int(self.page_size, 1), self, "page_size", "an integer >= 1")
-        _need(isinstance(self.prefix_cache, bool), self, "prefix_cache", "a boolean")
-        _need(
-            _int_or_none(self.host_kv_tokens, 0), self, "host_kv_tokens", "None or an integer >= 0"
-        )
-        _need(isinstance(self.relief_ladder, bool), self, "relief_ladder", "a boolean")
-        _need(
-            _int(self.relief_throttle_iterations, 1),
+        need(is_int(self.page_size, 1), self, "page_size", "an integer >= 1")
+        need(isinstance(self.prefix_cache, bool), self, "prefix_cache", "a boolean")
+        need(int_or_none(self.host_kv_tokens, 0), self, "host_kv_tokens", "None or an integer >= 0")
+        need(isinstance(self.relief_ladder, bool), self, "relief_ladder", "a boolean")
+        need(
+            is_int(self.relief_throttle_iterations, 1),
             self, "relief_throttle_iterations", "an integer >= 1",
         )  # fmt: skip
 
@@ -194,14 +157,20 @@ class SchedulerSection(_Section):
     cutover_timeout: float = _knob(
         600.0, "Seconds a cutover may wait for its weights or its drain; then it ends, unchanged."
     )
+    grammar_timeout: float = _knob(
+        10.0,
+        "Seconds a request's grammar (response_format) may take to compile; past them the "
+        "request is refused (400) and so is that grammar from then on.",
+    )
 
     def validate(self) -> None:
-        _need(_int(self.max_running, 1), self, "max_running", "an integer >= 1")
-        _need(_int(self.chunk_tokens, 1), self, "chunk_tokens", "an integer >= 1")
+        need(is_int(self.max_running, 1), self, "max_running", "an integer >= 1")
+        need(is_int(self.chunk_tokens, 1), self, "chunk_tokens", "an integer >= 1")
         seed = self.seed
-        _need(isinstance(seed, int) and not isinstance(seed, bool), self, "seed", "an integer")
-        _need(isinstance(self.check_invariants, bool), self, "check_invariants", "a boolean")
-        _need(_seconds(self.cutover_timeout), self, "cutover_timeout", "a number of seconds > 0")
+        need(isinstance(seed, int) and not isinstance(seed, bool), self, "seed", "an integer")
+        need(isinstance(self.check_invariants, bool), self, "check_invariants", "a boolean")
+        need(seconds(self.cutover_timeout), self, "cutover_timeout", "a number of seconds > 0")
+        need(seconds(self.grammar_timeout), self, "grammar_timeout", "a number of seconds > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,13 +190,13 @@ class ServerSection(_Section):
     )
 
     def validate(self) -> None:
-        _need(_seconds(self.read_timeout), self, "read_timeout", "a number of seconds > 0")
-        _need(
-            _int(self.max_client_connections, 0),
+        need(seconds(self.read_timeout), self, "read_timeout", "a number of seconds > 0")
+        need(
+            is_int(self.max_client_connections, 0),
             self, "max_client_connections", "an integer >= 0 (0: no cap)",
         )  # fmt: skip
-        _need(
-            self.request_timeout is None or _seconds(self.request_timeout),
+        need(
+            self.request_timeout is None or seconds(self.request_timeout),
             self, "request_timeout", "None or a number of seconds > 0",
         )  # fmt: skip
 
@@ -260,11 +229,11 @@ class GroupSection(_Section):
     )
 
     def validate(self) -> None:
-        _need(_int(self.tp, 1), self, "tp", "an integer >= 1")
-        _need(self.dist_init in DIST_INITS, self, "dist_init", f"one of {DIST_INITS}")
-        _need(_seconds(self.group_timeout), self, "group_timeout", "a number of seconds > 0")
-        _need(_int(self.group_check_interval, 1), self, "group_check_interval", "an integer >= 1")
-        _need(isinstance(self.published_floor, bool), self, "published_floor", "a boolean")
+        need(is_int(self.tp, 1), self, "tp", "an integer >= 1")
+        need(self.dist_init in DIST_INITS, self, "dist_init", f"one of {DIST_INITS}")
+        need(seconds(self.group_timeout), self, "group_timeout", "a number of seconds > 0")
+        need(is_int(self.group_check_interval, 1), self, "group_check_interval", "an integer >= 1")
+        need(isinstance(self.published_floor, bool), self, "published_floor", "a boolean")
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,15 +256,15 @@ class ObservabilitySection(_Section):
     )
 
     def validate(self) -> None:
-        _need(isinstance(self.receipts, bool), self, "receipts", "a boolean")
+        need(isinstance(self.receipts, bool), self, "receipts", "a boolean")
         log_file = self.log_file
-        _need(log_file is None or isinstance(log_file, str), self, "log_file", "a path or None")
-        _need(
-            _int(self.iteration_receipt_interval, 0),
+        need(log_file is None or isinstance(log_file, str), self, "log_file", "a path or None")
+        need(
+            is_int(self.iteration_receipt_interval, 0),
             self, "iteration_receipt_interval", "an integer >= 0",
         )  # fmt: skip
-        _need(
-            self.otlp_endpoint is None or _http_url(self.otlp_endpoint),
+        need(
+            self.otlp_endpoint is None or http_url(self.otlp_endpoint),
             self, "otlp_endpoint", "None or an http(s) URL such as http://127.0.0.1:4318",
         )  # fmt: skip
 
@@ -325,21 +294,21 @@ HELP: dict[str, str] = {f.name: f.metadata["help"] for c in SECTIONS.values() fo
 def _check_across(c: EngineConfig) -> None:
     """The rules that read more than one section."""
     mem, tp = c.memory, c.group.tp
-    _need(
-        mem.kv_tokens is None or _int(mem.kv_tokens, 1) or _per_rank(mem.kv_tokens, tp),
+    need(
+        mem.kv_tokens is None or is_int(mem.kv_tokens, 1) or per_rank(mem.kv_tokens, tp),
         mem, "kv_tokens",
         "None or an integer >= 1" + ("" if tp == 1 else f", or one integer >= 1 per rank ({tp})"),
     )  # fmt: skip
     step = c.scheduler.step_tokens
-    _need(
-        step is None or (_int(step, 1) and step >= mem.page_size),
+    need(
+        step is None or (is_int(step, 1) and step >= mem.page_size),
         c.scheduler, "step_tokens", f"None or an integer >= page_size ({mem.page_size})",
     )  # fmt: skip
-    _need(
+    need(
         c.model.device == "cpu" or mem.kv_tokens is not None,
         mem, "kv_tokens", "given off the CPU (otherwise the pool is sized from host memory)",
     )  # fmt: skip
-    _need(
+    need(
         tp == 1 or not mem.host_kv_tokens,
         mem, "host_kv_tokens", "0 or None with more than one rank (the host tier is one rank's)",
     )  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.guide import Guide
+
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed, as OpenAI and vLLM take it
 PENALTY_LIMIT = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI defines them
 BIAS_LIMIT = 100.0  # a logit bias lies in [-100, 100]
@@ -49,6 +51,8 @@ class SamplingParams:
     # vLLM's repetition penalty over the prompt's and the output's tokens: a seen token's logit
     # is divided by it where positive, multiplied where negative (1: off)
     repetition_penalty: float = 1.0
+    # what the output must match (JSON, a schema, a pattern, ...): a grammar masks each step
+    guide: Guide | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -89,6 +93,12 @@ class SamplingParams:
         )  # fmt: skip
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             _need(isinstance(getattr(self, name), bool), name, "a boolean", getattr(self, name))
+        _need(self.guide is None or isinstance(self.guide, Guide), "guide", "a Guide", self.guide)
+        if self.guide is not None:  # the grammar decides where the output ends
+            _need(not self.ignore_eos, "ignore_eos", "false with a guide (response_format)",
+                  self.ignore_eos)  # fmt: skip
+            _need(self.min_tokens == 0, "min_tokens", "0 with a guide (response_format)",
+                  self.min_tokens)  # fmt: skip
         stops = [self.stop] if isinstance(self.stop, str) else self.stop
         _need(
             stops is None

@@ -28,7 +28,7 @@ class Kind:
 # Field groups the engine writes together (optional fields of several kinds)
 _BUDGET = ("local_avail", "evictable", "decode_reserve", "floor", "offset", "remaining")
 _ENDING = ("tokens", "prompt_tokens", "cached", "parks", "retractions", "trace_id", "queue_s",
-           "ttft_s", "e2e_s")  # fmt: skip
+           "ttft_s", "e2e_s", "constrained")  # fmt: skip
 _NET = ("site", "rid")
 # The step budget (`step_tokens`) as admission saw it: the step's decode tokens, the room left
 # for this chunk (None: no step budget), and whether that room cut the chunk short.
@@ -100,6 +100,7 @@ INVARIANT_VIOLATION = "invariant.violation"
 NOTICE = "notice"
 SCHEDULER_STALL = "scheduler.stall"
 SCHEDULER_RESUME = "scheduler.resume"
+GRAMMAR_COMPILE = "grammar.compile"
 
 _CATALOG = (
     Kind(BOOT_START, ("config",), "the engine starts; its whole configuration",
@@ -209,8 +210,8 @@ _CATALOG = (
          "a scheduler summary, sampled every N steps and (one rank) after a step that moved the "
          "queue (running, waiting, parked); with more than one rank, one on every iteration that "
          "scheduled work, with the digest of the batch about to run (batch_digest)",
-         ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio", "digest")
-         + PROGRESS),
+         ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio", "digest",
+          "constrained", "mask_ms") + PROGRESS),
     Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
     Kind(NOTICE, ("text",), "something said once", ("process",)),
     Kind(SCHEDULER_STALL, ("since", "limit_s", "running", "waiting", "parked"),
@@ -220,6 +221,12 @@ _CATALOG = (
     Kind(SCHEDULER_RESUME, ("stalled_s", "arrived"),
          "the loop turns again after a stall of stalled_s seconds; arrived: the requests handed "
          "in while it stood (each request.received before this receipt carries its arrival)"),
+    Kind(GRAMMAR_COMPILE, ("guide", "kind", "cache", "outcome"),
+         "a constrained request's grammar (guide: its digest; kind json_object, json_schema, "
+         "regex, choice or grammar) was compiled (cache miss, with ms) or found compiled (hit): "
+         "outcome ok, invalid, timeout (refused after the time limit) or error; site prepare "
+         "(before the request was submitted) or add (as it was added)",
+         ("ms", "error", "site")),
 )  # fmt: skip
 
 CATALOG: dict[str, Kind] = {k.name: k for k in _CATALOG}

@@ -1,5 +1,6 @@
 """The scheduler's invariant checks (laws 6 and 7): the ledger balances, every request is in
-exactly one state, the running ceiling holds.
+exactly one state, the running ceiling holds, a constrained request's grammar has taken exactly
+its output.
 
 Check mode (``--check-invariants``, on in tests) raises after any step that breaks one; in
 production the same checks run whenever the engine goes idle and only write receipts, because a
@@ -65,6 +66,10 @@ def state_violations(sched: Checked) -> list[Violation]:
     for r in sched.running:
         if r.state not in (State.RUNNING, State.PARKED) or r.row is None:
             out.append(("running_state", {"rid": r.rid, "state": r.state.value}))
+    for r in (*sched.waiting, *sched.running):  # a matcher has taken exactly the output so far
+        if r.guided is not None and r.guided.accepted != len(r.output_ids):
+            numbers = {"rid": r.rid, "accepted": r.guided.accepted, "output": len(r.output_ids)}
+            out.append(("grammar_state", numbers))
     ceiling = running_ceiling(sched.config.scheduler.max_running)
     if len(sched.running) > ceiling:
         numbers = {"running": len(sched.running), "max_running": sched.config.scheduler.max_running}

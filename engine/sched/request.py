@@ -15,6 +15,7 @@ from engine.obs.tracing import split_trace
 from engine.sampling import SamplingParams, make_generator
 
 if TYPE_CHECKING:
+    from engine.grammar.masks import Guided
     from engine.mem.radix import TreeNode
     from engine.model.tokenizer import Tokenizer
 
@@ -55,6 +56,7 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None
     first_token_time: float | None = None
+    guided: Guided | None = None  # its grammar's state, when its output is constrained
 
     @classmethod
     def create(

@@ -27,6 +27,8 @@ from typing import NoReturn
 import torch
 
 from engine.config import EngineConfig
+from engine.grammar.compiler import Grammars
+from engine.grammar.masks import Fill, Masks
 from engine.mem.allocator import TokenAllocator
 from engine.mem.radix import RadixCache
 from engine.mem.req_table import ReqToTokenPool
@@ -90,6 +92,9 @@ class Scheduler:
         self._digest_iter = -1  # the last iteration whose receipt carried a batch digest
         self._queue_written = (0, 0, 0)  # running, waiting, parked of the last iteration receipt
         self.generated = 0  # tokens sampled since boot: progress the iteration receipt counts
+        vocab = runner.model.cfg.vocab_size
+        self.grammars = Grammars(tokenizer, vocab, receipts, config.scheduler.grammar_timeout)
+        self.masks = Masks(vocab)
         torch.manual_seed(config.scheduler.seed)
 
     # -- intake -------------------------------------------------------------------------------
@@ -113,6 +118,8 @@ class Scheduler:
         check_prompt(prompt_ids, vocab_size=vocab, max_context=self.max_context)
         check_param_ids(params.stop_token_ids, params.logit_bias, vocab_size=vocab)
         rid = rid or f"r-{next(self._ids)}"
+        # a guide that does not compile is refused before the request is anything here
+        guided = self.grammars.guided(params.guide) if params.guide else None
         need = len(prompt_ids) + (params.max_tokens if promise else 1)
         if not self.memory.fits(need):  # a decision: it could never run (to its end) here
             self._refuse(rid, len(prompt_ids), need, promise)
@@ -120,6 +127,7 @@ class Scheduler:
             raise ValueError(f"request id {rid!r} is already in use")
         req = Request.create(rid, prompt_ids, params, self.tokenizer, self.max_context, trace_id)
         req.promised = need if promise else None
+        req.guided = guided
         if arrived is not None:  # queued before we saw it (a busy or stalled loop): counted
             req.arrival -= max(0.0, time.time() - arrived)
         self.group.record(AddRequest(rid=rid, prompt_ids=list(prompt_ids), params=params,
@@ -203,13 +211,14 @@ class Scheduler:
         self, batch: list[BatchEntry], decode: list[Request], chunks: Planned
     ) -> list[StepOutput]:
         """Run the batch; sample for every decode and every chunk that completed its prefill."""
-        logits = self.runner.forward(batch)
         rows, samplers = list(range(len(decode))), list(decode)
         for i, (req, _) in enumerate(chunks):
             if not req.prefilling:  # this chunk completed its prefill: sample its next token
                 rows.append(len(decode) + i)
                 samplers.append(req)
-        outs = self._sample_and_advance(samplers, logits[rows]) if samplers else []
+        fill = self.masks.begin([r.guided for r in samplers])  # filled while the forward runs
+        logits = self.runner.forward(batch)
+        outs = self._sample_and_advance(samplers, logits[rows], fill) if samplers else []
         if decode:
             self.ratio.step()
         return outs
@@ -255,10 +264,14 @@ class Scheduler:
 
     # -- results and endings ------------------------------------------------------------------
 
-    def _sample_and_advance(self, reqs: list[Request], logits: torch.Tensor) -> list[StepOutput]:
+    def _sample_and_advance(
+        self, reqs: list[Request], logits: torch.Tensor, fill: Fill | None = None
+    ) -> list[StepOutput]:
         for i, req in enumerate(reqs):
             if banned := req.banned_stops():
                 logits[i, banned] = float("-inf")
+        if fill is not None:  # the grammars' masks, before any penalty or bias reads the row
+            self.masks.apply(fill, logits)
         tokens = sample_for(logits, reqs)
         self.generated += len(tokens)
         outs = []
@@ -267,6 +280,9 @@ class Scheduler:
             self.allocator.free_group_begin()  # the step's frees are applied together
         try:
             for req, tid in zip(reqs, tokens):
+                if req.guided is not None and not req.guided.accept(tid):  # a mask not applied
+                    outs.append(self._end(req, "grammar", tokens=[]))
+                    continue
                 req.append_token(tid)
                 done = req.finish_reason is not None
                 outs.append(self._end(req, tokens=[tid]) if done else req.output([tid]))
@@ -295,6 +311,8 @@ class Scheduler:
             cached=req.cached_tokens, parks=req.parks, retractions=req.retractions,
             trace_id=req.trace_id, **req.timing(time.monotonic()),
         )  # fmt: skip
+        if req.guided is not None:
+            common["constrained"] = req.guided.guide.kind
         if abort_reason is None:
             self.receipts.emit(schema.REQUEST_FINISH, reason=req.finish_reason, **common)
         else:
@@ -337,7 +355,10 @@ class Scheduler:
     def _iteration_receipt(self, digest: str | None = None) -> None:
         s = self.snapshot()
         self._queue_written = (s.running, s.waiting, s.parked)
-        extra = {} if digest is None else {"digest": digest}
+        extra: dict[str, object] = {} if digest is None else {"digest": digest}
+        if (mask_ms := self.masks.take_ms()) is not None:
+            extra["mask_ms"] = round(mask_ms, 3)
+            extra["constrained"] = sum(r.guided is not None for r in self.running)
         self._digest_iter = self.receipts.iter if digest is not None else self._digest_iter
         self.receipts.emit(
             schema.ITERATION, running=s.running, waiting=s.waiting, parked=s.parked, **s.progress(),

@@ -1,0 +1,138 @@
+"""What a request's output must match (a ``Guide``), checked where the request comes in.
+
+Torch-free and xgrammar-free: the HTTP process builds guides and refuses what cannot be honoured
+before anything reaches the scheduler. A JSON schema is checked against the JSON Schema
+meta-schema (``jsonschema``), and refused when it uses an assertion keyword the grammar cannot
+enforce: xgrammar compiles such a schema without a word and then lets through output the schema
+forbids (``uniqueItems``, ``not``, ``if``/``then``, ...; each one is pinned by a test that shows
+xgrammar ignoring it), and a guide that silently does not guide answers a different question.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+JSON_KINDS = ("json_object", "json_schema")
+
+# Assertion keywords xgrammar 0.2 compiles but does not enforce (tests/unit/test_grammar_spec.py
+# shows each one ignored). Annotations (title, description, default, examples, ...) and unknown
+# keywords are ignored by JSON Schema itself and stay allowed.
+UNENFORCED = frozenset({
+    "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+    "uniqueItems", "contains", "minContains", "maxContains", "unevaluatedProperties",
+    "unevaluatedItems", "$dynamicRef", "$recursiveRef",
+})  # fmt: skip
+# Where a schema holds schemas: one, a list of them, or a map of names to them.
+_ONE = ("additionalProperties", "items", "propertyNames", "additionalItems")
+_LIST = ("prefixItems", "anyOf", "oneOf", "allOf")
+_MAP = ("properties", "patternProperties", "$defs", "definitions")
+
+
+class GuideError(ValueError):
+    """A guide that cannot be honoured: the message says why, ``param`` names the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class Guide:
+    """What the output must match. ``spec``: the schema as canonical JSON text (json_schema),
+    the pattern (regex), the choices as a JSON list (choice), the EBNF (grammar); empty for
+    json_object. ``strict``: a json_schema's objects take no property the schema does not name
+    (OpenAI's ``strict``), else JSON Schema's default (any other property is allowed)."""
+
+    kind: str
+    spec: str = ""
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"guide kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+
+    @property
+    def digest(self) -> str:
+        """16 hex digits naming the guide in receipts and spans (the schema is not logged)."""
+        text = f"{self.kind}\0{int(self.strict)}\0{self.spec}".encode()
+        return hashlib.sha256(text).hexdigest()[:16]
+
+
+def json_schema_guide(schema: Any, strict: bool, param: str) -> Guide:
+    """A json_schema guide, or a GuideError naming the place in ``param``'s schema that is
+    invalid or asks for what the grammar cannot enforce."""
+    if not isinstance(schema, dict):
+        raise GuideError(f"{param} must be a JSON object (a JSON schema)", param)
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as e:
+        where = ".".join([param, *map(str, e.absolute_path)])
+        raise GuideError(f"{where}: not a valid JSON schema: {e.message}", where) from None
+    for path, node in _subschemas(schema, param):
+        found = sorted(UNENFORCED & node.keys())
+        if found:
+            raise GuideError(
+                f"{path}.{found[0]}: the JSON schema keyword {found[0]!r} is not supported "
+                "(output could not be held to it)",
+                f"{path}.{found[0]}",
+            )
+        if len(node.get("allOf", ())) > 1:
+            raise GuideError(
+                f"{path}.allOf: allOf with more than one schema is not supported; merge them",
+                f"{path}.allOf",
+            )
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            raise GuideError(
+                f"{path}.$ref: only references inside the schema (#/...) are supported, got "
+                f"{ref!r}",
+                f"{path}.$ref",
+            )
+    text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
+    return Guide("json_schema", text, strict)
+
+
+def _subschemas(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema inside ``node`` (itself first) with its path; data (enum, const, default,
+    examples) and property names are never read as keywords."""
+    if not isinstance(node, dict):
+        return
+    yield path, node
+    for key in _ONE:
+        yield from _subschemas(node.get(key), f"{path}.{key}")
+    for key in _LIST:
+        if isinstance(node.get(key), list):
+            for i, sub in enumerate(node[key]):
+                yield from _subschemas(sub, f"{path}.{key}.{i}")
+    for key in _MAP:
+        if isinstance(node.get(key), dict):
+            for name, sub in node[key].items():
+                yield from _subschemas(sub, f"{path}.{key}.{name}")
+
+
+def choice_guide(choices: Any, param: str) -> Guide:
+    """The output is exactly one of ``choices`` (non-empty strings)."""
+    if (
+        not isinstance(choices, list)
+        or not choices
+        or not all(isinstance(c, str) and c for c in choices)
+    ):
+        raise GuideError(f"{param} must be a non-empty list of non-empty strings", param)
+    return Guide("choice", orjson.dumps(choices).decode())
+
+
+def text_guide(kind: str, text: Any, param: str) -> Guide:
+    """A regex or grammar (EBNF) guide: a non-empty string; whether it compiles is the
+    compiler's to say."""
+    if not isinstance(text, str) or not text:
+        raise GuideError(f"{param} must be a non-empty string", param)
+    return Guide(kind, text)

@@ -1,0 +1,147 @@
+"""The grammars of an engine over a tiny byte-level vocabulary: compiled once and cached by the
+guide, prepared off the loop and answered by ``poll`` (ok, invalid, or refused once past the
+time limit, and from then on at once), each with a ``grammar.compile`` receipt. And the two
+xgrammar 0.2.9 behaviours the engine works around, pinned so an upgrade that changes them says
+so: the JSON Schema keywords it compiles but does not enforce (engine/guide.py refuses them),
+and a length-bounded string that lets a raw control byte through (JSON guides ban those
+tokens)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import xgrammar as xgr
+
+from engine.grammar.compiler import Grammars, token_info
+from engine.guide import UNENFORCED, Guide, json_schema_guide, text_guide
+from engine.model.tokenizer import Tokenizer
+from engine.obs.receipts import Receipts
+from tests.tiny_model import EOS, VOCAB, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer(
+        train_tokenizer(), bos_id=0, eos_id=EOS, stop_ids={EOS}, add_bos=False, chat_template=None
+    )
+
+
+@pytest.fixture
+def grammars(tokenizer):
+    return Grammars(tokenizer, VOCAB, Receipts(capture=True), timeout_s=30.0)
+
+
+def compiles(grammars, tokens: str, schema: dict) -> bool:
+    """Whether ``tokens`` is a complete sentence of the schema's grammar, as xgrammar holds it."""
+    g = grammars.compiled(Guide("json_schema", json.dumps(schema)))
+    m = xgr.GrammarMatcher(g)
+    return m.accept_string(tokens) and m.is_completed()
+
+
+# keyword -> (schema, an instance it forbids)
+IGNORED = {
+    "not": ({"not": {"type": "string"}}, '"x"'),
+    "if": ({"type": "string", "if": {"const": "x"}, "then": {"minLength": 3}}, '"x"'),
+    "dependentRequired": ({"type": "object", "dependentRequired": {"a": ["b"]}}, '{"a": 1}'),
+    "dependentSchemas": ({"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}},
+                         '{"a": 1}'),
+    "uniqueItems": ({"type": "array", "uniqueItems": True}, "[1, 1]"),
+    "contains": ({"type": "array", "contains": {"type": "string"}}, "[1]"),
+    "unevaluatedProperties": ({"type": "object", "properties": {"a": {}},
+                               "unevaluatedProperties": False}, '{"b": 1}'),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("keyword", sorted(IGNORED))
+def test_xgrammar_compiles_these_keywords_and_lets_through_what_they_forbid(grammars, keyword):
+    assert keyword in UNENFORCED
+    schema, forbidden = IGNORED[keyword]
+    assert compiles(grammars, forbidden, schema)  # so engine/guide.py refuses the keyword
+
+
+def test_xgrammar_holds_the_keywords_the_guide_lets_through(grammars):
+    held = {
+        "minimum": ({"type": "integer", "minimum": 5}, "3"),
+        "maxLength": ({"type": "string", "maxLength": 2}, '"abc"'),
+        "pattern": ({"type": "string", "pattern": "^[0-9]+$"}, '"ab"'),
+        "enum": ({"enum": ["a", 1]}, '"b"'),
+        "required": ({"type": "object", "properties": {"a": {}}, "required": ["a"]}, "{}"),
+        "additionalProperties": ({"type": "object", "properties": {"a": {}},
+                                  "additionalProperties": False}, '{"b": 1}'),
+        "maxItems": ({"type": "array", "maxItems": 1}, "[1, 2]"),
+        "anyOf": ({"anyOf": [{"type": "integer"}, {"type": "string"}]}, "true"),
+        "$ref": ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}, '"a"'),
+    }  # fmt: skip
+    for keyword, (schema, forbidden) in held.items():
+        assert not compiles(grammars, forbidden, schema), keyword
+
+
+def test_a_bounded_string_lets_a_control_byte_through_and_json_guides_ban_it(grammars):
+    schema = {"type": "string", "maxLength": 8}
+    assert compiles(grammars, '"\x14"', schema)  # xgrammar 0.2.9's bounded-string rule
+    assert not compiles(grammars, '"\x14"', {"type": "string"})  # the unbounded one is right
+    info = token_info(grammars.tokenizer, VOCAB)
+    controls = {i for i, b in enumerate(info.decoded_vocab) if any(c < 0x20 for c in b)}
+    assert controls  # the byte-level vocabulary has them
+    guided = grammars.guided(json_schema_guide(schema, False, "s"))
+    assert set(guided.banned.tolist()) == controls - {EOS}
+    assert grammars.guided(text_guide("regex", "a+", "r")).banned is None  # not JSON
+
+
+def test_prepared_guides_are_compiled_once_and_answered_by_poll(grammars):
+    guide = json_schema_guide({"type": "integer"}, False, "s")
+    grammars.prepare(guide, 1)
+    grammars.prepare(guide, 2)  # the same compile answers both
+    answers = wait_answers(grammars)
+    assert sorted(answers) == [(1, None), (2, None)]
+    grammars.prepare(guide, 3)
+    assert grammars.poll() == [(3, None)]  # cached: answered at once
+    assert grammars.compiled(guide) is grammars.compiled(guide)
+    receipts = grammars.receipts.of("grammar.compile")
+    assert [(r["cache"], r["outcome"], r["site"]) for r in receipts] == [
+        ("miss", "ok", "prepare"), ("hit", "ok", "prepare")
+    ]  # fmt: skip
+    assert receipts[0]["guide"] == guide.digest and receipts[0]["ms"] >= 0
+
+
+def test_a_guide_that_does_not_compile_is_refused_with_its_reason_and_remembered(grammars):
+    bad = text_guide("regex", "a(b", "r")
+    grammars.prepare(bad, 1)
+    [(ticket, error)] = wait_answers(grammars)
+    assert ticket == 1 and error.startswith("the regex does not compile: ")
+    assert "parenthesis" in error and ".cc:" not in error  # xgrammar's words, not its source
+    grammars.prepare(bad, 2)
+    assert grammars.poll() == [(2, error)]
+    with pytest.raises(ValueError, match="does not compile"):
+        grammars.compiled(bad)
+    outcomes = [(r["cache"], r["outcome"]) for r in grammars.receipts.of("grammar.compile")]
+    assert outcomes == [("miss", "invalid"), ("hit", "invalid")]
+
+
+def test_a_compile_past_the_time_limit_is_refused_and_stays_refused(tokenizer, monkeypatch):
+    """A deadline test: the compile is held on an event (never done by itself), the limit is
+    0.2 s, and the poll is asked until it answers (at most 30 s)."""
+    grammars = Grammars(tokenizer, VOCAB, Receipts(capture=True), timeout_s=0.2)
+    release = threading.Event()
+    monkeypatch.setattr(grammars, "_compile", lambda guide: release.wait(60))
+    guide = text_guide("regex", "a+", "r")
+    grammars.prepare(guide, 7)
+    [(ticket, error)] = wait_answers(grammars)
+    release.set()
+    assert ticket == 7 and "did not compile within 0.2 s" in error
+    grammars.prepare(guide, 8)
+    assert grammars.poll() == [(8, error)]
+    [timeout, hit] = grammars.receipts.of("grammar.compile")
+    assert (timeout["outcome"], timeout["cache"], hit["cache"]) == ("timeout", "miss", "hit")
+
+
+def wait_answers(grammars, limit_s: float = 30.0) -> list:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if answers := grammars.poll():
+            return answers
+        time.sleep(0.01)
+    raise AssertionError("no answer")

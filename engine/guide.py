@@ -97,8 +97,8 @@ def json_schema_guide(schema: Any, strict: bool, param: str) -> Guide:
                 f"{ref!r}",
                 f"{path}.$ref",
             )
-    text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
-    return Guide("json_schema", text, strict)
+    # the key order is the schema's: properties are written in the order it gives them
+    return Guide("json_schema", orjson.dumps(schema).decode(), strict)
 
 
 def _subschemas(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:

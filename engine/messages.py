@@ -1,8 +1,9 @@
 """Every message between the frontend process and the scheduler process, as frozen dataclasses.
 
-The frontend sends ``AddRequest``, ``AbortRequest``, ``Notice``, ``Cutover``, ``CancelCutover``,
-``Serving`` (once, when its HTTP socket serves) and ``Stop``; the scheduler process answers with
-``Ready`` (once, at boot), ``Outputs`` (a step's outputs with the pool snapshot taken after that
+The frontend sends ``PrepareGuide`` (a constrained request's grammar, before the request),
+``AddRequest``, ``AbortRequest``, ``Notice``, ``Cutover``, ``CancelCutover``, ``Serving`` (once,
+when its HTTP socket serves) and ``Stop``; the scheduler process answers with ``Ready`` (once,
+at boot), ``GuideReady``, ``Outputs`` (a step's outputs with the pool snapshot taken after that
 step), ``Heartbeat`` (at least every ``HEARTBEAT_S`` while its loop turns, busy or idle),
 ``Rejected``, ``CutoverDone`` (when a cutover has ended, or a cancel was answered), ``Stopped``
 and ``Dead``. ``Launch`` travels once, with the process's start. ``StepOutput`` is also what the
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.guide import Guide
 from engine.sampling_params import SamplingParams
 
 HEARTBEAT_S = 0.5  # the scheduler process's loop says it turns at least this often
@@ -160,6 +162,23 @@ class Cutover:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PrepareGuide:
+    """Compile ``guide`` (off the scheduler's loop) before a request that needs it is sent;
+    ``GuideReady`` answers ``ticket``."""
+
+    guide: Guide
+    ticket: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuideReady:
+    """The guide compiled (``error`` None), or why it did not (a 400 for the client)."""
+
+    ticket: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CancelCutover:
     """End the cutover ``id`` under way (outcome ``cancelled``); ``ticket``: whom to answer."""
 
@@ -243,5 +262,7 @@ class Dead:
     said: str = "the scheduler failed"  # what happened, in words a client may read
 
 
-ToScheduler = AddRequest | AbortRequest | Notice | Cutover | CancelCutover | Serving | Stop
-ToFrontend = Ready | Outputs | Heartbeat | Rejected | CutoverDone | Stopped | Dead
+ToScheduler = (
+    AddRequest | AbortRequest | Notice | Cutover | CancelCutover | PrepareGuide | Serving | Stop
+)
+ToFrontend = Ready | Outputs | Heartbeat | Rejected | CutoverDone | GuideReady | Stopped | Dead

@@ -129,3 +129,13 @@ def write_boot_failed(path: str | Path | None, pid: int | None, exit_code: int, 
     except Exception as e:  # the exit path goes on: the operator still sees the error on stderr
         print(f"attest: could not write boot.stop ({type(e).__name__}: {e})", file=sys.stderr)
         return False
+
+
+def how_it_ended(code: int | None) -> str:
+    """A process's end in words, from its multiprocessing exit code (-N: killed by signal N)."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited (code {code})"

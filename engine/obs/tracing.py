@@ -343,4 +343,8 @@ def request_attributes(
     if params.stop:
         stops = [params.stop] if isinstance(params.stop, str) else list(params.stop)
         attrs["gen_ai.request.stop_sequences"] = stops
+    if (guide := getattr(params, "guide", None)) is not None:  # constrained output
+        attrs["gen_ai.output.type"] = "json" if guide.kind.startswith("json") else "text"
+        attrs["attest.constrained"] = guide.kind
+        attrs["attest.guide"] = guide.digest
     return attrs

@@ -18,7 +18,6 @@ import concurrent.futures
 import itertools
 import multiprocessing as mp
 import queue
-import signal
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.guide import Guide
 from engine.messages import (
     AbortRequest,
     AddRequest,
@@ -35,11 +35,13 @@ from engine.messages import (
     CutoverDone,
     Dead,
     EngineInfo,
+    GuideReady,
     Heartbeat,
     Launch,
     Notice,
     Outputs,
     PoolSnapshot,
+    PrepareGuide,
     Ready,
     Rejected,
     Serving,
@@ -48,6 +50,7 @@ from engine.messages import (
     ToFrontend,
     ToScheduler,
 )
+from engine.obs.death import how_it_ended
 from engine.sampling_params import SamplingParams
 from engine.server.scheduler_proc import scheduler_main
 
@@ -68,16 +71,6 @@ class SchedulerDied(RuntimeError):
     def __init__(self, reason: str, said: str) -> None:
         super().__init__(reason)
         self.said = said
-
-
-def how_it_ended(code: int | None) -> str:
-    """A process's end in words, from its multiprocessing exit code (-N: killed by signal N)."""
-    if code is not None and code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited (code {code})"
 
 
 class EngineDriver:
@@ -111,7 +104,8 @@ class EngineDriver:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._subs: dict[str, Submission] = {}
         self._subs_lock = threading.Lock()
-        self._cutovers: dict[int, concurrent.futures.Future] = {}  # by ticket, under _subs_lock
+        # cutovers and prepared guides waiting for their answer, by ticket, under _subs_lock
+        self._asked: dict[int, concurrent.futures.Future] = {}
         self._tickets = itertools.count(1)
         self._snapshot = PoolSnapshot()
         self._stopped = threading.Event()
@@ -304,18 +298,28 @@ class EngineDriver:
         (status 200), or a 404's when no such cutover is under way."""
         return self._ask(lambda ticket: CancelCutover(id=cid, ticket=ticket))
 
+    def prepare_guide(self, guide: Guide) -> concurrent.futures.Future:
+        """Have ``guide`` compiled; the future holds None once it has, else why it did not."""
+        return self._ask(lambda ticket: PrepareGuide(guide=guide, ticket=ticket))
+
     def _ask(self, message: Callable[[int], ToScheduler]) -> concurrent.futures.Future:
-        """Send the message made for a new ticket; its answer (``CutoverDone``) fills the
-        future."""
+        """Send the message made for a new ticket; its answer (``CutoverDone``, ``GuideReady``)
+        fills the future."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._send_lock:
             with self._subs_lock:
                 if self.dead or self.stopping:
                     raise RuntimeError(f"scheduler is not serving: {self.dead or self.stopping}")
                 ticket = next(self._tickets)
-                self._cutovers[ticket] = fut
+                self._asked[ticket] = fut
             self._outbox.put(message(ticket))
         return fut
+
+    def _answer(self, ticket: int, result: Any) -> None:
+        with self._subs_lock:
+            fut = self._asked.pop(ticket, None)
+        if fut is not None:
+            fut.set_result(result)
 
     def stats(self) -> PoolSnapshot:
         """The pool as of the latest step (frozen: the reader replaces it, never edits it)."""
@@ -339,9 +343,9 @@ class EngineDriver:
                 self.dead = dead
                 self.lost_at_death = list(self._subs)
             rids = list(self._subs)
-            cutovers, self._cutovers = list(self._cutovers.values()), {}
+            asked, self._asked = list(self._asked.values()), {}
         self._deliver([(rid, RuntimeError(message), True) for rid in rids])
-        for fut in cutovers:
+        for fut in asked:
             fut.set_exception(RuntimeError(message))
 
     def _read(self) -> None:
@@ -374,10 +378,9 @@ class EngineDriver:
             case CutoverDone(ticket=ticket, fields=fields, snapshot=snap):
                 if snap is not None:  # the pool as the cutover left it, before the answer
                     self._snapshot = snap
-                with self._subs_lock:
-                    fut = self._cutovers.pop(ticket, None)
-                if fut is not None:
-                    fut.set_result(dict(fields))
+                self._answer(ticket, dict(fields))
+            case GuideReady(ticket=ticket, error=error):
+                self._answer(ticket, error)
             case Stopped(reason=reason):
                 self._fail_all(f"server is shutting down ({reason})")
                 self._stopped.set()

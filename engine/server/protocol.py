@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
+from engine.guide import Guide
 from engine.prompt import PromptError, check_param_ids, fit_max_tokens
 from engine.sampling_params import (
     BIAS_LIMIT,
@@ -86,6 +87,29 @@ BiasMap = Annotated[
 One = Field(json_schema_extra={"maxItems": 1})  # one prompt: the document says so, run() checks
 
 
+class JsonSchemaFormat(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    # OpenAI's strict: an object takes no property its schema does not name
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's extension: the output matches a JSON schema, a regex, one of the choices or an
+    EBNF grammar (exactly one of them)."""
+
+    json_: dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
 class _Common(_Strict):
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -110,6 +134,8 @@ class _Common(_Strict):
     skip_special_tokens: bool = True
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None  # the last k; -1: context
     repetition_penalty: Annotated[float, Field(ge=1 / REPETITION_LIMIT, le=REPETITION_LIMIT)] = 1.0
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("truncate_prompt_tokens")
     @classmethod
@@ -163,8 +189,6 @@ def _none(v: Any) -> bool:
 # OpenAI fields this server has not built: each is ignored when it carries the value that asks
 # for nothing, and refused otherwise (field -> (accepts, why not)).
 _UNBUILT: dict[str, tuple[Any, str]] = {
-    "response_format": (lambda v: v is None or v == {"type": "text"},
-                        'is not supported: this server writes plain text only ({"type": "text"})'),
     "tools": (_none, "(tool calling) are not supported by this server"),
     "tool_choice": (lambda v: v in (None, "none"), "is not supported: this server calls no tools"),
     "functions": (_none, "(function calling) are not supported by this server"),
@@ -262,7 +286,7 @@ def shown(value: Any) -> str:
 
 
 def sampling_params(
-    req: _Common, prompt_len: int, limits: ModelLimits, default_max: int
+    req: _Common, prompt_len: int, limits: ModelLimits, default_max: int, guide: Guide | None = None
 ) -> SamplingParams:
     """Validate and translate; every failure names the field, as OpenAI's errors do. Whether
     the request can ever fit (prompt + max_tokens against the context and the pool) is decided
@@ -289,7 +313,7 @@ def sampling_params(
             frequency_penalty=req.frequency_penalty, logit_bias=bias,
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
-            repetition_penalty=req.repetition_penalty,
+            repetition_penalty=req.repetition_penalty, guide=guide,
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(str(e), str(e).split(" ", 1)[0]) from e

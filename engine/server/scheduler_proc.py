@@ -27,10 +27,12 @@ from engine.messages import (
     CutoverDone,
     Dead,
     EngineInfo,
+    GuideReady,
     Heartbeat,
     Launch,
     Notice,
     Outputs,
+    PrepareGuide,
     Ready,
     Rejected,
     Serving,
@@ -40,6 +42,8 @@ from engine.messages import (
 )
 from engine.obs import schema
 from engine.server.stall import StallWatch, write_resume, write_stall
+
+GUIDE_POLL_S = 0.002  # how often an idle loop looks for a finished grammar compile
 
 
 @dataclass(slots=True)
@@ -117,8 +121,9 @@ def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
             if (stall := watch.turn()) is not None:
                 write_stall(core.receipts, stall, stall_s, sched.snapshot())
             arrived = 0  # requests handed in while a stall stood
-            # block briefly when idle; never when there is work to do
-            while conn.poll(0 if sched.has_work() else HEARTBEAT_S):
+            # block briefly when idle (a little while a grammar compiles); never with work to do
+            wait = HEARTBEAT_S if not sched.grammars.pending() else GUIDE_POLL_S
+            while conn.poll(0 if sched.has_work() else wait):
                 msg = conn.recv()
                 if stall is not None and isinstance(msg, AddRequest):
                     arrived += msg.arrived is not None and msg.arrived < stall.seen
@@ -132,6 +137,8 @@ def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
                     _handle(core, conn, msg)
             if stall is not None:
                 write_resume(core.receipts, stall, arrived)
+            for ticket, error in sched.grammars.poll():
+                conn.send(GuideReady(ticket=ticket, error=error))
             if tickets and (fields := core.cutovers.advance()) is not None:
                 _answer(core, conn, tickets.pop(), fields)
             if drain is not None and (not sched.has_work() or time.monotonic() >= drain.deadline):
@@ -182,6 +189,8 @@ def _handle(core: Any, conn: Any, msg: ToScheduler) -> None:
             out = sched.abort(rid, reason=reason)
             if out is not None:
                 conn.send(Outputs(outputs=[out], snapshot=sched.snapshot()))
+        case PrepareGuide(guide=guide, ticket=ticket):  # compiled off the loop; poll answers
+            sched.grammars.prepare(guide, ticket)
         case Notice(key=key, text=text, fields=fields):  # written to the one boot log
             core.receipts.notice(key, text, **fields)
         case Serving(host=host, port=port):

@@ -20,11 +20,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from engine.guide import Guide
 from engine.model.chat import ChatTemplateError
 from engine.obs import tracing as tr
 from engine.obs.metrics import ServerMetrics
 from engine.prompt import PromptError, check_chars, check_prompt, longest_token_chars
 from engine.server.driver import EngineDriver
+from engine.server.guided import guide_of
 from engine.server.job import Job, JobFailed
 from engine.server.limits import HttpLimits, read_body
 from engine.server.protocol import (
@@ -153,7 +155,12 @@ class CompletionService:
         ``echo``: text each choice's output starts with."""
         # the pool as it is now (a cutover may have resized it); the scheduler checks again
         limits = dataclasses.replace(self.limits, kv_tokens=self.driver.kv_tokens)
-        params = sampling_params(req, len(ids), limits, DEFAULT_MAX_TOKENS)
+        guide = guide_of(req.response_format, req.structured_outputs)
+        params = sampling_params(req, len(ids), limits, DEFAULT_MAX_TOKENS, guide)
+        if guide is not None:  # compiled before anything is submitted: a 400 on a stream too
+            await self.prepare(
+                guide, "structured_outputs" if req.structured_outputs else "response_format"
+            )
         rid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
         deadline = self.http.request_timeout
         job = Job(self.driver, self.metrics, rid, ids, params, req.n, t0, deadline)
@@ -170,6 +177,16 @@ class CompletionService:
                           bool(opts and opts.continuous_usage_stats))  # fmt: skip
             return StreamingResponse(body, media_type="text/event-stream")
         return await self.collect(job, kind, meta, req.n, request, echo)
+
+    async def prepare(self, guide: Guide, param: str) -> None:
+        """Have the scheduler process compile ``guide``; a ProtocolError (400) when it does not
+        compile, or not within its time limit; a 503 when the scheduler cannot answer."""
+        try:
+            error = await asyncio.wrap_future(self.driver.prepare_guide(guide))
+        except RuntimeError as e:  # stopping or dead
+            raise ProtocolError(str(e), status=503) from e
+        if error is not None:
+            raise ProtocolError(f"{param}: {error}", param)
 
     async def collect(
         self, job: Job, kind: str, meta: dict[str, Any], n: int, request: Request, echo: str

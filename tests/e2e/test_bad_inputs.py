@@ -28,6 +28,12 @@ pytestmark = requires_default_model
 READ_TIMEOUT, CAP, DEADLINE, ROOMY, POOL = 1, 6, 4, 300, 1024
 SLOW = 20  # seconds: an answer "at once" on a busy machine; only a wait on something takes longer
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+def _schema(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
 ROWS: list[tuple[str, int, str]] = []  # (input, status, message): the table, printed at the end
 
 
@@ -126,9 +132,26 @@ TABLE = [
         "not received within", raw=(head(COMPLETIONS, 100) + b'{"prompt": "aaaaaaaa', [], 0.0)),
     Bad("seed 2**64-1", COMPLETIONS, js(prompt="hi", seed=2**64 - 1, n=3), 400, "seed",
         "less than or equal to 9223372036854775807"),
-    Bad("response_format json_schema", CHAT,
+    Bad("response_format json_schema without a schema", CHAT,
         chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), 400,
-        "response_format", "plain text only"),
+        "response_format.json_schema.schema", "is required with type json_schema"),
+    Bad("an invalid JSON schema", CHAT, chat(response_format=_schema({"type": "strng"})), 400,
+        "response_format.json_schema.schema.type", "not a valid JSON schema"),
+    Bad("a JSON schema keyword the grammar cannot hold", CHAT,
+        chat(response_format=_schema({"type": "array", "uniqueItems": True})), 400,
+        "response_format.json_schema.schema.uniqueItems", "'uniqueItems' is not supported"),
+    Bad("a JSON schema whose $ref goes nowhere (stream)", CHAT,
+        chat(response_format=_schema({"$ref": "#/$defs/x"}), stream=True), 400,
+        "response_format", "the json_schema does not compile"),
+    Bad("a regex that does not compile", COMPLETIONS,
+        js(prompt="hi", structured_outputs={"regex": "a(b"}), 400, "structured_outputs",
+        "the regex does not compile"),
+    Bad("two guides at once", COMPLETIONS,
+        js(prompt="hi", structured_outputs={"regex": "a+"}, response_format={"type": "json_object"}),
+        400, "structured_outputs", "send one"),
+    Bad("a guide with ignore_eos", COMPLETIONS,
+        js(prompt="hi", ignore_eos=True, response_format={"type": "json_object"}), 400,
+        "ignore_eos", "false with a guide"),
     Bad("presence_penalty out of range", COMPLETIONS, js(prompt="hi", presence_penalty=3), 400,
         "presence_penalty", "less than or equal to 2"),
     Bad("logit_bias for a token outside the vocabulary", COMPLETIONS,

@@ -62,11 +62,15 @@ def test_allof_of_several_and_remote_refs_are_refused():
     assert e.param == f"{P}.$ref" and "inside the schema" in str(e)
 
 
-def test_equal_schemas_are_one_guide_whatever_their_key_order():
-    a = json_schema_guide({"type": "object", "required": ["x"]}, False, P)
-    b = json_schema_guide({"required": ["x"], "type": "object"}, False, P)
-    assert a == b and a.digest == b.digest and len(a.digest) == 16
-    assert json_schema_guide({"type": "object", "required": ["x"]}, True, P) != a
+def test_a_schemas_key_order_is_kept_it_orders_the_output():
+    """JSON output follows the order of the schema's properties: two schemas that differ only
+    in that order are two guides."""
+    a = json_schema_guide({"properties": {"b": {}, "a": {}}}, False, P)
+    b = json_schema_guide({"properties": {"a": {}, "b": {}}}, False, P)
+    assert a.spec == '{"properties":{"b":{},"a":{}}}' and a != b and a.digest != b.digest
+    assert json_schema_guide({"properties": {"b": {}, "a": {}}}, False, P) == a
+    assert json_schema_guide({"properties": {"b": {}, "a": {}}}, True, P) != a
+    assert len(a.digest) == 16
 
 
 def test_choices_regexes_and_grammars_must_be_non_empty_strings():

@@ -24,9 +24,6 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 @pytest.mark.parametrize(
     ("extra", "param", "words"),
     [
-        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format",
-         "plain text only"),
-        ({"response_format": {"type": "json_object"}}, "response_format", "plain text only"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling"),
         ({"tool_choice": "auto"}, "tool_choice", "calls no tools"),
         ({"functions": [{"name": "f"}]}, "functions", "function calling"),

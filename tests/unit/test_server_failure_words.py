@@ -40,7 +40,9 @@ class LostRank:
     """The scheduler's engine, as far as the serve loop sees it: work to do, and a step whose
     collective fails."""
 
-    scheduler = SimpleNamespace(has_work=lambda: True)
+    scheduler = SimpleNamespace(
+        has_work=lambda: True, grammars=SimpleNamespace(pending=lambda: False, poll=lambda: [])
+    )
 
     def step(self) -> list:
         raise GroupFailure(GLOO)

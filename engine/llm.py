@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.group_boot import boot
-from engine.messages import Cutover
+from engine.messages import Cutover, TokenLogprobs
 from engine.obs.tracing import Tracing
 from engine.sampling import SamplingParams
 
@@ -20,6 +20,8 @@ class RequestOutput:
     finish_reason: str
     prompt_tokens: int  # count, as in OpenAI's usage
     prompt_token_ids: list[int]
+    # SamplingParams.logprobs asked: (token, logprob, the most likely (id, logprob)) per token
+    logprobs: list[TokenLogprobs] | None = None
 
 
 class LLM:
@@ -118,8 +120,11 @@ class LLM:
                 sched.abort(r.rid)
             raise
         pending = {r.rid for r in reqs}
+        logprobs: dict[str, list[TokenLogprobs]] = {r.rid: [] for r in reqs}
         while pending:
             for out in self.core.step():
+                if out.logprobs and out.rid in logprobs:
+                    logprobs[out.rid] += out.logprobs
                 if out.finished:
                     pending.discard(out.rid)
         return [
@@ -129,6 +134,7 @@ class LLM:
                 finish_reason=r.finish_reason or "abort",
                 prompt_tokens=r.prompt_len,
                 prompt_token_ids=list(r.prompt_ids),
+                logprobs=logprobs[r.rid] if r.params.logprobs is not None else None,
             )
             for r in reqs
         ]

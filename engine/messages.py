@@ -20,6 +20,9 @@ from typing import Any
 from engine.guide import Guide
 from engine.sampling_params import SamplingParams
 
+# a sampled token's log-probability and the most likely tokens' (id, logprob), most likely first
+TokenLogprobs = tuple[int, float, tuple[tuple[int, float], ...]]
+
 HEARTBEAT_S = 0.5  # the scheduler process's loop says it turns at least this often
 STALL_S = 10.0  # the default stall limit: /health's 503 and the scheduler.stall receipt
 
@@ -38,6 +41,8 @@ class StepOutput:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     parks: int = 0  # set on the final output: times the request parked
     retractions: int = 0  # ... and was retracted
+    # asked for (``SamplingParams.logprobs``): one entry per new token, in order
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,10 @@ import torch
 
 from engine.sampling_params import SamplingParams
 
-__all__ = ["SamplingParams", "adjust_logits", "filtered_probs", "make_generator", "sample"]
+__all__ = [
+    "SamplingParams", "adjust_logits", "filtered_probs", "make_generator", "sample",
+    "token_logprobs",
+]  # fmt: skip
 
 
 class Sampled(Protocol):
@@ -126,6 +129,25 @@ def adjust_logits(
         keep = ids < vocab
         ids, counts = ids[keep], counts[keep].to(row.dtype)
         row[ids] -= p.frequency_penalty * counts + p.presence_penalty
+
+
+def token_logprobs(
+    row: torch.Tensor, token: int, p: SamplingParams, generated: list[int], prompt: Sequence[int]
+) -> tuple[int, float, tuple[tuple[int, float], ...]]:
+    """``token``'s log-probability, and the ``p.logprobs`` most likely tokens' (most likely
+    first), in the distribution the model gave after the grammar mask (already in ``row``), the
+    logit bias and the penalties, before temperature and the top-k / top-p / min-p filters (so a
+    greedy request's are the model's, not a one-hot). ``generated``: the output before
+    ``token``."""
+    if p.adjusts_logits:
+        row = row.clone()
+        adjust_logits(row, p, generated, prompt)
+    lp = torch.log_softmax(row.float(), dim=-1)
+    top: tuple[tuple[int, float], ...] = ()
+    if p.logprobs:
+        values, ids = torch.topk(lp, min(p.logprobs, lp.numel()))
+        top = tuple(zip(ids.tolist(), values.tolist()))
+    return token, float(lp[token]), top
 
 
 def filtered_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -13,6 +13,7 @@ BIAS_LIMIT = 100.0  # a logit bias lies in [-100, 100]
 # a repetition penalty lies in [1/100, 100]: vLLM asks only > 0, but a logit divided by 1e-300
 # is inf in float32, that row's softmax NaN, and its draw would fail the whole batch's step
 REPETITION_LIMIT = 100.0
+LOGPROBS_LIMIT = 20  # most likely tokens returned per token, as OpenAI's top_logprobs allows
 
 
 def _need(ok: bool, field: str, rule: str, value: object) -> None:
@@ -53,6 +54,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     # what the output must match (JSON, a schema, a pattern, ...): a grammar masks each step
     guide: Guide | None = None
+    # each sampled token's log-probability and the ``logprobs`` most likely tokens' (None: off)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -93,6 +96,9 @@ class SamplingParams:
         )  # fmt: skip
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             _need(isinstance(getattr(self, name), bool), name, "a boolean", getattr(self, name))
+        lp = self.logprobs
+        _need(lp is None or (_is_int(lp) and 0 <= lp <= LOGPROBS_LIMIT), "logprobs",
+              f"None or an integer in [0, {LOGPROBS_LIMIT}]", lp)  # fmt: skip
         _need(self.guide is None or isinstance(self.guide, Guide), "guide", "a Guide", self.guide)
         if self.guide is not None:  # the grammar decides where the output ends
             _need(not self.ignore_eos, "ignore_eos", "false with a guide (response_format)",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.messages import StepOutput
+from engine.messages import StepOutput, TokenLogprobs
 from engine.model.detok import IncrementalDetokenizer
 from engine.obs.tracing import split_trace
 from engine.sampling import SamplingParams, make_generator
@@ -57,6 +57,7 @@ class Request:
     admitted_at: float | None = None
     first_token_time: float | None = None
     guided: Guided | None = None  # its grammar's state, when its output is constrained
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # not yet handed out
 
     @classmethod
     def create(
@@ -143,7 +144,14 @@ class Request:
             finish_reason=self.finish_reason if done else None, cached_tokens=self.cached_tokens,
             abort_reason=self.abort_reason if done else None,
             parks=self.parks if done else 0, retractions=self.retractions if done else 0,
+            logprobs=self.take_logprobs(),
         )  # fmt: skip
+
+    def take_logprobs(self) -> list[TokenLogprobs] | None:
+        if self.params.logprobs is None:
+            return None
+        out, self.logprobs = self.logprobs, []
+        return out
 
     def timing(self, now: float) -> dict[str, float | None]:
         """Seconds in line, to the first token, and end to end, as the ending receipt has them."""

@@ -38,7 +38,7 @@ from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.prompt import check_param_ids, check_prompt
 from engine.runner import BatchEntry, ModelRunner
-from engine.sampling import SamplingParams, sample_for
+from engine.sampling import SamplingParams, sample_for, token_logprobs
 from engine.sched import checks
 from engine.sched.admission import NewTokenRatio
 from engine.sched.admitter import Admitter, Planned
@@ -273,6 +273,10 @@ class Scheduler:
         if fill is not None:  # the grammars' masks, before any penalty or bias reads the row
             self.masks.apply(fill, logits)
         tokens = sample_for(logits, reqs)
+        for i, (req, tid) in enumerate(zip(reqs, tokens)):  # only for those who asked
+            if req.params.logprobs is not None:
+                row, p = logits[i], req.params
+                req.logprobs.append(token_logprobs(row, tid, p, req.output_ids, req.prompt_ids))
         self.generated += len(tokens)
         outs = []
         opened = not self.allocator.group_open

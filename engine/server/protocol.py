@@ -19,6 +19,7 @@ from engine.guide import Guide
 from engine.prompt import PromptError, check_param_ids, fit_max_tokens
 from engine.sampling_params import (
     BIAS_LIMIT,
+    LOGPROBS_LIMIT,
     PENALTY_LIMIT,
     REPETITION_LIMIT,
     SEED_MAX,
@@ -163,6 +164,17 @@ class _Common(_Strict):
 class CompletionRequest(_Common):
     prompt: str | list[TokenId] | Annotated[list[str], One] | Annotated[list[list[TokenId]], One]
     echo: bool | None = False  # the prompt's text comes before the completion's
+    # each token's logprob and this many most likely tokens' (0: the token's only)
+    logprobs: Annotated[int, Field(ge=0, le=LOGPROBS_LIMIT)] | None = None
+
+    def logprob_count(self) -> int | None:
+        if self.logprobs is not None and self.echo:
+            raise ProtocolError(
+                "logprobs with echo (the prompt's logprobs) are not supported yet; ask for the "
+                "completion's logprobs without echo",
+                "logprobs",
+            )
+        return self.logprobs
 
 
 class TextPart(_Strict):
@@ -180,6 +192,15 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     add_generation_prompt: bool = True
+    logprobs: bool | None = False  # each content token's logprob
+    top_logprobs: Annotated[int, Field(ge=0, le=LOGPROBS_LIMIT)] | None = None
+
+    def logprob_count(self) -> int | None:
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise ProtocolError("top_logprobs needs logprobs: true", "top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
 
 def _none(v: Any) -> bool:
@@ -195,8 +216,9 @@ _UNBUILT: dict[str, tuple[Any, str]] = {
     "function_call": (lambda v: v in (None, "none"), "is not supported: this server calls no functions"),
     "parallel_tool_calls": (lambda v: True, ""),  # without tools it asks for nothing
     "suffix": (_none, "(text insertion) is not supported by this server"),
-    "logprobs": (_none, "are not supported by this server"),
-    "top_logprobs": (lambda v: v is None or (v == 0 and v is not False), "is not supported: logprobs are not"),
+    # a chat's field; a completion's logprobs (an integer) says how many
+    "top_logprobs": (lambda v: v is None or (v == 0 and v is not False),
+                     "is a chat field: a completion's logprobs (an integer) says how many"),
     "modalities": (lambda v: v is None or v == ["text"], 'is not supported: this server writes text only (["text"])'),
     "audio": (lambda v: v is None, "output is not supported by this server"),
     "prediction": (lambda v: v is None, "(predicted outputs) is not supported by this server"),
@@ -213,16 +235,9 @@ _SCALARS = {"best_of": _INT, "top_logprobs": _INT, "parallel_tool_calls": _BOOL,
             "priority": _INT}  # fmt: skip
 
 
-def _scalar(key: str, model: type[BaseModel]) -> tuple[str, type] | None:
-    """The JSON type an unbuilt or inert field must have (None: not an integer or boolean)."""
-    if key == "logprobs":  # how many per token in a completion; whether, in a chat
-        return _BOOL if issubclass(model, ChatCompletionRequest) else _INT
-    return _SCALARS.get(key)
-
-
 def _check_scalars(data: dict[str, Any], model: type[BaseModel]) -> None:
     for key, value in data.items():
-        typed = None if key in model.model_fields else _scalar(key, model)
+        typed = None if key in model.model_fields else _SCALARS.get(key)
         if typed is not None and value is not None and type(value) is not typed[1]:
             raise ProtocolError(
                 f"{key}: Input should be a valid {typed[0]} (got {shown(value)})", key
@@ -313,7 +328,7 @@ def sampling_params(
             frequency_penalty=req.frequency_penalty, logit_bias=bias,
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
-            repetition_penalty=req.repetition_penalty, guide=guide,
+            repetition_penalty=req.repetition_penalty, guide=guide, logprobs=req.logprob_count(),
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(str(e), str(e).split(" ", 1)[0]) from e

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 
 from engine.server.job import Job, JobFailed
 from engine.server.limits import ClientGone, went_away
+from engine.server.logprobs import LogprobsWriter
 from engine.server.protocol import ProtocolError, error_body
 
 # answers after which the connection is closed: the client may still be sending its body
@@ -68,12 +69,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def completion_body(
-    job: Job, kind: str, meta: dict[str, Any], texts: list[list[str]]
-) -> dict[str, Any]:
-    """The non-streaming body, from each choice's text deltas and the job's finish reasons."""
+    job: Job, kind: str, meta: dict[str, Any], texts: list[list[str]],
+    logprobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The non-streaming body, from each choice's text deltas and the job's finish reasons
+    (``logprobs``: each choice's, when asked)."""
     choices = []
     for i, (parts, reason) in enumerate(zip(texts, job.reasons)):
-        choice: dict[str, Any] = {"index": i, "finish_reason": reason, "logprobs": None}
+        lp = logprobs[i] if logprobs is not None else None
+        choice: dict[str, Any] = {"index": i, "finish_reason": reason, "logprobs": lp}
         if kind == "text":
             choice["text"] = "".join(parts)
         else:
@@ -109,16 +113,18 @@ def _chunk(
     reason: str | None,
     first: bool = False,
     usage: dict[str, int] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> bytes:
     """One choice's delta as an SSE event; a chat stream's first chunk names the role. ``usage``:
-    the choice's so far, where the client asked for it in every chunk."""
+    the choice's so far, where the client asked for it in every chunk; ``logprobs``: the
+    delta's tokens', where asked."""
     if kind == "text":
-        choice: dict[str, Any] = {"index": i, "text": text or "", "logprobs": None}
+        choice: dict[str, Any] = {"index": i, "text": text or "", "logprobs": logprobs}
     else:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if text is not None:
             delta["content"] = text
-        choice = {"index": i, "delta": delta, "logprobs": None}
+        choice = {"index": i, "delta": delta, "logprobs": logprobs}
     choice["finish_reason"] = reason
     event = {**meta, "object": _stream_object(kind), "choices": [choice]}
     if usage is not None:
@@ -138,11 +144,12 @@ def _stream_object(kind: str) -> str:
 
 async def stream(
     job: Job, kind: str, meta: dict[str, Any], include_usage: bool, echo: str = "",
-    continuous: bool = False,
+    continuous: bool = False, logprobs: LogprobsWriter | None = None,
 ) -> AsyncIterator[bytes]:  # fmt: skip
     """The SSE body: the echoed prompt (``echo``), a chunk per delta, an error event if the job
     fails midway (the deadline included), the usage (when asked) and ``[DONE]``; ``continuous``
-    (with ``include_usage``): each chunk with its choice's usage so far. Closing it early aborts
+    (with ``include_usage``): each chunk with its choice's usage so far; ``logprobs``: each
+    chunk with its tokens' (a chunk for every step then, text or not). Closing it early aborts
     what is still running."""
     status, error = 499, "the client went away"
     done = [0] * len(job.subs)  # each choice's tokens so far, as its chunks tell them
@@ -154,10 +161,11 @@ async def stream(
         try:
             async for i, item in job.events():
                 done[i] += len(item.new_token_ids)
-                if item.text_delta or item.finished:
+                lp = None if logprobs is None else logprobs.of(i, item.logprobs or [])
+                if item.text_delta or item.finished or (lp and item.new_token_ids):
                     reason = item.finish_reason if item.finished else None
                     usage = _so_far(job, done[i]) if every else None
-                    yield _chunk(kind, meta, i, item.text_delta, reason, usage=usage)
+                    yield _chunk(kind, meta, i, item.text_delta, reason, usage=usage, logprobs=lp)
         except JobFailed as e:
             status, error = e.status, str(e)
             yield sse(error_body(str(e), e.status))

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from engine.guide import Guide
+from engine.messages import TokenLogprobs
 from engine.model.chat import ChatTemplateError
 from engine.obs import tracing as tr
 from engine.obs.metrics import ServerMetrics
@@ -29,6 +30,7 @@ from engine.server.driver import EngineDriver
 from engine.server.guided import guide_of
 from engine.server.job import Job, JobFailed
 from engine.server.limits import HttpLimits, read_body
+from engine.server.logprobs import LogprobsWriter, TokenTexts
 from engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -89,6 +91,7 @@ class CompletionService:
         self.served_name = served_name
         self.tracing = tracing
         self.http = limits
+        self.token_texts = TokenTexts(driver.tokenizer)
         vocab = driver.tokenizer.backend.get_vocab(with_added_tokens=True)
         self.limits = ModelLimits(
             max_context=driver.max_context, kv_tokens=driver.kv_tokens,
@@ -171,12 +174,15 @@ class CompletionService:
             job.end_span(e.status, str(e))
             return error_response(str(e), e.status)
         meta = {"id": rid, "created": int(time.time()), "model": self.served_name}
+        writer = None  # each choice's logprobs, written as its API writes them
+        if params.logprobs is not None:
+            writer = LogprobsWriter(kind, self.token_texts, req.n, echo)
         if req.stream:
             opts = req.stream_options
             body = stream(job, kind, meta, bool(opts and opts.include_usage), echo,
-                          bool(opts and opts.continuous_usage_stats))  # fmt: skip
+                          bool(opts and opts.continuous_usage_stats), writer)  # fmt: skip
             return StreamingResponse(body, media_type="text/event-stream")
-        return await self.collect(job, kind, meta, req.n, request, echo)
+        return await self.collect(job, kind, meta, request, echo, writer)
 
     async def prepare(self, guide: Guide, param: str) -> None:
         """Have the scheduler process compile ``guide``; a ProtocolError (400) when it does not
@@ -189,14 +195,18 @@ class CompletionService:
             raise ProtocolError(f"{param}: {error}", param)
 
     async def collect(
-        self, job: Job, kind: str, meta: dict[str, Any], n: int, request: Request, echo: str
-    ) -> Response:
+        self, job: Job, kind: str, meta: dict[str, Any], request: Request, echo: str,
+        writer: LogprobsWriter | None,
+    ) -> Response:  # fmt: skip
         """The whole response at once, unless the client hangs up first (then 499, aborted)."""
+        n = len(job.subs)
         texts: list[list[str]] = [[echo] for _ in range(n)]
+        entries: list[list[TokenLogprobs]] = [[] for _ in range(n)]
 
         async def gather() -> None:
             async for i, out in job.events():
                 texts[i].append(out.text_delta)
+                entries[i] += out.logprobs or []
 
         try:
             if not await unless_disconnected(gather(), request):
@@ -211,7 +221,8 @@ class CompletionService:
         finally:
             job.close()  # nothing, unless the client went away (cancelled) mid-request
         job.end_span(200)
-        return JSONResponse(completion_body(job, kind, meta, texts))
+        logprobs = None if writer is None else [writer.of(i, e) for i, e in enumerate(entries)]
+        return JSONResponse(completion_body(job, kind, meta, texts, logprobs))
 
     def trace(self, job: Job, request: Request, kind: str, req: Any, params: Any, t0: int) -> None:
         """The request's trace context: a server span (tracing on), else an incoming

@@ -29,9 +29,6 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
         ({"functions": [{"name": "f"}]}, "functions", "function calling"),
         ({"function_call": "auto"}, "function_call", "calls no functions"),
         ({"suffix": "end"}, "suffix", "insertion"),
-        ({"logprobs": True}, "logprobs", "not supported"),
-        ({"logprobs": 2}, "logprobs", "valid boolean"),  # a chat's logprobs says whether
-        ({"top_logprobs": 3}, "top_logprobs", "logprobs are not"),
         ({"best_of": 3}, "best_of", "equal to n"),
         ({"best_of": 2, "n": 3}, "best_of", "equal to n"),
         ({"modalities": ["text", "audio"]}, "modalities", "text only"),
@@ -53,8 +50,8 @@ def test_a_field_that_asks_for_what_is_not_built_is_refused_by_name(extra, param
 @pytest.mark.parametrize(
     "extra",
     [
-        {"response_format": {"type": "text"}}, {"tools": []}, {"tool_choice": "none"},
-        {"functions": None}, {"logprobs": False}, {"top_logprobs": 0}, {"best_of": 1},
+        {"tools": []}, {"tool_choice": "none"},
+        {"functions": None}, {"best_of": 1},
         {"best_of": 2, "n": 2}, {"suffix": ""}, {"parallel_tool_calls": True}, {"priority": 0},
         {"metadata": {"k": "v"}}, {"store": False}, {"modalities": ["text"]},
     ],

@@ -1,0 +1,79 @@
+"""Logprobs as OpenAI's two APIs write them: a chat choice's ``logprobs.content`` (one object per
+token: its text, logprob, UTF-8 bytes and the most likely alternatives) and a completion
+choice's ``logprobs`` (parallel lists: tokens, token_logprobs, top_logprobs as maps, and each
+token's character offset in the choice's text).
+
+A token's text is its own decoding (special tokens shown): a token that holds part of a UTF-8
+character decodes to U+FFFD, as vLLM writes it. A logprob of -inf (a token a grammar forbids)
+is written as -9999.0, as vLLM does: JSON has no infinity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+from engine.messages import TokenLogprobs
+from engine.model.tokenizer import Tokenizer
+
+FLOOR = -9999.0  # what -inf is written as
+
+
+class TokenTexts:
+    """Each token id's text, decoded once."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.text = lru_cache(maxsize=65536)(
+            lambda tid: tokenizer.decode([tid], skip_special_tokens=False)
+        )
+
+
+def _lp(v: float) -> float:
+    return v if math.isfinite(v) else FLOOR
+
+
+def chat_logprobs(entries: Sequence[TokenLogprobs], texts: TokenTexts) -> dict[str, Any]:
+    def one(tid: int, lp: float) -> dict[str, Any]:
+        t = texts.text(tid)
+        return {"token": t, "logprob": _lp(lp), "bytes": list(t.encode())}
+
+    content = [
+        {**one(tid, lp), "top_logprobs": [one(t, v) for t, v in top]} for tid, lp, top in entries
+    ]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(
+    entries: Sequence[TokenLogprobs], texts: TokenTexts, offset: int
+) -> dict[str, Any]:
+    """``offset``: where the first token's text starts in the choice's text (after an echo)."""
+    tokens, offsets = [], []
+    for tid, _, _ in entries:
+        offsets.append(offset)
+        tokens.append(texts.text(tid))
+        offset += len(tokens[-1])
+    return {
+        "tokens": tokens,
+        "token_logprobs": [_lp(lp) for _, lp, _ in entries],
+        "top_logprobs": [{texts.text(t): _lp(v) for t, v in top} for _, _, top in entries],
+        "text_offset": offsets,
+    }
+
+
+class LogprobsWriter:
+    """One response's logprobs, choice by choice, in its API's shape; a completion's offsets
+    continue from chunk to chunk (``echo``: the characters its text starts with)."""
+
+    def __init__(self, kind: str, texts: TokenTexts, n: int, echo: str = "") -> None:
+        self.kind = kind
+        self.texts = texts
+        self.offsets = [len(echo)] * n
+
+    def of(self, i: int, entries: Sequence[TokenLogprobs]) -> dict[str, Any]:
+        if self.kind == "chat":
+            return chat_logprobs(entries, self.texts)
+        obj = completion_logprobs(entries, self.texts, self.offsets[i])
+        self.offsets[i] += sum(map(len, obj["tokens"]))
+        return obj

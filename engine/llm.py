@@ -22,6 +22,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     # SamplingParams.logprobs asked: (token, logprob, the most likely (id, logprob)) per token
     logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None  # asked: each prompt token's after the first
 
 
 class LLM:
@@ -121,10 +122,13 @@ class LLM:
             raise
         pending = {r.rid for r in reqs}
         logprobs: dict[str, list[TokenLogprobs]] = {r.rid: [] for r in reqs}
+        prompt: dict[str, list[TokenLogprobs]] = {}
         while pending:
             for out in self.core.step():
                 if out.logprobs and out.rid in logprobs:
                     logprobs[out.rid] += out.logprobs
+                if out.prompt_logprobs is not None:
+                    prompt[out.rid] = out.prompt_logprobs
                 if out.finished:
                     pending.discard(out.rid)
         return [
@@ -135,6 +139,7 @@ class LLM:
                 prompt_tokens=r.prompt_len,
                 prompt_token_ids=list(r.prompt_ids),
                 logprobs=logprobs[r.rid] if r.params.logprobs is not None else None,
+                prompt_logprobs=prompt.get(r.rid),
             )
             for r in reqs
         ]

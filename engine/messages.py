@@ -43,6 +43,8 @@ class StepOutput:
     retractions: int = 0  # ... and was retracted
     # asked for (``SamplingParams.logprobs``): one entry per new token, in order
     logprobs: list[TokenLogprobs] | None = None
+    # asked for: the prompt's tokens' after the first, once, with the first new token
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

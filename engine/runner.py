@@ -27,16 +27,20 @@ class ModelRunner:
         self.req_table = req_table
         self.device = model.device
 
-    def forward(self, batch: list[BatchEntry], all_positions: bool = False) -> torch.Tensor:
+    def forward(
+        self, batch: list[BatchEntry], all_positions: bool = False, every: list[bool] | None = None
+    ) -> torch.Tensor:
         """Logits (fp32) at the last new token of each entry: [len(batch), vocab]; with
-        ``all_positions``, at every new token: [sum of lengths, vocab]."""
+        ``all_positions``, at every new token: [sum of lengths, vocab]; with ``every``, at every
+        new token of the entries it marks and the last of the others, in batch order."""
         ids: list[int] = []
         pos: list[int] = []
         last: list[int] = []
-        for e in batch:
+        for j, e in enumerate(batch):
+            start = len(ids)
             ids.extend(e.token_ids)
             pos.extend(range(e.prefix_len, e.prefix_len + len(e.token_ids)))
-            last.append(len(ids) - 1)
+            last.extend(range(start, len(ids)) if every and every[j] else [len(ids) - 1])
         table, rows = self.req_table.table, [e.row for e in batch]
         dev = self.device
         if dev.type != "cpu":

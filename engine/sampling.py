@@ -13,7 +13,7 @@ from engine.sampling_params import SamplingParams
 
 __all__ = [
     "SamplingParams", "adjust_logits", "filtered_probs", "make_generator", "sample",
-    "token_logprobs",
+    "prompt_logprobs", "token_logprobs",
 ]  # fmt: skip
 
 
@@ -148,6 +148,20 @@ def token_logprobs(
         values, ids = torch.topk(lp, min(p.logprobs, lp.numel()))
         top = tuple(zip(ids.tolist(), values.tolist()))
     return token, float(lp[token]), top
+
+
+def prompt_logprobs(
+    logits: torch.Tensor, targets: Sequence[int], k: int
+) -> list[tuple[int, float, tuple[tuple[int, float], ...]]]:
+    """Each target's log-probability under the row before it (row i predicts ``targets[i]``),
+    with the ``k`` most likely tokens': the model's own distribution, nothing adjusted."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    picked = lp[torch.arange(len(targets)), torch.tensor(targets, dtype=torch.int64)].tolist()
+    tops: list[tuple[tuple[int, float], ...]] = [()] * len(targets)
+    if k:
+        values, ids = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    return list(zip(targets, picked, tops))
 
 
 def filtered_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:

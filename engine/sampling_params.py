@@ -56,6 +56,9 @@ class SamplingParams:
     guide: Guide | None = None
     # each sampled token's log-probability and the ``logprobs`` most likely tokens' (None: off)
     logprobs: int | None = None
+    # each prompt token's log-probability after the first (and the most likely tokens') under
+    # the model, computed in the prefill (such a request takes no prefix from the cache)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,9 +99,10 @@ class SamplingParams:
         )  # fmt: skip
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             _need(isinstance(getattr(self, name), bool), name, "a boolean", getattr(self, name))
-        lp = self.logprobs
-        _need(lp is None or (_is_int(lp) and 0 <= lp <= LOGPROBS_LIMIT), "logprobs",
-              f"None or an integer in [0, {LOGPROBS_LIMIT}]", lp)  # fmt: skip
+        for name in ("logprobs", "prompt_logprobs"):
+            lp = getattr(self, name)
+            _need(lp is None or (_is_int(lp) and 0 <= lp <= LOGPROBS_LIMIT), name,
+                  f"None or an integer in [0, {LOGPROBS_LIMIT}]", lp)  # fmt: skip
         _need(self.guide is None or isinstance(self.guide, Guide), "guide", "a Guide", self.guide)
         if self.guide is not None:  # the grammar decides where the output ends
             _need(not self.ignore_eos, "ignore_eos", "false with a guide (response_format)",

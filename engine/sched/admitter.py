@@ -148,7 +148,8 @@ class Admitter:
                 break
             req = self.waiting[0]
             fill = req.fill_ids
-            match = self.cache.match_prefix(fill[: len(fill) - 1])  # leave one token to compute
+            # leave one token to compute; all of them when its prompt's logprobs are to come
+            match = self.cache.match_prefix(fill[: 0 if req.scores_prompt(0) else len(fill) - 1])
             if match.length:  # lock first: its own prefix is not evictable for its budget
                 self.cache.inc_lock_ref(match.node)
             budget.evictable = self.memory.evictable()

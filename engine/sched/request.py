@@ -12,7 +12,7 @@ import torch
 from engine.messages import StepOutput, TokenLogprobs
 from engine.model.detok import IncrementalDetokenizer
 from engine.obs.tracing import split_trace
-from engine.sampling import SamplingParams, make_generator
+from engine.sampling import SamplingParams, make_generator, prompt_logprobs
 
 if TYPE_CHECKING:
     from engine.grammar.masks import Guided
@@ -58,6 +58,9 @@ class Request:
     first_token_time: float | None = None
     guided: Guided | None = None  # its grammar's state, when its output is constrained
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # not yet handed out
+    # asked for (``params.prompt_logprobs``): each prompt token's after the first, by position
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    prompt_sent: bool = False
 
     @classmethod
     def create(
@@ -144,8 +147,32 @@ class Request:
             finish_reason=self.finish_reason if done else None, cached_tokens=self.cached_tokens,
             abort_reason=self.abort_reason if done else None,
             parks=self.parks if done else 0, retractions=self.retractions if done else 0,
-            logprobs=self.take_logprobs(),
+            logprobs=self.take_logprobs(), prompt_logprobs=self.take_prompt_logprobs(),
         )  # fmt: skip
+
+    def scores_prompt(self, start: int) -> bool:
+        """Whether a chunk from position ``start`` needs its logits at every position: the
+        prompt's logprobs were asked for, and it predicts prompt tokens (position p predicts
+        token p + 1)."""
+        wanted = self.params.prompt_logprobs is not None and not self.prompt_sent
+        return wanted and start < self.prompt_len - 1
+
+    def score_prompt(self, start: int, logits: torch.Tensor) -> None:
+        """Keep the logprobs of the prompt tokens that ``logits`` (a chunk's, from position
+        ``start``) predict; a chunk computed again (after a retraction) writes the same."""
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = [None] * (self.prompt_len - 1)
+        end = min(start + len(logits), self.prompt_len - 1)
+        targets = self.prompt_ids[start + 1 : end + 1]
+        scored = prompt_logprobs(logits[: end - start], targets, self.params.prompt_logprobs or 0)
+        self.prompt_logprobs[start:end] = scored
+
+    def take_prompt_logprobs(self) -> list[TokenLogprobs] | None:
+        """The prompt's logprobs, once, with the first output that follows them."""
+        if self.params.prompt_logprobs is None or self.prompt_sent or not self.output_ids:
+            return None
+        self.prompt_sent = True
+        return [e for e in self.prompt_logprobs or () if e is not None]
 
     def take_logprobs(self) -> list[TokenLogprobs] | None:
         if self.params.logprobs is None:

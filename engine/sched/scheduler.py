@@ -217,7 +217,17 @@ class Scheduler:
                 rows.append(len(decode) + i)
                 samplers.append(req)
         fill = self.masks.begin([r.guided for r in samplers])  # filled while the forward runs
-        logits = self.runner.forward(batch)
+        # the chunks whose prompt logprobs were asked for: logits at each of their positions
+        every = [False] * len(decode) + [r.scores_prompt(r.kv_len - n) for r, n in chunks]
+        logits = self.runner.forward(batch, every=every if any(every) else None)
+        if any(every):
+            ends = list(
+                itertools.accumulate(len(e.token_ids) if w else 1 for e, w in zip(batch, every))
+            )
+            for (req, n), end, w in zip(chunks, ends[len(decode) :], every[len(decode) :]):
+                if w:
+                    req.score_prompt(req.kv_len - n, logits[end - n : end])
+            rows = [ends[r] - 1 for r in rows]
         outs = self._sample_and_advance(samplers, logits[rows], fill) if samplers else []
         if decode:
             self.ratio.step()

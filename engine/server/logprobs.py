@@ -46,9 +46,10 @@ def chat_logprobs(entries: Sequence[TokenLogprobs], texts: TokenTexts) -> dict[s
 
 
 def completion_logprobs(
-    entries: Sequence[TokenLogprobs], texts: TokenTexts, offset: int
+    entries: Sequence[TokenLogprobs | tuple[int, None, None]], texts: TokenTexts, offset: int
 ) -> dict[str, Any]:
-    """``offset``: where the first token's text starts in the choice's text (after an echo)."""
+    """``offset``: where the first token's text starts in the choice's text. An entry without a
+    logprob (a prompt's first token: nothing predicts it) is written with nulls."""
     tokens, offsets = [], []
     for tid, _, _ in entries:
         offsets.append(offset)
@@ -56,24 +57,42 @@ def completion_logprobs(
         offset += len(tokens[-1])
     return {
         "tokens": tokens,
-        "token_logprobs": [_lp(lp) for _, lp, _ in entries],
-        "top_logprobs": [{texts.text(t): _lp(v) for t, v in top} for _, _, top in entries],
+        "token_logprobs": [None if lp is None else _lp(lp) for _, lp, _ in entries],
+        "top_logprobs": [
+            None if top is None else {texts.text(t): _lp(v) for t, v in top}
+            for _, _, top in entries
+        ],
         "text_offset": offsets,
     }
 
 
 class LogprobsWriter:
     """One response's logprobs, choice by choice, in its API's shape; a completion's offsets
-    continue from chunk to chunk (``echo``: the characters its text starts with)."""
+    continue from chunk to chunk. ``echo``: the characters a completion's text starts with;
+    ``prompt``: its prompt's token ids, when the prompt's logprobs come first (then the offsets
+    count from the prompt's first token, whose text the echo is)."""
 
-    def __init__(self, kind: str, texts: TokenTexts, n: int, echo: str = "") -> None:
+    def __init__(
+        self, kind: str, texts: TokenTexts, n: int, echo: str = "", prompt: list[int] | None = None
+    ) -> None:
         self.kind = kind
         self.texts = texts
-        self.offsets = [len(echo)] * n
+        self.prompt = prompt
+        self.offsets = [0 if prompt else len(echo)] * n
 
-    def of(self, i: int, entries: Sequence[TokenLogprobs]) -> dict[str, Any]:
+    def of(
+        self,
+        i: int,
+        entries: Sequence[TokenLogprobs],
+        scored: Sequence[TokenLogprobs] | None = None,
+    ) -> dict[str, Any]:
+        """Choice ``i``'s ``entries``; ``scored``: its prompt's, ahead of them (a completion
+        with echo, once)."""
         if self.kind == "chat":
             return chat_logprobs(entries, self.texts)
-        obj = completion_logprobs(entries, self.texts, self.offsets[i])
+        head: list[Any] = []
+        if self.prompt and scored is not None:
+            head = [(self.prompt[0], None, None), *scored]
+        obj = completion_logprobs([*head, *entries], self.texts, self.offsets[i])
         self.offsets[i] += sum(map(len, obj["tokens"]))
         return obj

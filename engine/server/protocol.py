@@ -138,6 +138,9 @@ class _Common(_Strict):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
 
+    def prompt_logprob_count(self) -> int | None:
+        return None  # a chat has no prompt logprobs
+
     @field_validator("truncate_prompt_tokens")
     @classmethod
     def _k_tokens(cls, v: int | None) -> int | None:
@@ -168,13 +171,12 @@ class CompletionRequest(_Common):
     logprobs: Annotated[int, Field(ge=0, le=LOGPROBS_LIMIT)] | None = None
 
     def logprob_count(self) -> int | None:
-        if self.logprobs is not None and self.echo:
-            raise ProtocolError(
-                "logprobs with echo (the prompt's logprobs) are not supported yet; ask for the "
-                "completion's logprobs without echo",
-                "logprobs",
-            )
         return self.logprobs
+
+    def prompt_logprob_count(self) -> int | None:
+        """With echo, the prompt's tokens come with their logprobs too (how evaluation
+        harnesses score a text's likelihood)."""
+        return self.logprobs if self.echo else None
 
 
 class TextPart(_Strict):
@@ -329,6 +331,7 @@ def sampling_params(
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
             repetition_penalty=req.repetition_penalty, guide=guide, logprobs=req.logprob_count(),
+            prompt_logprobs=req.prompt_logprob_count(),
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(str(e), str(e).split(" ", 1)[0]) from e

@@ -155,12 +155,17 @@ async def stream(
     done = [0] * len(job.subs)  # each choice's tokens so far, as its chunks tell them
     every = include_usage and continuous
     try:
-        if kind == "chat" or echo:
+        # the echo waits for the prompt's logprobs, when they were asked for
+        held = logprobs is not None and logprobs.prompt is not None
+        if kind == "chat" or (echo and not held):
             for i in range(len(job.subs)):
                 yield _chunk(kind, meta, i, echo, None, True, _so_far(job, 0) if every else None)
         try:
             async for i, item in job.events():
                 done[i] += len(item.new_token_ids)
+                if held and item.prompt_logprobs is not None:
+                    lp = logprobs.of(i, [], item.prompt_logprobs)  # type: ignore[union-attr]
+                    yield _chunk(kind, meta, i, echo, None, True, logprobs=lp)
                 lp = None if logprobs is None else logprobs.of(i, item.logprobs or [])
                 if item.text_delta or item.finished or (lp and item.new_token_ids):
                     reason = item.finish_reason if item.finished else None

@@ -176,7 +176,8 @@ class CompletionService:
         meta = {"id": rid, "created": int(time.time()), "model": self.served_name}
         writer = None  # each choice's logprobs, written as its API writes them
         if params.logprobs is not None:
-            writer = LogprobsWriter(kind, self.token_texts, req.n, echo)
+            scored = ids if params.prompt_logprobs is not None else None
+            writer = LogprobsWriter(kind, self.token_texts, req.n, echo, scored)
         if req.stream:
             opts = req.stream_options
             body = stream(job, kind, meta, bool(opts and opts.include_usage), echo,
@@ -202,11 +203,13 @@ class CompletionService:
         n = len(job.subs)
         texts: list[list[str]] = [[echo] for _ in range(n)]
         entries: list[list[TokenLogprobs]] = [[] for _ in range(n)]
+        scored: list[list[TokenLogprobs] | None] = [None] * n  # the prompt's, when asked
 
         async def gather() -> None:
             async for i, out in job.events():
                 texts[i].append(out.text_delta)
                 entries[i] += out.logprobs or []
+                scored[i] = out.prompt_logprobs if scored[i] is None else scored[i]
 
         try:
             if not await unless_disconnected(gather(), request):
@@ -221,7 +224,9 @@ class CompletionService:
         finally:
             job.close()  # nothing, unless the client went away (cancelled) mid-request
         job.end_span(200)
-        logprobs = None if writer is None else [writer.of(i, e) for i, e in enumerate(entries)]
+        logprobs = None
+        if writer is not None:
+            logprobs = [writer.of(i, e, scored[i]) for i, e in enumerate(entries)]
         return JSONResponse(completion_body(job, kind, meta, texts, logprobs))
 
     def trace(self, job: Job, request: Request, kind: str, req: Any, params: Any, t0: int) -> None:

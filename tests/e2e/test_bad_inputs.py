@@ -121,8 +121,6 @@ TABLE = [
         "needs logprobs: true"),
     Bad("logprobs 21 (completions)", COMPLETIONS, js(prompt="hi", logprobs=21), 400, "logprobs",
         "less than or equal to 20"),
-    Bad("the prompt's logprobs (echo)", COMPLETIONS, js(prompt="hi", logprobs=1, echo=True), 400,
-        "logprobs", "not supported yet"),
     Bad("logprobs of the wrong type (chat)", CHAT, chat(logprobs=2), 400, "logprobs",
         "valid boolean"),
     Bad("stop of the wrong type", COMPLETIONS, js(prompt="hi", stop=5), 400, "stop",

@@ -31,8 +31,10 @@ def offline(tiny_model_dir):
     p = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
     chat = llm.chat([{"role": "user", "content": PROMPT}], p)[0]
     text = llm.generate(PROMPT, p)[0]
+    scored = llm.generate(PROMPT, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True,
+                                                  logprobs=1, prompt_logprobs=1))[0]  # fmt: skip
     llm.close()
-    return chat, text
+    return chat, text, scored
 
 
 def test_chat_logprobs_are_the_engines(client, offline):
@@ -62,3 +64,33 @@ def test_completion_logprobs_streamed_and_not(client, offline):
             tokens += chunk.choices[0].logprobs.tokens
             offsets += chunk.choices[0].logprobs.text_offset
     assert tokens == lp.tokens and offsets == lp.text_offset
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_echoed_completion_scores_its_prompt_as_evaluation_harnesses_ask(
+    client, offline, stream
+):
+    """lm-eval's log-likelihood request: echo, logprobs 1, max_tokens 1, temperature 0. The
+    choice's logprobs cover the prompt's tokens (the first without one) and the new token, with
+    the values the offline engine gives; offsets count from the prompt's first token."""
+    scored = offline[2]
+    ask = {"model": "m", "prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 1,
+           "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    if stream:
+        lp = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        text = ""
+        for chunk in client.completions.create(**ask, stream=True):
+            for c in chunk.choices:
+                text += c.text
+                for k in lp:
+                    lp[k] += getattr(c.logprobs, k) if c.logprobs else []
+    else:
+        c = client.completions.create(**ask).choices[0]
+        text, lp = c.text, c.logprobs.model_dump()
+    n = len(scored.prompt_token_ids)
+    assert len(lp["tokens"]) == n + 1 and lp["token_logprobs"][0] is None
+    expected = [v for _, v, _ in scored.prompt_logprobs] + [v for _, v, _ in scored.logprobs]
+    assert lp["token_logprobs"][1:] == pytest.approx(expected, abs=1e-5)
+    assert lp["top_logprobs"][0] is None and all(len(t) == 1 for t in lp["top_logprobs"][1:])
+    assert lp["text_offset"][0] == 0 and text.startswith(PROMPT)
+    assert "".join(lp["tokens"]) == text

@@ -60,3 +60,22 @@ def test_logprobs_are_after_the_bias_and_the_grammar_mask(llm):
 def test_logprobs_beyond_twenty_are_refused():
     with pytest.raises(ValueError, match=r"logprobs must be None or an integer in \[0, 20\]"):
         SamplingParams(logprobs=21)
+
+
+@pytest.mark.parametrize("chunk", [3, 64])
+def test_prompt_logprobs_are_the_models_at_every_position_chunked_or_not(tiny_model_dir, chunk):
+    """Each prompt token after the first, scored by the logits of the position before it, as
+    one forward over the whole prompt gives them; the same in 3-token chunks; the prefix cache
+    is not taken (it holds no logits), so a second run scores the prompt again."""
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    llm = LLM(model=tiny_model_dir, kv_tokens=512, chunk_tokens=chunk, check_invariants=True)
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=2)
+    first, again = (llm.generate([prompt], params)[0] for _ in range(2))
+    expected = torch.log_softmax(llm.core.sequence_logits(prompt), -1)
+    llm.close()
+    for out in (first, again):
+        assert [t for t, _, _ in out.prompt_logprobs] == prompt[1:]
+        for p, (t, lp, top) in enumerate(out.prompt_logprobs):
+            assert lp == pytest.approx(float(expected[p, t]), abs=1e-4)
+            assert len(top) == 2 and top[0][1] == pytest.approx(float(expected[p].max()), abs=1e-4)
+    assert first.logprobs is None and len(first.token_ids) == 2

@@ -1,6 +1,7 @@
 """Logprobs as each OpenAI API writes them: a chat's per-token objects with their bytes and the
 alternatives, a completion's parallel lists whose text offsets continue across chunks (after an
-echo); -inf (a token a grammar forbids) written as vLLM writes it. And what a request asks for:
+echo, or from the prompt's first token when its logprobs come first); -inf (a token a grammar
+forbids) written as vLLM writes it. And what a request asks for:
 a chat's logprobs and top_logprobs, a completion's logprobs count."""
 
 from __future__ import annotations
@@ -57,8 +58,16 @@ def test_what_each_api_asks_for():
     with pytest.raises(ProtocolError, match="needs logprobs: true"):
         ChatCompletionRequest.model_validate({**chat, "top_logprobs": 5}).logprob_count()
     assert CompletionRequest.model_validate({"prompt": "a", "logprobs": 3}).logprob_count() == 3
-    with pytest.raises(ProtocolError, match="not supported yet") as e:
-        CompletionRequest.model_validate(
-            {"prompt": "a", "logprobs": 0, "echo": True}
-        ).logprob_count()
-    assert e.value.param == "logprobs"
+    echoed = CompletionRequest.model_validate({"prompt": "a", "logprobs": 0, "echo": True})
+    assert (echoed.logprob_count(), echoed.prompt_logprob_count()) == (0, 0)
+    plain = CompletionRequest.model_validate({"prompt": "a", "echo": True})
+    assert plain.prompt_logprob_count() is None
+
+
+def test_an_echoed_completion_starts_with_the_prompts_tokens_the_first_unscored():
+    w = LogprobsWriter("text", Texts(), 1, echo="Hello", prompt=[1, 2])
+    obj = w.of(0, [(3, -0.2, ((3, -0.2),))], [(2, -1.5, ((1, -0.7),))])
+    assert obj["tokens"] == ["Hel", "lo", " é"] and obj["text_offset"] == [0, 3, 5]
+    assert obj["token_logprobs"] == [None, -1.5, -0.2]
+    assert obj["top_logprobs"] == [None, {"Hel": -0.7}, {" é": -0.2}]
+    assert w.of(0, [(2, -1.0, ())])["text_offset"] == [7]  # the prompt only once

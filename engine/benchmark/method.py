@@ -59,13 +59,17 @@ def prefill_rate(go: Generate, prompts: Prompts, length: int) -> float:
     return length / go(prompts.take(1, length), 1)
 
 
-def attest_generate(llm) -> Generate:
-    """``LLM.generate`` from an empty prefix cache, every request asserted uncached."""
+def attest_generate(llm, guide=None) -> Generate:
+    """``LLM.generate`` from an empty prefix cache, every request asserted uncached. ``guide``:
+    every request constrained by it (one no output of ``new`` tokens can complete, so each still
+    runs ``new`` tokens; a guide ends at the grammar's end, EOS is not ignored)."""
     from engine import SamplingParams
 
     def go(ids: list[list[int]], new: int) -> float:
         llm.core.scheduler.cache.reset_to_empty()
-        params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
+        params = SamplingParams(
+            max_tokens=new, temperature=0, ignore_eos=guide is None, guide=guide
+        )
         t = time.perf_counter()
         outs = llm.generate(ids, params)
         dt = time.perf_counter() - t

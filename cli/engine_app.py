@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -43,6 +43,7 @@ from cli.options import (
     OtlpOpt,
     PageSizeOpt,
     PidFileOpt,
+    PolicyOpt,
     PrefixCacheOpt,
     QuantOpt,
     ReadTimeoutOpt,
@@ -201,6 +202,7 @@ def serve(
     request_timeout: RequestTimeoutOpt = DEFAULTS["request_timeout"],
     cutover_timeout: CutoverTimeoutOpt = DEFAULTS["cutover_timeout"],
     grammar_timeout: GrammarTimeoutOpt = DEFAULTS["grammar_timeout"],
+    scheduling_policy: PolicyOpt = DEFAULTS["scheduling_policy"],
     tp: TpOpt = DEFAULTS["tp"],
     dist_init: DistInitOpt = DEFAULTS["dist_init"],
     group_check_interval: GroupCheckOpt = DEFAULTS["group_check_interval"],
@@ -209,21 +211,25 @@ def serve(
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/*, /health, /metrics); SIGTERM or Ctrl-C stops it in
     order (exit 0). A port, pid file or boot log a live process holds is refused (exit 75)."""
-    options = locals() | {"log_file": log_file or default_log_file()}
+    raise typer.Exit(_serve(locals() | {"log_file": log_file or default_log_file()}))
+
+
+def _serve(o: dict[str, Any]) -> int:
+    """``engine serve`` with its options ``o``: the server's exit code, or a failed boot's."""
     from engine.server.boot_guard import BootRefused
     from engine.server.launch import BootFailed
     from engine.server.launch import serve as run_server
 
     try:
-        code = run_server(
-            config_of(options), host, port, served_model_name, api_key, pid_file=pid_file,
-            drain_timeout=drain_timeout, stall_timeout=stall_timeout,
+        return run_server(
+            config_of(o), o["host"], o["port"], o["served_model_name"], o["api_key"],
+            pid_file=o["pid_file"], drain_timeout=o["drain_timeout"],
+            stall_timeout=o["stall_timeout"],
         )  # fmt: skip
     except (BootRefused, BootFailed) as e:  # the code a failed boot's log names, too
         _fail(str(e), e.code)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         _fail(str(e))
-    raise typer.Exit(code)
 
 
 @app.command()

@@ -16,6 +16,7 @@ from engine.config_rules import http_url, int_or_none, is_int, need, per_rank, s
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("int8", "int4")  # fast mode's weight formats (engine/model/quant.py)
 DIST_INITS = ("spawn", "env")
+POLICIES = ("fcfs", "priority")  # how the waiting line is ordered
 # `engine serve`'s step budget (--step-tokens): of 32, 48, 64 and 96, the one that kept eight
 # streams' inter-token p99 within 3x their p50 with long prompts arriving (bench/serve.py
 # --mixed; BENCHMARKS.md, 2026-12-01). Offline (LLM) the default is no budget: generate returns
@@ -157,6 +158,11 @@ class SchedulerSection(_Section):
     cutover_timeout: float = _knob(
         600.0, "Seconds a cutover may wait for its weights or its drain; then it ends, unchanged."
     )
+    scheduling_policy: str = _knob(
+        "fcfs",
+        "fcfs (first come, first served) or priority: requests wait in order of their "
+        "priority (the lower value first, as vLLM orders them), then of arrival.",
+    )
     grammar_timeout: float = _knob(
         10.0,
         "Seconds a request's grammar (response_format) may take to compile; past them the "
@@ -171,6 +177,7 @@ class SchedulerSection(_Section):
         need(isinstance(self.check_invariants, bool), self, "check_invariants", "a boolean")
         need(seconds(self.cutover_timeout), self, "cutover_timeout", "a number of seconds > 0")
         need(seconds(self.grammar_timeout), self, "grammar_timeout", "a number of seconds > 0")
+        need(self.scheduling_policy in POLICIES, self, "scheduling_policy", " or ".join(POLICIES))
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,8 @@ class SamplingParams:
     # each prompt token's log-probability after the first (and the most likely tokens') under
     # the model, computed in the prefill (such a request takes no prefix from the cache)
     prompt_logprobs: int | None = None
+    # vLLM's scheduling priority (the lower value waits less), under the priority policy
+    priority: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -99,6 +101,8 @@ class SamplingParams:
         )  # fmt: skip
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             _need(isinstance(getattr(self, name), bool), name, "a boolean", getattr(self, name))
+        _need(_is_int(self.priority) and SEED_MIN <= self.priority <= SEED_MAX, "priority",
+              "a signed 64-bit integer", self.priority)  # fmt: skip
         for name in ("logprobs", "prompt_logprobs"):
             lp = getattr(self, name)
             _need(lp is None or (_is_int(lp) and 0 <= lp <= LOGPROBS_LIMIT), name,

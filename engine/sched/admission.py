@@ -14,6 +14,7 @@ forward then holds at most twice its decode tokens, a page more with very few).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -203,3 +204,15 @@ def defer_reason(
     if settled >= max_running and not chunked:
         return "max_running"  # only the in-flight chunk may use the one extra slot
     return None
+
+
+def overtakes(line: Sequence[int], priority: int) -> int:
+    """How many requests at the back of a waiting line (their priority values, front first) a
+    new request of ``priority`` goes ahead of: those whose value is larger (the lower value
+    waits less, as vLLM orders them), never one of its equals (they came first)."""
+    ahead = 0
+    for value in reversed(line):
+        if value <= priority:
+            break
+        ahead += 1
+    return ahead

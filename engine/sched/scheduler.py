@@ -40,7 +40,7 @@ from engine.prompt import check_param_ids, check_prompt
 from engine.runner import BatchEntry, ModelRunner
 from engine.sampling import SamplingParams, sample_for, token_logprobs
 from engine.sched import checks
-from engine.sched.admission import NewTokenRatio
+from engine.sched.admission import NewTokenRatio, overtakes
 from engine.sched.admitter import Admitter, Planned
 from engine.sched.group import GroupView
 from engine.sched.memory import Memory
@@ -133,10 +133,15 @@ class Scheduler:
         self.group.record(AddRequest(rid=rid, prompt_ids=list(prompt_ids), params=params,
                                      trace=trace_id, promise=promise))  # fmt: skip
         self.requests[rid] = req
-        self.waiting.append(req)
+        overtook = 0  # the line is first come, first served; by priority under that policy
+        if self.config.scheduler.scheduling_policy == "priority":
+            overtook = overtakes([r.params.priority for r in self.waiting], params.priority)
+        self.waiting.insert(len(self.waiting) - overtook, req)
         if self.traces is not None:
             self.traces.open(req)
-        extra = {"promised": need} if promise else {}
+        extra: dict[str, object] = {"promised": need} if promise else {}
+        if self.config.scheduler.scheduling_policy == "priority":
+            extra |= {"priority": params.priority, "overtook": overtook}
         if arrived is not None:
             extra["arrived"] = round(arrived, 6)
         self.receipts.emit(

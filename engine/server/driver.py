@@ -98,6 +98,7 @@ class EngineDriver:
             daemon=True,
         )  # fmt: skip
         self._child = child
+        self.config = config
         self.drain_s = drain_s
         self.stall_s = stall_s
         self._send_lock = threading.Lock()  # one order for submit, drain and the messages

@@ -135,6 +135,8 @@ class _Common(_Strict):
     skip_special_tokens: bool = True
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None  # the last k; -1: context
     repetition_penalty: Annotated[float, Field(ge=1 / REPETITION_LIMIT, le=REPETITION_LIMIT)] = 1.0
+    # vLLM's scheduling priority (the lower value waits less; --scheduling-policy priority)
+    priority: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] = 0
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
 
@@ -224,17 +226,12 @@ _UNBUILT: dict[str, tuple[Any, str]] = {
     "modalities": (lambda v: v is None or v == ["text"], 'is not supported: this server writes text only (["text"])'),
     "audio": (lambda v: v is None, "output is not supported by this server"),
     "prediction": (lambda v: v is None, "(predicted outputs) is not supported by this server"),
-    # vLLM's scheduling priority: as vLLM under its default first-come-first-served policy
-    "priority": (lambda v: v is None or (v == 0 and v is not False),
-                 "is not supported: this server schedules first come, first served (priority "
-                 "scheduling is not enabled; 0, the default, asks for nothing)"),
 }  # fmt: skip
 # fields that change nothing a client receives, accepted and ignored
 _INERT = frozenset({"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
 # the integer and boolean fields of those two groups, typed as strictly as the built ones
 _INT, _BOOL = ("integer", int), ("boolean", bool)
-_SCALARS = {"best_of": _INT, "top_logprobs": _INT, "parallel_tool_calls": _BOOL, "store": _BOOL,
-            "priority": _INT}  # fmt: skip
+_SCALARS = {"best_of": _INT, "top_logprobs": _INT, "parallel_tool_calls": _BOOL, "store": _BOOL}
 
 
 def _check_scalars(data: dict[str, Any], model: type[BaseModel]) -> None:
@@ -331,7 +328,7 @@ def sampling_params(
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
             repetition_penalty=req.repetition_penalty, guide=guide, logprobs=req.logprob_count(),
-            prompt_logprobs=req.prompt_logprob_count(),
+            prompt_logprobs=req.prompt_logprob_count(), priority=req.priority,
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(str(e), str(e).split(" ", 1)[0]) from e

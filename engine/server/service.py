@@ -158,6 +158,12 @@ class CompletionService:
         ``echo``: text each choice's output starts with."""
         # the pool as it is now (a cutover may have resized it); the scheduler checks again
         limits = dataclasses.replace(self.limits, kv_tokens=self.driver.kv_tokens)
+        if req.priority and self.driver.config.scheduler.scheduling_policy != "priority":
+            raise ProtocolError(
+                "priority: this server schedules first come, first served (start it with "
+                "--scheduling-policy priority; 0, the default, asks for nothing)",
+                "priority",
+            )
         guide = guide_of(req.response_format, req.structured_outputs)
         params = sampling_params(req, len(ids), limits, DEFAULT_MAX_TOKENS, guide)
         if guide is not None:  # compiled before anything is submitted: a 400 on a stream too

@@ -150,6 +150,8 @@ TABLE = [
     Bad("a regex that does not compile", COMPLETIONS,
         js(prompt="hi", structured_outputs={"regex": "a(b"}), 400, "structured_outputs",
         "the regex does not compile"),
+    Bad("a priority under first come, first served", COMPLETIONS, js(prompt="hi", priority=3), 400,
+        "priority", "--scheduling-policy priority"),
     Bad("two guides at once", COMPLETIONS,
         js(prompt="hi", structured_outputs={"regex": "a+"}, response_format={"type": "json_object"}),
         400, "structured_outputs", "send one"),

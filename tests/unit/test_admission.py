@@ -157,3 +157,13 @@ def test_defer_reason_names_why_a_planned_request_waits():
     )
     # a park outranks every other reason: the budget is what the receipt must name
     assert defer_reason(park, chunked=False, inflight=1, settled=4, max_running=4) == "budget"
+
+
+def test_a_request_overtakes_the_waiting_of_a_larger_priority_value_and_never_its_equals():
+    from engine.sched.admission import overtakes
+
+    assert overtakes([], 5) == 0
+    assert overtakes([0, 1, 1, 3], 1) == 1  # ahead of the 3, behind the 1s (they came first)
+    assert overtakes([0, 1, 1, 3], -2) == 4
+    assert overtakes([0, 1, 1, 3], 7) == 0
+    assert overtakes([9, 0, 5], 1) == 1  # a retracted 9 at the front stays there

@@ -31,6 +31,7 @@ RECEIPT_KEYS = {
     "chunk_tokens", "step_tokens", "max_model_len", "attention_backend", "threads", "seed",
     "prefix_cache", "host_kv_tokens", "relief_ladder", "relief_throttle_iterations",
     "cutover_timeout",
+    "scheduling_policy",
     "grammar_timeout",
     "iteration_receipt_interval", "check_invariants", "receipts", "log_file", "console_receipts",
     "device", "otlp_endpoint", "read_timeout", "max_client_connections", "request_timeout", "tp",
@@ -48,7 +49,7 @@ OTHERS = {
     "otlp_endpoint": "http://127.0.0.1:4318", "read_timeout": 3.0, "max_client_connections": 0,
     "request_timeout": None, "tp": 2, "dist_init": "env", "group_timeout": 4.0,
     "group_check_interval": 1, "published_floor": False, "cutover_timeout": 9.0,
-    "grammar_timeout": 2.5,
+    "grammar_timeout": 2.5, "scheduling_policy": "priority",
 }  # fmt: skip
 
 

@@ -34,9 +34,6 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
         ({"modalities": ["text", "audio"]}, "modalities", "text only"),
         ({"audio": {"voice": "x"}}, "audio", "not supported"),
         ({"use_beam_search": True}, "use_beam_search", "not a supported request field"),
-        ({"priority": 1}, "priority", "priority scheduling is not enabled"),
-        ({"priority": -3}, "priority", "first come, first served"),
-        ({"priority": "0"}, "priority", "valid integer"),
         ({"frobnicate": True}, "frobnicate", "not a supported request field"),
     ],
 )  # fmt: skip
@@ -52,7 +49,7 @@ def test_a_field_that_asks_for_what_is_not_built_is_refused_by_name(extra, param
     [
         {"tools": []}, {"tool_choice": "none"},
         {"functions": None}, {"best_of": 1},
-        {"best_of": 2, "n": 2}, {"suffix": ""}, {"parallel_tool_calls": True}, {"priority": 0},
+        {"best_of": 2, "n": 2}, {"suffix": ""}, {"parallel_tool_calls": True},
         {"metadata": {"k": "v"}}, {"store": False}, {"modalities": ["text"]},
     ],
 )  # fmt: skip
@@ -255,3 +252,11 @@ def test_a_long_value_in_a_message_is_described_not_cut():
     assert isinstance(e, ProtocolError) and e.param == "messages.0.role"
     assert "'" + "w" * 40 + "'" not in str(e), str(e)  # a cut value reads as another value
     assert str(e).endswith("(got a string of 60 characters)"), str(e)
+
+
+def test_priority_logprobs_and_the_prompts_logprobs_reach_the_sampling_params():
+    p = _params({"prompt": "x", "priority": -4, "logprobs": 2, "echo": True})
+    assert (p.priority, p.logprobs, p.prompt_logprobs) == (-4, 2, 2)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 3}
+    p = _params(chat, model=ChatCompletionRequest)
+    assert (p.priority, p.logprobs, p.prompt_logprobs) == (0, 3, None)

@@ -90,17 +90,23 @@ class Tokenizer:
         )
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         """The chat's token ids. Only the template makes special tokens: a message's content is
         text, and special-token text in it is tokenized as the plain characters it is (it can
         never close a turn or open a system one). The template writes BOS itself when the model
-        wants one."""
+        wants one; ``add_special_tokens`` (vLLM's) adds the tokenizer's own on top of it."""
         messages = normalize_messages(messages)
         text = self.render_chat(messages, add_generation_prompt)
         if not any(self._special_text(m["content"]) for m in messages):
-            return self.encode(text, add_special_tokens=False)  # the common case, unchanged
-        return self._encode_content_as_text(messages, add_generation_prompt, text)
+            return self.encode(text, add_special_tokens)  # the common case, unchanged
+        ids = self._encode_content_as_text(messages, add_generation_prompt, text)
+        if add_special_tokens and self.add_bos and self.bos_id is not None:
+            ids = [self.bos_id, *ids] if not ids or ids[0] != self.bos_id else ids
+        return ids
 
     @cached_property
     def _specials(self) -> re.Pattern[str] | None:

@@ -169,6 +169,7 @@ class _Common(_Strict):
 class CompletionRequest(_Common):
     prompt: str | list[TokenId] | Annotated[list[str], One] | Annotated[list[list[TokenId]], One]
     echo: bool | None = False  # the prompt's text comes before the completion's
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's special tokens (BOS) added
     # each token's logprob and this many most likely tokens' (0: the token's only)
     logprobs: Annotated[int, Field(ge=0, le=LOGPROBS_LIMIT)] | None = None
 
@@ -196,6 +197,8 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     add_generation_prompt: bool = True
+    # vLLM's: the tokenizer's special tokens added on top of the template's (which has its own)
+    add_special_tokens: bool = False
     logprobs: bool | None = False  # each content token's logprob
     top_logprobs: Annotated[int, Field(ge=0, le=LOGPROBS_LIMIT)] | None = None
 

@@ -118,7 +118,7 @@ class CompletionService:
         tok = self.driver.tokenizer
         if isinstance(prompt, str):
             self.check_chars(len(prompt), "prompt")
-            ids = await asyncio.to_thread(tok.encode, prompt)
+            ids = await asyncio.to_thread(tok.encode, prompt, req.add_special_tokens)
         else:
             ids = list(prompt)
         whole = len(ids)
@@ -136,7 +136,9 @@ class CompletionService:
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         try:
             tok = self.driver.tokenizer
-            ids = await asyncio.to_thread(tok.encode_chat, messages, req.add_generation_prompt)
+            ids = await asyncio.to_thread(
+                tok.encode_chat, messages, req.add_generation_prompt, req.add_special_tokens
+            )
         except ChatTemplateError as e:
             raise ProtocolError(str(e), "messages") from e
         ids = req.truncated(ids, self.limits.max_context)

@@ -169,7 +169,7 @@ def test_truncate_prompt_tokens_keeps_the_last_k_tokens_of_the_prompt(server):
         (b'{"prompt": "hi", "model": "gpt-9"}', 404, "model"),
         (b'{"prompt": "hi", "n": 17}', 400, "n"),
         (b'{"prompt": "hi", "n": 0}', 400, "n"),
-        (b'{"prompt": "hi", "logprobs": 2}', 400, "logprobs"),
+        (b'{"prompt": "hi", "logprobs": 21}', 400, "logprobs"),
         (b'{"prompt": "hi", "top_p": 1.5}', 400, "top_p"),
         (b'{"prompt": [1, 2, 99999999]}', 400, "prompt"),
         (b'{"prompt": 12}', 400, "prompt"),

@@ -282,6 +282,12 @@ def test_the_served_models_card_is_its_entry_in_the_list(srv):
 def test_nothing_bad_reached_the_scheduler(srv):
     assert receipts(srv, '"request.received"') == []
     assert receipts(srv, '"request.abort"') == []
+    # a guide that does not compile was compiled in the scheduler process, off its loop, and
+    # refused there: its request was never submitted
+    compiled = receipts(srv, '"grammar.compile"')
+    assert all((r["outcome"], r["site"]) == ("invalid", "prepare") for r in compiled), compiled
+    if any(name.startswith("a regex that does not compile") for name, _, _ in ROWS):
+        assert compiled
 
 
 def test_the_fields_it_implements_change_the_output(srv):

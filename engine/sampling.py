@@ -142,19 +142,15 @@ def token_logprobs(
     if p.adjusts_logits:
         row = row.clone()
         adjust_logits(row, p, generated, prompt)
-    lp = torch.log_softmax(row.float(), dim=-1)
-    top: tuple[tuple[int, float], ...] = ()
-    if p.logprobs:
-        values, ids = torch.topk(lp, min(p.logprobs, lp.numel()))
-        top = tuple(zip(ids.tolist(), values.tolist()))
-    return token, float(lp[token]), top
+    return prompt_logprobs(row[None], [token], p.logprobs or 0)[0]
 
 
 def prompt_logprobs(
     logits: torch.Tensor, targets: Sequence[int], k: int
 ) -> list[tuple[int, float, tuple[tuple[int, float], ...]]]:
-    """Each target's log-probability under the row before it (row i predicts ``targets[i]``),
-    with the ``k`` most likely tokens': the model's own distribution, nothing adjusted."""
+    """Each target's log-probability under its row (row i predicts ``targets[i]``), with the
+    ``k`` most likely tokens', most likely first: the distribution the rows hold, nothing
+    adjusted here (a prompt's are the model's own; ``token_logprobs`` adjusts first)."""
     lp = torch.log_softmax(logits.float(), dim=-1)
     picked = lp[torch.arange(len(targets)), torch.tensor(targets, dtype=torch.int64)].tolist()
     tops: list[tuple[tuple[int, float], ...]] = [()] * len(targets)

@@ -263,5 +263,11 @@ class Admitter:
             schema.ADMISSION_ADMIT, rid=req.rid, tokens=plan.tokens, pages=plan.pages,
             prefix_hit=req.cached_len, held=req.kv_len, chunked=chunked,
             retracted=req.retractions, decodes=len(self.decode), step_budget=room,
-            step_cut=step.step_cut, **budget.as_fields(),
+            step_cut=step.step_cut, **budget.as_fields(), **_unmatched(req),
         )  # fmt: skip
+
+
+def _unmatched(req: Request) -> dict[str, str]:
+    """Why the prefix cache was not read for ``req``: it scores its prompt, and the cache holds
+    no logits (``admit_waiting`` matches nothing for it)."""
+    return {"no_prefix": "prompt_logprobs"} if req.scores_prompt(0) else {}

@@ -71,6 +71,10 @@ def test_prompt_logprobs_are_the_models_at_every_position_chunked_or_not(tiny_mo
     llm = LLM(model=tiny_model_dir, kv_tokens=512, chunk_tokens=chunk, check_invariants=True)
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=2)
     first, again = (llm.generate([prompt], params)[0] for _ in range(2))
+    admits = llm.core.receipts.of("admission.admit")
+    assert admits and all(
+        a["no_prefix"] == "prompt_logprobs" and a["prefix_hit"] == 0 for a in admits
+    )
     expected = torch.log_softmax(llm.core.sequence_logits(prompt), -1)
     llm.close()
     for out in (first, again):

@@ -75,7 +75,9 @@ class Grammars:
         self.receipts = receipts
         self.timeout_s = timeout_s
         self._cache: OrderedDict[Guide, Any] = OrderedDict()
-        self._refused: dict[Guide, CompileError] = {}
+        # guides that did not compile, answered at once again: bounded as the cache is, so a
+        # client sending ever new bad schemas cannot grow it
+        self._refused: OrderedDict[Guide, CompileError] = OrderedDict()
         self._running: dict[Guide, _Compile] = {}
         self._answers: list[tuple[int, str | None]] = []
         self._lock = threading.Lock()  # the compiler is built once, by whichever thread is first
@@ -129,7 +131,7 @@ class Grammars:
                         e = CompileError(f"the {guide.kind} could not be compiled ({e!r})", "error")
                     self._refuse(guide, e, (now - job.started) * 1e3, job.tickets)
                     continue
-                self._keep(guide, grammar)
+                _keep(self._cache, guide, grammar)
                 self._emit(guide, "miss", ms, None)
                 self._answers += [(t, None) for t in job.tickets]
             elif now - job.started > self.timeout_s:
@@ -144,7 +146,7 @@ class Grammars:
         return answers
 
     def _refuse(self, guide: Guide, e: CompileError, ms: float, tickets: list[int]) -> None:
-        self._refused[guide] = e
+        _keep(self._refused, guide, e)
         self._emit(guide, "miss", ms, e)
         self._answers += [(t, str(e)) for t in tickets]
 
@@ -160,10 +162,10 @@ class Grammars:
         try:
             grammar, ms = self._timed_compile(guide)
         except CompileError as e:
-            self._refused[guide] = e
+            _keep(self._refused, guide, e)
             self._emit(guide, "miss", None, e, site="add")
             raise
-        self._keep(guide, grammar)
+        _keep(self._cache, guide, grammar)
         self._emit(guide, "miss", ms, None, site="add")
         return grammar
 
@@ -227,16 +229,12 @@ class Grammars:
                 self._xgr_compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             return self._xgr_compiler
 
-    def _keep(self, guide: Guide, grammar: Any) -> None:
-        self._cache[guide] = grammar
-        while len(self._cache) > CACHE_ENTRIES:
-            self._cache.popitem(last=False)
-
     def _cache_touch(self, guide: Guide) -> Any:
-        if guide in self._cache:
-            self._cache.move_to_end(guide)
-            return self._cache[guide]
-        return None
+        """Mark ``guide`` used (compiled or refused); its compiled grammar, if any."""
+        for table in (self._cache, self._refused):
+            if guide in table:
+                table.move_to_end(guide)
+        return self._cache.get(guide)
 
     def _emit(
         self, guide: Guide, cache: str, ms: float | None, error: CompileError | None,
@@ -249,3 +247,11 @@ class Grammars:
             schema.GRAMMAR_COMPILE, guide=guide.digest, kind=guide.kind, cache=cache,
             outcome="ok" if error is None else error.outcome, site=site, **extra,
         )  # fmt: skip
+
+
+def _keep(table: OrderedDict[Guide, Any], guide: Guide, value: Any) -> None:
+    """``value`` for ``guide`` in ``table``, which drops its least recently used past
+    ``CACHE_ENTRIES``."""
+    table[guide] = value
+    while len(table) > CACHE_ENTRIES:
+        table.popitem(last=False)

@@ -121,6 +121,16 @@ def test_a_guide_that_does_not_compile_is_refused_with_its_reason_and_remembered
     assert outcomes == [("miss", "invalid"), ("hit", "invalid")]
 
 
+def test_refused_guides_are_remembered_within_the_caches_bound(grammars, monkeypatch):
+    """A client sending ever new schemas that do not compile cannot grow what is remembered."""
+    monkeypatch.setattr("engine.grammar.compiler.CACHE_ENTRIES", 2)
+    bad = [text_guide("regex", f"a{i}(b", "r") for i in range(3)]
+    for guide in bad:
+        with pytest.raises(ValueError, match="does not compile"):
+            grammars.compiled(guide)
+    assert list(grammars._refused) == bad[1:]
+
+
 def test_a_compile_past_the_time_limit_is_refused_and_stays_refused(tokenizer, monkeypatch):
     """A deadline test: the compile is held on an event (never done by itself), the limit is
     0.2 s, and the poll is asked until it answers (at most 30 s)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+KINDS = ("json_object", "json_schema", "regex", "choice", "grammar", "tagged_json")
 JSON_KINDS = ("json_object", "json_schema")
 
 # Assertion keywords xgrammar 0.2 compiles but does not enforce (tests/unit/test_grammar_spec.py
@@ -77,7 +77,7 @@ def json_schema_guide(schema: Any, strict: bool, param: str) -> Guide:
     except SchemaError as e:
         where = ".".join([param, *map(str, e.absolute_path)])
         raise GuideError(f"{where}: not a valid JSON schema: {e.message}", where) from None
-    for path, node in _subschemas(schema, param):
+    for path, node in subschemas(schema, param):
         found = sorted(UNENFORCED & node.keys())
         if found:
             raise GuideError(
@@ -101,22 +101,22 @@ def json_schema_guide(schema: Any, strict: bool, param: str) -> Guide:
     return Guide("json_schema", orjson.dumps(schema).decode(), strict)
 
 
-def _subschemas(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+def subschemas(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """Every schema inside ``node`` (itself first) with its path; data (enum, const, default,
     examples) and property names are never read as keywords."""
     if not isinstance(node, dict):
         return
     yield path, node
     for key in _ONE:
-        yield from _subschemas(node.get(key), f"{path}.{key}")
+        yield from subschemas(node.get(key), f"{path}.{key}")
     for key in _LIST:
         if isinstance(node.get(key), list):
             for i, sub in enumerate(node[key]):
-                yield from _subschemas(sub, f"{path}.{key}.{i}")
+                yield from subschemas(sub, f"{path}.{key}.{i}")
     for key in _MAP:
         if isinstance(node.get(key), dict):
             for name, sub in node[key].items():
-                yield from _subschemas(sub, f"{path}.{key}.{name}")
+                yield from subschemas(sub, f"{path}.{key}.{name}")
 
 
 def choice_guide(choices: Any, param: str) -> Guide:

@@ -209,6 +209,8 @@ class Grammars:
                     )
                 case "regex":
                     return compiler.compile_regex(guide.spec)
+                case "tagged_json":
+                    return compiler.compile_grammar(tagged_ebnf(guide))
                 case "choice":
                     options = orjson.loads(guide.spec)
                     ebnf = "root ::= " + " | ".join(orjson.dumps(c).decode() for c in options)
@@ -247,6 +249,24 @@ class Grammars:
             schema.GRAMMAR_COMPILE, guide=guide.digest, kind=guide.kind, cache=cache,
             outcome="ok" if error is None else error.outcome, site=site, **extra,
         )  # fmt: skip
+
+
+def tagged_ebnf(guide: Guide) -> str:
+    """A ``tagged_json`` guide's grammar: blocks of ``begin`` + JSON (held to ``schema``) +
+    ``end``, one, or one or more a newline apart (``repeat``)."""
+    import xgrammar as xgr
+
+    spec = orjson.loads(guide.spec)
+    inner = str(xgr.Grammar.from_json_schema(
+        orjson.dumps(spec["schema"]).decode(), strict_mode=guide.strict, any_whitespace=False
+    ))  # fmt: skip
+    # the schema's start rule renamed; the others (root_...) are its own and keep their names
+    inner = re.sub(r"^root ::=", "tagged_value ::=", inner, count=1, flags=re.MULTILINE)
+    block = (
+        f"{orjson.dumps(spec['begin']).decode()} tagged_value {orjson.dumps(spec['end']).decode()}"
+    )
+    more = ' ("\\n" tagged_block)*' if spec["repeat"] else ""
+    return f"root ::= tagged_block{more}\ntagged_block ::= {block}\n{inner}"
 
 
 def _keep(table: OrderedDict[Guide, Any], guide: Guide, value: Any) -> None:

@@ -76,6 +76,7 @@ def render_chat(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     try:
         return _compile(template).render(
@@ -83,9 +84,15 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
-            tools=None,
+            tools=tools,
         )
     except ChatTemplateError:
         raise
     except Exception as e:  # a template error is the caller's bad input, said plainly
         raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
+
+
+def knows_tools(template: str | None) -> bool:
+    """Whether a chat template renders tools the Hermes/Qwen way: it reads ``tools`` and has
+    the model answer with ``<tool_call>`` blocks."""
+    return bool(template) and "tools" in template and "<tool_call>" in template

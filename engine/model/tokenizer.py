@@ -8,7 +8,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from engine.model.chat import CHATML_TEMPLATE, ChatTemplateError, normalize_messages, render_chat
+from engine.model.chat import (
+    CHATML_TEMPLATE,
+    ChatTemplateError,
+    knows_tools,
+    normalize_messages,
+    render_chat,
+)
 
 # Token texts that end a turn in common chat templates; each is a stop token when the model's
 # vocabulary has it *and* its template uses it.
@@ -79,7 +85,10 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def render_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         return render_chat(
             self.chat_template or CHATML_TEMPLATE,
@@ -87,23 +96,38 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=self.token_text(self.bos_id),
             eos_token=self.token_text(self.eos_id),
+            tools=tools,
         )
+
+    @property
+    def knows_tools(self) -> bool:
+        """Whether the model's template renders tools (Hermes/Qwen ``<tool_call>`` blocks)."""
+        return knows_tools(self.chat_template)
 
     def encode_chat(
         self,
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         add_special_tokens: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """The chat's token ids. Only the template makes special tokens: a message's content is
         text, and special-token text in it is tokenized as the plain characters it is (it can
         never close a turn or open a system one). The template writes BOS itself when the model
         wants one; ``add_special_tokens`` (vLLM's) adds the tokenizer's own on top of it."""
         messages = normalize_messages(messages)
-        text = self.render_chat(messages, add_generation_prompt)
+        text = self.render_chat(messages, add_generation_prompt, tools)
+        # what a template writes besides content (tools, earlier calls) has no way to be plain
+        for i, m in enumerate(messages):
+            if m.get("tool_calls") and self._special_text(
+                json.dumps(m["tool_calls"], ensure_ascii=False)
+            ):
+                raise ChatTemplateError(f"messages[{i}].tool_calls holds special-token text")
+        if tools and self._special_text(json.dumps(tools, ensure_ascii=False)):
+            raise ChatTemplateError("tools hold special-token text")
         if not any(self._special_text(m["content"]) for m in messages):
             return self.encode(text, add_special_tokens)  # the common case, unchanged
-        ids = self._encode_content_as_text(messages, add_generation_prompt, text)
+        ids = self._encode_content_as_text(messages, add_generation_prompt, text, tools)
         if add_special_tokens and self.add_bos and self.bos_id is not None:
             ids = [self.bos_id, *ids] if not ids or ids[0] != self.bos_id else ids
         return ids
@@ -128,7 +152,11 @@ class Tokenizer:
         return self._specials is not None and self._specials.search(text) is not None
 
     def _encode_content_as_text(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool, text: str
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        text: str,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """The template rendered with a marker for each message's content; the template's own
         text is tokenized with its special tokens, each content as plain text. A template that
@@ -137,7 +165,9 @@ class Tokenizer:
             if self._special_text(m["role"]):
                 raise ChatTemplateError(f"messages[{i}].role holds special-token text")
         marked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
-        pieces = re.split("\ue000(\\d+)\ue001", self.render_chat(marked, add_generation_prompt))
+        pieces = re.split(
+            "\ue000(\\d+)\ue001", self.render_chat(marked, add_generation_prompt, tools)
+        )
         contents = [messages[int(k)]["content"] for k in pieces[1::2]]
         if "".join(p for pair in zip(pieces[::2], [*contents, ""]) for p in pair) != text:
             first = next(i for i, m in enumerate(messages) if self._special_text(m["content"]))

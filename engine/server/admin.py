@@ -23,8 +23,8 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.obs.metrics import ServerMetrics
 from engine.server.driver import EngineDriver
+from engine.server.errors import ProtocolError, error_body, json_object
 from engine.server.limits import HttpLimits, read_body
-from engine.server.protocol import ProtocolError, error_body, json_object
 from engine.server.responses import error_response
 
 _FIELDS = {"kind": str, "mode": str, "path": str, "kv_tokens": int, "promises": str}

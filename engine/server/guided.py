@@ -5,12 +5,32 @@ grammar), as a checked ``Guide``; every fault a ProtocolError naming the place."
 from __future__ import annotations
 
 from engine.guide import Guide, GuideError, choice_guide, json_schema_guide, text_guide
-from engine.server.protocol import ProtocolError, ResponseFormat, StructuredOutputs
+from engine.server.errors import ProtocolError
+from engine.server.protocol import ResponseFormat, StructuredOutputs
+from engine.tools import ToolPlan
 
 
-def guide_of(fmt: ResponseFormat | None, vllm: StructuredOutputs | None) -> Guide | None:
-    """What a request's ``response_format`` or ``structured_outputs`` asks the output to
-    match, checked (a ProtocolError naming the place in the schema that cannot be honoured)."""
+def guide_of(
+    fmt: ResponseFormat | None, vllm: StructuredOutputs | None, tools: ToolPlan | None = None
+) -> tuple[Guide | None, str]:
+    """What a request's ``response_format``, ``structured_outputs`` or tools ask the output to
+    match, checked (a ProtocolError naming the place in the schema that cannot be honoured),
+    and the field that asked."""
+    asked = fmt is not None and fmt.type != "text" or vllm is not None
+    if tools is not None and tools.active:
+        if asked:
+            field = "structured_outputs" if vllm is not None else "response_format"
+            raise ProtocolError(
+                f"{field} and tools (tool_choice {tools.mode!r}) both shape the output: send "
+                "one, or tool_choice 'none'",
+                field,
+            )
+        return tools.guide, "tools"
+    field = "structured_outputs" if vllm is not None else "response_format"
+    return _guide(fmt, vllm), field
+
+
+def _guide(fmt: ResponseFormat | None, vllm: StructuredOutputs | None) -> Guide | None:
     if fmt is not None and fmt.type != "text" and vllm is not None:
         raise ProtocolError(
             "response_format and structured_outputs both constrain the output: send one",

@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from engine.config import EngineConfig, ServerSection
-from engine.server.protocol import ProtocolError, error_body
+from engine.server.errors import ProtocolError, error_body
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 LINGER_S = 5.0  # the most a refused body's rest is read and dropped after the answer

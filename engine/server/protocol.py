@@ -10,10 +10,16 @@ output, tools) would answer a different question than the one asked.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from engine.guide import Guide
 from engine.prompt import PromptError, check_param_ids, fit_max_tokens
@@ -26,29 +32,10 @@ from engine.sampling_params import (
     SEED_MIN,
     SamplingParams,
 )
+from engine.server.errors import ProtocolError, shown
 
 MAX_N = 16  # choices per request; each is its own request in the scheduler, sharing the prefix
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
-
-
-class ProtocolError(ValueError):
-    """A request that is well-formed JSON but asks for something invalid: HTTP 400."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
-        super().__init__(message)
-        self.param = param
-        self.status = status
-
-
-def json_object(body: bytes) -> dict[str, Any]:
-    """A request body parsed as a JSON object; a ProtocolError (400) saying what it is not."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise ProtocolError(f"request body is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise ProtocolError("request body must be a JSON object")
-    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,10 +174,56 @@ class TextPart(_Strict):
     text: str
 
 
+ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class FunctionDef(_Strict):
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments (none: no arguments)
+    strict: bool | None = None  # the arguments are always held to the schema
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class CalledFunction(_Strict):
+    name: str
+    arguments: str  # a JSON object, as a string
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # the call a tool message answers
+    refusal: None = None  # what an OpenAI client sends back of an answer it got
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls belong to an assistant message")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("a tool message, and only a tool message, has a tool_call_id")
+        return self
 
 
 class ChatCompletionRequest(_Common):
@@ -201,6 +234,9 @@ class ChatCompletionRequest(_Common):
     add_special_tokens: bool = False
     logprobs: bool | None = False  # each content token's logprob
     top_logprobs: Annotated[int, Field(ge=0, le=LOGPROBS_LIMIT)] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True  # false: one call an answer at most
 
     def logprob_count(self) -> int | None:
         if not self.logprobs:
@@ -217,8 +253,8 @@ def _none(v: Any) -> bool:
 # OpenAI fields this server has not built: each is ignored when it carries the value that asks
 # for nothing, and refused otherwise (field -> (accepts, why not)).
 _UNBUILT: dict[str, tuple[Any, str]] = {
-    "tools": (_none, "(tool calling) are not supported by this server"),
-    "tool_choice": (lambda v: v in (None, "none"), "is not supported: this server calls no tools"),
+    "tools": (_none, "are a chat field: send them to /v1/chat/completions"),
+    "tool_choice": (lambda v: v in (None, "none"), "is a chat field: send it to /v1/chat/completions"),
     "functions": (_none, "(function calling) are not supported by this server"),
     "function_call": (lambda v: v in (None, "none"), "is not supported: this server calls no functions"),
     "parallel_tool_calls": (lambda v: True, ""),  # without tools it asks for nothing
@@ -271,37 +307,6 @@ def refuse_unbuilt(data: dict[str, Any], model: type[BaseModel]) -> dict[str, An
     return kept
 
 
-def validation_error(model: type[BaseModel], e: ValidationError) -> ProtocolError:
-    """A pydantic error as the client should read it: the field, the rule, the value sent."""
-    errors = e.errors()
-    # the deepest fault, and one about a value over one about another union branch's type
-    first = max(errors, key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
-    loc = first["loc"]
-    if first["type"] == "extra_forbidden":  # the unknown field is the location's last part
-        param = ".".join(p for p in (field_path(model, loc[:-1]) if loc[:-1] else "", loc[-1]) if p)
-        return ProtocolError(f"{param} is not supported by this server", param)
-    param = field_path(model, loc)
-    message = f"{param}: {first['msg']}"
-    value = first.get("input")
-    if first["type"] in _TYPE_ERRORS or (isinstance(value, (int, float, str)) and "ctx" in first):
-        message += f" (got {shown(value)})"  # what came, whole or described, never cut
-    return ProtocolError(message, param)
-
-
-_TYPE_ERRORS = frozenset({"int_type", "bool_type", "float_type", "string_type"})
-
-
-def shown(value: Any) -> str:
-    """A request's value as a message shows it: JSON's words for its literals and containers."""
-    if value is None or isinstance(value, bool):
-        return orjson.dumps(value).decode()
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return repr(value) if len(value) <= 40 else f"a string of {len(value)} characters"
-    return "an array" if isinstance(value, list) else "an object"
-
-
 def sampling_params(
     req: _Common, prompt_len: int, limits: ModelLimits, default_max: int, guide: Guide | None = None
 ) -> SamplingParams:
@@ -335,41 +340,3 @@ def sampling_params(
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(str(e), str(e).split(" ", 1)[0]) from e
-
-
-def field_path(model: type[BaseModel], loc: tuple) -> str:
-    """The request field a validation error is about (``messages.0.content.0.type``), without
-    the union-branch tags and dict keys pydantic puts in its location (``prompt.str``)."""
-    parts: list[str] = []
-    cur: Any = model
-    for x in loc:
-        if isinstance(x, int):
-            parts.append(str(x))
-            continue
-        fields = getattr(cur, "model_fields", None)
-        if fields and x in fields:
-            parts.append(x)
-            cur = _inner_model(fields[x].annotation)
-    return ".".join(parts) or ".".join(str(x) for x in loc)
-
-
-def _inner_model(annotation: Any) -> Any:
-    """The pydantic model inside an annotation such as ``list[ChatMessage] | None``."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in get_args(annotation):
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
-
-
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               408: "timeout_error", 413: "invalid_request_error", 429: "rate_limit_error",
-               504: "timeout_error"}  # fmt: skip
-
-
-def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object, the one shape of every error this server answers."""
-    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}

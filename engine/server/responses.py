@@ -16,10 +16,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from engine.server.errors import ProtocolError, error_body
 from engine.server.job import Job, JobFailed
 from engine.server.limits import ClientGone, went_away
 from engine.server.logprobs import LogprobsWriter
-from engine.server.protocol import ProtocolError, error_body
+from engine.tool_parsers import merged, parser_for
+from engine.tools import ToolPlan
 
 # answers after which the connection is closed: the client may still be sending its body
 _CLOSE = frozenset({408, 413, 429})
@@ -70,18 +72,27 @@ def install_error_handlers(app: FastAPI) -> None:
 
 def completion_body(
     job: Job, kind: str, meta: dict[str, Any], texts: list[list[str]],
-    logprobs: list[dict[str, Any]] | None = None,
+    logprobs: list[dict[str, Any]] | None = None, tools: ToolPlan | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The non-streaming body, from each choice's text deltas and the job's finish reasons
-    (``logprobs``: each choice's, when asked)."""
+    (``logprobs``: each choice's, when asked; ``tools``: the output read for calls)."""
     choices = []
     for i, (parts, reason) in enumerate(zip(texts, job.reasons)):
         lp = logprobs[i] if logprobs is not None else None
+        text = "".join(parts)
         choice: dict[str, Any] = {"index": i, "finish_reason": reason, "logprobs": lp}
         if kind == "text":
-            choice["text"] = "".join(parts)
+            choice["text"] = text
+        elif tools is not None and tools.active:
+            parser = parser_for(tools.format)
+            deltas = parser.feed(text)
+            more, choice["finish_reason"] = parser.finish(reason)
+            content, calls = merged(deltas + more)
+            choice["message"] = {"role": "assistant", "content": content}
+            if calls:
+                choice["message"]["tool_calls"] = calls
         else:
-            choice["message"] = {"role": "assistant", "content": "".join(parts)}
+            choice["message"] = {"role": "assistant", "content": text}
         choices.append(choice)
     obj = "text_completion" if kind == "text" else "chat.completion"
     return {**meta, "object": obj, "choices": choices, "usage": job.usage()}
@@ -109,27 +120,43 @@ def _chunk(
     kind: str,
     meta: dict[str, Any],
     i: int,
-    text: str | None,
+    delta: dict[str, Any] | None,
     reason: str | None,
     first: bool = False,
     usage: dict[str, int] | None = None,
     logprobs: dict[str, Any] | None = None,
 ) -> bytes:
-    """One choice's delta as an SSE event; a chat stream's first chunk names the role. ``usage``:
-    the choice's so far, where the client asked for it in every chunk; ``logprobs``: the
-    delta's tokens', where asked."""
+    """One choice's delta as an SSE event (``delta``: OpenAI's chat delta, its ``content`` the
+    text of a completion's); a chat stream's first chunk names the role. ``usage``: the
+    choice's so far, where the client asked for it in every chunk; ``logprobs``: the delta's
+    tokens', where asked."""
     if kind == "text":
-        choice: dict[str, Any] = {"index": i, "text": text or "", "logprobs": logprobs}
+        text = (delta or {}).get("content") or ""
+        choice: dict[str, Any] = {"index": i, "text": text, "logprobs": logprobs}
     else:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text is not None:
-            delta["content"] = text
-        choice = {"index": i, "delta": delta, "logprobs": logprobs}
+        out = {"role": "assistant", **(delta or {})} if first else dict(delta or {})
+        choice = {"index": i, "delta": out, "logprobs": logprobs}
     choice["finish_reason"] = reason
     event = {**meta, "object": _stream_object(kind), "choices": [choice]}
     if usage is not None:
         event["usage"] = usage
     return sse(event)
+
+
+def _deltas(
+    item: Any, parser: Any, logprobs: bool
+) -> tuple[list[dict[str, Any] | None], str | None]:
+    """One output's chunks' deltas (``parser``: read for tool calls) and its finish reason; a
+    delta of None: a chunk without text (the ending, or the step's logprobs)."""
+    reason = item.finish_reason if item.finished else None
+    some = item.finished or (logprobs and item.new_token_ids)
+    if parser is None:
+        return ([{"content": item.text_delta}] if item.text_delta or some else []), reason
+    deltas: list[dict[str, Any] | None] = [*parser.feed(item.text_delta)]
+    if item.finished:
+        more, reason = parser.finish(reason)
+        deltas += more
+    return (deltas or ([None] if some else [])), reason
 
 
 def _so_far(job: Job, done: int) -> dict[str, int]:
@@ -145,32 +172,39 @@ def _stream_object(kind: str) -> str:
 async def stream(
     job: Job, kind: str, meta: dict[str, Any], include_usage: bool, echo: str = "",
     continuous: bool = False, logprobs: LogprobsWriter | None = None,
+    tools: ToolPlan | None = None,
 ) -> AsyncIterator[bytes]:  # fmt: skip
     """The SSE body: the echoed prompt (``echo``), a chunk per delta, an error event if the job
     fails midway (the deadline included), the usage (when asked) and ``[DONE]``; ``continuous``
     (with ``include_usage``): each chunk with its choice's usage so far; ``logprobs``: each
-    chunk with its tokens' (a chunk for every step then, text or not). Closing it early aborts
-    what is still running."""
+    chunk with its tokens' (a chunk for every step then, text or not); ``tools``: the output
+    read for calls as it streams (tool-call deltas). Closing it early aborts what is still
+    running."""
     status, error = 499, "the client went away"
     done = [0] * len(job.subs)  # each choice's tokens so far, as its chunks tell them
     every = include_usage and continuous
+    reading = tools is not None and tools.active
+    parsers = [parser_for(tools.format) for _ in job.subs] if reading else None  # type: ignore[union-attr]
     try:
         # the echo waits for the prompt's logprobs, when they were asked for
         held = logprobs is not None and logprobs.prompt is not None
         if kind == "chat" or (echo and not held):
             for i in range(len(job.subs)):
-                yield _chunk(kind, meta, i, echo, None, True, _so_far(job, 0) if every else None)
+                first = {"content": echo} if kind == "text" or not reading else {}
+                yield _chunk(kind, meta, i, first, None, True, _so_far(job, 0) if every else None)
         try:
             async for i, item in job.events():
                 done[i] += len(item.new_token_ids)
                 if held and item.prompt_logprobs is not None:
                     lp = logprobs.of(i, [], item.prompt_logprobs)  # type: ignore[union-attr]
-                    yield _chunk(kind, meta, i, echo, None, True, logprobs=lp)
+                    yield _chunk(kind, meta, i, {"content": echo}, None, True, logprobs=lp)
                 lp = None if logprobs is None else logprobs.of(i, item.logprobs or [])
-                if item.text_delta or item.finished or (lp and item.new_token_ids):
-                    reason = item.finish_reason if item.finished else None
-                    usage = _so_far(job, done[i]) if every else None
-                    yield _chunk(kind, meta, i, item.text_delta, reason, usage=usage, logprobs=lp)
+                deltas, reason = _deltas(item, parsers[i] if parsers else None, bool(lp))
+                usage = _so_far(job, done[i]) if every else None
+                for k, delta in enumerate(deltas):
+                    last = k == len(deltas) - 1
+                    yield _chunk(kind, meta, i, delta, reason if last else None, usage=usage,
+                                 logprobs=lp if k == 0 else None)  # fmt: skip
         except JobFailed as e:
             status, error = e.status, str(e)
             yield sse(error_body(str(e), e.status))

@@ -16,17 +16,19 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
+import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from engine.guide import Guide
+from engine.guide import Guide, GuideError
 from engine.messages import TokenLogprobs
-from engine.model.chat import ChatTemplateError
+from engine.model.chat import ChatTemplateError, normalize_messages
 from engine.obs import tracing as tr
 from engine.obs.metrics import ServerMetrics
 from engine.prompt import PromptError, check_chars, check_prompt, longest_token_chars
 from engine.server.driver import EngineDriver
+from engine.server.errors import ProtocolError, json_object, validation_error
 from engine.server.guided import guide_of
 from engine.server.job import Job, JobFailed
 from engine.server.limits import HttpLimits, read_body
@@ -35,13 +37,11 @@ from engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelLimits,
-    ProtocolError,
-    json_object,
     refuse_unbuilt,
     sampling_params,
-    validation_error,
 )
 from engine.server.responses import completion_body, error_response, stream
+from engine.tools import ToolPlan, plan_of
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -65,8 +65,9 @@ async def parse(
 
 
 def chat_chars(req: ChatCompletionRequest) -> int:
-    """The characters of the messages' text: the rendered prompt holds at least these."""
-    n = 0
+    """The characters of the messages' text and the tools' definitions: the rendered prompt
+    holds at least these."""
+    n = sum(len(orjson.dumps(t.model_dump(exclude_none=True))) for t in req.tools or ())
     for m in req.messages:
         parts = [m.content] if isinstance(m.content, str) else [p.text for p in m.content or ()]
         n += sum(len(p) for p in parts)
@@ -133,17 +134,23 @@ class CompletionService:
         t0 = time.time_ns()
         req = await parse(request, ChatCompletionRequest, self.served_name, self.http)
         self.check_chars(chat_chars(req), "messages")
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        tok = self.driver.tokenizer
+        plan = tool_plan(req, tok.knows_tools)
         try:
-            tok = self.driver.tokenizer
+            messages = normalize_messages([m.model_dump(exclude_none=True) for m in req.messages])
+            if plan is not None:
+                messages = plan.messages(messages)
             ids = await asyncio.to_thread(
-                tok.encode_chat, messages, req.add_generation_prompt, req.add_special_tokens
-            )
+                tok.encode_chat, messages, req.add_generation_prompt, req.add_special_tokens,
+                plan.template_tools() if plan is not None else None,
+            )  # fmt: skip
         except ChatTemplateError as e:
             raise ProtocolError(str(e), "messages") from e
+        except GuideError as e:
+            raise ProtocolError(str(e), e.param) from e
         ids = req.truncated(ids, self.limits.max_context)
         self.check_prompt(ids)
-        return await self.run(ids, req, "chat", request, t0)
+        return await self.run(ids, req, "chat", request, t0, tools=plan)
 
     def check_prompt(self, ids: list[int]) -> None:
         try:
@@ -154,10 +161,12 @@ class CompletionService:
             raise ProtocolError(str(e), e.param) from e
 
     async def run(
-        self, ids: list[int], req: Any, kind: str, request: Request, t0: int, echo: str = ""
-    ) -> Response:
+        self, ids: list[int], req: Any, kind: str, request: Request, t0: int, echo: str = "",
+        tools: ToolPlan | None = None,
+    ) -> Response:  # fmt: skip
         """Submit and answer one checked request (``kind``: ``"text"`` or ``"chat"``);
-        ``echo``: text each choice's output starts with."""
+        ``echo``: text each choice's output starts with; ``tools``: the output read for
+        calls."""
         # the pool as it is now (a cutover may have resized it); the scheduler checks again
         limits = dataclasses.replace(self.limits, kv_tokens=self.driver.kv_tokens)
         if req.priority and self.driver.config.scheduler.scheduling_policy != "priority":
@@ -166,12 +175,10 @@ class CompletionService:
                 "--scheduling-policy priority; 0, the default, asks for nothing)",
                 "priority",
             )
-        guide = guide_of(req.response_format, req.structured_outputs)
+        guide, param = guide_of(req.response_format, req.structured_outputs, tools)
         params = sampling_params(req, len(ids), limits, DEFAULT_MAX_TOKENS, guide)
         if guide is not None:  # compiled before anything is submitted: a 400 on a stream too
-            await self.prepare(
-                guide, "structured_outputs" if req.structured_outputs else "response_format"
-            )
+            await self.prepare(guide, param)
         rid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
         deadline = self.http.request_timeout
         job = Job(self.driver, self.metrics, rid, ids, params, req.n, t0, deadline)
@@ -189,9 +196,9 @@ class CompletionService:
         if req.stream:
             opts = req.stream_options
             body = stream(job, kind, meta, bool(opts and opts.include_usage), echo,
-                          bool(opts and opts.continuous_usage_stats), writer)  # fmt: skip
+                          bool(opts and opts.continuous_usage_stats), writer, tools)  # fmt: skip
             return StreamingResponse(body, media_type="text/event-stream")
-        return await self.collect(job, kind, meta, request, echo, writer)
+        return await self.collect(job, kind, meta, request, echo, writer, tools)
 
     async def prepare(self, guide: Guide, param: str) -> None:
         """Have the scheduler process compile ``guide``; a ProtocolError (400) when it does not
@@ -205,7 +212,7 @@ class CompletionService:
 
     async def collect(
         self, job: Job, kind: str, meta: dict[str, Any], request: Request, echo: str,
-        writer: LogprobsWriter | None,
+        writer: LogprobsWriter | None, tools: ToolPlan | None,
     ) -> Response:  # fmt: skip
         """The whole response at once, unless the client hangs up first (then 499, aborted)."""
         n = len(job.subs)
@@ -235,7 +242,7 @@ class CompletionService:
         logprobs = None
         if writer is not None:
             logprobs = [writer.of(i, e, scored[i]) for i, e in enumerate(entries)]
-        return JSONResponse(completion_body(job, kind, meta, texts, logprobs))
+        return JSONResponse(completion_body(job, kind, meta, texts, logprobs, tools))
 
     def trace(self, job: Job, request: Request, kind: str, req: Any, params: Any, t0: int) -> None:
         """The request's trace context: a server span (tracing on), else an incoming
@@ -258,6 +265,20 @@ class CompletionService:
             job.trace = tr.traceparent_of(job.span)
         except Exception:
             job.span = None  # tracing never fails a request
+
+
+def tool_plan(req: ChatCompletionRequest, native: bool) -> ToolPlan | None:
+    """How the request's tools are served (None: it names none); a ProtocolError naming the
+    field that cannot be honoured."""
+    choice = req.tool_choice
+    try:
+        return plan_of(
+            [t.model_dump(exclude_none=True) for t in req.tools or ()] or None,
+            choice.model_dump() if isinstance(choice, BaseModel) else choice,
+            req.parallel_tool_calls, native,
+        )  # fmt: skip
+    except GuideError as e:
+        raise ProtocolError(str(e), e.param) from e
 
 
 async def unless_disconnected(work: Awaitable[None], request: Request) -> bool:

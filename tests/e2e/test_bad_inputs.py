@@ -28,6 +28,7 @@ pytestmark = requires_default_model
 READ_TIMEOUT, CAP, DEADLINE, ROOMY, POOL = 1, 6, 4, 300, 1024
 SLOW = 20  # seconds: an answer "at once" on a busy machine; only a wait on something takes longer
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 
 def _schema(schema: dict) -> dict:
@@ -111,10 +112,25 @@ TABLE = [
         "not valid JSON"),
     Bad("unknown role", CHAT, chat({"role": "wizard", "content": "hi"}), 400, "messages.0.role",
         "Input should be"),
-    Bad("a tool call (tools)", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]),
-        400, "tools", "tool calling"),
-    Bad("a tool call in the history", CHAT, chat({"role": "assistant", "tool_calls": []}), 400,
-        "messages.0.tool_calls", "not supported"),
+    Bad("tools on completions", COMPLETIONS, js(prompt="hi", tools=[TOOL]), 400, "tools",
+        "/v1/chat/completions"),
+    Bad("an unknown tool in tool_choice", CHAT,
+        chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "g"}}), 400,
+        "tool_choice.function.name", "not one of the tools"),
+    Bad("tool_choice required without tools", CHAT, chat(tool_choice="required"), 400,
+        "tool_choice", "needs tools"),
+    Bad("a tool's parameters not a JSON schema", CHAT,
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]),
+        400, "tools.0.function.parameters.type", "not a valid JSON schema"),
+    Bad("tools and response_format together", CHAT,
+        chat(tools=[TOOL], response_format={"type": "json_object"}), 400, "response_format",
+        "both shape the output"),
+    Bad("a call in the history whose arguments are not an object", CHAT,
+        chat({"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+            "name": "f", "arguments": "[1]"}}]}, {"role": "user", "content": "hi"}, tools=[TOOL]),
+        400, "messages.0.tool_calls.0.function.arguments", "JSON object"),
+    Bad("a tool message without its call's id", CHAT, chat({"role": "tool", "content": "x"}),
+        400, "messages.0", "tool_call_id"),
     Bad("top_logprobs 21", CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs",
         "less than or equal to 20"),
     Bad("top_logprobs without logprobs", CHAT, chat(top_logprobs=2), 400, "top_logprobs",

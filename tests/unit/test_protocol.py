@@ -6,7 +6,8 @@ from __future__ import annotations
 def test_a_validation_error_names_the_request_field_not_the_union_branch():
     from pydantic import ValidationError
 
-    from engine.server.protocol import ChatCompletionRequest, CompletionRequest, field_path
+    from engine.server.errors import field_path
+    from engine.server.protocol import ChatCompletionRequest, CompletionRequest
 
     cases = [
         (CompletionRequest, {"prompt": 12}, "prompt"),

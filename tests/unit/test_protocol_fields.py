@@ -6,15 +6,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from engine.server.errors import ProtocolError, error_body, validation_error
 from engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelLimits,
-    ProtocolError,
-    error_body,
     refuse_unbuilt,
     sampling_params,
-    validation_error,
 )
 
 LIMITS = ModelLimits(max_context=100, kv_tokens=1000, vocab_size=50, token_chars=4)
@@ -24,8 +22,6 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 @pytest.mark.parametrize(
     ("extra", "param", "words"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling"),
-        ({"tool_choice": "auto"}, "tool_choice", "calls no tools"),
         ({"functions": [{"name": "f"}]}, "functions", "function calling"),
         ({"function_call": "auto"}, "function_call", "calls no functions"),
         ({"suffix": "end"}, "suffix", "insertion"),
@@ -47,9 +43,8 @@ def test_a_field_that_asks_for_what_is_not_built_is_refused_by_name(extra, param
 @pytest.mark.parametrize(
     "extra",
     [
-        {"tools": []}, {"tool_choice": "none"},
         {"functions": None}, {"best_of": 1},
-        {"best_of": 2, "n": 2}, {"suffix": ""}, {"parallel_tool_calls": True},
+        {"best_of": 2, "n": 2}, {"suffix": ""},
         {"metadata": {"k": "v"}}, {"store": False}, {"modalities": ["text"]},
     ],
 )  # fmt: skip
@@ -57,6 +52,23 @@ def test_a_field_that_asks_for_nothing_is_accepted_and_dropped(extra):
     kept = refuse_unbuilt({**CHAT, **extra}, ChatCompletionRequest)
     assert set(kept) == set(CHAT) | ({"n"} & set(extra))
     ChatCompletionRequest.model_validate(kept)
+
+
+@pytest.mark.parametrize("extra", [
+    {"tools": [{"type": "function", "function": {"name": "f"}}]}, {"tool_choice": "auto"},
+])  # fmt: skip
+def test_tools_are_a_chat_field_refused_on_completions_by_name(extra):
+    (param,) = extra
+    with pytest.raises(ProtocolError) as e:
+        refuse_unbuilt({"prompt": "hi", **extra}, CompletionRequest)
+    assert e.value.param == param and "/v1/chat/completions" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "extra", [{"tools": []}, {"tool_choice": "none"}, {"parallel_tool_calls": True}]
+)
+def test_tools_asking_for_nothing_are_dropped_from_a_completion(extra):
+    assert refuse_unbuilt({"prompt": "hi", **extra}, CompletionRequest) == {"prompt": "hi"}
 
 
 def _error(model, body) -> ProtocolError:
@@ -71,9 +83,18 @@ def _error(model, body) -> ProtocolError:
     ("model", "body", "param", "words"),
     [
         (ChatCompletionRequest, {"messages": [{"role": "tool", "content": "x"}]},
-         "messages.0.role", "'user'"),
-        (ChatCompletionRequest, {"messages": [{"role": "assistant", "tool_calls": []}]},
-         "messages.0.tool_calls", "not supported"),
+         "messages.0", "has a tool_call_id"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+         "messages.0", "belong to an assistant"),
+        (ChatCompletionRequest, {"messages": [{"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f"}}]}]},
+         "messages.0.tool_calls.0.function.arguments", "Field required"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}],
+                                 "tool_choice": "sometimes"}, "tool_choice", "'auto'"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}],
+                                 "tools": [{"type": "function", "function": {"name": "a b"}}]},
+         "tools.0.function.name", "pattern"),
         (ChatCompletionRequest,
          {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
          "messages.0.content.0.type", "'text'"),

@@ -1,0 +1,98 @@
+"""The errors a request can meet before it runs: ProtocolError (a 4xx naming the field), the
+message a schema's validation error becomes, and OpenAI's error object every error answers with."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+
+class ProtocolError(ValueError):
+    """A request that is well-formed JSON but asks for something invalid: HTTP 400."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body parsed as a JSON object; a ProtocolError (400) saying what it is not."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ProtocolError(f"request body is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ProtocolError("request body must be a JSON object")
+    return data
+
+
+def validation_error(model: type[BaseModel], e: ValidationError) -> ProtocolError:
+    """A pydantic error as the client should read it: the field, the rule, the value sent."""
+    errors = e.errors()
+    # the deepest fault, and one about a value over one about another union branch's type
+    first = max(errors, key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
+    loc = first["loc"]
+    if first["type"] == "extra_forbidden":  # the unknown field is the location's last part
+        param = ".".join(p for p in (field_path(model, loc[:-1]) if loc[:-1] else "", loc[-1]) if p)
+        return ProtocolError(f"{param} is not supported by this server", param)
+    param = field_path(model, loc)
+    message = f"{param}: {first['msg']}"
+    value = first.get("input")
+    if first["type"] in _TYPE_ERRORS or (isinstance(value, (int, float, str)) and "ctx" in first):
+        message += f" (got {shown(value)})"  # what came, whole or described, never cut
+    return ProtocolError(message, param)
+
+
+_TYPE_ERRORS = frozenset({"int_type", "bool_type", "float_type", "string_type"})
+
+
+def shown(value: Any) -> str:
+    """A request's value as a message shows it: JSON's words for its literals and containers."""
+    if value is None or isinstance(value, bool):
+        return orjson.dumps(value).decode()
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else f"a string of {len(value)} characters"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def field_path(model: type[BaseModel], loc: tuple) -> str:
+    """The request field a validation error is about (``messages.0.content.0.type``), without
+    the union-branch tags and dict keys pydantic puts in its location (``prompt.str``)."""
+    parts: list[str] = []
+    cur: Any = model
+    for x in loc:
+        if isinstance(x, int):
+            parts.append(str(x))
+            continue
+        fields = getattr(cur, "model_fields", None)
+        if fields and x in fields:
+            parts.append(x)
+            cur = _inner_model(fields[x].annotation)
+    return ".".join(parts) or ".".join(str(x) for x in loc)
+
+
+def _inner_model(annotation: Any) -> Any:
+    """The pydantic model inside an annotation such as ``list[ChatMessage] | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               408: "timeout_error", 413: "invalid_request_error", 429: "rate_limit_error",
+               504: "timeout_error"}  # fmt: skip
+
+
+def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object, the one shape of every error this server answers."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}

@@ -169,11 +169,11 @@ class ToolPlan:
         """The ``tools`` a native template gets (OpenAI's shape)."""
         if self.format != "hermes" or not self.active:
             return None
-        return [
-            {"type": "function", "function": {"name": t.name, "description": t.description,
-                                              "parameters": t.parameters}}
-            for t in self.tools
-        ]  # fmt: skip
+        out = []
+        for t in self.tools:
+            f = {"name": t.name, "description": t.description, "parameters": t.parameters}
+            out.append({"type": "function", "function": {k: v for k, v in f.items() if v}})
+        return out
 
     def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The chat as the template renders it: earlier calls and tool results in the format's

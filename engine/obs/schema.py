@@ -225,7 +225,7 @@ _CATALOG = (
          "in while it stood (each request.received before this receipt carries its arrival)"),
     Kind(GRAMMAR_COMPILE, ("guide", "kind", "cache", "outcome"),
          "a constrained request's grammar (guide: its digest; kind json_object, json_schema, "
-         "regex, choice or grammar) was compiled (cache miss, with ms) or found compiled (hit): "
+         "regex, choice, grammar or tagged_json, a tool-calling model's blocks) was compiled (cache miss, with ms) or found compiled (hit): "
          "outcome ok, invalid, timeout (refused after the time limit) or error; site prepare "
          "(before the request was submitted) or add (as it was added)",
          ("ms", "error", "site")),

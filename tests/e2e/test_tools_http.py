@@ -15,6 +15,7 @@ from tests.conftest import requires_default_model
 from tests.e2e.conftest import API_KEY
 
 openai = pytest.importorskip("openai")
+pydantic = pytest.importorskip("pydantic")
 pytestmark = requires_default_model
 
 WEATHER = {
@@ -155,3 +156,20 @@ def test_the_round_trip_call_tool_result_answer(client):
     assert answer.finish_reason in ("stop", "length", "tool_calls")
     assert answer.message.content or answer.message.tool_calls
     assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the history was rendered
+
+
+def test_the_clients_pydantic_tools_parse_unmodified(client):
+    from typing import Literal
+
+    class GetWeather(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=20)
+        unit: Literal["celsius", "fahrenheit"]
+
+    r = client.chat.completions.parse(
+        model="smol", messages=[{"role": "user", "content": PROMPTS[0]}],
+        tools=[openai.pydantic_function_tool(GetWeather)], tool_choice="required",
+        parallel_tool_calls=False, temperature=0, max_tokens=120,
+    )  # fmt: skip
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "GetWeather"
+    assert isinstance(call.function.parsed_arguments, GetWeather)

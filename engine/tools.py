@@ -178,10 +178,8 @@ class ToolPlan:
     def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The chat as the template renders it: earlier calls and tool results in the format's
         own shape, and (generic) the tools described in the system message."""
-        if self.format == "hermes":
-            return [native_message(m, i) for i, m in enumerate(messages)]
-        out = generic_history(messages)
-        if not self.active:
+        out = history(messages, self.format == "hermes")
+        if self.format == "hermes" or not self.active:
             return out
         text = generic_system(list(self.tools), self.mode, self.name, self.parallel)
         if out and out[0]["role"] in ("system", "developer"):
@@ -243,6 +241,14 @@ def _calls_in(m: dict[str, Any], i: int) -> list[dict[str, Any]]:
                                    f"messages.{i}.tool_calls.{j}.function.arguments")}
         for j, c in enumerate(m.get("tool_calls") or ())
     ]  # fmt: skip
+
+
+def history(messages: list[dict[str, Any]], native: bool) -> list[dict[str, Any]]:
+    """Earlier calls and tool results as the template can render them (``native``: it knows
+    tools); with or without tools in this request, a chat's history keeps its calls."""
+    if native:
+        return [native_message(m, i) for i, m in enumerate(messages)]
+    return generic_history(messages)
 
 
 def native_message(m: dict[str, Any], i: int) -> dict[str, Any]:

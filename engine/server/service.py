@@ -41,7 +41,7 @@ from engine.server.protocol import (
     sampling_params,
 )
 from engine.server.responses import completion_body, error_response, stream
-from engine.tools import ToolPlan, plan_of
+from engine.tools import ToolPlan, history, plan_of
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -138,8 +138,8 @@ class CompletionService:
         plan = tool_plan(req, tok.knows_tools)
         try:
             messages = normalize_messages([m.model_dump(exclude_none=True) for m in req.messages])
-            if plan is not None:
-                messages = plan.messages(messages)
+            # an earlier turn's calls are kept even when this one sends no tools
+            messages = plan.messages(messages) if plan else history(messages, tok.knows_tools)
             ids = await asyncio.to_thread(
                 tok.encode_chat, messages, req.add_generation_prompt, req.add_special_tokens,
                 plan.template_tools() if plan is not None else None,

@@ -16,7 +16,7 @@ from engine.guide import GuideError
 from engine.model.tokenizer import Tokenizer
 from engine.obs.receipts import Receipts
 from engine.tool_parsers import GenericParser, HermesParser, merged
-from engine.tools import generic_history, generic_schema, plan_of, tools_of
+from engine.tools import generic_history, generic_schema, history, plan_of, tools_of
 from tests.tiny_model import EOS, VOCAB, train_tokenizer
 
 
@@ -130,6 +130,21 @@ def test_earlier_calls_and_their_results_are_written_back_as_the_format_has_them
     with pytest.raises(GuideError) as e:
         generic_history(bad)
     assert e.value.param == "messages.0.tool_calls.0.function.arguments"
+
+
+def test_a_history_with_calls_keeps_them_when_this_turn_sends_no_tools():
+    chat = [
+        {"role": "user", "content": "time?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "now", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "noon"},
+    ]  # fmt: skip
+    assert plan_of(None, None, True, native=False) is None
+    out = history(chat, native=False)
+    assert json.loads(out[1]["content"]) == {"tool_calls": [{"name": "now", "arguments": {}}]}
+    assert out[2]["role"] == "user" and "noon" in out[2]["content"]
+    native = history(chat, native=True)
+    assert native[1]["tool_calls"][0]["function"]["arguments"] == {}
 
 
 def feed(parser, text: str, step: int):

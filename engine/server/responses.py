@@ -87,6 +87,7 @@ def completion_body(
             parser = parser_for(tools.format)
             deltas = parser.feed(text)
             more, choice["finish_reason"] = parser.finish(reason)
+            job.reasons[i] = choice["finish_reason"]  # the span says what the client was told
             content, calls = merged(deltas + more)
             choice["message"] = {"role": "assistant", "content": content}
             if calls:
@@ -200,6 +201,8 @@ async def stream(
                     yield _chunk(kind, meta, i, {"content": echo}, None, True, logprobs=lp)
                 lp = None if logprobs is None else logprobs.of(i, item.logprobs or [])
                 deltas, reason = _deltas(item, parsers[i] if parsers else None, bool(lp))
+                if parsers is not None and item.finished:
+                    job.reasons[i] = reason  # the span says what the client was told
                 usage = _so_far(job, done[i]) if every else None
                 for k, delta in enumerate(deltas):
                     last = k == len(deltas) - 1

@@ -128,6 +128,11 @@ class Job:
             self.open.discard(self.rids[i])
             self.timers[i].end(how)
 
+    def answered(self, i: int, reason: str | None) -> None:
+        """Choice ``i`` ended, as the client was told (``tool_calls`` where the scheduler said
+        ``stop``): the reason the span reports."""
+        self.reasons[i] = reason
+
     async def events(self) -> AsyncIterator[tuple[int, StepOutput]]:
         """Each output with its choice's index, until every choice has ended. A failed choice
         aborts the others (``sibling_failed``) and raises JobFailed; so does the deadline."""

@@ -87,7 +87,7 @@ def completion_body(
             parser = parser_for(tools.format)
             deltas = parser.feed(text)
             more, choice["finish_reason"] = parser.finish(reason)
-            job.reasons[i] = choice["finish_reason"]  # the span says what the client was told
+            job.answered(i, choice["finish_reason"])
             content, calls = merged(deltas + more)
             choice["message"] = {"role": "assistant", "content": content}
             if calls:
@@ -202,7 +202,7 @@ async def stream(
                 lp = None if logprobs is None else logprobs.of(i, item.logprobs or [])
                 deltas, reason = _deltas(item, parsers[i] if parsers else None, bool(lp))
                 if parsers is not None and item.finished:
-                    job.reasons[i] = reason  # the span says what the client was told
+                    job.answered(i, reason)
                 usage = _so_far(job, done[i]) if every else None
                 for k, delta in enumerate(deltas):
                     last = k == len(deltas) - 1

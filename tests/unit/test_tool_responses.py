@@ -40,6 +40,9 @@ class FakeJob:
         for out in self.outputs:
             yield 0, out
 
+    def answered(self, i: int, reason: str | None) -> None:
+        self.reasons[i] = reason
+
     def usage(self) -> dict:
         return {"prompt_tokens": 3, "completion_tokens": len(self.outputs), "total_tokens": 3}
 

@@ -95,9 +95,7 @@ def _moved(params: dict[str, Any], i: int) -> dict[str, Any]:
 
 def generic_schema(tools: list[Tool], mode: str, name: str | None, parallel: bool) -> dict:
     """The JSON schema of the generic format's output for ``mode`` (auto, required, named)."""
-    chosen = [(i, t) for i, t in enumerate(tools) if name is None or t.name == name]
-    calls = [_call_schema(i, t) for i, t in chosen]
-    items = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    items, defs = _calls(tools, name)
     array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
     if not parallel or mode == "named":
         array["maxItems"] = 1
@@ -114,8 +112,17 @@ def generic_schema(tools: list[Tool], mode: str, name: str | None, parallel: boo
         "additionalProperties": False,
     }
     root: dict[str, Any] = {"anyOf": [call_obj, answer]} if mode == "auto" else call_obj
-    root["$defs"] = {f"t{i}": _moved(t.parameters, i) for i, t in chosen}
+    root["$defs"] = defs
     return root
+
+
+def _calls(tools: list[Tool], name: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The schema of one call of any of ``tools`` (only ``name``, when given), and the
+    ``$defs`` its arguments' schemas are kept under."""
+    chosen = [(i, t) for i, t in enumerate(tools) if name is None or t.name == name]
+    calls = [_call_schema(i, t) for i, t in chosen]
+    one = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return one, {f"t{i}": _moved(t.parameters, i) for i, t in chosen}
 
 
 def _describe(tools: list[Tool]) -> str:
@@ -201,24 +208,21 @@ def plan_of(
     specs = tools_of(tools or [])
     mode, name = choice_of(tool_choice, specs)
     fmt = "hermes" if native else "generic"
+    # each tool's parameters were checked by tools_of; the wrapping around them is ours
     guide = None
     if mode != "none" and fmt == "generic":
         schema = generic_schema(specs, mode, name, parallel)
-        guide = json_schema_guide(schema, True, "tools")
+        guide = Guide("json_schema", orjson.dumps(schema).decode(), True)
     elif mode in ("required", "named"):  # hermes: the blocks, each a call of a chosen tool
-        chosen = [t for t in specs if name is None or t.name == name]
-        guide = hermes_guide(chosen, parallel and mode != "named")
+        guide = hermes_guide(specs, name, parallel and mode != "named")
     return ToolPlan(fmt, mode, name, parallel, tuple(specs), guide)
 
 
-def hermes_guide(tools: list[Tool], parallel: bool) -> Guide:
+def hermes_guide(tools: list[Tool], name: str | None, parallel: bool) -> Guide:
     """The output of a hermes model that must call: one ``<tool_call>`` block (more when
-    ``parallel``), each a call of one of ``tools``."""
-    calls = [_call_schema(i, t) for i, t in enumerate(tools)]
-    schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    schema = {**schema, "$defs": {f"t{i}": _moved(t.parameters, i) for i, t in enumerate(tools)}}
-    json_schema_guide(schema, True, "tools")  # the checks only
-    spec = {"begin": "<tool_call>\n", "end": "\n</tool_call>", "schema": schema,
+    ``parallel``), each a call of one of ``tools`` (only ``name``, when given)."""
+    one, defs = _calls(tools, name)
+    spec = {"begin": "<tool_call>\n", "end": "\n</tool_call>", "schema": {**one, "$defs": defs},
             "repeat": parallel}  # fmt: skip
     return Guide("tagged_json", orjson.dumps(spec).decode(), True)
 

@@ -17,16 +17,15 @@ def guide_of(
     match, checked (a ProtocolError naming the place in the schema that cannot be honoured),
     and the field that asked."""
     asked = fmt is not None and fmt.type != "text" or vllm is not None
+    field = "structured_outputs" if vllm is not None else "response_format"
     if tools is not None and tools.active:
         if asked:
-            field = "structured_outputs" if vllm is not None else "response_format"
             raise ProtocolError(
                 f"{field} and tools (tool_choice {tools.mode!r}) both shape the output: send "
                 "one, or tool_choice 'none'",
                 field,
             )
         return tools.guide, "tools"
-    field = "structured_outputs" if vllm is not None else "response_format"
     return _guide(fmt, vllm), field
 
 

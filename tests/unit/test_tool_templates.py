@@ -12,6 +12,7 @@ import pytest
 from engine.model.chat import ChatTemplateError, knows_tools
 from engine.tools import plan_of
 from tests.unit.test_detok_and_request import make_tokenizer
+from tests.unit.test_tools import CALLED
 
 HERMES = (
     "{% if tools %}<|im_start|>system\nFunctions:\n{% for t in tools %}"
@@ -25,12 +26,7 @@ HERMES = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 TOOLS = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}]
-CHAT = [
-    {"role": "user", "content": "time?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "now", "arguments": '{"tz": "UTC"}'}}]},
-    {"role": "tool", "tool_call_id": "c1", "content": "noon"},
-]  # fmt: skip
+CHAT = CALLED
 
 
 def test_a_hermes_template_gets_the_tools_and_the_calls_as_objects():

@@ -132,19 +132,23 @@ def test_earlier_calls_and_their_results_are_written_back_as_the_format_has_them
     assert e.value.param == "messages.0.tool_calls.0.function.arguments"
 
 
+# a turn that called a tool, and the tool's result
+CALLED = [
+    {"role": "user", "content": "time?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "now", "arguments": '{"tz": "UTC"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "noon"},
+]  # fmt: skip
+
+
 def test_a_history_with_calls_keeps_them_when_this_turn_sends_no_tools():
-    chat = [
-        {"role": "user", "content": "time?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "now", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "c", "content": "noon"},
-    ]  # fmt: skip
     assert plan_of(None, None, True, native=False) is None
-    out = history(chat, native=False)
-    assert json.loads(out[1]["content"]) == {"tool_calls": [{"name": "now", "arguments": {}}]}
+    out = history(CALLED, native=False)
+    want = {"tool_calls": [{"name": "now", "arguments": {"tz": "UTC"}}]}
+    assert json.loads(out[1]["content"]) == want
     assert out[2]["role"] == "user" and "noon" in out[2]["content"]
-    native = history(chat, native=True)
-    assert native[1]["tool_calls"][0]["function"]["arguments"] == {}
+    native = history(CALLED, native=True)
+    assert native[1]["tool_calls"][0]["function"]["arguments"] == {"tz": "UTC"}
 
 
 def feed(parser, text: str, step: int):

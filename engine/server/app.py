@@ -13,14 +13,17 @@ from fastapi.routing import APIRoute
 
 from engine.obs import tracing as tr
 from engine.obs.metrics import CONTENT_TYPE, ServerMetrics
-from engine.server import admin, openapi
+from engine.server import admin, openapi, tokenize
 from engine.server.driver import EngineDriver
+from engine.server.errors import check_model
 from engine.server.limits import MAX_BODY_BYTES, HttpLimits
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest, ProtocolError
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from engine.server.responses import error_response, install_error_handlers
 from engine.server.service import CompletionService
 
 VERSION = "0.1.0"
+# the routes an API key guards: the API's, the operator's, and the tokenizer's (it costs work)
+GUARDED = frozenset({"v1", "admin", "tokenize", "detokenize", "tokenizer_info"})
 
 
 def health(driver: EngineDriver) -> Response:
@@ -81,7 +84,7 @@ def create_app(
 
     @app.middleware("http")
     async def _guard(request: Request, call_next: Any) -> Response:
-        if api_key and request.url.path.split("/", 2)[1] in ("v1", "admin"):
+        if api_key and request.url.path.split("/", 2)[1] in GUARDED:
             if not authorized(request.headers.get("authorization", ""), api_key):
                 return error_response("invalid or missing API key", 401)
         declared = request.headers.get("content-length")
@@ -109,15 +112,18 @@ def create_app(
 
     @app.get("/v1/models/{model:path}")
     async def _model(model: str) -> dict[str, Any]:
-        if model != served_model_name:
-            message = f"model {model!r} does not exist; this server serves {served_model_name!r}"
-            raise ProtocolError(message, "model", 404)
+        check_model(model, served_model_name)
         return model_card(driver, served_model_name)
 
     admin.mount(app, driver, metrics, limits or HttpLimits())
-    app.post("/v1/completions", **openapi.body(CompletionRequest))(service.completions)
-    app.post("/v1/chat/completions", **openapi.body(ChatCompletionRequest))(service.chat)
+    app.post("/v1/completions", **openapi.body(CompletionRequest, streams=True))(
+        service.completions
+    )
+    app.post("/v1/chat/completions", **openapi.body(ChatCompletionRequest, streams=True))(
+        service.chat
+    )
+    tokenize.mount(app, service)
     serve_head(app)
-    openapi.publish(app, [CompletionRequest, ChatCompletionRequest], served_model_name,
-                    driver.vocab_size)  # fmt: skip
+    openapi.publish(app, [CompletionRequest, ChatCompletionRequest, *tokenize.BODIES],
+                    served_model_name, driver.vocab_size)  # fmt: skip
     return app

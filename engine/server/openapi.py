@@ -45,13 +45,14 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def body(model: type[BaseModel]) -> dict[str, Any]:
-    """A POST route's keywords declaring ``model`` as its JSON body and its two answers: one
-    JSON body, or a stream of server-sent events."""
-    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-    request_body = {"required": True, "content": {"application/json": {"schema": ref}}}
-    ok = {"description": "the completion", "content": {"application/json": {},
-                                                      "text/event-stream": {}}}  # fmt: skip
+def body(*models: type[BaseModel], streams: bool = False) -> dict[str, Any]:
+    """A POST route's keywords declaring its JSON body (one of ``models``) and its answer: one
+    JSON body, or (``streams``) that or a stream of server-sent events."""
+    refs = [{"$ref": f"#/components/schemas/{m.__name__}"} for m in models]
+    schema = refs[0] if len(refs) == 1 else {"oneOf": refs}
+    request_body = {"required": True, "content": {"application/json": {"schema": schema}}}
+    content = {"application/json": {}} | ({"text/event-stream": {}} if streams else {})
+    ok = {"description": "the completion" if streams else "the answer", "content": content}
     return {"openapi_extra": {"requestBody": request_body}, "responses": {200: ok}}
 
 

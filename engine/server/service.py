@@ -28,7 +28,7 @@ from engine.obs import tracing as tr
 from engine.obs.metrics import ServerMetrics
 from engine.prompt import PromptError, check_chars, check_prompt, longest_token_chars
 from engine.server.driver import EngineDriver
-from engine.server.errors import ProtocolError, json_object, validation_error
+from engine.server.errors import ProtocolError, check_model, json_object, validation_error
 from engine.server.guided import guide_of
 from engine.server.job import Job, JobFailed
 from engine.server.limits import HttpLimits, read_body
@@ -55,12 +55,7 @@ async def parse(
         req = model.model_validate(refuse_unbuilt(data, model))
     except ValidationError as e:
         raise validation_error(model, e) from e
-    if req.model not in (None, served_model_name):
-        raise ProtocolError(
-            f"model {req.model!r} does not exist; this server serves {served_model_name!r}",
-            "model",
-            404,
-        )
+    check_model(req.model, served_model_name)
     return req
 
 

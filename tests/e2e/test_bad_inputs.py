@@ -213,6 +213,16 @@ TABLE = [
         raw=(head(COMPLETIONS, len(GZIPPED), "Content-Encoding: gzip\r\n") + GZIPPED, [], 0.0)),
     Bad("a model card it does not serve", "/v1/models/gpt-9", None, 404, "model",
         "model 'gpt-9' does not exist"),
+    Bad("tokenize with neither prompt nor messages", "/tokenize", js(text="hi"), 400, "prompt",
+        "Field required"),
+    Bad("tokenize a 4 MB prompt", "/tokenize", js(prompt="a" * 4_000_000), 400, "prompt",
+        "characters, more than the context limit"),
+    Bad("tokenize for a model it does not serve", "/tokenize", js(prompt="hi", model="gpt-9"),
+        404, "model", "does not exist"),
+    Bad("detokenize a token outside the vocabulary", "/detokenize", js(tokens=[1, 999_999]), 400,
+        "tokens", "outside the vocabulary"),
+    Bad("detokenize a negative token", "/detokenize", js(tokens=[-1]), 400, "tokens.0",
+        "greater than or equal to 0"),
 ]  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """A tiny random Llama written as a Hugging Face folder, without transformers: for integration
-tests of the engine in-process (scheduler, memory), where the numbers need not mean anything."""
+tests of the engine in-process (scheduler, memory), where the numbers need not mean anything.
+transformers can load the folder as it is (lm-eval's hf model compares against it)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def make_tiny_model(folder: Path, seed: int = 0, layers: int = 2, max_position: 
     save_file({k: v.contiguous() for k, v in w.items()}, str(folder / "model.safetensors"))
     config = {
         "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",  # transformers reads the folder too (lm-eval's hf model)
         "vocab_size": VOCAB,
         "hidden_size": hidden,
         "intermediate_size": inter,
@@ -81,6 +83,8 @@ def make_tiny_model(folder: Path, seed: int = 0, layers: int = 2, max_position: 
     (folder / "config.json").write_text(json.dumps(config))
     train_tokenizer().save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
+        json.dumps(
+            {"bos_token": "<s>", "eos_token": "</s>", "tokenizer_class": "PreTrainedTokenizerFast"}
+        )  # tokenizer.json as it is
     )
     return folder

@@ -49,6 +49,8 @@ class SamplingParams:
     # vLLM's: the stop string that ended the text stays in it; special tokens' text is shown
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's: false puts no space between two special tokens shown one after the other
+    spaces_between_special_tokens: bool = True
     # vLLM's repetition penalty over the prompt's and the output's tokens: a seen token's logit
     # is divided by it where positive, multiplied where negative (1: off)
     repetition_penalty: float = 1.0
@@ -99,7 +101,12 @@ class SamplingParams:
             _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
             "min_tokens", f"an integer in [0, max_tokens={self.max_tokens}]", self.min_tokens,
         )  # fmt: skip
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in (
+            "ignore_eos",
+            "include_stop_str_in_output",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+        ):
             _need(isinstance(getattr(self, name), bool), name, "a boolean", getattr(self, name))
         _need(_is_int(self.priority) and SEED_MIN <= self.priority <= SEED_MAX, "priority",
               "a signed 64-bit integer", self.priority)  # fmt: skip

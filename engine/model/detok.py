@@ -12,9 +12,19 @@ class IncrementalDetokenizer:
     trailing U+FFFD is held back until the next token completes it.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
         self.tok = tokenizer
         self.skip = skip_special_tokens  # special tokens' text left out (as decode does)
+        # vLLM's false, with special tokens shown: an added token right after another is its
+        # own text, without the space a decoder (WordPiece, say) would put before it
+        self._added = {} if skip_special_tokens or spaces_between_special_tokens else (
+            tokenizer.added_tokens
+        )  # fmt: skip
         self.ids: list[int] = []
         self.text = ""
         self._prefix = 0  # start of the window decoded for context
@@ -28,6 +38,8 @@ class IncrementalDetokenizer:
         if full.endswith("\ufffd") or len(full) <= len(prefix_text):
             return ""
         delta = full[len(prefix_text) :]
+        if tid in self._added and len(self.ids) > 1 and self.ids[-2] in self._added:
+            delta = self._added[tid]
         self._prefix, self._read = self._read, len(self.ids)
         self.text += delta
         return delta

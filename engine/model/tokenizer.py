@@ -81,6 +81,11 @@ class Tokenizer:
                 ids = [self.bos_id, *ids]
         return ids
 
+    @cached_property
+    def added_tokens(self) -> dict[int, str]:
+        """The added tokens (the special ones among them), id -> text."""
+        return {i: t.content for i, t in self.backend.get_added_tokens_decoder().items()}
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

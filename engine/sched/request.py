@@ -77,7 +77,9 @@ class Request:
         trace_id, trace_parent = split_trace(trace)
         return cls(
             rid=rid, prompt_ids=list(prompt_ids), params=params,
-            detok=IncrementalDetokenizer(tokenizer, params.skip_special_tokens),
+            detok=IncrementalDetokenizer(
+                tokenizer, params.skip_special_tokens, params.spaces_between_special_tokens
+            ),
             stop_ids=tokenizer.stop_ids,
             max_context=max_context, generator=make_generator(params.seed),
             trace_id=trace_id, trace_parent=trace_parent,

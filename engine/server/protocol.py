@@ -120,6 +120,7 @@ class _Common(_Strict):
     # vLLM's sampling extensions
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None  # the last k; -1: context
     repetition_penalty: Annotated[float, Field(ge=1 / REPETITION_LIMIT, le=REPETITION_LIMIT)] = 1.0
     # vLLM's scheduling priority (the lower value waits less; --scheduling-policy priority)
@@ -335,6 +336,7 @@ def sampling_params(
             frequency_penalty=req.frequency_penalty, logit_bias=bias,
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
             repetition_penalty=req.repetition_penalty, guide=guide, logprobs=req.logprob_count(),
             prompt_logprobs=req.prompt_logprob_count(), priority=req.priority,
         )  # fmt: skip

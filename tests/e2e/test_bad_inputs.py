@@ -331,6 +331,11 @@ def test_the_fields_it_implements_change_the_output(srv):
     forced, _ = text(logit_bias={"28": 100})
     assert forced == forced[: len(forced) // 4] * 4 and forced != plain  # one token, four times
     assert text(stop=["zz", plain[1:3], "yy", "xx"])[0] == plain[:1]
+    # special tokens shown, four <|im_end|> in a row (id 2): a byte-level vocabulary puts no
+    # space between them, so vLLM's spaces_between_special_tokens false writes the same
+    shown = {"logit_bias": {"2": 100}, "skip_special_tokens": False}
+    assert text(**shown)[0] == "<|im_end|>" * 4
+    assert text(**shown, spaces_between_special_tokens=False)[0] == "<|im_end|>" * 4
 
 
 def test_a_4mb_prompt_is_refused_at_once_and_health_does_not_wait(srv):

@@ -145,6 +145,10 @@ def test_vllms_output_fields_reach_the_request():
     assert (p.include_stop_str_in_output, p.skip_special_tokens) == (False, True)
     err = _parse(CompletionRequest, {"prompt": "x", "skip_special_tokens": "no"})
     assert isinstance(err, ProtocolError) and err.param == "skip_special_tokens"
+    assert p.spaces_between_special_tokens is True
+    p = _params({"prompt": "x", "skip_special_tokens": False,
+                 "spaces_between_special_tokens": False})  # fmt: skip
+    assert (p.skip_special_tokens, p.spaces_between_special_tokens) == (False, False)
     assert _params({"prompt": "x", "repetition_penalty": 1.3}).repetition_penalty == 1.3
     for bad in (0, -1.5, "2", 1e-300, 1e6):
         err = _parse(CompletionRequest, {"prompt": "x", "repetition_penalty": bad})

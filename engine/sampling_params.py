@@ -29,6 +29,11 @@ def _is_num(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
 
+# the boolean fields
+_FLAGS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+          "spaces_between_special_tokens")  # fmt: skip
+
+
 @dataclass(slots=True)
 class SamplingParams:
     max_tokens: int = 16
@@ -101,12 +106,7 @@ class SamplingParams:
             _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
             "min_tokens", f"an integer in [0, max_tokens={self.max_tokens}]", self.min_tokens,
         )  # fmt: skip
-        for name in (
-            "ignore_eos",
-            "include_stop_str_in_output",
-            "skip_special_tokens",
-            "spaces_between_special_tokens",
-        ):
+        for name in _FLAGS:
             _need(isinstance(getattr(self, name), bool), name, "a boolean", getattr(self, name))
         _need(_is_int(self.priority) and SEED_MIN <= self.priority <= SEED_MAX, "priority",
               "a signed 64-bit integer", self.priority)  # fmt: skip

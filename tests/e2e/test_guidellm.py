@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from engine.benchmark.clients import bin_path, ensure
+from engine.benchmark.online import read_report
 from tests.e2e.server_proc import ServerProc
 
 ROOT = Path(__file__).parents[2]
@@ -73,3 +74,7 @@ def test_guidellms_requests_are_all_answered_and_counted_by_the_servers_usage(
         # the counts guidellm reports are the usage the server sent, chunk by chunk
         assert r["prompt_tokens"] == counted[r["response_id"]], r["response_id"]
         assert r["output_tokens"] == OUTPUT  # ignore_eos: exactly what it asked
+    # what the online comparison (bench/serve_vs.py) reads of such a report
+    level = read_report(out, "attest", 1)
+    assert (level.requests, level.errors) == (REQUESTS, 0) and level.out_tok_s > 0
+    assert 0 < level.ttft_ms[0] <= level.ttft_ms[1] and 0 < level.itl_ms[0] <= level.itl_ms[1]

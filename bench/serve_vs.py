@@ -1,0 +1,117 @@
+"""Online, side by side: guidellm (a real load generator) against `engine serve` and against
+llama.cpp's own server, same GGUF file, same threads, one server after the other, at each
+concurrency: output tok/s, TTFT and ITL p50/p99, and Attest's ratio over llama.cpp per row.
+
+Both servers get the same requests: guidellm's synthetic text completions (the same seed, and the
+served model's own tokenizer, exported for guidellm from the GGUF file) of --prompt-tokens
+tokens asking --output-tokens tokens (guidellm sends ignore_eos), streamed. llama-server runs
+--parallel slots of the concurrency's size (its continuous batching), the engine its default
+scheduler with --max-running at least as many.
+
+guidellm and llama-server are made on demand, never by `make setup`: `engine client-env
+guidellm` (about 30 s) and --build-llama-server (llama.cpp's sources from llama-cpp-python's
+source distribution, cmake, about 5 minutes).
+
+    .venv/bin/python bench/serve_vs.py [--concurrency 1,4,16] [--quant int4] [--threads 2]
+        [--prompt-tokens 128] [--output-tokens 64] [--requests 3] [--build-llama-server]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cpuinfo import describe  # noqa: E402  (bench/cpuinfo.py, beside this script)
+
+from engine.benchmark import llama_server  # noqa: E402
+from engine.benchmark.clients import bin_path, ensure  # noqa: E402
+from engine.benchmark.online import guidellm_command, read_report, table  # noqa: E402
+from tests.e2e.server_proc import ServerProc, free_port  # noqa: E402
+
+
+def tokenizer_folder(model: str, out: Path) -> Path:
+    """The GGUF file's tokenizer as a Hugging Face folder, for guidellm's synthetic prompts."""
+    from engine.model.loader import load_model
+
+    tok = load_model(model).tokenizer
+    out.mkdir(parents=True, exist_ok=True)
+    tok.backend.save(str(out / "tokenizer.json"))
+    name = lambda tid: tok.token_text(tid) if tid is not None else None  # noqa: E731
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": name(tok.bos_id),
+        "eos_token": name(tok.eos_id), "model_max_length": 1 << 20}))  # fmt: skip
+    return out
+
+
+def load(guidellm: Path, base: str, args, c: int, tok: Path, out: Path, server: str):
+    report = out / f"{server}-{c}.json"
+    cmd = guidellm_command(guidellm, base, c, args.requests * c, args.prompt_tokens,
+                           args.output_tokens, tok, report)  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(out / "hf-home")}
+    with open(out / f"{server}-{c}.guidellm.txt", "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+    level = read_report(report, server, c)
+    print(
+        f"  {server} at {c}: {level.requests} ok, {level.errors} errors, "
+        f"{level.out_tok_s:.1f} tok/s, TTFT p50 {level.ttft_ms[0]:.0f} ms",
+        flush=True,
+    )
+    return level
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--quant", default="int4", help="the engine's fast mode (or exact)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=3, help="requests per stream, per level")
+    ap.add_argument("--model", default=None, help="a GGUF file (default: the default model)")
+    ap.add_argument("--out", default="bench/out/serve_vs")
+    ap.add_argument("--build-llama-server", action="store_true")
+    args = ap.parse_args()
+    from engine.model.loader import resolve_model_path
+
+    model = resolve_model_path(args.model)
+    levels_c = [int(x) for x in args.concurrency.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    exe = llama_server.build() if args.build_llama_server else llama_server.check()
+    print(f"guidellm {ensure('guidellm')}; llama-server {exe}", flush=True)
+    guidellm = bin_path("guidellm", "guidellm")
+    tok = tokenizer_folder(model, out / "tokenizer")
+    ctx = args.prompt_tokens + args.output_tokens + 64
+    levels = []
+    load_before = os.getloadavg()[0]
+    for c in levels_c:  # one server at a time, never both
+        peer = llama_server.LlamaServer(exe, model, free_port(), c, ctx, args.threads,
+                                        out / f"llama-server-{c}.log")  # fmt: skip
+        try:
+            levels.append(load(guidellm, peer.base, args, c, tok, out, "llama.cpp"))
+        finally:
+            peer.stop()
+        flags = ["--model", model, "--threads", str(args.threads), "--max-running",
+                 str(max(c, 8)), "--kv-tokens", str(max(c, 8) * ctx)]  # fmt: skip
+        if args.quant != "exact":
+            flags += ["--quant", args.quant]
+        srv = ServerProc(out / f"attest-{c}.jsonl", *flags)
+        try:
+            levels.append(load(guidellm, srv.base, args, c, tok, out, "attest"))
+        finally:
+            srv.stop()
+    print(f"\ncpu: {describe()}")
+    print(f"load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f}; model "
+          f"{Path(model).name}; attest --quant {args.quant}; threads {args.threads}; prompt "
+          f"{args.prompt_tokens}, output {args.output_tokens} tokens; {args.requests} requests "
+          "per stream")  # fmt: skip
+    print(table(levels, "attest", "llama.cpp"))
+
+
+if __name__ == "__main__":
+    main()

@@ -58,6 +58,8 @@ RequestTimeoutOpt = Annotated[float, typer.Option(help=HELP["request_timeout"])]
 CutoverTimeoutOpt = Annotated[float, typer.Option(help=HELP["cutover_timeout"])]
 GrammarTimeoutOpt = Annotated[float, typer.Option(help=HELP["grammar_timeout"])]
 PolicyOpt = Annotated[str, typer.Option(help=HELP["scheduling_policy"])]
+SpeculativeOpt = Annotated[str, typer.Option(help=HELP["speculative"])]
+SpecTokensOpt = Annotated[int, typer.Option(help=HELP["spec_tokens"])]
 KvFractionOpt = Annotated[float, typer.Option(help=HELP["kv_memory_fraction"])]
 PageSizeOpt = Annotated[int, typer.Option(help=HELP["page_size"])]
 LogFileOpt = Annotated[

@@ -17,6 +17,7 @@ DTYPES = ("float32", "bfloat16")
 QUANTS = ("int8", "int4")  # fast mode's weight formats (engine/model/quant.py)
 DIST_INITS = ("spawn", "env")
 POLICIES = ("fcfs", "priority")  # how the waiting line is ordered
+SPECULATIVE = ("off", "ngram")  # how drafts are proposed (engine/spec)
 # `engine serve`'s step budget (--step-tokens): of 32, 48, 64 and 96, the one that kept eight
 # streams' inter-token p99 within 3x their p50 with long prompts arriving (bench/serve.py
 # --mixed; BENCHMARKS.md, 2026-12-01). Offline (LLM) the default is no budget: generate returns
@@ -163,6 +164,13 @@ class SchedulerSection(_Section):
         "fcfs (first come, first served) or priority: requests wait in order of their "
         "priority (the lower value first, as vLLM orders them), then of arrival.",
     )
+    speculative: str = _knob(
+        "off",
+        "Speculative decoding: ngram proposes a greedy request's next tokens from its own "
+        "prompt and output (prompt lookup), the model checks them in one forward and keeps "
+        "those it would have chosen; off: one token a step.",
+    )
+    spec_tokens: int = _knob(4, "Tokens proposed per request and step, at most (ngram).")
     grammar_timeout: float = _knob(
         10.0,
         "Seconds a request's grammar (response_format) may take to compile; past them the "
@@ -178,6 +186,9 @@ class SchedulerSection(_Section):
         need(seconds(self.cutover_timeout), self, "cutover_timeout", "a number of seconds > 0")
         need(seconds(self.grammar_timeout), self, "grammar_timeout", "a number of seconds > 0")
         need(self.scheduling_policy in POLICIES, self, "scheduling_policy", " or ".join(POLICIES))
+        need(self.speculative in SPECULATIVE, self, "speculative", " or ".join(SPECULATIVE))
+        need(is_int(self.spec_tokens, 1) and self.spec_tokens <= 16, self, "spec_tokens",
+             "an integer in [1, 16]")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ class Kind:
 # Field groups the engine writes together (optional fields of several kinds)
 _BUDGET = ("local_avail", "evictable", "decode_reserve", "floor", "offset", "remaining")
 _ENDING = ("tokens", "prompt_tokens", "cached", "parks", "retractions", "trace_id", "queue_s",
-           "ttft_s", "e2e_s", "constrained")  # fmt: skip
+           "ttft_s", "e2e_s", "constrained", "spec_proposed", "spec_accepted")  # fmt: skip
 _NET = ("site", "rid")
 # The step budget (`step_tokens`) as admission saw it: the step's decode tokens, the room left
 # for this chunk (None: no step budget), and whether that room cut the chunk short.
@@ -101,6 +101,7 @@ NOTICE = "notice"
 SCHEDULER_STALL = "scheduler.stall"
 SCHEDULER_RESUME = "scheduler.resume"
 GRAMMAR_COMPILE = "grammar.compile"
+SPEC_CUT = "spec.cut"
 
 _CATALOG = (
     Kind(BOOT_START, ("config",), "the engine starts; its whole configuration",
@@ -213,7 +214,7 @@ _CATALOG = (
          "queue (running, waiting, parked); with more than one rank, one on every iteration that "
          "scheduled work, with the digest of the batch about to run (batch_digest)",
          ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio", "digest",
-          "constrained", "mask_ms") + PROGRESS),
+          "constrained", "mask_ms", "spec_proposed", "spec_accepted") + PROGRESS),
     Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
     Kind(NOTICE, ("text",), "something said once", ("process",)),
     Kind(SCHEDULER_STALL, ("since", "limit_s", "running", "waiting", "parked"),
@@ -229,6 +230,9 @@ _CATALOG = (
          "outcome ok, invalid, timeout (refused after the time limit) or error; site prepare "
          "(before the request was submitted) or add (as it was added)",
          ("ms", "error", "site")),
+    Kind(SPEC_CUT, ("rid", "want", "got", "spare"),
+         "a request's drafts cut to what the step's spare pages fund (speculative decoding "
+         "never makes room for drafts; got 0: it decodes one token as usual)"),
 )  # fmt: skip
 
 CATALOG: dict[str, Kind] = {k.name: k for k in _CATALOG}

@@ -358,6 +358,17 @@ class Memory:
         req.row, req.prefix_node = None, None
         req.kv_len = req.cached_len = req.prefill_target = 0
 
+    def shrink(self, req: Request, keep: int) -> None:
+        """Give back the KV of positions [keep, kv_len): a request's rejected drafts. The pages
+        only they occupy are freed (staged while the step's free group is open); a page that
+        also holds kept positions stays, its tail rewritten by the next tokens."""
+        if keep >= req.kv_len:
+            return
+        boundary = -(-keep // self.page_size) * self.page_size
+        if boundary < req.kv_len:
+            self.allocator.free(self.req_table.slots(req.row, req.kv_len)[boundary:])
+        req.kv_len = keep
+
     def retract(self, victims: list[Request], need: int, site: str) -> None:
         """Running ``victims`` back to the front of the line, first victim first, to free
         ``need`` tokens at ``site``: one ``retract`` receipt with the numbers the choice was made

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from engine.grammar.masks import Guided
     from engine.mem.radix import TreeNode
     from engine.model.tokenizer import Tokenizer
+    from engine.spec.propose import NgramIndex
 
 
 class State(enum.Enum):
@@ -61,6 +62,9 @@ class Request:
     # asked for (``params.prompt_logprobs``): each prompt token's after the first, by position
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     prompt_sent: bool = False
+    spec: NgramIndex | None = None  # prompt lookup over its text, when it is drafted for
+    spec_proposed: int = 0  # drafts funded for it, and those the model kept
+    spec_accepted: int = 0
 
     @classmethod
     def create(

@@ -19,9 +19,11 @@ intake, the ordered step, decode funding and endings.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import NoReturn
 
 import torch
@@ -43,8 +45,10 @@ from engine.sched import checks
 from engine.sched.admission import NewTokenRatio, overtakes
 from engine.sched.admitter import Admitter, Planned
 from engine.sched.group import GroupView
+from engine.sched.iteration import IterationLog, snapshot_of
 from engine.sched.memory import Memory
 from engine.sched.request import Request, State
+from engine.sched.speculate import Speculator
 from engine.sched.traces import RequestTraces
 
 
@@ -89,8 +93,11 @@ class Scheduler:
         )
         self._ids = itertools.count()
         self._was_busy = False
-        self._digest_iter = -1  # the last iteration whose receipt carried a batch digest
-        self._queue_written = (0, 0, 0)  # running, waiting, parked of the last iteration receipt
+        self.iterations = IterationLog(self)
+        sc = config.scheduler
+        self.spec = (
+            Speculator(sc.spec_tokens, allocator, receipts) if sc.speculative != "off" else None
+        )
         self.generated = 0  # tokens sampled since boot: progress the iteration receipt counts
         vocab = runner.model.cfg.vocab_size
         self.grammars = Grammars(tokenizer, vocab, receipts, config.scheduler.grammar_timeout)
@@ -193,15 +200,20 @@ class Scheduler:
         decode = self._fund_decode(outs)
         chunks = self.admitter.admit(decode)  # before any slot is taken: it may retract
         decode = [r for r in decode if r.state is State.RUNNING]  # what a retraction left
-        batch = [self._entry(req, [req.output_ids[-1]], "decode") for req in decode]
         need = sum(self.allocator.fresh_slots(r.kv_len, n) for r, n in chunks)
+        # speculation's drafts, from what the decodes and chunks leave (one rank: no agreeing)
+        spec = self.spec if self.group.world == 1 else None
+        drafts = spec.fund(decode, self.memory.available() - need) if spec and decode else {}
+        batch = [
+            self._entry(r, [r.output_ids[-1], *drafts.get(r.rid, ())], "decode") for r in decode
+        ]
         if need > self.memory.available():  # admission counted evictable tokens: pay them
             self.memory.make_room(need - self.memory.available(), "admission")
         batch += [self._entry(r, r.fill_ids[r.kv_len : r.kv_len + n], "extend") for r, n in chunks]
         if batch and self.group.world > 1:  # before the forward: the ranks run the same batch
             self._agree(decode, chunks)
         if batch:
-            outs += self._forward(batch, decode, chunks)
+            outs += self._forward(batch, decode, chunks, drafts)
         self._after_step(chunks)
         return outs
 
@@ -213,18 +225,26 @@ class Scheduler:
         return entry
 
     def _forward(
-        self, batch: list[BatchEntry], decode: list[Request], chunks: Planned
+        self,
+        batch: list[BatchEntry],
+        decode: list[Request],
+        chunks: Planned,
+        drafts: dict[str, list[int]],
     ) -> list[StepOutput]:
-        """Run the batch; sample for every decode and every chunk that completed its prefill."""
-        rows, samplers = list(range(len(decode))), list(decode)
+        """Run the batch; sample for every undrafted decode and every chunk that completed its
+        prefill; keep what the rows accept of each drafted decode's drafts."""
+        drafted = [r.rid in drafts for r in decode]
+        rows = [i for i, d in enumerate(drafted) if not d]
+        samplers = [r for r, d in zip(decode, drafted) if not d]
         for i, (req, _) in enumerate(chunks):
             if not req.prefilling:  # this chunk completed its prefill: sample its next token
                 rows.append(len(decode) + i)
                 samplers.append(req)
         fill = self.masks.begin([r.guided for r in samplers])  # filled while the forward runs
-        # the chunks whose prompt logprobs were asked for: logits at each of their positions
-        every = [False] * len(decode) + [r.scores_prompt(r.kv_len - n) for r, n in chunks]
+        # logits at every position: drafted decodes, and chunks whose prompt logprobs were asked
+        every = drafted + [r.scores_prompt(r.kv_len - n) for r, n in chunks]
         logits = self.runner.forward(batch, every=every if any(every) else None)
+        spans: list[tuple[Request, torch.Tensor]] = []
         if any(every):
             ends = list(
                 itertools.accumulate(len(e.token_ids) if w else 1 for e, w in zip(batch, every))
@@ -232,8 +252,12 @@ class Scheduler:
             for (req, n), end, w in zip(chunks, ends[len(decode) :], every[len(decode) :]):
                 if w:
                     req.score_prompt(req.kv_len - n, logits[end - n : end])
+            spans = [(r, logits[ends[i] - len(batch[i].token_ids) : ends[i]])
+                     for i, r in enumerate(decode) if drafted[i]]  # fmt: skip
             rows = [ends[r] - 1 for r in rows]
         outs = self._sample_and_advance(samplers, logits[rows], fill) if samplers else []
+        if spans:
+            outs += self._advance_drafted(spans, drafts)
         if decode:
             self.ratio.step()
         return outs
@@ -242,14 +266,14 @@ class Scheduler:
         """The digest of the batch about to run, written every iteration, compared every K."""
         entries = [(r.rid, 1) for r in decode] + [(r.rid, n) for r, n in chunks]
         digest = schema.batch_digest(entries)
-        self._iteration_receipt(digest)
+        self.iterations.write(digest)
         self.group.agree(self.receipts.iter, digest)
 
     def _after_step(self, chunks: Planned) -> None:
         if self.traces is not None:
             self.traces.step_done(chunks)
-        if self._iteration_due():
-            self._iteration_receipt()
+        if self.iterations.due():
+            self.iterations.write()
         if self.config.scheduler.check_invariants:
             checks.check(self)
         elif self._was_busy and not self.has_work():
@@ -294,10 +318,7 @@ class Scheduler:
                 req.logprobs.append(token_logprobs(row, tid, p, req.output_ids, req.prompt_ids))
         self.generated += len(tokens)
         outs = []
-        opened = not self.allocator.group_open
-        if opened:
-            self.allocator.free_group_begin()  # the step's frees are applied together
-        try:
+        with self._frees_together():
             for req, tid in zip(reqs, tokens):
                 if req.guided is not None and not req.guided.accept(tid):  # a mask not applied
                     outs.append(self._end(req, "grammar", tokens=[]))
@@ -305,10 +326,33 @@ class Scheduler:
                 req.append_token(tid)
                 done = req.finish_reason is not None
                 outs.append(self._end(req, tokens=[tid]) if done else req.output([tid]))
+        return outs
+
+    def _advance_drafted(
+        self, spans: list[tuple[Request, torch.Tensor]], drafts: dict[str, list[int]]
+    ) -> list[StepOutput]:
+        """Each drafted request takes what its rows accept; its rejected drafts' KV goes back."""
+        assert self.spec is not None
+        outs = []
+        with self._frees_together():
+            for req, rows in spans:
+                tokens = self.spec.advance(req, drafts[req.rid], rows, self.memory)
+                self.generated += len(tokens)
+                done = req.finish_reason is not None
+                outs.append(self._end(req, tokens=tokens) if done else req.output(tokens))
+        return outs
+
+    @contextlib.contextmanager
+    def _frees_together(self) -> Iterator[None]:
+        """The step's frees are staged and applied together (one group, opened once)."""
+        opened = not self.allocator.group_open
+        if opened:
+            self.allocator.free_group_begin()
+        try:
+            yield
         finally:
             if opened:
                 self.allocator.free_group_end()
-        return outs
 
     def _end(
         self,
@@ -332,6 +376,8 @@ class Scheduler:
         )  # fmt: skip
         if req.guided is not None:
             common["constrained"] = req.guided.guide.kind
+        if req.spec_proposed:
+            common |= {"spec_proposed": req.spec_proposed, "spec_accepted": req.spec_accepted}
         if abort_reason is None:
             self.receipts.emit(schema.REQUEST_FINISH, reason=req.finish_reason, **common)
         else:
@@ -342,48 +388,7 @@ class Scheduler:
 
     def snapshot(self) -> PoolSnapshot:
         """The state after a step: the ``iteration`` receipt, /metrics and /health read it."""
-        cache, mem = self.cache, self.memory  # with several ranks, the group's (agreed) numbers
-        parked = sum(1 for r in self.running if r.state is State.PARKED)
-        return PoolSnapshot(
-            running=len(self.running) - parked, parked=parked, waiting=len(self.waiting),
-            kv_used=self.allocator.used_size() - cache.evictable_size(),
-            kv_cached=cache.total_size(), kv_evictable=mem.evictable(),
-            kv_free=mem.available(), kv_staged=mem.staged(), kv_total=mem.capacity,
-            new_token_ratio=self.ratio.value, receipts=dict(self.receipts.counts),
-            **schema.progress(self.generated, self.receipts.counts),
-        )  # fmt: skip
-
-    def _iteration_due(self) -> bool:
-        """An ``iteration`` receipt after this step: every ``interval`` steps, and with one rank
-        after a step that moved the queue (running, waiting or parked differ from the last
-        receipt's), so a slow boot's queue is in its log from its first step. A step that moved
-        nothing writes nothing between the samples, so a busy engine writes at most one a step,
-        and only where admissions, parks, endings or arrivals changed the counts. None where
-        this iteration's receipt is written already (a group's, with its digest: every step
-        with work), and none at all with the interval 0 (off)."""
-        interval, it = self.config.observability.iteration_receipt_interval, self.receipts.iter
-        if not interval or self._digest_iter == it:
-            return False
-        if it % interval == 0:
-            return True
-        if self.group.world > 1:
-            return False
-        parked = sum(1 for r in self.running if r.state is State.PARKED)
-        return (len(self.running) - parked, len(self.waiting), parked) != self._queue_written
-
-    def _iteration_receipt(self, digest: str | None = None) -> None:
-        s = self.snapshot()
-        self._queue_written = (s.running, s.waiting, s.parked)
-        extra: dict[str, object] = {} if digest is None else {"digest": digest}
-        if (mask_ms := self.masks.take_ms()) is not None:
-            extra["mask_ms"] = round(mask_ms, 3)
-            extra["constrained"] = sum(r.guided is not None for r in self.running)
-        self._digest_iter = self.receipts.iter if digest is not None else self._digest_iter
-        self.receipts.emit(
-            schema.ITERATION, running=s.running, waiting=s.waiting, parked=s.parked, **s.progress(),
-            token_usage=round(s.token_usage, 4), avail=s.kv_free, evictable=s.kv_evictable,
-            staged=s.kv_staged, cached=s.kv_cached, ratio=round(s.new_token_ratio, 4), **extra,
-        )  # fmt: skip
+        return snapshot_of(self)
 
     # -- invariants (checks.py) -----------------------------------------------------------------
 

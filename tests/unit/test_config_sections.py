@@ -33,6 +33,7 @@ RECEIPT_KEYS = {
     "cutover_timeout",
     "scheduling_policy",
     "grammar_timeout",
+    "speculative", "spec_tokens",
     "iteration_receipt_interval", "check_invariants", "receipts", "log_file", "console_receipts",
     "device", "otlp_endpoint", "read_timeout", "max_client_connections", "request_timeout", "tp",
     "dist_init", "group_timeout", "group_check_interval", "published_floor",
@@ -49,7 +50,8 @@ OTHERS = {
     "otlp_endpoint": "http://127.0.0.1:4318", "read_timeout": 3.0, "max_client_connections": 0,
     "request_timeout": None, "tp": 2, "dist_init": "env", "group_timeout": 4.0,
     "group_check_interval": 1, "published_floor": False, "cutover_timeout": 9.0,
-    "grammar_timeout": 2.5, "scheduling_policy": "priority",
+    "grammar_timeout": 2.5, "scheduling_policy": "priority", "speculative": "ngram",
+    "spec_tokens": 3,
 }  # fmt: skip
 
 

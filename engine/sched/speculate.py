@@ -56,11 +56,11 @@ class Speculator:
     def propose(self, req: Request) -> list[int]:
         """Up to ``k`` drafts after the request's text, within its max_tokens and context."""
         if req.spec is None:
-            req.spec = NgramIndex()
-        text = req.fill_ids
-        req.spec.extend(text[len(req.spec.tokens) :])
+            req.spec = NgramIndex(tokens=req.prompt_ids)
+        # only the tokens new since the last step: fill_ids would copy the whole text each step
+        req.spec.extend(req.output_ids[len(req.spec.tokens) - req.prompt_len :])
         room = min(req.params.max_tokens - len(req.output_ids),
-                   req.max_context - len(text)) - 1  # fmt: skip
+                   req.max_context - req.prompt_len - len(req.output_ids)) - 1  # fmt: skip
         return req.spec.propose(min(self.k, room)) if room > 0 else []
 
     def fund(self, decode: list[Request], spare: int) -> dict[str, list[int]]:

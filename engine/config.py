@@ -17,7 +17,7 @@ DTYPES = ("float32", "bfloat16")
 QUANTS = ("int8", "int4")  # fast mode's weight formats (engine/model/quant.py)
 DIST_INITS = ("spawn", "env")
 POLICIES = ("fcfs", "priority")  # how the waiting line is ordered
-SPECULATIVE = ("off", "ngram")  # how drafts are proposed (engine/spec)
+SPECULATIVE = ("off", "ngram", "suffix")  # how drafts are proposed (engine/spec)
 # `engine serve`'s step budget (--step-tokens): of 32, 48, 64 and 96, the one that kept eight
 # streams' inter-token p99 within 3x their p50 with long prompts arriving (bench/serve.py
 # --mixed; BENCHMARKS.md, 2026-12-01). Offline (LLM) the default is no budget: generate returns
@@ -166,11 +166,13 @@ class SchedulerSection(_Section):
     )
     speculative: str = _knob(
         "off",
-        "Speculative decoding: ngram proposes a greedy request's next tokens from its own "
-        "prompt and output (prompt lookup), the model checks them in one forward and keeps "
-        "those it would have chosen; off: one token a step.",
+        "Speculative decoding: ngram proposes a request's next tokens from its own prompt and "
+        "output (prompt lookup); suffix from those and recent requests' outputs too; the model "
+        "checks them in one forward and keeps what it would have chosen (greedy) or what "
+        "rejection sampling keeps (sampled: the output distribution is unchanged); off: one "
+        "token a step.",
     )
-    spec_tokens: int = _knob(4, "Tokens proposed per request and step, at most (ngram).")
+    spec_tokens: int = _knob(4, "Tokens proposed per request and step, at most.")
     grammar_timeout: float = _knob(
         10.0,
         "Seconds a request's grammar (response_format) may take to compile; past them the "

@@ -91,6 +91,37 @@ class Masks:
         self.steps += 1
         self.seconds += filled_s + time.perf_counter() - t0
 
+    def draft_rows(self, g: Guided, drafts: Sequence[int], rows: torch.Tensor) -> int:
+        """Mask a drafted request's ``rows`` (row i: the token after its text and drafts[:i])
+        as its grammar allows, the matcher walked over the drafts and walked back; the number
+        of drafts the grammar takes (rows past the first it refuses are left alone: the
+        refused draft's row is the last one read; after a draft that ends the grammar, none
+        is: the request ends on it). Not overlapped with the forward: the masks depend on the
+        drafts."""
+        import xgrammar as xgr
+
+        if not rows.is_contiguous():  # xgrammar's CPU kernel would mask a copy, silently
+            raise ValueError("draft rows must be contiguous to be masked in place")
+        t0 = time.perf_counter()
+        bitmask = self._buffer(len(drafts) + 1)
+        filled = taken = 0
+        for i in range(len(drafts) + 1):
+            if g.matcher.is_terminated():
+                break
+            g.matcher.fill_next_token_bitmask(bitmask, i)
+            filled += 1
+            if i == len(drafts) or not g.matcher.accept_token(drafts[i]):
+                break
+            taken += 1
+        if taken:
+            g.matcher.rollback(taken)
+        xgr.apply_token_bitmask_inplace(rows[:filled], bitmask[:filled], vocab_size=self.vocab_size)
+        if g.banned is not None:
+            rows[:filled, g.banned] = float("-inf")
+        self.steps += 1
+        self.seconds += time.perf_counter() - t0
+        return taken
+
     def take_ms(self) -> float | None:
         """The mean mask time per constrained step since the last call, in ms (None: none)."""
         if not self.steps:

@@ -102,6 +102,8 @@ SCHEDULER_STALL = "scheduler.stall"
 SCHEDULER_RESUME = "scheduler.resume"
 GRAMMAR_COMPILE = "grammar.compile"
 SPEC_CUT = "spec.cut"
+SPEC_OFF = "spec.off"
+SPEC_ON = "spec.on"
 
 _CATALOG = (
     Kind(BOOT_START, ("config",), "the engine starts; its whole configuration",
@@ -214,7 +216,7 @@ _CATALOG = (
          "queue (running, waiting, parked); with more than one rank, one on every iteration that "
          "scheduled work, with the digest of the batch about to run (batch_digest)",
          ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio", "digest",
-          "constrained", "mask_ms", "spec_proposed", "spec_accepted") + PROGRESS),
+          "constrained", "mask_ms", "spec_proposed", "spec_accepted", "spec_recent_tokens") + PROGRESS),
     Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
     Kind(NOTICE, ("text",), "something said once", ("process",)),
     Kind(SCHEDULER_STALL, ("since", "limit_s", "running", "waiting", "parked"),
@@ -233,6 +235,14 @@ _CATALOG = (
     Kind(SPEC_CUT, ("rid", "want", "got", "spare"),
          "a request's drafts cut to what the step's spare pages fund (speculative decoding "
          "never makes room for drafts; got 0: it decodes one token as usual)"),
+    Kind(SPEC_OFF, ("scope",),
+         "drafting stopped paying: scope request (rid; rate, the weighted share of its drafts "
+         "the model kept, fell below what a drafted position costs; steps: its pause) or batch "
+         "(decoding requests above max_batch: none is drafted for)",
+         ("rid", "rate", "steps", "decoding", "max_batch")),
+    Kind(SPEC_ON, ("scope",),
+         "drafting again: a request's pause is over (rid), or the batch narrowed (decoding)",
+         ("rid", "decoding", "max_batch")),
 )  # fmt: skip
 
 CATALOG: dict[str, Kind] = {k.name: k for k in _CATALOG}

@@ -46,8 +46,8 @@ class IterationLog:
         if (mask_ms := sched.masks.take_ms()) is not None:
             extra["mask_ms"] = round(mask_ms, 3)
             extra["constrained"] = sum(r.guided is not None for r in sched.running)
-        if sched.spec is not None and (t := sched.spec.tally.take()) != (0, 0):
-            extra["spec_proposed"], extra["spec_accepted"] = t
+        if sched.spec is not None:
+            extra |= sched.spec.iteration_fields()
         self.digest_iter = sched.receipts.iter if digest is not None else self.digest_iter
         sched.receipts.emit(
             schema.ITERATION, running=s.running, waiting=s.waiting, parked=s.parked, **s.progress(),

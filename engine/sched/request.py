@@ -13,6 +13,7 @@ from engine.messages import StepOutput, TokenLogprobs
 from engine.model.detok import IncrementalDetokenizer
 from engine.obs.tracing import split_trace
 from engine.sampling import SamplingParams, make_generator, prompt_logprobs
+from engine.spec.pace import Pace
 
 if TYPE_CHECKING:
     from engine.grammar.masks import Guided
@@ -65,6 +66,7 @@ class Request:
     spec: NgramIndex | None = None  # prompt lookup over its text, when it is drafted for
     spec_proposed: int = 0  # drafts funded for it, and those the model kept
     spec_accepted: int = 0
+    pace: Pace = field(default_factory=Pace)  # whether its drafts pay
 
     @classmethod
     def create(
@@ -102,10 +104,11 @@ class Request:
     def prefilling(self) -> bool:
         return self.kv_len < self.prefill_target
 
-    def banned_stops(self) -> list[int]:
-        """Stop tokens it may not sample yet: none may end it before ``min_tokens``."""
+    def banned_stops(self, ahead: int = 0) -> list[int]:
+        """Stop tokens it may not sample yet (``ahead``: after that many more tokens): none may
+        end it before ``min_tokens``."""
         p = self.params
-        if len(self.output_ids) >= p.min_tokens or p.ignore_eos:
+        if len(self.output_ids) + ahead >= p.min_tokens or p.ignore_eos:
             return []
         return sorted(set(self.stop_ids) | set(p.stop_token_ids or ()))
 

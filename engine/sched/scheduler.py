@@ -48,7 +48,7 @@ from engine.sched.group import GroupView
 from engine.sched.iteration import IterationLog, snapshot_of
 from engine.sched.memory import Memory
 from engine.sched.request import Request, State
-from engine.sched.speculate import Speculator
+from engine.sched.speculate import speculator
 from engine.sched.traces import RequestTraces
 
 
@@ -94,14 +94,11 @@ class Scheduler:
         self._ids = itertools.count()
         self._was_busy = False
         self.iterations = IterationLog(self)
-        sc = config.scheduler
-        self.spec = (
-            Speculator(sc.spec_tokens, allocator, receipts) if sc.speculative != "off" else None
-        )
         self.generated = 0  # tokens sampled since boot: progress the iteration receipt counts
         vocab = runner.model.cfg.vocab_size
         self.grammars = Grammars(tokenizer, vocab, receipts, config.scheduler.grammar_timeout)
         self.masks = Masks(vocab)
+        self.spec = speculator(config.scheduler, allocator, receipts, self.masks)
         torch.manual_seed(config.scheduler.seed)
 
     # -- intake -------------------------------------------------------------------------------
@@ -336,10 +333,12 @@ class Scheduler:
         outs = []
         with self._frees_together():
             for req, rows in spans:
-                tokens = self.spec.advance(req, drafts[req.rid], rows, self.memory)
+                tokens, refused = self.spec.advance(req, drafts[req.rid], rows, self.memory)
                 self.generated += len(tokens)
-                done = req.finish_reason is not None
-                outs.append(self._end(req, tokens=tokens) if done else req.output(tokens))
+                if refused or req.finish_reason is not None:  # refused: a mask not applied
+                    outs.append(self._end(req, "grammar" if refused else None, tokens=tokens))
+                else:
+                    outs.append(req.output(tokens))
         return outs
 
     @contextlib.contextmanager
@@ -367,6 +366,8 @@ class Scheduler:
             if req.promised is not None:
                 numbers["promised"] = req.promised
         self.memory.release(req)
+        if self.spec is not None:
+            self.spec.finished(req)
         req.state = State.FINISHED
         self.requests.pop(req.rid, None)
         common = dict(

@@ -1,30 +1,40 @@
 """Speculation in the step: which decoding requests get drafts, how many the pool funds, and what
 the target's rows keep of them.
 
-A request is drafted for when its next token is the argmax of the model's own row: greedy, no
-bias or penalty, no grammar, no logprobs asked, past its ``min_tokens`` (so no stop token is
-banned). Its drafts are prompt lookup over its prompt and output (``engine.spec.propose``), at
-most ``spec_tokens``, never past its ``max_tokens`` or the context. Drafts are funded only from
-what the step leaves spare after its decodes and chunks: they never make room (no eviction, no
-retraction, no allocation through the net for them); where the spare pages fund fewer drafts
-than proposed, the request's drafts are cut, with a ``spec.cut`` receipt, and at zero it decodes
-one token as usual. The rows keep the drafts the model agrees with (``accept_greedy``): the
-output is the one decoding one token a step gives.
+Every decoding request may be drafted for (greedy or sampled, with bias, penalties, a grammar,
+logprobs or ``min_tokens``), unless its drafts have stopped paying (``engine.spec.pace``: it
+steps aside, ``spec.off``, and tries again later, ``spec.on``) or the batch is too wide for any
+to pay (the same receipts with ``scope`` batch). Its drafts come from the proposer
+(``engine.spec.propose``), at most ``spec_tokens``, never past its ``max_tokens`` or the
+context. Drafts are funded only from what the step leaves spare after its decodes and chunks:
+they never make room (no eviction, no retraction, no allocation through the net for them);
+where the spare pages fund fewer drafts than proposed, the request's drafts are cut, with a
+``spec.cut`` receipt, and at zero it decodes one token as usual.
+
+The rows are made what the request samples from at each position (stop tokens it may not end
+on yet and its grammar's mask, walked over the drafts; then ``engine.spec.verify``: bias and
+penalties, greedy or sampled acceptance): the output is distributed as one token a step gives,
+and greedy output is the same tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from engine.config import SchedulerSection
+from engine.grammar.masks import Masks
 from engine.mem.allocator import TokenAllocator
 from engine.obs import schema
 from engine.obs.receipts import Receipts
+from engine.sampling import prompt_logprobs
 from engine.sched.memory import Memory
 from engine.sched.request import Request
-from engine.spec.propose import NgramIndex
-from engine.spec.verify import accept_greedy
+from engine.spec.pace import MAX_BATCH
+from engine.spec.propose import PromptLookup, Proposer, SuffixLookup
+from engine.spec.verify import verify
 
 
 @dataclass(slots=True)
@@ -41,39 +51,52 @@ class Tally:
 
 
 class Speculator:
-    def __init__(self, k: int, allocator: TokenAllocator, receipts: Receipts) -> None:
+    def __init__(
+        self, k: int, proposer: Proposer, allocator: TokenAllocator, receipts: Receipts,
+        masks: Masks,
+    ) -> None:  # fmt: skip
         self.k = k
+        self.proposer = proposer
         self.allocator = allocator
         self.receipts = receipts
+        self.masks = masks
         self.tally = Tally()
+        self.aside = False  # the batch is too wide for drafts
 
-    @staticmethod
-    def eligible(req: Request) -> bool:
-        p = req.params
-        return (p.greedy and not p.adjusts_logits and req.guided is None and p.logprobs is None
-                and not req.banned_stops())  # fmt: skip
+    def drafting(self, decode: Sequence[Request]) -> bool:
+        """Whether a batch of ``decode`` requests drafts at all (receipted when it changes)."""
+        aside = len(decode) > MAX_BATCH
+        if aside != self.aside:
+            self.aside = aside
+            kind = schema.SPEC_OFF if aside else schema.SPEC_ON
+            self.receipts.emit(kind, scope="batch", decoding=len(decode), max_batch=MAX_BATCH)
+        return not aside
+
+    def eligible(self, req: Request) -> bool:
+        """Whether the request is drafted for this step: not while it steps aside."""
+        pace = req.pace
+        if not pace.off_for:
+            return True
+        if pace.waited():
+            self.receipts.emit(schema.SPEC_ON, scope="request", rid=req.rid)
+        return False
 
     def propose(self, req: Request) -> list[int]:
         """Up to ``k`` drafts after the request's text, within its max_tokens and context."""
-        if req.spec is None:
-            req.spec = NgramIndex(tokens=req.prompt_ids)
-        # only the tokens new since the last step: fill_ids would copy the whole text each step
-        req.spec.extend(req.output_ids[len(req.spec.tokens) - req.prompt_len :])
         room = min(req.params.max_tokens - len(req.output_ids),
                    req.max_context - req.prompt_len - len(req.output_ids)) - 1  # fmt: skip
-        return req.spec.propose(min(self.k, room)) if room > 0 else []
+        return self.proposer.propose(req, min(self.k, room)) if room > 0 else []
 
     def fund(self, decode: list[Request], spare: int) -> dict[str, list[int]]:
         """Each drafted request's drafts, funded in decode order from ``spare`` slots (what the
         step's chunks leave; the decodes' own next slots are taken out here), cut where the
         spare pages run out."""
+        if not self.drafting(decode):
+            return {}
         spare -= sum(self.allocator.fresh_slots(r.kv_len, 1) for r in decode)
         out: dict[str, list[int]] = {}
         for req in decode:
-            if not self.eligible(req):
-                continue
-            drafts = self.propose(req)
-            if not drafts:
+            if not self.eligible(req) or not (drafts := self.propose(req)):
                 continue
             base = self.allocator.fresh_slots(req.kv_len, 1)
             got = len(drafts)
@@ -89,27 +112,75 @@ class Speculator:
                 req.spec_proposed += got
         return out
 
-    def accept(self, req: Request, drafts: list[int], rows: torch.Tensor) -> list[int]:
-        """The tokens the rows emit: the drafts the model agrees with, then its own."""
-        emitted = accept_greedy(drafts, rows.argmax(dim=-1).tolist())
-        kept = len(emitted) - 1
-        self.tally.accepted += kept
-        req.spec_accepted += kept
-        return emitted
+    def accept(
+        self, req: Request, drafts: list[int], rows: torch.Tensor
+    ) -> tuple[list[int], torch.Tensor]:
+        """The tokens the rows emit (the drafts kept, then one of the model's) and the rows as
+        the request samples from them (masked and adjusted: its logprobs are read there)."""
+        # a view of the forward's (inference, maybe column-major) logits: the grammar's masks
+        # are written in place, into rows laid out as xgrammar reads them
+        rows = rows.clone(memory_format=torch.contiguous_format)
+        for i in range(len(drafts) + 1):
+            if banned := req.banned_stops(ahead=i):
+                rows[i, banned] = float("-inf")
+        if req.guided is not None:  # drafts past the first the grammar refuses are not checked
+            drafts = drafts[: self.masks.draft_rows(req.guided, drafts, rows)]
+            rows = rows[: len(drafts) + 1]
+        p = req.params
+        return verify(drafts, rows, p, req.generator, req.output_ids, req.prompt_ids)
 
     def advance(
         self, req: Request, drafts: list[int], rows: torch.Tensor, memory: Memory
-    ) -> list[int]:
+    ) -> tuple[list[int], bool]:
         """Append what the rows accept (up to the token that ends the request) and give back
-        the KV of the drafts not kept: the tokens appended."""
+        the KV of the drafts not kept: the tokens appended, and whether the grammar refused
+        one (a mask not applied: the request ends as the one-token step ends it)."""
         start = req.kv_len - 1 - len(drafts)  # the position of the request's last token
-        emitted = self.accept(req, drafts, rows)
+        emitted, adjusted = self.accept(req, drafts, rows)
         applied: list[int] = []
-        for t in emitted:
+        refused = False
+        for j, t in enumerate(emitted):
+            if req.guided is not None and not req.guided.accept(t):
+                refused = True
+                break
+            if (k := req.params.logprobs) is not None:
+                req.logprobs.append(prompt_logprobs(adjusted[j][None], [t], k)[0])
             req.append_token(t)
             applied.append(t)
             if req.finish_reason is not None:
                 break
-        # K/V is in the pool for the last token and each kept draft that was appended
-        memory.shrink(req, start + 1 + min(len(emitted) - 1, len(applied)))
-        return applied
+        kept = min(len(emitted) - 1, len(applied))  # drafts appended
+        # K/V is in the pool for the last token and each kept draft
+        memory.shrink(req, start + 1 + kept)
+        self._count(req, len(drafts), kept)
+        return applied, refused
+
+    def _count(self, req: Request, proposed: int, kept: int) -> None:
+        self.tally.accepted += kept
+        req.spec_accepted += kept
+        if req.finish_reason is None and req.pace.verified(proposed, kept):
+            self.receipts.emit(schema.SPEC_OFF, scope="request", rid=req.rid,
+                               rate=round(req.pace.rate, 3), steps=req.pace.off_for)  # fmt: skip
+
+    def finished(self, req: Request) -> None:
+        self.proposer.finished(req)
+
+    def iteration_fields(self) -> dict[str, int]:
+        """The iteration receipt's: drafts funded and kept since the last one (when not both
+        0), and the tokens the suffix proposer holds of recent outputs."""
+        out: dict[str, int] = {}
+        if (t := self.tally.take()) != (0, 0):
+            out["spec_proposed"], out["spec_accepted"] = t
+        if isinstance(self.proposer, SuffixLookup):
+            out["spec_recent_tokens"] = self.proposer.recent.tokens
+        return out
+
+
+def speculator(
+    sc: SchedulerSection, allocator: TokenAllocator, receipts: Receipts, masks: Masks
+) -> Speculator | None:
+    """The step's speculator as ``sc.speculative`` asks (None: off)."""
+    if sc.speculative == "off":
+        return None
+    proposer = SuffixLookup() if sc.speculative == "suffix" else PromptLookup()
+    return Speculator(sc.spec_tokens, proposer, allocator, receipts, masks)

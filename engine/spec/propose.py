@@ -9,12 +9,16 @@ never a scan of the text.
 ``RecentOutputs`` looks the same way across requests: a bounded store of recent requests'
 outputs (tool-call shapes recur across the turns of an agent loop), oldest dropped first once
 its tokens pass ``max_tokens``; its size is what a receipt reports.
+
+A ``Proposer`` is what the step asks for drafts: ``PromptLookup`` (``--speculative ngram``) and
+``SuffixLookup`` (``--speculative suffix``: the request's own text and recent outputs).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol
 
 
 class NgramIndex:
@@ -43,12 +47,16 @@ class NgramIndex:
     def propose(self, k: int) -> list[int]:
         """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest
         suffix seen before; [] when no suffix of ``n_min`` tokens or more was."""
+        return self.lookup(k)[1]
+
+    def lookup(self, k: int) -> tuple[int, list[int]]:
+        """``propose``'s tokens and the length of the suffix that matched (0: none)."""
         end = len(self.tokens)
         for n in range(min(self.n_max, end), self.n_min - 1, -1):
             start = self._prev.get(tuple(self.tokens[end - n :]))
             if start is not None:  # an earlier end: something followed it
-                return self.tokens[start : start + k]
-        return []
+                return n, self.tokens[start : start + k]
+        return 0, []
 
 
 class RecentOutputs:
@@ -87,9 +95,70 @@ class RecentOutputs:
 
     def propose(self, text: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the longest suffix of ``text`` in a held output."""
+        return self.lookup(text, k)[1]
+
+    def lookup(self, text: Sequence[int], k: int) -> tuple[int, list[int]]:
+        """``propose``'s tokens and the length of the suffix that matched (0: none)."""
         for n in range(min(self.n_max, len(text)), self.n_min - 1, -1):
             hit = self._where.get(tuple(text[len(text) - n :]))
             if hit is not None:
                 oid, end = hit
-                return self._outputs[oid][end : end + k]
-        return []
+                return n, self._outputs[oid][end : end + k]
+        return 0, []
+
+
+class Drafted(Protocol):
+    """What a proposer reads of a request: its text, and the prompt-lookup index it keeps."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    spec: NgramIndex | None
+
+
+class Proposer(Protocol):
+    def propose(self, req: Drafted, k: int) -> list[int]:
+        """Up to ``k`` tokens to follow the request's text; [] when it has none to offer."""
+        ...
+
+    def finished(self, req: Drafted) -> None:
+        """The request ended: what it wrote may be proposed to others."""
+        ...
+
+
+def text_index(req: Drafted) -> NgramIndex:
+    """The request's prompt-lookup index, brought up to its output (only the tokens new since
+    the last call are indexed: its whole text is never copied per step)."""
+    if req.spec is None:
+        req.spec = NgramIndex(tokens=req.prompt_ids)
+    req.spec.extend(req.output_ids[len(req.spec.tokens) - len(req.prompt_ids) :])
+    return req.spec
+
+
+class PromptLookup:
+    """``ngram``: prompt lookup over each request's own prompt and output."""
+
+    def propose(self, req: Drafted, k: int) -> list[int]:
+        return text_index(req).propose(k)
+
+    def finished(self, req: Drafted) -> None:
+        pass
+
+
+class SuffixLookup:
+    """``suffix``: the request's own text and recent requests' outputs (``RecentOutputs``),
+    the longer match winning (its own on a tie)."""
+
+    def __init__(self, max_tokens: int = 65536) -> None:
+        self.recent = RecentOutputs(max_tokens)
+
+    def propose(self, req: Drafted, k: int) -> list[int]:
+        own = text_index(req)
+        n, tokens = own.lookup(k)
+        if n < self.recent.n_max:  # a longer match may be among the others' outputs
+            m, theirs = self.recent.lookup(own.tokens[-self.recent.n_max :], k)
+            if m > n:
+                return theirs
+        return tokens
+
+    def finished(self, req: Drafted) -> None:
+        self.recent.add(req.output_ids)

@@ -13,6 +13,11 @@ own: at the first rejected position its correction, or past the last draft a bon
   mask, bias, penalties, temperature and filters); at the first refusal, draw from ``p`` with
   ``d`` taken out and the rest renormalised. Each emitted token is then distributed exactly as
   ``p``: ``P(d) = p(d)`` and, for ``x != d``, ``(1 - p(d)) * p(x) / (1 - p(d)) = p(x)``.
+
+``verify`` makes each row the distribution the request samples from at its position, as the
+sampler would (``engine.sampling``): the logit bias, then the penalties over the output and the
+drafts before that row; greedy takes the argmax, the rest the filtered softmax. The rows come
+masked (the grammar, stop tokens not yet allowed) by the caller.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from engine.sampling import SamplingParams, adjust_logits, filtered_probs
 
 
 def accept_greedy(drafts: Sequence[int], argmaxes: Sequence[int]) -> list[int]:
@@ -54,3 +61,25 @@ def accept_sampled(
             return [*out, d]
         return [*out, int(torch.multinomial(rest / total, 1, generator=gen))]
     return [*out, int(torch.multinomial(probs[len(drafts)], 1, generator=gen))]
+
+
+def verify(
+    drafts: Sequence[int],
+    rows: torch.Tensor,
+    p: SamplingParams,
+    gen: torch.Generator | None,
+    generated: Sequence[int],
+    prompt: Sequence[int],
+) -> tuple[list[int], torch.Tensor]:
+    """The tokens the rows emit for a request whose output so far is ``generated``, and the
+    rows adjusted as the sampler adjusts them (what its logprobs are read from)."""
+    if rows.dtype != torch.float32 or rows.dim() != 2:
+        raise TypeError(f"draft rows must be [k + 1, V] float32, got {rows.dtype} {rows.shape}")
+    if p.adjusts_logits:
+        rows = rows.clone()
+        for i, row in enumerate(rows):
+            adjust_logits(row, p, [*generated, *drafts[:i]], prompt)
+    if p.greedy:
+        return accept_greedy(drafts, rows.argmax(dim=-1).tolist()), rows
+    probs = torch.stack([filtered_probs(row, p) for row in rows])
+    return accept_sampled(drafts, probs, gen), rows

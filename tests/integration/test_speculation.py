@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.guide import Guide
 from tests.integration.test_pressure import three_at_once
 
 
@@ -75,20 +76,65 @@ def test_under_pressure_drafts_are_cut_never_funded_by_relief_and_change_nothing
     llm.close()
 
 
-def test_only_requests_whose_next_token_is_the_argmax_are_drafted(tiny_model_dir, plain):
-    prompts, _, _ = plain
-    llm = LLM(model=tiny_model_dir, kv_tokens=16384, speculative="ngram", check_invariants=True)
-    kinds = [
-        SamplingParams(max_tokens=30, temperature=0.8, seed=1, ignore_eos=True),
-        SamplingParams(max_tokens=30, temperature=0, logprobs=1, ignore_eos=True),
-        SamplingParams(max_tokens=30, temperature=0, presence_penalty=0.5, ignore_eos=True),
-        SamplingParams(max_tokens=30, temperature=0, min_tokens=30),
-        SamplingParams(max_tokens=30, temperature=0, ignore_eos=True),
-    ]
-    llm.generate([prompts[0]] * len(kinds), kinds)
-    drafted = [r.get("spec_proposed", 0) for r in llm.core.receipts.of("request.finish")]
-    assert drafted[:4] == [0, 0, 0, 0] and drafted[4] > 0, drafted
-    llm.close()
+GREEDY_KINDS = {
+    "logprobs": dict(logprobs=2),
+    "penalties": dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3),
+    "bias": dict(logit_bias={7: 3.0, 11: -2.0}),
+    # token 7 ends it, and is every row's argmax: banned at each row until the 23rd token
+    "min_tokens": dict(min_tokens=23, stop_token_ids=[7], logit_bias={7: 30.0}, ignore_eos=False),
+    "json": dict(guide=Guide("json_object"), ignore_eos=False),
+}
+
+
+class Oracle:
+    """Proposes each request's own reference output (what it writes without speculation), its
+    third draft wrong on every other step: most drafts are kept, some refused."""
+
+    def __init__(self, prompts: list[list[int]], outputs: list[list[int]], vocab: int) -> None:
+        self.want = {tuple(p): o for p, o in zip(prompts, outputs)}
+        self.vocab = vocab
+
+    def propose(self, req, k: int) -> list[int]:
+        done = len(req.output_ids)
+        drafts = list(self.want[tuple(req.prompt_ids)][done : done + k])
+        if len(drafts) > 2 and done % 2:
+            drafts[2] = (drafts[2] + 1) % self.vocab
+        return drafts
+
+    def finished(self, req) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", list(GREEDY_KINDS))
+def test_greedy_requests_of_every_kind_are_drafted_and_keep_their_tokens(
+    tiny_model_dir, plain, kind
+):
+    """Bias and penalties counted over the drafts before each row, stop tokens banned up to
+    min_tokens at each row, the grammar walked over the drafts: the same tokens and logprobs,
+    with drafts that are mostly right (an oracle) and from prompt lookup."""
+    prompts = plain[0][:8]
+    params = [SamplingParams(**({"max_tokens": 40, "temperature": 0, "ignore_eos": True}
+                                | GREEDY_KINDS[kind])) for _ in prompts]  # fmt: skip
+    ref = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True)
+    want = [(o.token_ids, o.logprobs) for o in ref.generate(prompts, params)]
+    ref.close()
+    for proposer in ("oracle", "ngram"):
+        llm = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True,
+                  speculative="ngram")  # fmt: skip
+        if proposer == "oracle":
+            llm.core.scheduler.spec.proposer = Oracle(prompts, [w for w, _ in want], 320)
+        got = [(o.token_ids, o.logprobs) for o in llm.generate(prompts, params)]
+        for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got, want):
+            assert tokens == want_tokens, proposer
+            if kind == "logprobs":
+                assert [t for t, _, _ in logprobs] == [t for t, _, _ in want_logprobs]
+                for (_, lp, top), (_, want_lp, want_top) in zip(logprobs, want_logprobs):
+                    assert lp == pytest.approx(want_lp, abs=1e-4)
+                    assert [t for t, _ in top] == [t for t, _ in want_top]
+        proposed, accepted = spec_totals(llm)
+        if proposer == "oracle":
+            assert proposed > accepted > proposed // 2, (proposed, accepted)
+        llm.close()
 
 
 def test_a_request_that_stops_inside_its_drafts_ends_where_it_would_have(tiny_model_dir, plain):
@@ -101,4 +147,62 @@ def test_a_request_that_stops_inside_its_drafts_ends_where_it_would_have(tiny_mo
     ref.close()
     llm = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True, speculative="ngram")
     assert [(o.token_ids, o.text) for o in llm.generate(prompts, stops)] == want
+    llm.close()
+
+
+class Wrong(Oracle):
+    """Proposes a token after the reference's at every position: every draft is refused."""
+
+    def propose(self, req, k: int) -> list[int]:
+        done = len(req.output_ids)
+        return [(t + 1) % self.vocab for t in self.want[tuple(req.prompt_ids)][done : done + k]]
+
+
+def test_a_request_whose_drafts_do_not_pay_steps_aside_and_tries_again(tiny_model_dir, plain):
+    prompts, _, expected = plain
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    ref = LLM(model=tiny_model_dir, kv_tokens=16384)
+    [want] = [o.token_ids for o in ref.generate(prompts[:1], params)]
+    ref.close()
+    llm = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True, speculative="ngram")
+    llm.core.scheduler.spec.proposer = Wrong(prompts[:1], [want], 320)
+    [out] = llm.generate(prompts[:1], params)
+    assert out.token_ids == want
+    seen = [(r["event"], r["scope"]) for r in llm.core.receipts.records
+            if r["event"] in ("spec.off", "spec.on")]  # fmt: skip
+    assert seen[:3] == [("spec.off", "request"), ("spec.on", "request"), ("spec.off", "request")]
+    offs = llm.core.receipts.of("spec.off")
+    assert offs[1]["steps"] == 2 * offs[0]["steps"]  # off again: a longer pause
+    proposed, accepted = spec_totals(llm)
+    assert accepted == 0 and proposed < 4 * 60 // 3  # most of its steps drafted nothing
+    llm.close()
+
+
+def test_a_batch_too_wide_drafts_for_none_until_it_narrows(tiny_model_dir, plain):
+    prompts, params, expected = plain
+    llm = LLM(model=tiny_model_dir, kv_tokens=16384, max_running=16, check_invariants=True,
+              speculative="ngram")  # fmt: skip
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    seen = [(r["event"], r.get("decoding")) for r in llm.core.receipts.records
+            if r["event"] in ("spec.off", "spec.on")]  # fmt: skip
+    assert seen[0][0] == "spec.off" and seen[0][1] > 8
+    assert any(kind == "spec.on" and n <= 8 for kind, n in seen[1:])
+    assert spec_totals(llm)[0] > 0
+    llm.close()
+
+
+def test_suffix_proposes_what_an_earlier_request_wrote(tiny_model_dir):
+    """A prompt with nothing repeated: prompt lookup has little to offer; asked again, the
+    suffix proposer finds the first answer among recent outputs and most of it is kept."""
+    prompt = random.Random(7).sample(range(2, 320), 40)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    llm = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True, speculative="suffix",
+              iteration_receipt_interval=1)  # fmt: skip
+    [first] = llm.generate([prompt], params)
+    [again] = llm.generate([prompt], params)
+    assert again.token_ids == first.token_ids
+    fin = llm.core.receipts.of("request.finish")
+    assert fin[1]["spec_accepted"] >= 25 > fin[0].get("spec_accepted", 0) + 10
+    held = [r["spec_recent_tokens"] for r in llm.core.receipts.of("iteration")]
+    assert held[-1] == 80 and max(held) == 80  # both outputs, in tokens
     llm.close()

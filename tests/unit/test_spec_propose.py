@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.spec.propose import NgramIndex, RecentOutputs
+from engine.spec.propose import NgramIndex, PromptLookup, RecentOutputs, SuffixLookup
 
 SEQ = st.lists(st.integers(0, 3), max_size=40)
 
@@ -64,3 +64,29 @@ def test_recent_outputs_is_brute_force_over_what_it_still_holds(outputs, text, k
             held.pop(0)
         assert store.tokens == sum(map(len, held)) <= bound
     assert store.propose(text, k) == brute_recent(held, text, k, 2, 3)
+
+
+class Text:
+    """What a proposer reads of a request."""
+
+    def __init__(self, prompt: list[int], output: list[int]) -> None:
+        self.prompt_ids, self.output_ids, self.spec = prompt, output, None
+
+
+def test_suffix_lookup_takes_the_longer_match_its_own_on_a_tie():
+    proposer = SuffixLookup()
+    proposer.finished(Text([], [5, 6, 7, 8, 1, 2, 3, 4]))  # another request's output
+    # its own text repeats only (2, 3): the other output matches (1, 2, 3), longer
+    assert proposer.propose(Text([9, 2, 3, 0, 1], [2, 3]), 2) == [4]
+    # its own text repeats (1, 2, 3) too: a tie, its own wins
+    assert proposer.propose(Text([1, 2, 3, 9, 9, 1], [2, 3]), 2) == [9, 9]
+    # nothing anywhere
+    assert proposer.propose(Text([11, 12], [13]), 2) == []
+
+
+def test_prompt_lookup_indexes_only_what_is_new():
+    req = Text([1, 2, 3, 1, 2], [])
+    assert PromptLookup().propose(req, 2) == [3, 1]
+    req.output_ids += [3, 7, 1, 2, 3]
+    assert PromptLookup().propose(req, 2) == [7, 1]  # the most recent (1, 2, 3) before now
+    assert len(req.spec.tokens) == 10

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import torch
 
+from engine.grammar.masks import Masks
 from engine.mem.allocator import TokenAllocator
 from engine.obs.receipts import Receipts
 from engine.sched.speculate import Speculator
+from engine.spec.propose import PromptLookup
 from tests.unit.test_detok_and_request import make_request, make_tokenizer, tid
 
 TOK = make_tokenizer()
+
+
+def speculator() -> Speculator:
+    allocator, masks = TokenAllocator(64), Masks(TOK.vocab_size)
+    return Speculator(4, PromptLookup(), allocator, Receipts(capture=True), masks)
 
 
 class Shrinks:
@@ -41,8 +48,8 @@ def drafted(drafts: list[int], **params):
 def test_an_ending_inside_the_kept_drafts_appends_nothing_after_it():
     a, b, end, c = tid(TOK, "a"), tid(TOK, "b"), tid(TOK, "<|im_end|>"), tid(TOK, "c")
     req = drafted([a, end, b])
-    spec, memory = Speculator(4, TokenAllocator(64), Receipts(capture=True)), Shrinks()
-    got = spec.advance(req, [a, end, b], rows_agreeing_with([a, end, b, c]), memory)
+    spec, memory = speculator(), Shrinks()
+    got, _ = spec.advance(req, [a, end, b], rows_agreeing_with([a, end, b, c]), memory)
     assert got == [a, end] and req.finish_reason == "stop"
     assert req.output_ids[-2:] == [a, end] and req.kv_len == len(req.fill_ids)
     assert memory.kept == [req.prompt_len + 1 + 2]  # the last token, a and the ending token
@@ -51,8 +58,8 @@ def test_an_ending_inside_the_kept_drafts_appends_nothing_after_it():
 def test_a_rejected_draft_and_what_follows_it_go_back():
     a, b, c, d = (tid(TOK, x) for x in "abcd")
     req = drafted([a, b, c])
-    spec, memory = Speculator(4, TokenAllocator(64), Receipts(capture=True)), Shrinks()
-    got = spec.advance(req, [a, b, c], rows_agreeing_with([a, d, c, c]), memory)
+    spec, memory = speculator(), Shrinks()
+    got, _ = spec.advance(req, [a, b, c], rows_agreeing_with([a, d, c, c]), memory)
     assert got == [a, d] and req.finish_reason is None  # b refused: the model's d instead
     assert memory.kept == [req.prompt_len + 1 + 1]  # the last token and a; d has none yet
     assert (req.spec_accepted, spec.tally.accepted) == (1, 1)

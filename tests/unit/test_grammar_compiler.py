@@ -15,6 +15,7 @@ import time
 import pytest
 import xgrammar as xgr
 
+from engine.grammar import compiler as compiler_module
 from engine.grammar.compiler import Grammars, token_info
 from engine.guide import UNENFORCED, Guide, json_schema_guide, text_guide
 from engine.model.tokenizer import Tokenizer
@@ -155,3 +156,23 @@ def wait_answers(grammars, limit_s: float = 30.0) -> list:
             return answers
         time.sleep(0.01)
     raise AssertionError("no answer")
+
+
+def test_the_time_limit_counts_from_a_ready_compiler_not_its_one_time_build(tokenizer, monkeypatch):
+    """A deadline test: the vocabulary table xgrammar builds once per boot (seconds for the
+    default model on a busy machine) is held past the 0.2 s limit; the grammar compiles in
+    far less once it is built, and is not refused for the build's time."""
+    build = threading.Event()
+    real = compiler_module.token_info
+
+    def slow_info(*args):
+        build.wait(60)
+        return real(*args)
+
+    monkeypatch.setattr(compiler_module, "token_info", slow_info)
+    grammars = Grammars(tokenizer, VOCAB, Receipts(capture=True), timeout_s=0.2)
+    grammars.prepare(text_guide("regex", "a+", "r"), 7)
+    time.sleep(0.6)
+    assert grammars.poll() == []  # past the limit, but the compiler is not built yet
+    build.set()
+    assert wait_answers(grammars) == [(7, None)]

@@ -47,6 +47,17 @@ class StepOutput:
     prompt_logprobs: list[TokenLogprobs] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SpecCounts:
+    """Speculative decoding since boot (``/metrics``): verifications of a request's drafts,
+    drafts verified, drafts kept, and drafts kept at each position (first draft first)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolSnapshot:
     """The scheduler's state after a step: one snapshot feeds the ``iteration`` receipt,
@@ -67,6 +78,7 @@ class PoolSnapshot:
     tokens_generated: int = 0  # tokens sampled
     admissions: int = 0  # admission.admit receipts
     requests_ended: int = 0  # requests finished or aborted
+    spec: SpecCounts | None = None  # with speculative decoding on
 
     @property
     def token_usage(self) -> float:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from engine.messages import PoolSnapshot
+from engine.messages import PoolSnapshot, SpecCounts
 from engine.obs import schema
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -71,10 +71,29 @@ class _EngineCollector:
         counts = s.receipts
         for name, (kind, help_) in _DECISIONS.items():
             yield CounterMetricFamily(name, help_, value=counts.get(kind, 0))
+        if s.spec is not None:
+            yield from _spec_metrics(s.spec)
         c = CounterMetricFamily("attest:receipts", "Receipts written, by kind.", labels=["kind"])
         for kind in sorted(counts):
             c.add_metric([kind], counts[kind])
         yield c
+
+
+def _spec_metrics(spec: SpecCounts) -> Iterator[Metric]:
+    """Speculative decoding's counters, under vLLM's names."""
+    for name, value, help_ in (
+        ("drafts", spec.drafts, "Verifications of a request's drafts."),
+        ("draft_tokens", spec.draft_tokens, "Draft tokens verified."),
+        ("accepted_tokens", spec.accepted_tokens, "Draft tokens the model kept."),
+    ):
+        yield CounterMetricFamily(f"attest:spec_decode_num_{name}", help_, value=value)
+    c = CounterMetricFamily(
+        "attest:spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens kept, by position in the drafts (0: the first).", labels=["position"],
+    )  # fmt: skip
+    for pos, value in enumerate(spec.accepted_per_pos):
+        c.add_metric([str(pos)], value)
+    yield c
 
 
 class ServerMetrics:

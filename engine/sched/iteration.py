@@ -68,4 +68,5 @@ def snapshot_of(sched: Any) -> PoolSnapshot:
         kv_free=mem.available(), kv_staged=mem.staged(), kv_total=mem.capacity,
         new_token_ratio=sched.ratio.value, receipts=dict(sched.receipts.counts),
         **schema.progress(sched.generated, sched.receipts.counts),
+        spec=sched.spec.counts() if sched.spec is not None else None,
     )  # fmt: skip

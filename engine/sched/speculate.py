@@ -27,6 +27,7 @@ import torch
 from engine.config import SchedulerSection
 from engine.grammar.masks import Masks
 from engine.mem.allocator import TokenAllocator
+from engine.messages import SpecCounts
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.sampling import prompt_logprobs
@@ -62,6 +63,9 @@ class Speculator:
         self.masks = masks
         self.tally = Tally()
         self.aside = False  # the batch is too wide for drafts
+        # since boot (/metrics): verifications, drafts verified, drafts kept at each position
+        self.verified = self.verified_tokens = 0
+        self.kept_at = [0] * k
 
     def drafting(self, decode: Sequence[Request]) -> bool:
         """Whether a batch of ``decode`` requests drafts at all (receipted when it changes)."""
@@ -156,6 +160,10 @@ class Speculator:
         return applied, refused
 
     def _count(self, req: Request, proposed: int, kept: int) -> None:
+        self.verified += 1
+        self.verified_tokens += proposed
+        for i in range(kept):
+            self.kept_at[i] += 1
         self.tally.accepted += kept
         req.spec_accepted += kept
         if req.finish_reason is None and req.pace.verified(proposed, kept):
@@ -164,6 +172,11 @@ class Speculator:
 
     def finished(self, req: Request) -> None:
         self.proposer.finished(req)
+
+    def counts(self) -> SpecCounts:
+        return SpecCounts(
+            self.verified, self.verified_tokens, sum(self.kept_at), tuple(self.kept_at)
+        )
 
     def iteration_fields(self) -> dict[str, int]:
         """The iteration receipt's: drafts funded and kept since the last one (when not both

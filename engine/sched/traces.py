@@ -166,6 +166,8 @@ class RequestTraces:
             "attest.ttft_s": f.get("ttft_s"),
             "attest.e2e_s": f.get("e2e_s"),
             "attest.chunks": live.n_chunks,
+            "attest.spec.proposed": f.get("spec_proposed"),
+            "attest.spec.accepted": f.get("spec_accepted"),
             "attest.abort_reason": reason if event == schema.REQUEST_ABORT else None,
         }))  # fmt: skip
         if event == schema.REQUEST_ABORT:

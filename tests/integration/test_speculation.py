@@ -56,6 +56,10 @@ def test_drafts_change_no_token_in_a_roomy_pool(tiny_model_dir, plain):
     its = llm.core.receipts.of("iteration")
     assert sum(r.get("spec_accepted", 0) for r in its) <= accepted  # since each last receipt
     assert not llm.core.receipts.of("spec.cut")
+    spec = llm.core.scheduler.snapshot().spec  # what /metrics reads: the receipts' sums
+    assert (spec.draft_tokens, spec.accepted_tokens) == (proposed, accepted)
+    assert spec.accepted_per_pos[0] >= spec.accepted_per_pos[-1] and len(spec.accepted_per_pos) == 4
+    assert 0 < spec.drafts <= spec.draft_tokens <= 4 * spec.drafts
     llm.close()
 
 

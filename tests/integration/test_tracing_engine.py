@@ -158,3 +158,20 @@ def test_every_span_ends_when_the_engine_stops_mid_request(tiny_model_dir, trace
     )  # fmt: skip
     names = {s.name for s in spans}
     assert {"scheduler.queue", "scheduler.prefill", "scheduler.decode"} <= names
+
+
+def test_a_drafted_requests_span_counts_its_drafts(tiny_model_dir, traced):
+    """Asked twice, the second request is drafted for from the first's output (suffix)."""
+    tracing, exporter = traced
+    llm = LLM(model=tiny_model_dir, kv_tokens=4096, speculative="suffix", tracing=tracing)
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    for _ in range(2):
+        llm.generate([list(range(40, 80))], params)
+    fin = {r["rid"]: r for r in llm.core.receipts.of("request.finish")}
+    llm.close()
+    spans = [s for s in exporter.get_finished_spans() if "attest.spec.proposed" in s.attributes]
+    assert len(spans) >= 1 and fin["r-1"]["spec_accepted"] > 0
+    for s in spans:
+        f = fin[s.attributes["attest.rid"]]
+        assert s.attributes["attest.spec.proposed"] == f["spec_proposed"] > 0
+        assert s.attributes["attest.spec.accepted"] == f["spec_accepted"]

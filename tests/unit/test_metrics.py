@@ -3,7 +3,7 @@ the one snapshot, under the metric names operators already scrape."""
 
 from __future__ import annotations
 
-from engine.messages import PoolSnapshot
+from engine.messages import PoolSnapshot, SpecCounts
 from engine.obs import schema
 from engine.obs.metrics import ServerMetrics
 
@@ -45,3 +45,17 @@ def test_gauges_and_counters_come_from_the_latest_snapshot():
     assert s["attest:parks_total"] == 4 and s["attest:retractions_total"] == 1
     assert s["attest:evictions_total"] == 7 and s["attest:oom_total"] == 0
     assert s[f'attest:receipts_total{{kind="{schema.ADMISSION_PARK}"}}'] == 4
+
+
+def test_speculation_counters_under_vllms_names_only_when_it_is_on():
+    assert not any("spec_decode" in k for k in _samples(ServerMetrics(PoolSnapshot)))
+    spec = SpecCounts(drafts=5, draft_tokens=18, accepted_tokens=9, accepted_per_pos=(4, 3, 2, 0))
+    s = _samples(ServerMetrics(lambda: PoolSnapshot(spec=spec)))
+    assert s["attest:spec_decode_num_drafts_total"] == 5
+    assert s["attest:spec_decode_num_draft_tokens_total"] == 18
+    assert s["attest:spec_decode_num_accepted_tokens_total"] == 9
+    per_pos = {k: v for k, v in s.items() if "per_pos" in k}
+    assert per_pos == {
+        f'attest:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}': v
+        for i, v in enumerate((4, 3, 2, 0))
+    }

@@ -63,12 +63,14 @@ class Speculator:
         self.masks = masks
         self.tally = Tally()
         self.aside = False  # the batch is too wide for drafts
+        self.batch = 0  # decoding requests in this step: what a drafted position costs
         # since boot (/metrics): verifications, drafts verified, drafts kept at each position
         self.verified = self.verified_tokens = 0
         self.kept_at = [0] * k
 
     def drafting(self, decode: Sequence[Request]) -> bool:
         """Whether a batch of ``decode`` requests drafts at all (receipted when it changes)."""
+        self.batch = len(decode)
         aside = len(decode) > MAX_BATCH
         if aside != self.aside:
             self.aside = aside
@@ -89,7 +91,7 @@ class Speculator:
         """Up to ``k`` drafts after the request's text, within its max_tokens and context."""
         room = min(req.params.max_tokens - len(req.output_ids),
                    req.max_context - req.prompt_len - len(req.output_ids)) - 1  # fmt: skip
-        return self.proposer.propose(req, min(self.k, room)) if room > 0 else []
+        return self.proposer.propose(req, min(req.pace.drafts(self.k), room)) if room > 0 else []
 
     def fund(self, decode: list[Request], spare: int) -> dict[str, list[int]]:
         """Each drafted request's drafts, funded in decode order from ``spare`` slots (what the
@@ -166,7 +168,7 @@ class Speculator:
             self.kept_at[i] += 1
         self.tally.accepted += kept
         req.spec_accepted += kept
-        if req.finish_reason is None and req.pace.verified(proposed, kept):
+        if req.finish_reason is None and req.pace.verified(proposed, kept, self.batch):
             self.receipts.emit(schema.SPEC_OFF, scope="request", rid=req.rid,
                                rate=round(req.pace.rate, 3), steps=req.pace.off_for)  # fmt: skip
 

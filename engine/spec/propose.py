@@ -129,7 +129,7 @@ def text_index(req: Drafted) -> NgramIndex:
     """The request's prompt-lookup index, brought up to its output (only the tokens new since
     the last call are indexed: its whole text is never copied per step)."""
     if req.spec is None:
-        req.spec = NgramIndex(tokens=req.prompt_ids)
+        req.spec = NgramIndex(n_min=3, n_max=5, tokens=req.prompt_ids)
     req.spec.extend(req.output_ids[len(req.spec.tokens) - len(req.prompt_ids) :])
     return req.spec
 

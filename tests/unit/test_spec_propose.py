@@ -85,8 +85,8 @@ def test_suffix_lookup_takes_the_longer_match_its_own_on_a_tie():
 
 
 def test_prompt_lookup_indexes_only_what_is_new():
-    req = Text([1, 2, 3, 1, 2], [])
-    assert PromptLookup().propose(req, 2) == [3, 1]
-    req.output_ids += [3, 7, 1, 2, 3]
-    assert PromptLookup().propose(req, 2) == [7, 1]  # the most recent (1, 2, 3) before now
-    assert len(req.spec.tokens) == 10
+    req = Text([1, 2, 3, 4, 1, 2, 3], [])
+    assert PromptLookup().propose(req, 2) == [4, 1]
+    req.output_ids += [9, 1, 2, 3]
+    assert PromptLookup().propose(req, 2) == [9, 1]  # the most recent (1, 2, 3) before now
+    assert len(req.spec.tokens) == 11

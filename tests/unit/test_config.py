@@ -52,7 +52,7 @@ from engine.core import DTYPES
         ("cutover_timeout", True, "a number of seconds > 0"),
         ("grammar_timeout", 0, "a number of seconds > 0"),
         ("scheduling_policy", "lifo", "fcfs or priority"),
-        ("speculative", "eagle", "off or ngram"),
+        ("speculative", "eagle", "off or ngram or suffix"),
         ("spec_tokens", 0, "an integer in [1, 16]"),
         ("spec_tokens", 17, "an integer in [1, 16]"),
         ("spec_tokens", True, "an integer in [1, 16]"),

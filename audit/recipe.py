@@ -2,8 +2,8 @@
 
 In a spec's ``[regime]``: ``[regime.engine]`` holds `engine serve` flags (``kv_tokens = 540`` is
 ``--kv-tokens 540``; ``true``/``false`` is ``--flag``/``--no-flag``), ``[regime.load]`` the load
-shape (request count, prompt and output lengths in tokens, shared-prefix share, concurrency,
-duration), and ``[regime.control]`` the flags that switch the mechanism under test off for the
+shape (request count, prompt and output lengths in tokens, shared-prefix share, a repeated run
+for prompts with text to copy, concurrency, duration), and ``[regime.control]`` the flags that switch the mechanism under test off for the
 control boot (``--control``). The auditor only reads and checks the recipe; the engine drives it.
 """
 
@@ -20,6 +20,7 @@ LOAD_DEFAULTS: dict[str, Any] = {
     "prompt_tokens": [4, 120],  # each prompt's length, uniform in [lo, hi]
     "output_tokens": [8, 60],  # tokens each request generates (ignore_eos)
     "shared_prefix": 0.0,  # share of every prompt that is one common prefix
+    "repeat": 0,  # > 0: each prompt's own tokens are a random run of this many, repeated
     "concurrency": 32,  # requests in flight at once
     "duration_s": 0.0,  # 0: send `requests` once; > 0: keep sending until then
     "stream": True,
@@ -78,9 +79,10 @@ def _load(t: Any, where: str) -> dict[str, Any]:
     out = {**LOAD_DEFAULTS, **t}
     for k in ("prompt_tokens", "output_tokens"):
         out[k] = _pair(out[k], f"{where}.{k}")
-    for k in ("requests", "concurrency", "seed"):
-        if type(out[k]) is not int or out[k] < (0 if k == "seed" else 1):
-            raise RecipeError(f"{where}.{k} is a whole number >= {0 if k == 'seed' else 1}")
+    for k in ("requests", "concurrency", "seed", "repeat"):
+        low = 0 if k in ("seed", "repeat") else 1
+        if type(out[k]) is not int or out[k] < low:
+            raise RecipeError(f"{where}.{k} is a whole number >= {low}")
     for k, hi in (("shared_prefix", 1.0), ("duration_s", 3600.0)):
         if type(out[k]) not in (int, float) or not 0 <= out[k] <= hi:
             raise RecipeError(f"{where}.{k} is a number in [0, {hi:g}]")

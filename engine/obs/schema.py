@@ -28,7 +28,8 @@ class Kind:
 # Field groups the engine writes together (optional fields of several kinds)
 _BUDGET = ("local_avail", "evictable", "decode_reserve", "floor", "offset", "remaining")
 _ENDING = ("tokens", "prompt_tokens", "cached", "parks", "retractions", "trace_id", "queue_s",
-           "ttft_s", "e2e_s", "constrained", "spec_proposed", "spec_accepted")  # fmt: skip
+           "ttft_s", "e2e_s", "constrained", "spec_proposed", "spec_accepted",
+           "output_hash")  # fmt: skip
 _NET = ("site", "rid")
 # The step budget (`step_tokens`) as admission saw it: the step's decode tokens, the room left
 # for this chunk (None: no step budget), and whether that room cut the chunk short.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import array
 import enum
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -103,6 +105,12 @@ class Request:
     @property
     def prefilling(self) -> bool:
         return self.kv_len < self.prefill_target
+
+    def output_hash(self) -> int:
+        """Its output tokens as a 32-bit number (blake2b): two boots' answers to the same
+        requests compare by the sums of these (a window's control claim)."""
+        raw = array.array("q", self.output_ids).tobytes()
+        return int.from_bytes(hashlib.blake2b(raw, digest_size=4).digest(), "little")
 
     def banned_stops(self, ahead: int = 0) -> list[int]:
         """Stop tokens it may not sample yet (``ahead``: after that many more tokens): none may

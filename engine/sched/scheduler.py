@@ -373,7 +373,7 @@ class Scheduler:
         common = dict(
             rid=req.rid, tokens=len(req.output_ids), prompt_tokens=req.prompt_len,
             cached=req.cached_tokens, parks=req.parks, retractions=req.retractions,
-            trace_id=req.trace_id, **req.timing(time.monotonic()),
+            trace_id=req.trace_id, output_hash=req.output_hash(), **req.timing(time.monotonic()),
         )  # fmt: skip
         if req.guided is not None:
             common["constrained"] = req.guided.guide.kind

@@ -31,6 +31,7 @@ class LoadShape:
     prompt_tokens: tuple[int, int] = (4, 120)
     output_tokens: tuple[int, int] = (8, 60)
     shared_prefix: float = 0.0
+    repeat: int = 0
     concurrency: int = 32
     duration_s: float = 0.0
     stream: bool = True
@@ -59,7 +60,12 @@ def prompts(shape: LoadShape) -> list[tuple[list[int], int]]:
     for _ in range(shape.requests):
         n = rng.randint(lo, hi)
         head = shared[: min(len(shared), n - 1)] if n > 1 else []
-        ids = head + [rng.randrange(*TOKEN_IDS) for _ in range(max(1, n - len(head)))]
+        own = max(1, n - len(head))
+        if shape.repeat:  # text to copy: one random run, repeated to the length
+            run = [rng.randrange(*TOKEN_IDS) for _ in range(min(shape.repeat, own))]
+            ids = head + (run * (own // len(run) + 1))[:own]
+        else:
+            ids = head + [rng.randrange(*TOKEN_IDS) for _ in range(own)]
         out.append((ids, rng.randint(*shape.output_tokens)))
     return out
 

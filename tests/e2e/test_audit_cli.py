@@ -56,14 +56,15 @@ def test_verdict_without_spec_runs_every_window_that_applies(tmp_path):
     r = audit("verdict", case_log(tmp_path, "boot_health", "pass"), "--json")
     d = orjson.loads(r.stdout)
     assert {s["spec"] for s in d["specs"]} == {
-        "boot_health", "no_request_lost", "admission_park", "eviction_honesty", "relief_ladder"
+        "boot_health", "no_request_lost", "admission_park", "eviction_honesty", "relief_ladder",
+        "speculation",
     }  # fmt: skip
     assert r.returncode == 2  # admission_park and others never engaged: UNDECIDED, not PASS
     text = tmp_path / "foreign.log"
     text.write_text("some other engine's log\n")
     r = audit("verdict", str(text), "--json")
     d = orjson.loads(r.stdout)
-    assert d["specs"] == [] and len(d["not_applicable"]) == 9 and r.returncode == 2
+    assert d["specs"] == [] and len(d["not_applicable"]) == 10 and r.returncode == 2
 
 
 def test_a_bad_spec_is_64_with_the_reason(tmp_path):

@@ -20,7 +20,10 @@ import orjson
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WINDOWS = {"boot_health", "no_request_lost", "admission_park", "eviction_honesty", "relief_ladder"}
+WINDOWS = {
+    "boot_health", "no_request_lost", "admission_park", "eviction_honesty", "relief_ladder",
+    "speculation",
+}  # fmt: skip
 
 
 def run(

@@ -124,3 +124,12 @@ def test_every_shipped_window_passes_on_the_default_model(name, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     # the regime was reached: no claim passed because its mechanism never ran (one rank aside)
     assert "no retract seen" not in r.stdout and "never reached" not in r.stdout, r.stdout
+
+
+@pytest.mark.slow
+@requires_default_model
+def test_the_speculation_window_passes_against_its_control(tmp_path):
+    """Prompt lookup in a tight pool, and the same load with it off: the same answers."""
+    r = window("speculation", "--control", "--out-dir", str(tmp_path), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "control log:" in r.stdout

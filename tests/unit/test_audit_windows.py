@@ -16,7 +16,7 @@ from audit.spec import load_spec, shipped
 
 WINDOWS = {
     "boot_health", "no_request_lost", "admission_park", "eviction_honesty", "relief_ladder", "cutover",
-    "group_agreement",
+    "group_agreement", "speculation",
 }  # fmt: skip
 
 

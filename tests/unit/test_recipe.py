@@ -64,7 +64,7 @@ def test_the_engine_drives_every_key_the_auditor_accepts():
 def test_every_shipped_attest_window_has_a_recipe_and_the_foreign_ones_none():
     recipes = {p.name: load_spec(p).regime.recipe for p in shipped()}
     engine_windows = {"boot_health", "no_request_lost", "admission_park", "eviction_honesty",
-                      "relief_ladder", "group_agreement"}  # fmt: skip
+                      "relief_ladder", "group_agreement", "speculation"}  # fmt: skip
     assert {w for w, r in recipes.items() if isinstance(r, Recipe)} == engine_windows
     assert recipes["relief_ladder"].control == (("relief_ladder", "off"),)
 
@@ -84,3 +84,11 @@ def test_prompts_have_exact_lengths_a_shared_prefix_and_repeat_by_seed():
 def test_recipe_errors_are_value_errors():
     with pytest.raises(RecipeError):
         parse_recipe({"load": {"concurrency": -1}}, "w")
+
+
+def test_a_repeated_run_makes_prompts_with_text_to_copy():
+    shape = LoadShape(requests=20, prompt_tokens=(10, 40), output_tokens=(3, 5), repeat=4)
+    for ids, _ in prompts(shape):
+        assert 10 <= len(ids) <= 40 and ids == (ids[:4] * 10)[: len(ids)]
+    with pytest.raises(RecipeError, match="repeat is a whole number >= 0"):
+        parse_recipe({"load": {"repeat": -1}}, "[regime]")

@@ -86,8 +86,7 @@ class Masks:
             logits, fill.bitmask[: logits.shape[0]], vocab_size=self.vocab_size, indices=fill.rows
         )
         for row, banned in zip(fill.rows, fill.banned):
-            if banned is not None:
-                logits[row, banned] = float("-inf")
+            _ban(logits[row], banned)
         self.steps += 1
         self.seconds += filled_s + time.perf_counter() - t0
 
@@ -116,8 +115,7 @@ class Masks:
         if taken:
             g.matcher.rollback(taken)
         xgr.apply_token_bitmask_inplace(rows[:filled], bitmask[:filled], vocab_size=self.vocab_size)
-        if g.banned is not None:
-            rows[:filled, g.banned] = float("-inf")
+        _ban(rows[:filled], g.banned)
         self.steps += 1
         self.seconds += time.perf_counter() - t0
         return taken
@@ -136,6 +134,12 @@ class Masks:
 
             self._bitmask = xgr.allocate_token_bitmask(max(rows, 8), self.vocab_size)
         return self._bitmask
+
+
+def _ban(rows: torch.Tensor, banned: torch.Tensor | None) -> None:
+    """Tokens never allowed, whatever the grammar says, set to -inf in ``rows`` (a view)."""
+    if banned is not None:
+        rows[..., banned] = float("-inf")
 
 
 def _fill(matchers: list[Any], rows: list[int], bitmask: torch.Tensor) -> float:

@@ -70,7 +70,6 @@ class Speculator:
 
     def drafting(self, decode: Sequence[Request]) -> bool:
         """Whether a batch of ``decode`` requests drafts at all (receipted when it changes)."""
-        self.batch = len(decode)
         aside = len(decode) > MAX_BATCH
         if aside != self.aside:
             self.aside = aside
@@ -97,6 +96,7 @@ class Speculator:
         """Each drafted request's drafts, funded in decode order from ``spare`` slots (what the
         step's chunks leave; the decodes' own next slots are taken out here), cut where the
         spare pages run out."""
+        self.batch = len(decode)
         if not self.drafting(decode):
             return {}
         spare -= sum(self.allocator.fresh_slots(r.kv_len, 1) for r in decode)

@@ -72,11 +72,11 @@ def verify(
     prompt: Sequence[int],
 ) -> tuple[list[int], torch.Tensor]:
     """The tokens the rows emit for a request whose output so far is ``generated``, and the
-    rows adjusted as the sampler adjusts them (what its logprobs are read from)."""
+    rows adjusted as the sampler adjusts them, in place (what its logprobs are read from; the
+    caller's copy: the step's speculator clones the forward's logits once)."""
     if rows.dtype != torch.float32 or rows.dim() != 2:
         raise TypeError(f"draft rows must be [k + 1, V] float32, got {rows.dtype} {rows.shape}")
     if p.adjusts_logits:
-        rows = rows.clone()
         for i, row in enumerate(rows):
             adjust_logits(row, p, [*generated, *drafts[:i]], prompt)
     if p.greedy:

@@ -50,14 +50,17 @@ class IndexBuffers:
 
 
 def context_slots(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-    """A decode batch's context in the pool: ``slots`` [B, L] (L the longest context, this
-    step's token included) and ``lens`` [B]. Slots past a request's length are stale but valid
-    indices; every reader masks them by ``lens``."""
+    """Each new token's context in the pool: ``slots`` [T, L] (its request's slot row, L the
+    longest context, this step's tokens included) and ``lens`` [T] (the token's position + 1).
+    A decode batch has one token a request; a short extend (a request's drafted tokens) has one
+    row per token, each seeing the context up to itself. Slots past a row's length are stale
+    but valid indices; every reader masks them by ``lens``."""
     dev = meta.req_to_token.device
-    width = max(meta.prefix_lens) + 1
-    rows = torch.tensor(meta.req_rows, dtype=torch.int64, device=dev)
-    lens = torch.tensor(meta.prefix_lens, dtype=torch.int64, device=dev) + 1
-    return meta.req_to_token[rows, :width], lens
+    width = max(p + e for p, e in zip(meta.prefix_lens, meta.extend_lens))
+    each = list(zip(meta.req_rows, meta.prefix_lens, meta.extend_lens))
+    rows = torch.tensor([r for r, _, e in each for _ in range(e)], dtype=torch.int64, device=dev)
+    lens = [p + j + 1 for _, p, e in each for j in range(e)]
+    return meta.req_to_token[rows, :width], torch.tensor(lens, dtype=torch.int64, device=dev)
 
 
 def build_plan(

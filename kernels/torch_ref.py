@@ -7,7 +7,8 @@ and on a GPU) reads the pool through one index per forward and multiplies each K
 its group of query heads (``kernels.paged_decode``); ``padded`` gathers each request's context
 into a padded batch and hands it to SDPA, which expands K/V for GQA (the earlier path, kept as
 ``torch-padded`` to measure against). All give the same tokens; the equivalence is pinned by
-``tests/unit/test_paged_decode.py``.
+``tests/unit/test_paged_decode.py``. On the native path a forward of short extends (each request
+verifying a few drafted tokens) is attended the same way, a row per token.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV, stor
 from kernels.paged_decode import IndexBuffers, build_plan, context_slots, grouped_decode
 
 DECODE_PATHS = ("native", "grouped", "padded")
+# A forward whose requests bring at most this many tokens each is attended row by row by the
+# native kernel: decode steps, and verification of up to 16 drafted tokens. A longer extend
+# (a prefill chunk) gathers its context once for SDPA, which is faster over many queries.
+SHORT_EXTEND = 17
 
 
 class TorchReferenceBackend(AttentionBackend):
@@ -47,7 +52,7 @@ class TorchReferenceBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        if meta.is_decode and self.decode == "native" and q.device.type == "cpu":
+        if self.decode == "native" and q.device.type == "cpu" and self._as_rows(meta):
             return self._decode_native(q, k, v, kv, meta, scale)
         store_kv(k, v, kv, meta.out_slots)
         if meta.is_decode:
@@ -74,6 +79,14 @@ class TorchReferenceBackend(AttentionBackend):
         return out
 
     @staticmethod
+    def _as_rows(meta: AttentionMetadata) -> bool:
+        """Whether the native decode kernel takes this forward: a decode batch, or one whose
+        every request brings at most ``SHORT_EXTEND`` tokens (drafted tokens being verified),
+        each token a row of its own that sees its context up to itself. A drafted position then
+        attends exactly as the decode step it saves would have."""
+        return max(meta.extend_lens) <= SHORT_EXTEND
+
+    @staticmethod
     def _decode_native(
         q: torch.Tensor,
         k: torch.Tensor,
@@ -82,8 +95,9 @@ class TorchReferenceBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        """Store this step's K/V and attend, one native call: each request's context rows are
-        read from the pool where they lie, with no gather and no GQA copy."""
+        """Store this step's K/V and attend, one native call: each row's context is read from
+        the pool where it lies, with no gather and no GQA copy. The kernel stores every row's
+        K/V before it attends, so a drafted row sees the rows before it."""
         plan = meta.scratch.get("native")
         if plan is None:  # the same for every layer of this forward
             plan = meta.scratch["native"] = context_slots(meta)

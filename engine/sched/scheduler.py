@@ -98,7 +98,7 @@ class Scheduler:
         vocab = runner.model.cfg.vocab_size
         self.grammars = Grammars(tokenizer, vocab, receipts, config.scheduler.grammar_timeout)
         self.masks = Masks(vocab)
-        self.spec = speculator(config.scheduler, allocator, receipts, self.masks)
+        self.spec = speculator(config.scheduler, allocator, receipts, self.masks, runner.model)
         torch.manual_seed(config.scheduler.seed)
 
     # -- intake -------------------------------------------------------------------------------
@@ -200,7 +200,9 @@ class Scheduler:
         need = sum(self.allocator.fresh_slots(r.kv_len, n) for r, n in chunks)
         # speculation's drafts, from what the decodes and chunks leave (one rank: no agreeing)
         spec = self.spec if self.group.world == 1 else None
-        drafts = spec.fund(decode, self.memory.available() - need) if spec and decode else {}
+        drafts = (
+            spec.fund(decode, self.memory.available() - need, chunks) if spec and decode else {}
+        )
         batch = [
             self._entry(r, [r.output_ids[-1], *drafts.get(r.rid, ())], "decode") for r in decode
         ]

@@ -28,6 +28,7 @@ from engine.config import SchedulerSection
 from engine.grammar.masks import Masks
 from engine.mem.allocator import TokenAllocator
 from engine.messages import SpecCounts
+from engine.model.llama import LlamaModel
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 from engine.sampling import prompt_logprobs
@@ -54,9 +55,13 @@ class Tally:
 class Speculator:
     def __init__(
         self, k: int, proposer: Proposer, allocator: TokenAllocator, receipts: Receipts,
-        masks: Masks,
+        masks: Masks, rows: int | None = None,
     ) -> None:  # fmt: skip
         self.k = k
+        # the most token rows a step with drafts may carry (fast mode: the packed kernel's, so
+        # a drafted position is computed as the decode step it saves; None: any)
+        self.rows = rows
+        self.max_batch = MAX_BATCH if rows is None else min(MAX_BATCH, rows - 1)
         self.proposer = proposer
         self.allocator = allocator
         self.receipts = receipts
@@ -70,11 +75,11 @@ class Speculator:
 
     def drafting(self, decode: Sequence[Request]) -> bool:
         """Whether a batch of ``decode`` requests drafts at all (receipted when it changes)."""
-        aside = len(decode) > MAX_BATCH
+        aside = len(decode) > self.max_batch
         if aside != self.aside:
             self.aside = aside
             kind = schema.SPEC_OFF if aside else schema.SPEC_ON
-            self.receipts.emit(kind, scope="batch", decoding=len(decode), max_batch=MAX_BATCH)
+            self.receipts.emit(kind, scope="batch", decoding=len(decode), max_batch=self.max_batch)
         return not aside
 
     def eligible(self, req: Request) -> bool:
@@ -92,31 +97,41 @@ class Speculator:
                    req.max_context - req.prompt_len - len(req.output_ids)) - 1  # fmt: skip
         return self.proposer.propose(req, min(req.pace.drafts(self.k), room)) if room > 0 else []
 
-    def fund(self, decode: list[Request], spare: int) -> dict[str, list[int]]:
+    def fund(
+        self, decode: list[Request], spare: int, chunks: Sequence[tuple[Request, int]] = ()
+    ) -> dict[str, list[int]]:
         """Each drafted request's drafts, funded in decode order from ``spare`` slots (what the
-        step's chunks leave; the decodes' own next slots are taken out here), cut where the
-        spare pages run out."""
+        step's ``chunks`` leave; the decodes' own next slots are taken out here), cut where the
+        spare pages run out or the step's rows (the decodes', the chunks', the drafts') reach
+        ``rows``."""
         self.batch = len(decode)
         if not self.drafting(decode):
             return {}
         spare -= sum(self.allocator.fresh_slots(r.kv_len, 1) for r in decode)
+        room = (self.rows or 1 << 30) - len(decode) - sum(n for _, n in chunks)  # for drafts
         out: dict[str, list[int]] = {}
         for req in decode:
             if not self.eligible(req) or not (drafts := self.propose(req)):
                 continue
-            base = self.allocator.fresh_slots(req.kv_len, 1)
-            got = len(drafts)
-            while got and self.allocator.fresh_slots(req.kv_len, 1 + got) - base > spare:
-                got -= 1
+            got, slots = self._funded(req, min(len(drafts), max(room, 0)), spare)
             if got < len(drafts):
+                by_rows = {"rows": max(room, 0)} if self.rows else {}
                 self.receipts.emit(schema.SPEC_CUT, rid=req.rid, want=len(drafts), got=got,
-                                   spare=max(spare, 0))  # fmt: skip
+                                   spare=max(spare, 0), **by_rows)  # fmt: skip
             if got:
-                spare -= self.allocator.fresh_slots(req.kv_len, 1 + got) - base
+                spare, room = spare - slots, room - got
                 out[req.rid] = drafts[:got]
                 self.tally.proposed += got
                 req.spec_proposed += got
         return out
+
+    def _funded(self, req: Request, got: int, spare: int) -> tuple[int, int]:
+        """How many of ``got`` drafts the spare slots fund after the request's next slot, and
+        the fresh slots they take."""
+        base = self.allocator.fresh_slots(req.kv_len, 1)
+        while got and (slots := self.allocator.fresh_slots(req.kv_len, 1 + got) - base) > spare:
+            got -= 1
+        return (got, slots) if got else (0, 0)
 
     def accept(
         self, req: Request, drafts: list[int], rows: torch.Tensor
@@ -192,10 +207,16 @@ class Speculator:
 
 
 def speculator(
-    sc: SchedulerSection, allocator: TokenAllocator, receipts: Receipts, masks: Masks
-) -> Speculator | None:
-    """The step's speculator as ``sc.speculative`` asks (None: off)."""
+    sc: SchedulerSection, allocator: TokenAllocator, receipts: Receipts, masks: Masks,
+    model: LlamaModel | None = None,
+) -> Speculator | None:  # fmt: skip
+    """The step's speculator as ``sc.speculative`` asks (None: off). In fast mode a step with
+    drafts carries at most the rows the packed kernel takes (the quant plan's ``small_rows``): it computes
+    each row as it computes one, where a wider product would round differently and cost more
+    (BENCHMARKS.md: int8's kernel at 5 rows costs what it does at 8)."""
     if sc.speculative == "off":
         return None
     proposer = SuffixLookup() if sc.speculative == "suffix" else PromptLookup()
-    return Speculator(sc.spec_tokens, proposer, allocator, receipts, masks)
+    quant = model.quant if model is not None else None
+    rows = quant.small_rows if quant is not None and quant.small_rows > 0 else None
+    return Speculator(sc.spec_tokens, proposer, allocator, receipts, masks, rows)

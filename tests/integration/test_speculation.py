@@ -215,3 +215,40 @@ def test_suffix_proposes_what_an_earlier_request_wrote(tiny_model_dir):
     held = [r["spec_recent_tokens"] for r in llm.core.receipts.of("iteration")]
     assert held[-1] == 80 and max(held) == 80  # both outputs, in tokens
     llm.close()
+
+
+def test_fast_mode_drafts_stay_within_the_packed_kernels_rows_and_change_no_token(
+    tiny_model_dir,
+):
+    """Fast mode computes a product of up to ``small_rows`` rows with the packed kernel and a
+    wider one dequantised, which rounds differently: a step with drafts carries at most
+    ``small_rows`` rows (cut with ``spec.cut`` rows), so each drafted position is computed as
+    the one-token step it saves and greedy tokens are fast mode's own, one request at a time
+    and two at once."""
+    prompts, params = repetitive(320, n=6, seed=3)
+    kw = dict(model=tiny_model_dir, kv_tokens=16384, quant="int8", check_invariants=True)
+    ref = LLM(**kw)
+    small = ref.core.runner.model.quant.small_rows
+    want = [ref.generate([p], [s])[0].token_ids for p, s in zip(prompts, params)]
+    pair = [o.token_ids for o in ref.generate(prompts[:2], params[:2])]
+    ref.close()
+    llm = LLM(**kw, speculative="ngram", spec_tokens=6)
+    llm.core.scheduler.spec.proposer = Oracle(prompts, want, 320)
+    widest = []
+    forward = llm.core.runner.forward
+
+    def counted(batch, **kw):
+        if kw.get("every"):
+            widest.append(sum(len(e.token_ids) for e in batch))
+        return forward(batch, **kw)
+
+    llm.core.runner.forward = counted
+    got = [llm.generate([p], [s])[0].token_ids for p, s in zip(prompts, params)]
+    assert got == want
+    assert [o.token_ids for o in llm.generate(prompts[:2], params[:2])] == pair
+    assert spec_totals(llm)[1] > 0
+    if small:  # a CPU with bfloat16 units: the packed kernel runs, and bounds the steps
+        assert max(widest) == small, widest
+        cuts = llm.core.receipts.of("spec.cut")
+        assert cuts and all(c["got"] <= c["rows"] < c["want"] for c in cuts)
+    llm.close()

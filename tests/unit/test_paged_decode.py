@@ -10,6 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kernels import cpu_ops
+from kernels.attention import AttentionMetadata
 from kernels.paged_decode import IndexBuffers, build_plan, grouped_decode
 from kernels.select import get_backend
 from kernels.torch_ref import TorchReferenceBackend
@@ -154,3 +155,45 @@ def test_native_decode_refuses_a_context_longer_than_its_slot_row():
         torch.ops.attest.decode_attention(
             b.q, b.k, b.v, b.kv.k, b.kv.v, b.meta.out_slots, slots, torch.tensor([7]), b.scale
         )
+
+
+@pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
+@settings(max_examples=40, deadline=None)
+@given(
+    gqa=st.sampled_from(GQA),
+    page_size=st.sampled_from([1, 4]),
+    spec=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 6)), min_size=1, max_size=5),
+    seed=st.integers(0, 2**16),
+)
+def test_short_extends_attended_row_by_row_equal_the_extend_path(gqa, page_size, spec, seed):
+    """Drafted tokens under verification (a few new tokens a request, after a prefix) take the
+    native kernel a row per token; they match SDPA's causal extend over the gathered context."""
+    b = make_paged_batch(spec, gqa[0], gqa[1], 64, page_size=page_size, seed=seed)
+    kv_n, kv_s = b.pool_copy(), b.pool_copy()
+    got = TorchReferenceBackend("native").forward(b.q, b.k, b.v, kv_n, b.meta, b.scale)
+    want = TorchReferenceBackend("grouped").forward(b.q, b.k, b.v, kv_s, b.meta, b.scale)
+    assert torch.equal(kv_n.k, kv_s.k) and torch.equal(kv_n.v, kv_s.v)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+@pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_drafted_row_attends_exactly_as_the_decode_step_it_saves(dtype):
+    """Each of five drafted rows gives the bits a decode step of that token alone would: the
+    verification forward attends as plain decoding does, so drafts cannot change a token."""
+    prefix, ext = 23, 5
+    b = make_paged_batch([(prefix, ext)], 9, 3, 64, dtype=dtype, page_size=4, seed=5)
+    native = TorchReferenceBackend("native")
+    kv = b.pool_copy()
+    drafted = native.forward(b.q, b.k, b.v, kv, b.meta, b.scale)
+    for j in range(ext):
+        meta = AttentionMetadata(
+            req_to_token=b.meta.req_to_token,
+            req_rows=b.meta.req_rows,
+            prefix_lens=[prefix + j],
+            extend_lens=[1],
+            positions=b.meta.positions[j : j + 1],
+            out_slots=b.meta.out_slots[j : j + 1],
+        )
+        one = native.forward(b.q[j : j + 1], b.k[j : j + 1], b.v[j : j + 1], kv, meta, b.scale)
+        assert torch.equal(one[0], drafted[j]), f"row {j}"

@@ -1,14 +1,22 @@
 """Speculative decoding's speed on the default model: one stream on repetitive agent-like prompts
-(a code edit, a summary that quotes its source, a tool call shaped like earlier ones) and on
-prompts with nothing to copy, and 16 streams, each with drafts (prompt lookup, --speculative
-ngram) against without, in the same run; and what a drafted position costs.
+(a code edit, a summary that quotes its source, a tool call shaped like earlier ones, and a loop
+of agent turns, each a fresh request for a tool call of the same shape) and on prompts with
+nothing to copy, and 16 streams; each without drafts, with prompt lookup (--speculative ngram)
+and with suffix lookup (--speculative suffix: the request's text and earlier requests'
+outputs), in the same run; and, with --llamacpp-env, llama.cpp on the same GGUF and the same
+token ids, without and with llama-cpp-python's prompt-lookup decoding
+(``LlamaPromptLookupDecoding``, --llamacpp-draft tokens a step).
 
 Each figure is a decode rate read from the request's own ``request.finish`` receipt: tokens
-after the first over e2e - ttft, so the prefill is not in it. The prefix cache is emptied before
-every generate and every receipt is asserted uncached (a cached prefill is not work); the two
-arms alternate, and each figure is the median of --runs runs. The greedy tokens of both arms
-are asserted equal (speculation must not change an answer). Requests stop where the model ends
-them or at --new-tokens.
+after the first over e2e - ttft, so the prefill is not in it (llama.cpp's: the same span, from
+its first token out to its last). The prefix cache is emptied before every generate and every
+receipt is asserted uncached (a cached prefill is not work); the suffix proposer's memory of
+earlier outputs is emptied before every run too, so it never drafts a run's answer from the
+run before (agent turns run one after another: each turn drafts from the turns before it in
+that run). The arms alternate, and each figure is the median of --runs runs. Every arm's
+greedy tokens are asserted equal to the plain arm's in exact mode (speculation must not change
+an answer) and compared in fast mode. Requests stop where the model ends them or at
+--new-tokens.
 
 --cost times the price of drafting: the same stream with drafts that are always wrong (every
 position verified and refused, pacing held off) against none, at batch sizes 1, 4, 8 and 16;
@@ -17,12 +25,13 @@ request's drafts pay while the share of them kept stays above it: engine/spec/pa
 COST (and so MAX_BATCH) comes from this table.
 
     .venv/bin/python bench/speculation.py [--runs 3] [--new-tokens 128] [--spec-tokens 4]
-        [--quant int8] [--cost]
+        [--quant int8] [--arms ngram,suffix] [--llamacpp-env build/llamacpp-venv] [--cost]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -31,18 +40,29 @@ from pathlib import Path
 from engine.benchmark.method import describe_cpu
 
 HERE = Path(__file__).parent / "prompts" / "speculation"
+TURNS = {p.stem for p in HERE.glob("*.jsonl")}  # workloads run one request after another
 
 
 def chat_ids(llm, text: str) -> list[int]:
     return llm.tokenizer.encode_chat([{"role": "user", "content": text}], True)
 
 
-def decode_rates(llm, prompts: list[list[int]], new: int) -> tuple[list[float], list[list[int]]]:
-    """One batched generate; each request's decode tok/s from its receipt, and its tokens."""
+def decode_rates(
+    llm, prompts: list[list[int]], new: int, turns: bool = False
+) -> tuple[list[float], list[list[int]]]:
+    """One batched generate (``turns``: one request after another); each request's decode
+    tok/s from its receipt, and its tokens."""
     from engine import SamplingParams
 
-    llm.core.scheduler.cache.reset_to_empty()
-    outs = llm.generate(prompts, SamplingParams(max_tokens=new, temperature=0))
+    if llm.core.scheduler.spec is not None and llm.core.config.scheduler.speculative == "suffix":
+        from engine.spec.propose import SuffixLookup
+
+        llm.core.scheduler.spec.proposer = SuffixLookup()  # nothing remembered from a run before
+    params = SamplingParams(max_tokens=new, temperature=0)
+    outs = []
+    for batch in [[p] for p in prompts] if turns else [prompts]:
+        llm.core.scheduler.cache.reset_to_empty()  # each turn's prefill is its own
+        outs += llm.generate(batch, params)
     fins = {f["rid"]: f for f in llm.core.receipts.of("request.finish")[-len(prompts) :]}
     assert len(fins) == len(prompts) and all(f["cached"] == 0 for f in fins.values())
     rates = [(f["tokens"] - 1) / (f["e2e_s"] - f["ttft_s"]) for f in fins.values()]
@@ -50,21 +70,25 @@ def decode_rates(llm, prompts: list[list[int]], new: int) -> tuple[list[float], 
 
 
 def compare(
-    engines: dict, prompts: list[list[int]], new: int, runs: int, exact: bool = True
-) -> tuple[dict[str, float], float]:
+    engines: dict, prompts: list[list[int]], new: int, runs: int, exact: bool, turns: bool
+) -> tuple[dict[str, float], dict[str, float]]:
     """Median decode tok/s of each arm (per stream, averaged over the streams of a run), and
-    the share of the second arm's tokens before its first difference from the first's (exact
-    mode asserts 1.0; fast mode's kernels round a wider forward differently)."""
+    the share of each arm's tokens before its first difference from the first arm's (exact
+    mode asserts 1.0)."""
     got: dict[str, list[float]] = {name: [] for name in engines}
     tokens: dict[str, list[list[int]]] = {}
     for _ in range(runs):
         for name, llm in engines.items():
-            rates, tokens[name] = decode_rates(llm, prompts, new)
+            rates, tokens[name] = decode_rates(llm, prompts, new, turns)
             got[name].append(statistics.fmean(rates))
-    first, second = tokens.values()
-    same = sum(common_prefix(a, b) for a, b in zip(first, second)) / sum(map(len, first))
-    assert same == 1.0 or not exact, "speculation changed a greedy answer in exact mode"
+    first = next(iter(tokens.values()))
+    same = {name: agreement(first, t) for name, t in tokens.items()}
+    assert all(v == 1.0 for v in same.values()) or not exact, f"an answer changed: {same}"
     return {name: statistics.median(v) for name, v in got.items()}, same
+
+
+def agreement(first: list[list[int]], second: list[list[int]]) -> float:
+    return sum(common_prefix(a, b) for a, b in zip(first, second)) / sum(map(len, first))
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -72,13 +96,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def workloads(llm) -> dict[str, list[list[int]]]:
-    """The repetitive prompts (bench/prompts/speculation), a story (nothing in the prompt to
-    copy) and random tokens (nothing to copy, and no text)."""
-    texts = {p.stem: p.read_text() for p in sorted(HERE.glob("*.txt"))}
-    texts["story"] = (
+    """The repetitive prompts (bench/prompts/speculation: a .txt is one prompt, a .jsonl a
+    loop of turns), a story (nothing in the prompt to copy) and random tokens (nothing to copy,
+    and no text)."""
+    texts = {p.stem: [p.read_text()] for p in sorted(HERE.glob("*.txt"))}
+    for p in sorted(HERE.glob("*.jsonl")):
+        texts[p.stem] = [json.loads(line) for line in p.read_text().splitlines()]
+    texts["story"] = [
         "Write a short story about a lighthouse keeper who finds a message in a bottle."
-    )
-    out = {name: [chat_ids(llm, t)] for name, t in texts.items()}
+    ]
+    out = {name: [chat_ids(llm, t) for t in ts] for name, ts in texts.items()}
     vocab = llm.core.model_config.vocab_size
     out["random"] = [random.Random(0).sample(range(1000, vocab), 200)]
     return out
@@ -111,10 +138,39 @@ def cost_table(model, args, kw) -> None:
           f"{args.runs}; share of a step per drafted position):")  # fmt: skip
     for batch in (1, 4, 8, 16):
         prompts = [[1000 + i, *base] for i in range(batch)]
-        rates, _ = compare({"plain": plain, "drafted": drafted}, prompts, 48, args.runs, False)
+        arms = {"plain": plain, "drafted": drafted}
+        rates, _ = compare(arms, prompts, 48, args.runs, exact=False, turns=False)
         share = (rates["plain"] / rates["drafted"] - 1) / args.spec_tokens
         print(f"  batch {batch:>2}: plain {rates['plain']:7.2f}  drafted {rates['drafted']:7.2f}"
               f"  per-position cost {share:.3f}")  # fmt: skip
+
+
+def llamacpp_rows(args, loads: dict[str, list[list[int]]]) -> dict[str, tuple[float, float]]:
+    """llama.cpp's decode tok/s per one-stream workload, without drafts and with its prompt
+    lookup (median of --runs, alternating); its tokens with drafts compared with its own
+    without."""
+    from engine.benchmark.llamacpp import LlamaCppWorker
+    from engine.model.loader import resolve_model_path
+
+    out = {}
+    with LlamaCppWorker(args.llamacpp_env, resolve_model_path(args.model), os.cpu_count()) as w:
+        print(f"llama.cpp: llama-cpp-python {w.info['version']}; {w.info['system']}")
+        for draft in (0, args.llamacpp_draft):  # warm-up: each Llama made and run once
+            w.lookup(next(iter(loads.values()))[0], 8, draft)
+        for name, prompts in loads.items():
+            got: dict[int, list[float]] = {0: [], args.llamacpp_draft: []}
+            tokens: dict[int, list[list[int]]] = {}
+            for _ in range(args.runs):
+                for draft in got:
+                    runs = [w.lookup(p, args.new_tokens, draft) for p in prompts]
+                    got[draft].append(statistics.fmean((len(t) - 1) / s for s, t in runs))
+                    tokens[draft] = [t for _, t in runs]
+            same = agreement(tokens[0], tokens[args.llamacpp_draft])
+            plain, drafted = (statistics.median(v) for v in got.values())
+            print(f"  {name:<14} llama.cpp {plain:7.2f}  prompt lookup {drafted:7.2f}  "
+                  f"x{drafted / plain:.3f}  (same tokens {same:.0%})")  # fmt: skip
+            out[name] = plain, drafted
+    return out
 
 
 def main() -> None:
@@ -123,9 +179,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--spec-tokens", type=int, default=4)
     ap.add_argument("--quant", default=None, choices=[None, "int8", "int4"])
+    ap.add_argument("--arms", default="ngram,suffix", help="proposers to run beside plain")
     ap.add_argument("--cost", action="store_true", help="the per-position cost table only")
     ap.add_argument("--only", nargs="*", default=None, help="these workloads only")
     ap.add_argument("--model", default=None, help="default: the default model")
+    ap.add_argument("--llamacpp-env", default=None, help="llama.cpp's virtualenv: its arm")
+    ap.add_argument("--llamacpp-draft", type=int, default=10, help="its num_pred_tokens")
     args = ap.parse_args()
     from engine import LLM
 
@@ -135,24 +194,33 @@ def main() -> None:
     if args.cost:
         cost_table(args.model, args, kw)
         return
-    plain = LLM(args.model, **kw)
-    spec = LLM(args.model, speculative="ngram", spec_tokens=args.spec_tokens, **kw)
-    engines = {"plain": plain, "ngram": spec}
-    loads = {k: v for k, v in workloads(plain).items() if args.only is None or k in args.only}
+    engines = {"plain": LLM(args.model, **kw)}
+    for arm in args.arms.split(","):
+        engines[arm] = LLM(args.model, speculative=arm, spec_tokens=args.spec_tokens, **kw)
+    loads = workloads(engines["plain"])
+    loads = {k: v for k, v in loads.items() if args.only is None or k in args.only}
     for prompts in loads.values():
-        decode_rates(plain, prompts, 8)  # warm-up
-    print(f"\ndecode tok/s, one stream unless said, median of {args.runs} (ratio ngram/plain):")
-    rows = [(name, prompts) for name, prompts in loads.items()]
-    rows.append(("16 streams", [p for ps in loads.values() for p in ps] * 4))
-    for name, prompts in rows:
-        before = spec.core.scheduler.snapshot().spec
-        r, same = compare(engines, prompts[:16], args.new_tokens, args.runs, not args.quant)
-        after = spec.core.scheduler.snapshot().spec
-        kept = after.accepted_tokens - before.accepted_tokens
-        shown = after.draft_tokens - before.draft_tokens
-        print(f"  {name:<14} plain {r['plain']:7.2f}  ngram {r['ngram']:7.2f}  "
-              f"x{r['ngram'] / r['plain']:.3f}  (drafts kept {kept}/{shown}; same tokens "
-              f"{same:.0%})")  # fmt: skip
+        decode_rates(engines["plain"], prompts, 8)  # warm-up
+    theirs = llamacpp_rows(args, loads) if args.llamacpp_env else {}
+    print(
+        f"\ndecode tok/s, one stream unless said, median of {args.runs} (ratio to plain; "
+        "drafts kept / verified; share of tokens before a first difference from plain):"
+    )
+    rows = [(name, prompts, name in TURNS) for name, prompts in loads.items()]
+    rows.append(("16 streams", ([p for ps in loads.values() for p in ps] * 4)[:16], False))
+    for name, prompts, turns in rows:
+        before = {a: e.core.scheduler.snapshot().spec for a, e in engines.items() if a != "plain"}
+        r, same = compare(engines, prompts, args.new_tokens, args.runs, not args.quant, turns)
+        line = f"  {name:<14} plain {r['plain']:7.2f}"
+        for arm, b in before.items():
+            a = engines[arm].core.scheduler.snapshot().spec
+            line += (f"  {arm} {r[arm]:7.2f} x{r[arm] / r['plain']:.3f} "
+                     f"({a.accepted_tokens - b.accepted_tokens}/{a.draft_tokens - b.draft_tokens}"
+                     f"; {same[arm]:.0%})")  # fmt: skip
+        if name in theirs:
+            best = max(r[a] for a in before)
+            line += f"  | best / llama.cpp prompt lookup x{best / theirs[name][1]:.3f}"
+        print(line)
     print(f"load after: {os.getloadavg()[0]:.2f}")
 
 

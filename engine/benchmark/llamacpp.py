@@ -103,6 +103,12 @@ class LlamaCppWorker:
         assert [len(t) for t in self.tokens] == [new] * len(prompts)
         return ans["seconds"]
 
+    def lookup(self, prompt: list[int], new: int, draft: int) -> tuple[float, list[int]]:
+        """One greedy stream through llama-cpp-python's prompt-lookup decoding (``draft``
+        tokens a step; 0: none): its decode seconds (first token to last) and tokens."""
+        ans = self._ask({"op": "lookup", "prompt": prompt, "new": new, "draft": draft})
+        return ans["seconds"], ans["tokens"]
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:

@@ -5,6 +5,7 @@ stdin carries requests, stdout their answers.
 
     {"op": "load", "model": PATH, "threads": N, "flash_attn": true}  ->  {"vocab": N, ...}
     {"op": "generate", "prompts": [[ids], ...], "new": N}  ->  {"seconds": s, "tokens": [[ids]]}
+    {"op": "lookup", "prompt": [ids], "new": N, "draft": K}  ->  {"seconds": s, "tokens": [ids]}
     {"op": "quit"}
 
 It drives llama.cpp's batched low-level API the way a serving engine would: one sequence id per
@@ -13,6 +14,12 @@ attention reads its own cells, not every stream's), each prompt prefilled by its
 ``llama_decode`` (logits for its last token only), then one ``llama_decode`` per step carrying one
 token per stream, the next token the argmax of that stream's logits row. ``seconds`` times
 exactly that, from the first prefill to the last argmax; clearing the KV cache comes before.
+
+``lookup`` is llama-cpp-python's own speculative path, one stream: its high-level ``Llama`` with
+``LlamaPromptLookupDecoding`` as the draft model (``draft`` tokens proposed a step, its default
+bigram match; 0: no draft model), greedy, until the model's end of text or ``new`` tokens.
+``seconds`` times the decode only: from the first token out to the last, so a rate is
+(tokens - 1) / seconds, as the engine's own receipts give it.
 """
 
 from __future__ import annotations
@@ -48,6 +55,29 @@ class Runner:
         self.vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
         self.threads, self.flash_attn = threads, flash_attn
         self.ctx, self.batch, self.shape = None, None, (0, 0, 0)
+        self.path, self.high = model, {}  # lookup's Llama objects, by draft tokens
+
+    def lookup(self, prompt: list[int], new: int, draft: int) -> tuple[float, list[int]]:
+        if draft not in self.high:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            drafter = LlamaPromptLookupDecoding(num_pred_tokens=draft) if draft else None
+            self.high[draft] = ll.Llama(
+                self.path, n_ctx=4096, n_threads=self.threads, n_threads_batch=self.threads,
+                draft_model=drafter, flash_attn=self.flash_attn, verbose=False,
+            )  # fmt: skip
+        llm = self.high[draft]
+        out: list[int] = []
+        first = last = 0.0
+        for tok in llm.generate(prompt, temp=0.0, reset=True):
+            if tok == llm.token_eos():
+                break
+            last = time.perf_counter()
+            first = first or last
+            out.append(tok)
+            if len(out) == new:
+                break
+        return last - first, out
 
     def _context(self, streams: int, cells: int, batch: int) -> None:
         shape = (streams, cells, batch)
@@ -120,6 +150,9 @@ def main() -> None:
                    "system": ll.llama_print_system_info().decode().strip()}  # fmt: skip
         elif req["op"] == "generate":
             seconds, tokens = runner.generate(req["prompts"], req["new"])
+            ans = {"seconds": seconds, "tokens": tokens}
+        elif req["op"] == "lookup":
+            seconds, tokens = runner.lookup(req["prompt"], req["new"], req["draft"])
             ans = {"seconds": seconds, "tokens": tokens}
         else:
             break

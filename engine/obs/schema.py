@@ -235,8 +235,9 @@ _CATALOG = (
          ("ms", "error", "site")),
     Kind(SPEC_CUT, ("rid", "want", "got", "spare"),
          "a request's drafts cut to what the step's spare pages fund (speculative decoding "
-         "never makes room for drafts; got 0: it decodes one token as usual), or in fast mode "
-         "to the rows left for drafts (rows) in a step the packed kernel computes",
+         "never makes room for drafts; got 0: it decodes one token as usual), or to the rows "
+         "a step leaves for drafts (rows) within the step budget and, in fast mode, the rows "
+         "the packed kernel computes",
          ("rows",)),
     Kind(SPEC_OFF, ("scope",),
          "drafting stopped paying: scope request (rid; rate, the weighted share of its drafts "

@@ -2,7 +2,8 @@
 the target's rows keep of them.
 
 Every decoding request may be drafted for (greedy or sampled, with bias, penalties, a grammar,
-logprobs or ``min_tokens``), unless its drafts have stopped paying (``engine.spec.pace``: it
+logprobs or ``min_tokens``), except one that samples with its own seed (its answer must not
+depend on what the pool funds), unless its drafts have stopped paying (``engine.spec.pace``: it
 steps aside, ``spec.off``, and tries again later, ``spec.on``) or the batch is too wide for any
 to pay (the same receipts with ``scope`` batch). Its drafts come from the proposer
 (``engine.spec.propose``), at most ``spec_tokens``, never past its ``max_tokens`` or the
@@ -58,8 +59,9 @@ class Speculator:
         masks: Masks, rows: int | None = None,
     ) -> None:  # fmt: skip
         self.k = k
-        # the most token rows a step with drafts may carry (fast mode: the packed kernel's, so
-        # a drafted position is computed as the decode step it saves; None: any)
+        # the most token rows a step with drafts may carry (the step budget; in fast mode the
+        # packed kernel's, so a drafted position is computed as the decode step it saves; None:
+        # any)
         self.rows = rows
         self.max_batch = MAX_BATCH if rows is None else min(MAX_BATCH, rows - 1)
         self.proposer = proposer
@@ -83,7 +85,11 @@ class Speculator:
         return not aside
 
     def eligible(self, req: Request) -> bool:
-        """Whether the request is drafted for this step: not while it steps aside."""
+        """Whether the request is drafted for this step: not while it steps aside, and never
+        when it samples with a seed of its own (its draws would then depend on the drafts the
+        pool funds, and a seed promises the same answer under any load)."""
+        if req.params.seed is not None and req.params.temperature > 0:
+            return False
         pace = req.pace
         if not pace.off_for:
             return True
@@ -210,13 +216,15 @@ def speculator(
     sc: SchedulerSection, allocator: TokenAllocator, receipts: Receipts, masks: Masks,
     model: LlamaModel | None = None,
 ) -> Speculator | None:  # fmt: skip
-    """The step's speculator as ``sc.speculative`` asks (None: off). In fast mode a step with
-    drafts carries at most the rows the packed kernel takes (the quant plan's ``small_rows``): it computes
-    each row as it computes one, where a wider product would round differently and cost more
-    (BENCHMARKS.md: int8's kernel at 5 rows costs what it does at 8)."""
+    """The step's speculator as ``sc.speculative`` asks (None: off). A step with drafts carries
+    at most ``step_tokens`` rows (the step budget bounds the forward, drafts included) and, in
+    fast mode, at most the rows the packed kernel takes (the quant plan's ``small_rows``): it
+    computes each row as it computes one, where a wider product would round differently and
+    cost more (BENCHMARKS.md: int8's kernel at 5 rows costs what it does at 8)."""
     if sc.speculative == "off":
         return None
     proposer = SuffixLookup() if sc.speculative == "suffix" else PromptLookup()
     quant = model.quant if model is not None else None
-    rows = quant.small_rows if quant is not None and quant.small_rows > 0 else None
+    caps = [sc.step_tokens or 0, quant.small_rows if quant is not None else 0]
+    rows = min((c for c in caps if c > 0), default=None)
     return Speculator(sc.spec_tokens, proposer, allocator, receipts, masks, rows)

@@ -252,3 +252,52 @@ def test_fast_mode_drafts_stay_within_the_packed_kernels_rows_and_change_no_toke
         cuts = llm.core.receipts.of("spec.cut")
         assert cuts and all(c["got"] <= c["rows"] < c["want"] for c in cuts)
     llm.close()
+
+
+def test_a_seeded_sampled_request_is_never_drafted_so_its_answer_holds_under_pressure(
+    tiny_model_dir, plain
+):
+    """A seed promises the same answer under any load; drafts change which draws a request
+    takes, and the pool funds fewer under pressure. So a request that samples with its own seed
+    is not drafted for (an unseeded sampled one is), and its answer is the same from a roomy
+    pool and from a tight one, with speculation on in both."""
+    prompts = plain[0][:12]
+    seeded = [SamplingParams(max_tokens=40, temperature=1.0, seed=i, ignore_eos=True)
+              for i in range(len(prompts))]  # fmt: skip
+    kw = dict(speculative="ngram", spec_tokens=4)
+    roomy = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True, **kw)
+    roomy.core.scheduler.spec.proposer = Oracle(prompts, plain[2][:12], 320)
+    want = [o.token_ids for o in roomy.generate(prompts, seeded)]
+    assert spec_totals(roomy) == (0, 0)
+    unseeded = [SamplingParams(max_tokens=40, temperature=1.0, ignore_eos=True)] * len(prompts)
+    roomy.generate(prompts, unseeded)
+    assert spec_totals(roomy)[0] > 0  # the same requests without a seed are drafted for
+    roomy.close()
+    tight = LLM(model=tiny_model_dir, kv_tokens=three_at_once(prompts, seeded), chunk_tokens=32,
+                max_running=8, check_invariants=True, **kw)  # fmt: skip
+    tight.core.scheduler.spec.proposer = Oracle(prompts, plain[2][:12], 320)
+    assert [o.token_ids for o in tight.generate(prompts, seeded)] == want
+    assert tight.core.receipts.of("retract")
+    tight.close()
+
+
+def test_drafts_stay_within_the_step_budget(tiny_model_dir, plain):
+    """The step budget bounds a forward's tokens; drafts come out of what the decodes and the
+    chunks leave of it (cut with ``spec.cut`` rows), never on top."""
+    prompts, params, expected = plain
+    llm = LLM(model=tiny_model_dir, kv_tokens=16384, step_tokens=12, max_running=6,
+              check_invariants=True, speculative="ngram", spec_tokens=4)  # fmt: skip
+    llm.core.scheduler.spec.proposer = Oracle(prompts, expected, 320)
+    drafted = []
+    forward = llm.core.runner.forward
+
+    def counted(batch, **kw):
+        if kw.get("every") and any(kw["every"][: len(batch)]):
+            drafted.append(sum(len(e.token_ids) for e in batch))
+        return forward(batch, **kw)
+
+    llm.core.runner.forward = counted
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+    assert drafted and max(drafted) <= 12, drafted
+    assert any(c.get("rows") is not None for c in llm.core.receipts.of("spec.cut"))
+    llm.close()

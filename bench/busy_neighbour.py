@@ -63,7 +63,7 @@ def child(threads: int | str | None, runs: int) -> None:
     from engine import LLM, SamplingParams
 
     n = torch.get_num_threads() if threads == "torch" else threads
-    llm = LLM(None, kv_tokens=4096, threads=n)
+    llm = LLM(None, kv_tokens=4096, threads=n, speculative="off")
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     times = []
     for i in range(runs + 2):

@@ -48,7 +48,7 @@ def main() -> None:
     most = max(streams)
     kv = most * (args.prompt_len + args.new_tokens + 8) + 64
     engines = {
-        name: LLM(attention_backend=backend, kv_tokens=kv, max_running=most)
+        name: LLM(attention_backend=backend, kv_tokens=kv, max_running=most, speculative="off")
         for name, backend in ((BEFORE, "torch-padded"), (AFTER, "torch"))
     }
     vocab = engines[AFTER].core.model_config.vocab_size

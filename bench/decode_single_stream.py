@@ -35,7 +35,7 @@ def main() -> None:
     from engine import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(dtype=args.dtype, kv_tokens=4096, max_running=4)
+    llm = LLM(dtype=args.dtype, kv_tokens=4096, max_running=4, speculative="off")
     attest_load = time.perf_counter() - t0
     path = llm.core.loaded.path
     t0 = time.perf_counter()

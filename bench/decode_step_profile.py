@@ -103,7 +103,12 @@ def main() -> None:
     from engine import LLM
 
     if args.prefill:
-        llm = LLM(attention_backend=args.backend, kv_tokens=args.prefill + 64, quant=args.quant)
+        llm = LLM(
+            attention_backend=args.backend,
+            kv_tokens=args.prefill + 64,
+            quant=args.quant,
+            speculative="off",
+        )
         r = profile_prefill(llm, args.prefill, args.steps, args.top)
         print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
         print(f"weights {args.quant or 'exact'}, backend {args.backend}: prefill of {args.prefill} "
@@ -114,7 +119,7 @@ def main() -> None:
 
     llm = LLM(
         attention_backend=args.backend, kv_tokens=args.batch * (args.prompt_len + args.steps + 16),
-        max_running=args.batch, receipts=False, quant=args.quant,
+        max_running=args.batch, receipts=False, quant=args.quant, speculative="off",
     )  # fmt: skip
     r = profile_step(llm, args.batch, args.prompt_len, args.steps, args.top)
     print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")

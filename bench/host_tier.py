@@ -88,7 +88,11 @@ def main() -> None:
     from engine import LLM
 
     common = dict(
-        model=args.model, dtype=args.dtype, kv_tokens=args.kv_tokens, threads=args.threads
+        model=args.model,
+        dtype=args.dtype,
+        kv_tokens=args.kv_tokens,
+        threads=args.threads,
+        speculative="off",
     )
     arms = {
         "no tier": LLM(**common, host_kv_tokens=0),

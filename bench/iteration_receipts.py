@@ -56,7 +56,14 @@ def main() -> None:
     prompts, params = workload(300, n=32)
     log = tmp / "pressured.jsonl"
     kv = three_at_once(prompts, params)
-    llm = LLM(model=model, kv_tokens=kv, chunk_tokens=32, max_running=8, log_file=str(log))
+    llm = LLM(
+        model=model,
+        kv_tokens=kv,
+        chunk_tokens=32,
+        max_running=8,
+        speculative="off",
+        log_file=str(log),
+    )
     llm.generate(prompts, params)
     llm.close("test")
     rows.append(("32 at once, tight pool", *_tally(log)))
@@ -65,14 +72,14 @@ def main() -> None:
     batch = [[rng.randrange(2, 300) for _ in range(128)] for _ in range(32)]
     same = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     log = tmp / "offline.jsonl"
-    llm = LLM(model=model, kv_tokens=16384, log_file=str(log))
+    llm = LLM(model=model, kv_tokens=16384, speculative="off", log_file=str(log))
     llm.generate(batch, [same] * len(batch))
     llm.close("test")
     rows.append(("offline bench shape", *_tally(log)))
 
     prompts, params = workload(300, n=64, seed=4)
     log = tmp / "stream.jsonl"
-    llm = LLM(model=model, kv_tokens=16384, max_running=8, log_file=str(log))
+    llm = LLM(model=model, kv_tokens=16384, max_running=8, speculative="off", log_file=str(log))
     steps = _stream(llm, prompts, params)
     llm.close("test")
     rows.append((f"stream, 1 per 3 steps ({steps} steps)", *_tally(log)))
@@ -82,7 +89,13 @@ def main() -> None:
     for name, n, size, its, its_bytes in rows:
         print(f"| {name} | {n} | {size} | {its} | {its_bytes} |")
 
-    llm = LLM(model=model, kv_tokens=16384, max_running=8, log_file=str(tmp / "cost.jsonl"))
+    llm = LLM(
+        model=model,
+        kv_tokens=16384,
+        max_running=8,
+        speculative="off",
+        log_file=str(tmp / "cost.jsonl"),
+    )
     sched = llm.core.scheduler
     for p, q in zip(prompts[:8], params[:8]):
         sched.add_request(p, q)

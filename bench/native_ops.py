@@ -61,7 +61,9 @@ def captured(batch: int, quant: str | None) -> list[tuple]:
     from engine import LLM, SamplingParams
     from engine.benchmark.method import Prompts
 
-    llm = LLM(kv_tokens=batch * 168, max_running=batch, receipts=False, quant=quant)
+    llm = LLM(
+        kv_tokens=batch * 168, max_running=batch, receipts=False, quant=quant, speculative="off"
+    )
     backend = llm.core.scheduler.runner.model.backend
     calls, real = [], backend.forward
 

@@ -153,7 +153,7 @@ def mixed(args) -> None:
                 Path("logs") / f"bench-serve-mixed-{step}.jsonl", "--kv-tokens",
                 str(args.kv_tokens), "--max-running", str(args.max_running), "--chunk-tokens",
                 str(args.chunk_tokens), "--step-tokens", str(step),
-                "--iteration-receipt-interval", "0",
+                "--iteration-receipt-interval", "0", "--speculative", "off",
             )  # fmt: skip
             asyncio.run(level(servers[step].base, 1, 1, [longs[0][:64]], 4, None))  # warm-up
         for r in range(args.runs):
@@ -217,7 +217,8 @@ def main() -> None:
         log = Path("logs") / "bench-serve.jsonl"
         log.parent.mkdir(exist_ok=True)
         srv = ServerProc(log, "--kv-tokens", str(args.kv_tokens),
-                         "--max-running", str(args.max_running), "--iteration-receipt-interval", "0")  # fmt: skip
+                         "--max-running", str(args.max_running), "--iteration-receipt-interval", "0",
+                         "--speculative", "off")  # fmt: skip
         base = srv.base
     try:
         served = httpx.get(base + "/v1/models").json()["data"][0]

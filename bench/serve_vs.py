@@ -97,7 +97,7 @@ def main() -> None:
         finally:
             peer.stop()
         flags = ["--model", model, "--threads", str(args.threads), "--max-running",
-                 str(max(c, 8)), "--kv-tokens", str(max(c, 8) * ctx)]  # fmt: skip
+                 str(max(c, 8)), "--kv-tokens", str(max(c, 8) * ctx), "--speculative", "off"]  # fmt: skip
         if args.quant != "exact":
             flags += ["--quant", args.quant]
         srv = ServerProc(out / f"attest-{c}.jsonl", *flags)

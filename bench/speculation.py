@@ -130,7 +130,7 @@ def cost_table(model, args, kw) -> None:
     from engine.spec import pace
 
     pace.COST, speculate.MAX_BATCH = ((1 << 20, -1.0),), 1 << 20  # every draft, every batch
-    plain = LLM(model, **kw)
+    plain = LLM(model, speculative="off", **kw)
     drafted = LLM(model, speculative="ngram", spec_tokens=args.spec_tokens, **kw)
     drafted.core.scheduler.spec.proposer = Wrong(drafted.core.model_config.vocab_size)
     base = workloads(plain)["story"][0]
@@ -194,7 +194,7 @@ def main() -> None:
     if args.cost:
         cost_table(args.model, args, kw)
         return
-    engines = {"plain": LLM(args.model, **kw)}
+    engines = {"plain": LLM(args.model, speculative="off", **kw)}
     for arm in args.arms.split(","):
         engines[arm] = LLM(args.model, speculative=arm, spec_tokens=args.spec_tokens, **kw)
     loads = workloads(engines["plain"])

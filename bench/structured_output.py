@@ -63,7 +63,12 @@ def main() -> None:
     from engine import LLM
 
     n, length = args.streams, args.prompt_len
-    llm = LLM(args.model, kv_tokens=n * (length + args.new_tokens + 8) + 64, max_running=n)
+    llm = LLM(
+        args.model,
+        kv_tokens=n * (length + args.new_tokens + 8) + 64,
+        max_running=n,
+        speculative="off",
+    )
     vocab, receipts = llm.core.model_config.vocab_size, llm.core.receipts
     guide = json_schema_guide(schema(), True, "schema")
     arms = {"unconstrained": attest_generate(llm), "json_schema": attest_generate(llm, guide)}

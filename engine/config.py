@@ -165,12 +165,12 @@ class SchedulerSection(_Section):
         "priority (the lower value first, as vLLM orders them), then of arrival.",
     )
     speculative: str = _knob(
-        "off",
+        "suffix",
         "Speculative decoding: ngram proposes a request's next tokens from its own prompt and "
-        "output (prompt lookup); suffix from those and recent requests' outputs too; the model "
-        "checks them in one forward and keeps what it would have chosen (greedy) or what "
-        "rejection sampling keeps (sampled: the output distribution is unchanged); off: one "
-        "token a step.",
+        "output (prompt lookup); suffix (the default) from those and recent requests' outputs "
+        "too; the model checks them in one forward and keeps what it would have chosen "
+        "(greedy) or what rejection sampling keeps (sampled: the output distribution is "
+        "unchanged; a request with its own seed is not drafted for); off: one token a step.",
     )
     spec_tokens: int = _knob(4, "Tokens proposed per request and step, at most.")
     grammar_timeout: float = _knob(

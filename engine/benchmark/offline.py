@@ -63,7 +63,7 @@ def run_offline(
     kv = num_prompts * (prompt_len + output_len) + 64
     # a group cannot empty one rank's prefix cache alone: with several ranks the cache is off
     opts = dict(model=model, dtype=dtype, kv_tokens=kv, max_running=max_running, tp=tp,
-                prefix_cache=tp == 1)  # fmt: skip
+                prefix_cache=tp == 1, speculative="off")  # fmt: skip
     total = num_prompts * output_len
     with tempfile.TemporaryDirectory() as tmp:
         log = str(Path(tmp) / "boot.jsonl")

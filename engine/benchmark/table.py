@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENGINES = ("attest", "transformers", "llamacpp")
-# Attest's arms: a name for a set of LLM(...) keyword arguments
+# Attest's arms: a name for a set of LLM(...) keyword arguments; speculative decoding off (it
+# is measured against its own baseline by bench/speculation.py, not against the other engines)
 ATTEST_ARMS: dict[str, dict[str, Any]] = {
-    "exact": {"dtype": "float32"},
-    "bf16": {"dtype": "bfloat16"},
-    "int8": {"quant": "int8"},
-    "int4": {"quant": "int4"},
+    "exact": {"dtype": "float32", "speculative": "off"},
+    "bf16": {"dtype": "bfloat16", "speculative": "off"},
+    "int8": {"quant": "int8", "speculative": "off"},
+    "int4": {"quant": "int4", "speculative": "off"},
 }
 BASELINES = {"transformers": "transformers", "llamacpp": "llama.cpp"}  # engine -> row name
 

@@ -95,7 +95,7 @@ def test_defaults_and_good_values_are_accepted():
         "check_invariants": False,
         "cutover_timeout": 600.0,
         "scheduling_policy": "fcfs",
-        "speculative": "off",
+        "speculative": "suffix",
         "spec_tokens": 4,
         "grammar_timeout": 10.0,
         "receipts": True,

@@ -198,11 +198,9 @@ class Scheduler:
         chunks = self.admitter.admit(decode)  # before any slot is taken: it may retract
         decode = [r for r in decode if r.state is State.RUNNING]  # what a retraction left
         need = sum(self.allocator.fresh_slots(r.kv_len, n) for r, n in chunks)
-        # speculation's drafts, from what the decodes and chunks leave (one rank: no agreeing)
-        spec = self.spec if self.group.world == 1 else None
-        drafts = (
-            spec.fund(decode, self.memory.available() - need, chunks) if spec and decode else {}
-        )
+        # drafts from what the decodes and chunks leave (agreed numbers: every rank drafts alike)
+        spare = self.memory.available() - need
+        drafts = self.spec.fund(decode, spare, chunks) if self.spec and decode else {}
         batch = [
             self._entry(r, [r.output_ids[-1], *drafts.get(r.rid, ())], "decode") for r in decode
         ]
@@ -210,7 +208,7 @@ class Scheduler:
             self.memory.make_room(need - self.memory.available(), "admission")
         batch += [self._entry(r, r.fill_ids[r.kv_len : r.kv_len + n], "extend") for r, n in chunks]
         if batch and self.group.world > 1:  # before the forward: the ranks run the same batch
-            self._agree(decode, chunks)
+            self._agree(decode, chunks, drafts)
         if batch:
             outs += self._forward(batch, decode, chunks, drafts)
         self._after_step(chunks)
@@ -261,9 +259,10 @@ class Scheduler:
             self.ratio.step()
         return outs
 
-    def _agree(self, decode: list[Request], chunks: Planned) -> None:
-        """The digest of the batch about to run, written every iteration, compared every K."""
-        entries = [(r.rid, 1) for r in decode] + [(r.rid, n) for r, n in chunks]
+    def _agree(self, decode: list[Request], chunks: Planned, drafts: dict[str, list]) -> None:
+        """The batch's digest (drafts counted), written every iteration, compared every K."""
+        entries = [(r.rid, 1 + len(drafts.get(r.rid, ()))) for r in decode]
+        entries += [(r.rid, n) for r, n in chunks]
         digest = schema.batch_digest(entries)
         self.iterations.write(digest)
         self.group.agree(self.receipts.iter, digest)

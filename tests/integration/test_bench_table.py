@@ -40,7 +40,10 @@ def test_the_table_measures_each_arm_on_the_same_prompts(tiny_hf_dir):
             len(runs) == 2 and all(e2e > 0 for _, e2e in runs) for runs in arm.decode.values()
         )
         assert len(arm.prefill) == 2 and min(arm.prefill) > 0
-    assert any(line.startswith("attest exact: loading LLM(dtype='float32', speculative='off')") for line in said)
+    assert any(
+        line.startswith("attest exact: loading LLM(dtype='float32', speculative='off')")
+        for line in said
+    )
     text = format_report(run.arms, spec, run.notes)
     assert "| attest bf16 / transformers |" in text and "llama.cpp" not in text
     assert "load average before" in text and "flags:" in text

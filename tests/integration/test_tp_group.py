@@ -80,6 +80,37 @@ def test_uneven_pools_under_pressure_agree_on_every_batch(tiny_model_dir, tmp_pa
     assert set(verdicts(tmp_path, "boot_health").values()) == {"PASS"}
 
 
+def test_ranks_draft_alike_from_agreed_numbers_and_keep_every_token(tiny_model_dir, tmp_path):
+    """Prompt lookup in a group of two with uneven pools under pressure: every rank proposes
+    the same drafts from the same text and funds them from the agreed numbers (the smaller
+    pool's), so the batches agree on every iteration (the digest counts the drafts) and the
+    tokens are those of one rank without drafts."""
+    from tests.integration.test_speculation import repetitive
+
+    texts, params = repetitive(300, n=12, seed=5)
+    ref = LLM(str(tiny_model_dir), kv_tokens=16384, speculative="off")
+    want = [o.token_ids for o in ref.generate(texts, params)]
+    ref.close()
+    log = tmp_path / "boot.log"
+    llm = LLM(str(tiny_model_dir), tp=2, kv_tokens=[640, 400], log_file=str(log),
+              speculative="ngram", group_check_interval=1, **PRESSURE)  # fmt: skip
+    out = llm.generate(texts, params)
+    llm.close()
+    assert [o.token_ids for o in out] == want
+    ranks = [read(log), read(tmp_path / "boot.rank1.log")]
+    fins = [[r for r in rank if r["event"] == "request.finish"] for rank in ranks]
+    kept = [sum(f.get("spec_accepted", 0) for f in rank) for rank in fins]
+    assert kept[0] > 0 and kept[0] == kept[1]
+    cuts = [[(r["rid"], r["got"]) for r in rank if r["event"] == "spec.cut"] for rank in ranks]
+    assert cuts[0] == cuts[1]  # any cut is alike on both ranks
+    for rank in ranks:  # under pressure: the pool the floor binds on parks a prompt
+        kinds = Counter(r["event"] for r in rank)
+        assert kinds["admission.park"] > 0 and kinds["admission.defer"] > 0, kinds
+    digests = [[(r["iter"], r["digest"]) for r in rank if "digest" in r] for rank in ranks]
+    assert digests[0] and digests[0] == digests[1]
+    assert set(verdicts(tmp_path, "group_agreement").values()) == {"PASS"}
+
+
 def test_a_rank_reading_its_own_pool_is_caught_as_a_split(tiny_model_dir, tmp_path):
     """The test switch: decisions read each rank's own pool. The larger pool admits what the
     smaller cannot; the digests differ before the forward, and the group stops in order."""

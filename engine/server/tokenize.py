@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field, ValidationError
 
+from engine.guide import GuideError
 from engine.model.chat import ChatTemplateError, normalize_messages
 from engine.server import openapi
 from engine.server.errors import ProtocolError, check_model, json_object, validation_error
@@ -75,6 +76,8 @@ async def tokenize(service: CompletionService, request: Request) -> dict[str, An
             )
         except ChatTemplateError as e:
             raise ProtocolError(str(e), "messages") from e
+        except GuideError as e:  # an earlier turn's tool call the client wrote wrong
+            raise ProtocolError(str(e), e.param) from e
     else:
         req = validated(data, TokenizePrompt, service.served_name)
         service.check_chars(len(req.prompt), "prompt")

@@ -54,3 +54,13 @@ def test_the_api_key_guards_the_tokenizer_routes_as_it_guards_the_api(served):
     ):
         r = httpx.request(method, served.base + path, json={"prompt": "hi"}, timeout=60)
         assert r.status_code == 401, (path, r.text)
+
+
+def test_a_chat_whose_history_call_holds_no_json_object_is_a_400_naming_it(server):
+    """An earlier turn's tool call whose arguments are not a JSON object is the client's
+    mistake on /tokenize as on the chat route (the fuzzer found a 500 here)."""
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "5"}}
+    messages = [{"role": "assistant", "content": "x", "tool_calls": [call]}]
+    r = server.post("/tokenize", json={"messages": messages})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages.0.tool_calls.0.function.arguments"

@@ -217,6 +217,21 @@ def test_suffix_proposes_what_an_earlier_request_wrote(tiny_model_dir):
     llm.close()
 
 
+def drafted_forwards(llm) -> list[int]:
+    """The tokens of each forward that verifies drafts (logits asked at every position), as
+    the engine runs them from now on."""
+    sizes: list[int] = []
+    forward = llm.core.runner.forward
+
+    def counted(batch, **kw):
+        if kw.get("every"):  # None unless some entry wants every position's logits
+            sizes.append(sum(len(e.token_ids) for e in batch))
+        return forward(batch, **kw)
+
+    llm.core.runner.forward = counted
+    return sizes
+
+
 def test_fast_mode_drafts_stay_within_the_packed_kernels_rows_and_change_no_token(
     tiny_model_dir,
 ):
@@ -234,15 +249,7 @@ def test_fast_mode_drafts_stay_within_the_packed_kernels_rows_and_change_no_toke
     ref.close()
     llm = LLM(**kw, speculative="ngram", spec_tokens=6)
     llm.core.scheduler.spec.proposer = Oracle(prompts, want, 320)
-    widest = []
-    forward = llm.core.runner.forward
-
-    def counted(batch, **kw):
-        if kw.get("every"):
-            widest.append(sum(len(e.token_ids) for e in batch))
-        return forward(batch, **kw)
-
-    llm.core.runner.forward = counted
+    widest = drafted_forwards(llm)
     got = [llm.generate([p], [s])[0].token_ids for p, s in zip(prompts, params)]
     assert got == want
     assert [o.token_ids for o in llm.generate(prompts[:2], params[:2])] == pair
@@ -288,15 +295,7 @@ def test_drafts_stay_within_the_step_budget(tiny_model_dir, plain):
     llm = LLM(model=tiny_model_dir, kv_tokens=16384, step_tokens=12, max_running=6,
               check_invariants=True, speculative="ngram", spec_tokens=4)  # fmt: skip
     llm.core.scheduler.spec.proposer = Oracle(prompts, expected, 320)
-    drafted = []
-    forward = llm.core.runner.forward
-
-    def counted(batch, **kw):
-        if kw.get("every") and any(kw["every"][: len(batch)]):
-            drafted.append(sum(len(e.token_ids) for e in batch))
-        return forward(batch, **kw)
-
-    llm.core.runner.forward = counted
+    drafted = drafted_forwards(llm)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
     assert drafted and max(drafted) <= 12, drafted
     assert any(c.get("rows") is not None for c in llm.core.receipts.of("spec.cut"))

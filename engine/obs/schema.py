@@ -242,8 +242,10 @@ _CATALOG = (
     Kind(SPEC_OFF, ("scope",),
          "drafting stopped paying: scope request (rid; rate, the weighted share of its drafts "
          "the model kept, fell below what a drafted position costs; steps: its pause) or batch "
-         "(decoding requests above max_batch: none is drafted for)",
-         ("rid", "rate", "steps", "decoding", "max_batch")),
+         "(decoding requests above max_batch: none is drafted for); or scope request with "
+         "reason seed: it samples with its own seed, so it is never drafted for (its answer "
+         "must not depend on what the pool funds)",
+         ("rid", "rate", "steps", "decoding", "max_batch", "reason")),
     Kind(SPEC_ON, ("scope",),
          "drafting again: a request's pause is over (rid), or the batch narrowed (decoding)",
          ("rid", "decoding", "max_batch")),

@@ -88,9 +88,10 @@ class Speculator:
         """Whether the request is drafted for this step: not while it steps aside, and never
         when it samples with a seed of its own (its draws would then depend on the drafts the
         pool funds, and a seed promises the same answer under any load)."""
-        if req.params.seed is not None and req.params.temperature > 0:
-            return False
         pace = req.pace
+        if pace.off_for >= 0 and req.params.seed is not None and req.params.temperature > 0:
+            pace.stop()
+            self.receipts.emit(schema.SPEC_OFF, scope="request", rid=req.rid, reason="seed")
         if not pace.off_for:
             return True
         if pace.waited():

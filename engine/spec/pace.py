@@ -35,7 +35,7 @@ def min_rate(batch: int) -> float:
 @dataclass(slots=True)
 class Pace:
     rate: float = 2 * COST[0][1]  # the weighted share of its drafts the model kept
-    off_for: int = 0  # its steps left without drafts
+    off_for: int = 0  # its steps left without drafts (-1: none ever again)
     cool: int = FIRST_COOL  # the next pause, in its steps
 
     def drafts(self, k: int) -> int:
@@ -54,9 +54,15 @@ class Pace:
         self.off_for, self.cool = self.cool, min(2 * self.cool, MAX_COOL)
         return True
 
+    def stop(self) -> None:
+        """Never draft for it again (its answer must not depend on drafts): ``off_for`` -1."""
+        self.off_for = -1
+
     def waited(self) -> bool:
         """Count one step of its pause; True when the pause is over (drafts again, the rate
         starting at the batch-of-one threshold's double: one poor try does not end it)."""
+        if self.off_for < 0:  # stopped for good
+            return False
         self.off_for -= 1
         if self.off_for:
             return False

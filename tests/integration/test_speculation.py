@@ -276,6 +276,8 @@ def test_a_seeded_sampled_request_is_never_drafted_so_its_answer_holds_under_pre
     roomy.core.scheduler.spec.proposer = Oracle(prompts, plain[2][:12], 320)
     want = [o.token_ids for o in roomy.generate(prompts, seeded)]
     assert spec_totals(roomy) == (0, 0)
+    offs = [r for r in roomy.core.receipts.of("spec.off") if r.get("reason") == "seed"]
+    assert len(offs) == len({r["rid"] for r in offs}) == len(prompts)  # once each, receipted
     unseeded = [SamplingParams(max_tokens=40, temperature=1.0, ignore_eos=True)] * len(prompts)
     roomy.generate(prompts, unseeded)
     assert spec_totals(roomy)[0] > 0  # the same requests without a seed are drafted for

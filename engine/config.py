@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from engine.config_rules import http_url, int_or_none, is_int, need, per_rank, seconds
+from engine.config_rules import (
+    _knob,
+    _Section,
+    http_url,
+    int_or_none,
+    is_int,
+    need,
+    per_rank,
+    seconds,
+)
 
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("int8", "int4")  # fast mode's weight formats (engine/model/quant.py)
@@ -23,24 +32,6 @@ SPECULATIVE = ("off", "ngram", "suffix")  # how drafts are proposed (engine/spec
 # --mixed; BENCHMARKS.md, 2026-12-01). Offline (LLM) the default is no budget: generate returns
 # whole outputs, nobody waits on a next token, and the budget halved a 32-prompt burst's tok/s.
 SERVE_STEP_TOKENS = 32
-
-
-def _knob(default: Any, text: str) -> Any:
-    """A field with its default and its help text, the one place both are declared."""
-    return field(default=default, metadata={"help": text})
-
-
-class _Section:
-    """A section checks its own fields when built (``validate``); a rule that reads another
-    section's field is EngineConfig's (``_check_across``)."""
-
-    __slots__ = ()
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +111,19 @@ class MemorySection(_Section):
     relief_throttle_iterations: int = _knob(
         8, "Iterations the throttle rung keeps new admissions out once it pays."
     )
+    kv_store_dir: str | None = _knob(
+        None,
+        "Durable KV store below the host tier: cached prefix pages are written here as they "
+        "leave memory and loaded back on a prefix hit, across restarts. Default: off.",
+    )
+    kv_store_bytes: int | None = _knob(
+        None,
+        "The store's cap in allocated bytes on disk. Default: a quarter of the free space of "
+        "its filesystem, at most 16 GiB.",
+    )
+    kv_store_pin_bytes: int | None = _knob(
+        None, "Bytes conversation checkpoints may pin in the store. Default: half the cap."
+    )
 
     def validate(self) -> None:
         f = self.kv_memory_fraction
@@ -130,6 +134,13 @@ class MemorySection(_Section):
         need(isinstance(self.prefix_cache, bool), self, "prefix_cache", "a boolean")
         need(int_or_none(self.host_kv_tokens, 0), self, "host_kv_tokens", "None or an integer >= 0")
         need(isinstance(self.relief_ladder, bool), self, "relief_ladder", "a boolean")
+        d = self.kv_store_dir
+        need(d is None or (isinstance(d, str) and d != ""), self, "kv_store_dir", "a path or None")
+        need(int_or_none(self.kv_store_bytes, 1), self, "kv_store_bytes", "None or an integer >= 1")
+        need(
+            int_or_none(self.kv_store_pin_bytes, 0),
+            self, "kv_store_pin_bytes", "None or an integer >= 0",
+        )  # fmt: skip
         need(
             is_int(self.relief_throttle_iterations, 1),
             self, "relief_throttle_iterations", "an integer >= 1",

@@ -3,7 +3,26 @@ knob broke which rule, with the value it got). EngineConfig's sections apply the
 
 from __future__ import annotations
 
+from dataclasses import field
 from typing import Any
+
+
+def _knob(default: Any, text: str) -> Any:
+    """A field with its default and its help text, the one place both are declared."""
+    return field(default=default, metadata={"help": text})
+
+
+class _Section:
+    """A section checks its own fields when built (``validate``); a rule that reads another
+    section's field is EngineConfig's (``_check_across``)."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        raise NotImplementedError
 
 
 def need(ok: bool, section: object, name: str, rule: str) -> None:

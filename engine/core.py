@@ -21,6 +21,7 @@ from engine.mem.host_tier import HostTier, size_host_tier
 from engine.mem.kv_pool import KVPool, size_pool
 from engine.mem.radix import RadixCache
 from engine.mem.req_table import ReqToTokenPool
+from engine.mem.store_tier import StoreTier, model_identity, open_store
 from engine.messages import EngineInfo, Launch, StepOutput
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
@@ -187,26 +188,31 @@ class EngineCore:
         self.runner = ModelRunner(self.model, self.kv, self.req_table)
 
     def _build_scheduler(self, tracing: Tracing | None, group: GroupView | None) -> Scheduler:
-        """The prefix cache with its host tier (``tier.sized`` says how big), this rank's view
-        of its group, the request spans, and the scheduler over them."""
+        """The prefix cache with its host tier (``tier.sized`` says how big) and durable store
+        (``store.sized``), this rank's view of its group, the request spans, the scheduler."""
         c, receipts = self.config, self.receipts
         host = size_host_tier(
-            c.memory.host_kv_tokens,
-            c.model.device,
-            self.kv,
-            self.allocator,
-            c.memory.prefix_cache,
-            receipts,
-        )
+            c.memory.host_kv_tokens, c.model.device, self.kv, self.allocator,
+            c.memory.prefix_cache, receipts,
+        )  # fmt: skip
         tier = (lambda cache: HostTier(cache, self.kv, host, receipts)) if host else None
+        store = open_store(c.memory, c.group.tp, self._identity(), receipts)
+        keeper = StoreTier(store, self.kv, self.allocator.page_size) if store else None
         cache = RadixCache(
-            self.allocator, disabled=not c.memory.prefix_cache, receipts=receipts, tier=tier
-        )
+            self.allocator, disabled=not c.memory.prefix_cache, receipts=receipts, tier=tier,
+            keeper=keeper, kv=self.kv,
+        )  # fmt: skip
         self.host_tier = cache.tier
         return Scheduler(
             c, self.runner, self.allocator, self.req_table, cache, self.tokenizer,
             self.max_context, receipts, group or self._group(), RequestTraces.of(tracing, receipts),
         )  # fmt: skip
+
+    def _identity(self) -> str:
+        """The durable store's name for these weights and the KV they compute."""
+        m, kv = self.config.model, self.kv.layers[0].k
+        shape = [len(self.kv.layers), *kv.shape[1:], self.allocator.page_size, str(kv.dtype)]
+        return model_identity(self.loaded.path, {"mode": [m.dtype, m.quant], "kv": shape})
 
     def weights_fields(self) -> dict[str, Any]:
         """``boot.weights``: which mode runs (exact, bfloat16, int8, int4), on a CPU whether the
@@ -312,6 +318,8 @@ class EngineCore:
         self.cutovers.halt(reason)  # every cutover.begin has its end before boot.stop
         sched = self.scheduler
         ended = [o for rid in list(sched.requests) if (o := sched.abort(rid, reason=reason))]
+        if sched.cache.keeper is not None:  # what is cached outlives the boot
+            sched.cache.keeper.flush(sched.cache)
         if outs is not None:
             outs.extend(ended)
         self.receipts.emit(schema.BOOT_STOP, reason=reason, in_flight=len(ended), **fields)

@@ -28,13 +28,12 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
+from engine.mem import radix_walk
 from engine.mem.allocator import TokenAllocator
-from engine.mem.radix_walk import TreeShape, check_tree, host_backed_reach, tree_shape
-from engine.obs import schema
 from engine.obs.receipts import Receipts
 
 
@@ -95,8 +94,16 @@ class Tier(Protocol):
     def load(self, match: MatchResult, limit: int, rid: str | None) -> MatchResult: ...
 
 
+class Keeper(Protocol):  # the durable store below the cache (``store_tier.StoreTier``)
+    def keep(self, node: TreeNode, pool: Any, slots: torch.Tensor, reason: str) -> int: ...
+    def load(self, cache: Any, tokens: list[int], match: Any, limit: int, rid: Any) -> Any: ...
+    def flush(self, cache: Any) -> int: ...
+
+
 class RadixCache:
-    """``tier``: builds the host tier under this cache (handed the cache); None: no tier."""
+    """``tier``: builds the host tier under this cache (handed the cache); None: no tier.
+    ``keeper``: the durable store, handed KV the cache and its tier drop for good, with the pool
+    it is in (``kv``: the device pool)."""
 
     def __init__(
         self,
@@ -105,6 +112,8 @@ class RadixCache:
         disabled: bool = False,
         receipts: Receipts | None = None,
         tier: Callable[[RadixCache], Tier] | None = None,
+        keeper: Keeper | None = None,
+        kv: Any = None,
     ) -> None:
         self.allocator = allocator
         self.page_size = allocator.page_size
@@ -113,6 +122,7 @@ class RadixCache:
         self._ids = itertools.count()
         self._tick = itertools.count()  # tie-breaker: LRU order among equal timestamps
         self.reset()
+        self.keeper, self.kv = keeper, kv
         self.tier: Tier | None = tier(self) if tier is not None else None
 
     def reset_to_empty(self, reason: str = "reset") -> None:
@@ -321,7 +331,7 @@ class RadixCache:
         ``host_backed_only``: only nodes with a host copy, which shed the device one (no copy,
         nothing lost). ``rid``: the request waiting for the memory, named in the spill receipt."""
         # the promise this pass is held to: what the counter says, or what the shed can reach
-        before = host_backed_reach(self) if host_backed_only else self._evictable
+        before = radix_walk.host_backed_reach(self) if host_backed_only else self._evictable
         staged_before = self.allocator.staged_size()
         evicted = 0
         spill: list[tuple[TreeNode, torch.Tensor]] = []
@@ -344,6 +354,8 @@ class RadixCache:
             elif self.tier is not None:
                 spill.append((node, slots))  # its device pages are freed once it is copied
             else:
+                if self.keeper is not None:  # written to the store before it is dropped
+                    self.keeper.keep(node, self.kv, slots, "evict")
                 self.allocator.free(slots)
                 self.detach(node)
             if (
@@ -356,27 +368,14 @@ class RadixCache:
             heapq.heappush(self._heap, entry)
         after: dict[str, object] = {"evictable_after": self._evictable}
         if host_backed_only:
-            after = {"scope": "host_backed", "evictable_after": host_backed_reach(self)}
+            after = {"scope": "host_backed", "evictable_after": radix_walk.host_backed_reach(self)}
         if self.tier is not None:
             after["spilled"] = self.tier.spill(spill, rid) if spill else 0
         self._maybe_compact()
         if n > 0:
             decision = dict(reason=reason, asked=n, evicted=evicted, evictable_before=before)
-            self._report(decision, staged_before, after)
+            radix_walk.report_eviction(self, decision, staged_before, after)
         return evicted
-
-    def _report(self, decision: dict, staged_before: int, after: dict[str, object]) -> None:
-        staged = self.allocator.staged_size() - staged_before
-        available = self.allocator.available_size()
-        self.receipts.emit(
-            schema.EVICTION, **decision, staged=staged, **after, available_after=available
-        )
-        if decision["evicted"] < min(decision["asked"], decision["evictable_before"]):
-            self.receipts.emit(
-                schema.EVICTION_UNDER_DELIVERED,
-                **decision,
-                note="the evictable counter promised tokens that eviction could not free",
-            )
 
     def _maybe_compact(self) -> None:
         """Drop stale heap entries once they outnumber the tree's pages 4 to 1: amortised
@@ -390,11 +389,11 @@ class RadixCache:
 
     # -- diagnostics (radix_walk.py) ----------------------------------------------------------
 
-    def shape(self) -> TreeShape:
+    def shape(self) -> radix_walk.TreeShape:
         """Walk the whole tree and count what is there; never raises (``problems`` says what
         could not be read)."""
-        return tree_shape(self)
+        return radix_walk.tree_shape(self)
 
     def check(self) -> None:
         """Counters agree with the tree and the edge invariant holds; raises AssertionError."""
-        check_tree(self)
+        radix_walk.check_tree(self)

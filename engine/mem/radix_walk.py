@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.obs import schema
+
 # The cache and its nodes are typed loosely here: radix.py imports this module, and an import
 # back (even for type checking) would be a circle.
 RadixCache = TreeNode = Any
@@ -119,3 +121,21 @@ def host_backed_reach(cache: RadixCache) -> int:
         ):  # fmt: skip
             stack.append(p)
     return tokens
+
+
+def report_eviction(
+    cache: RadixCache, decision: dict, staged_before: int, after: dict[str, object]
+) -> None:
+    """An eviction's receipt, and ``eviction.under_delivered`` when it freed less than the
+    counter promised."""
+    staged = cache.allocator.staged_size() - staged_before
+    available = cache.allocator.available_size()
+    cache.receipts.emit(
+        schema.EVICTION, **decision, staged=staged, **after, available_after=available
+    )
+    if decision["evicted"] < min(decision["asked"], decision["evictable_before"]):
+        cache.receipts.emit(
+            schema.EVICTION_UNDER_DELIVERED,
+            **decision,
+            note="the evictable counter promised tokens that eviction could not free",
+        )

@@ -27,6 +27,7 @@ class Kind:
 
 # Field groups the engine writes together (optional fields of several kinds)
 _BUDGET = ("local_avail", "evictable", "decode_reserve", "floor", "offset", "remaining")
+_STORE = ("cap", "used", "pinned", "reclaimable")  # the store's numbers, in allocated bytes
 _ENDING = ("tokens", "prompt_tokens", "cached", "parks", "retractions", "trace_id", "queue_s",
            "ttft_s", "e2e_s", "constrained", "spec_proposed", "spec_accepted",
            "output_hash")  # fmt: skip
@@ -90,6 +91,15 @@ TIER_SIZED = "tier.sized"
 TIER_SPILL = "tier.spill"
 TIER_LOAD = "tier.load"
 TIER_DROP = "tier.drop"
+STORE_SIZED = "store.sized"
+STORE_SCAN = "store.scan"
+STORE_WRITE = "store.write"
+STORE_LOAD = "store.load"
+STORE_EVICT = "store.evict"
+STORE_REAP = "store.reap"
+CHECKPOINT_CREATE = "checkpoint.create"
+CHECKPOINT_DELETE = "checkpoint.delete"
+CHECKPOINT_REFUSE = "checkpoint.refuse"
 RETRACT = "retract"
 CUTOVER_BEGIN = "cutover.begin"
 CUTOVER_CARRY = "cutover.carry"
@@ -189,6 +199,38 @@ _CATALOG = (
          "host copies dropped (least recently used first) to make room, at a reset, or below "
          "a node whose spill failed (spill_failed)",
          ("nodes", "need", "host_free")),
+    Kind(STORE_SIZED, ("path",),
+         "the durable KV store was opened ('configured': a directory and a cap were given) or is "
+         "off, with the reason (no directory; another model's store; a directory it cannot write)",
+         ("dir", "cap", "pin_budget", "reason", "identity")),
+    Kind(STORE_SCAN, ("files", "pages", "allocated", "apparent", "reaped"),
+         "the store's index rebuilt from its files at boot; reaped: files removed, by reason "
+         "(partial, corrupt, foreign, orphan_pin, orphan_manifest)",
+         ("checkpoints", "seconds") + _STORE),
+    Kind(STORE_WRITE, ("reason", "pages", "tokens", "allocated", "apparent"),
+         "pages written to the store (reason: what dropped them from memory above it); no_room: "
+         "pages the cap could not take, error: a write that failed (an outcome, serving goes on)",
+         ("no_room", "rid", "seconds", "error") + _STORE),
+    Kind(STORE_LOAD, ("pages", "asked", "tokens", "bytes"),
+         "a prefix's pages read from the store into device pages instead of recomputed; a "
+         "corrupt page ends the load there (error) and is reaped",
+         ("rid", "seconds", "error")),
+    Kind(STORE_EVICT, ("reason", "asked", "freed", "pages", "skipped"),
+         "least recently used unpinned pages deleted for allocated bytes asked; skipped: files "
+         "that would not go (set aside, no longer reclaimable)",
+         ("pinned_pages", "rid", "error") + _STORE),
+    Kind(STORE_REAP, ("reason", "files", "allocated", "apparent"),
+         "store files removed as unusable (partial, corrupt, foreign, orphan_pin, "
+         "orphan_manifest)", ("failed", "error")),
+    Kind(CHECKPOINT_CREATE, ("id", "tokens", "pages", "pinned_bytes", "shared_bytes"),
+         "a conversation checkpoint pinned its pages (pinned_bytes: pages newly pinned; "
+         "shared_bytes: pinned already by another checkpoint; file_bytes: its own two files, "
+         "pinned too)", ("file_bytes",) + _STORE),
+    Kind(CHECKPOINT_DELETE, ("id", "tokens", "pages"), "a checkpoint and its pins removed",
+         _STORE),
+    Kind(CHECKPOINT_REFUSE, ("id", "want", "held", "budget", "overshoot"),
+         "a checkpoint refused: its new pinned bytes (want) on top of those pinned (held) "
+         "would cross the pin budget by overshoot; nothing changed", ("tokens",)),
     Kind(RETRACT, ("rids", "tokens_freed"), "decode requests retracted",
          ("ratio_old", "ratio_new", "need", "available", "evictable", "candidates",
           "running_after", "site")),

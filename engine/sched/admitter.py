@@ -149,7 +149,8 @@ class Admitter:
             req = self.waiting[0]
             fill = req.fill_ids
             # leave one token to compute; all of them when its prompt's logprobs are to come
-            match = self.cache.match_prefix(fill[: 0 if req.scores_prompt(0) else len(fill) - 1])
+            cached = fill[: 0 if req.scores_prompt(0) else len(fill) - 1]
+            match = self.cache.match_prefix(cached)
             if match.length:  # lock first: its own prefix is not evictable for its budget
                 self.cache.inc_lock_ref(match.node)
             budget.evictable = self.memory.evictable()
@@ -160,8 +161,7 @@ class Admitter:
                 reserve = decode_reserve(
                     [req.params.max_tokens - len(req.output_ids)], self.ratio.value
                 )
-            if match.host_len and self.cache.tier is not None:  # a hit in the host tier
-                match = self._load(req, match, budget, reserve)
+            match = self._reach(req, cached, match, budget, reserve)
             remaining = len(fill) - match.length
             step = self._plan(match.length, remaining, cap, room, budget, reserve)
             plan = step.plan
@@ -229,6 +229,19 @@ class Admitter:
         self.decode = [r for r in self.decode if r.state is State.RUNNING]  # retracted: gone
         self._reread(budget)
         return budget.remaining > before
+
+    def _reach(
+        self, req: Request, cached: list[int], match: MatchResult, budget: Budget, reserve: int
+    ) -> MatchResult:
+        """A hit carried on below the device: its host part loaded, then on in the durable
+        store, as far as the round's budget funds."""
+        if match.host_len and self.cache.tier is not None:  # a hit in the host tier
+            match = self._load(req, match, budget, reserve)
+        if self.cache.keeper is not None and not match.host_len:  # and on, in the store
+            limit = budget.remaining - reserve
+            match = self.cache.keeper.load(self.cache, cached, match, limit, req.rid)
+            self._reread(budget)
+        return match
 
     def _load(self, req: Request, match: MatchResult, budget: Budget, reserve: int) -> MatchResult:
         """Load the host part of ``req``'s prefix hit back into device pages, as much as the

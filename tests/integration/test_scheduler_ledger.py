@@ -65,13 +65,15 @@ def test_boot_receipts_name_the_pool_sizing_path(tiny_model_dir, tmp_path):
     llm = LLM(model=tiny_model_dir, kv_tokens=100, page_size=16, log_file=str(log))
     llm.core.receipts.close()
     lines = [orjson.loads(x) for x in log.read_bytes().splitlines()]
-    events = ["boot.start", "boot.weights", "boot.pool_sized", "tier.sized", "notice", "boot.ready"]
+    events = ["boot.start", "boot.weights", "boot.pool_sized", "tier.sized", "store.sized"]
+    events += ["notice", "boot.ready"]
     assert [r["event"] for r in lines] == events  # the notice names the relief ladder's rungs
     assert lines[1]["mode"] == "exact" and lines[1]["dtype"] == "float32"
     sized = lines[2]
     assert sized["path"] == "configured" and sized["kv_tokens"] == 96 and sized["page_size"] == 16
     assert lines[3]["path"] == "off" and lines[3]["host_kv_tokens"] == 0  # no host tier on CPU
-    assert [r["seq"] for r in lines] == [1, 2, 3, 4, 5, 6]
+    assert [r["seq"] for r in lines] == [1, 2, 3, 4, 5, 6, 7]
+    assert lines[4]["path"] == "off" and lines[4]["reason"] == "no kv_store_dir"
     measured = LLM(model=tiny_model_dir, kv_memory_fraction=0.001).core
     m = measured.receipts.of("boot.pool_sized")[0]
     assert m["path"] == "measured" and m["mem_available"] > 0

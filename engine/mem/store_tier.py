@@ -1,0 +1,220 @@
+"""StoreTier: the durable KV store (``kv_store.PageStore``) joined to the memory above it.
+
+Write-back: KV that leaves memory for good (a device-only leaf the radix cache evicts without a
+host tier, a host-only leaf the host tier drops) is written to the store first, a page per file,
+keyed by its whole prefix (``store_files.page_key``); at a clean stop every cached prefix is
+written too (``flush``). Load: a prefix hit that the device and host tiers end short of goes on
+in the store, page by page while the pages are there, into fresh device pages (as much as the
+round's budget funds), which join the radix cache as if computed. A page is the pool's page
+(``--page-size``): every layer's K and V for its slots, in the pool's dtype.
+
+``open_store`` opens the store at boot (``store.sized`` says whether and why not): one rank, a
+prefix cache, a directory it can write that no other model's store holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.mem.kv_pool import KVPool
+from engine.mem.kv_store import PageIn, PageStore
+from engine.mem.radix import MatchResult, RadixCache, TreeNode
+from engine.mem.store_files import page_key
+from engine.obs import schema
+from engine.obs.receipts import Receipts
+
+DEFAULT_CAP = 16 << 30  # at most, by default; a quarter of the filesystem's free space at least
+
+
+def model_identity(path: str, described: dict[str, Any]) -> str:
+    """Who wrote a page: the weights (their path, sizes and modification times) and everything
+    that changes the KV they compute (``described``: config, dtypes, quantisation, page size)."""
+    files = []
+    p = Path(path)
+    for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
+        if f.is_file():
+            st = f.stat()
+            files.append((str(f.resolve()), st.st_size, st.st_mtime_ns))
+    blob = json.dumps({"files": files, **described}, sort_keys=True, default=str)
+    return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
+
+
+def open_store(memory: Any, tp: int, identity: str, receipts: Receipts) -> PageStore | None:
+    """The store ``memory`` (the config's memory section) asks for, scanned; None when off, with
+    ``store.sized`` naming why."""
+    d = memory.kv_store_dir
+    why = None
+    if d is None:
+        why = "no kv_store_dir"
+    elif tp > 1:
+        why = "more than one rank (the store holds one rank's pages)"
+    elif not memory.prefix_cache:
+        why = "no prefix cache"
+    store = None
+    if why is None:
+        root = Path(d)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(root).free
+        except OSError as e:
+            free, why = 0, f"cannot use {root}: {e}"
+        cap = memory.kv_store_bytes or min(DEFAULT_CAP, free // 4)
+        pins = cap // 2 if memory.kv_store_pin_bytes is None else memory.kv_store_pin_bytes
+        if why is None:
+            store = PageStore(root, cap, identity, receipts, pin_budget=pins)
+            why = store.claim()
+    if why is not None:
+        receipts.emit(schema.STORE_SIZED, path="off", reason=why, dir=d)
+        return None
+    assert store is not None
+    receipts.emit(
+        schema.STORE_SIZED, path="configured", dir=d, cap=store.cap, pin_budget=store.pin_budget,
+        identity=identity,
+    )  # fmt: skip
+    store.scan()
+    return store
+
+
+class StoreTier:
+    """``kv``: the device pool loads go into; ``keep`` takes any pool (device or host)."""
+
+    def __init__(self, store: PageStore, kv: KVPool, page_size: int) -> None:
+        self.store, self.kv, self.page_size = store, kv, page_size
+        layer = kv.layers[0].k
+        self.page_shape = (len(kv.layers), 2, page_size, *layer.shape[1:])
+        self.dtype = kv.dtype
+
+    def page_keys(self, tokens: list[int]) -> list[str]:
+        """The keys of ``tokens``' whole pages, each naming the prefix up to its end."""
+        keys, parent, ps = [], None, self.page_size
+        for at in range(0, len(tokens) - len(tokens) % ps, ps):
+            parent = page_key(parent, tokens[at : at + ps], self.store.identity)
+            keys.append(parent)
+        return keys
+
+    # -- memory -> store ----------------------------------------------------------------------
+
+    def keep(
+        self, node: TreeNode, pool: KVPool, slots: torch.Tensor, reason: str, rid: str | None = None
+    ) -> int:
+        """Write ``node``'s pages (their KV at ``slots`` of ``pool``) that the store lacks, before
+        that KV is dropped. Never raises: a failure is the write receipt's outcome."""
+        try:
+            tokens = prefix_tokens(node)
+            keys = self.page_keys(tokens)
+            first = (len(tokens) - len(node.key)) // self.page_size
+            todo = [i for i in range(first, len(keys)) if not self.store.has(keys[i])]
+            if not todo:
+                return 0
+            kv = self._gather(pool, slots)
+            ps = self.page_size
+            pages = [
+                PageIn(keys[i], keys[i - 1] if i else None, tokens[i * ps : (i + 1) * ps],
+                       _bytes(kv[:, :, (i - first) * ps : (i - first + 1) * ps]))
+                for i in todo
+            ]  # fmt: skip
+            return self.store.write(pages, reason=reason, rid=rid)
+        except Exception as e:  # an error path must not raise into eviction
+            self.store.receipts.emit(
+                schema.STORE_WRITE, reason=reason, pages=0, tokens=0, allocated=0, apparent=0,
+                rid=rid, error=f"{type(e).__name__}: {e}",
+            )  # fmt: skip
+            return 0
+
+    def _gather(self, pool: KVPool, slots: torch.Tensor) -> torch.Tensor:
+        """[layers, 2, tokens, heads, dim] of ``slots`` in ``pool``, on the CPU."""
+        s = slots.to(pool.layers[0].k.device)
+        k = torch.stack([layer.k.index_select(0, s) for layer in pool.layers])
+        v = torch.stack([layer.v.index_select(0, s) for layer in pool.layers])
+        return torch.stack([k, v], 1).cpu()
+
+    def keep_path(self, cache: RadixCache, node: TreeNode, reason: str = "checkpoint") -> int:
+        """Write the pages of ``node`` and every node above it that the store lacks, from the
+        device or the host tier, wherever each one's KV is."""
+        written, path = 0, []
+        while node is not None and node.parent is not None:
+            path.append(node)
+            node = node.parent
+        for n in reversed(path):
+            if n.value is not None:
+                written += self.keep(n, self.kv, n.value, reason)
+            elif n.host is not None and cache.tier is not None:
+                written += self.keep(n, cache.tier.kv, n.host, reason)
+        return written
+
+    def flush(self, cache: RadixCache, reason: str = "stop") -> int:
+        """Write every cached prefix's pages (at a clean stop, so the next boot finds them)."""
+        written, stack = 0, list(cache.root.children.values())
+        while stack:
+            node = stack.pop()
+            if node.value is not None:
+                written += self.keep(node, self.kv, node.value, reason)
+            stack.extend(node.children.values())
+        return written
+
+    # -- store -> device ----------------------------------------------------------------------
+
+    def load(
+        self, cache: RadixCache, tokens: list[int], match: MatchResult, limit: int, rid: str | None
+    ) -> MatchResult:
+        """Go on from ``match`` (a hit of ``tokens`` with nothing left on the host) with the
+        store's pages, at most ``limit`` tokens, into fresh device pages that join the cache.
+        The caller holds a lock on ``match.node`` and holds one on the returned match's node
+        instead."""
+        ps = self.page_size
+        keys = self.page_keys(tokens)
+        start = match.length // ps
+        want = 0
+        while start + want < len(keys) and self.store.has(keys[start + want]):
+            want += 1
+        want = min(want, max(0, limit) // ps)
+        if want <= 0 or match.host_len:
+            return match
+        short = want * ps - cache.allocator.available_size()
+        if short > 0:
+            cache.evict(short, reason="load", rid=rid)
+        avail = cache.allocator.available_size()
+        want = min(want, avail // ps)
+        payloads = self.store.read(keys[start : start + want], rid=rid) if want else []
+        if not payloads:
+            return match
+        got = len(payloads) * ps
+        slots = cache.allocator.alloc(got)
+        if slots is None:
+            return match
+        self._scatter(payloads, slots)
+        end = match.length + got
+        cache.insert(tokens[:end], torch.cat([match.slots, slots]))
+        loaded = cache.match_prefix(tokens[:end])
+        cache.inc_lock_ref(loaded.node)
+        cache.dec_lock_ref(match.node)
+        return loaded
+
+    def _scatter(self, payloads: list[bytes], slots: torch.Tensor) -> None:
+        pages = [torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in payloads]
+        kv = torch.cat([p.view(self.dtype).reshape(self.page_shape) for p in pages], dim=2).to(
+            self.kv.layers[0].k.device
+        )
+        d = slots.to(self.kv.layers[0].k.device)
+        for i, layer in enumerate(self.kv.layers):
+            layer.k.index_copy_(0, d, kv[i, 0])
+            layer.v.index_copy_(0, d, kv[i, 1])
+
+
+def prefix_tokens(node: TreeNode) -> list[int]:
+    """The tokens from the root to the end of ``node``."""
+    parts, n = [], node
+    while n is not None and n.key:
+        parts.append(n.key)
+        n = n.parent
+    return [t for part in reversed(parts) for t in part]
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes()

@@ -1,0 +1,111 @@
+"""The durable KV store under the engine: cached prefixes written as they leave memory (eviction,
+the host tier's drops) and at a clean stop, loaded back on a hit the memory above misses, in this
+boot and after a restart, with greedy tokens identical to a run without the store; both ledgers
+balance after every step (check mode)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.mem.store_files import page_path
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+
+def prompts(vocab: int, count: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, vocab) for _ in range(length)] for _ in range(count)]
+
+
+def stored(tmp_path, model, **kw) -> LLM:
+    return LLM(model=model, check_invariants=True, kv_store_dir=str(tmp_path / "store"), **kw)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_prefix_evicted_to_the_store_loads_back_with_the_same_tokens(
+    tiny_model_dir, tmp_path, page_size
+):
+    first, others = prompts(300, 1, 120), prompts(300, 4, 120, seed=1)
+    plain = LLM(model=tiny_model_dir, kv_tokens=4096, page_size=page_size, prefix_cache=False)
+    expected = [o.token_ids for o in plain.generate(first + others + first, GREEDY)]
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=256, page_size=page_size)
+    got = [o.token_ids for o in llm.generate(first, GREEDY)]
+    got += [o.token_ids for o in llm.generate(others, GREEDY)]  # the first prompt's KV leaves
+    got += [o.token_ids for o in llm.generate(first, GREEDY)]
+    assert got == expected
+    r = llm.core.receipts
+    writes = [w for w in r.of("store.write") if w["reason"] == "evict"]
+    assert sum(w["pages"] for w in writes) > 0 and all("error" not in w for w in writes)
+    last = r.of("request.finish")[-1]  # the first prompt again
+    (load,) = [x for x in r.of("store.load") if x["rid"] == last["rid"]]
+    assert load["tokens"] >= 100 and load["bytes"] == load["tokens"] * llm.core.kv.bytes_per_token
+    assert last["cached"] >= load["tokens"]  # the hit counts what came from the store
+    llm.close()
+
+
+def test_a_conversation_outlives_a_restart(tiny_model_dir, tmp_path):
+    history = prompts(300, 1, 200)[0]
+    plain = LLM(model=tiny_model_dir, kv_tokens=4096, prefix_cache=False)
+    answer = plain.generate([history], GREEDY)[0].token_ids
+    turn2 = history + answer + [7, 8, 9, 10]
+    expected = plain.generate([turn2], GREEDY)[0].token_ids
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=2048)
+    assert llm.generate([history], GREEDY)[0].token_ids == answer
+    llm.close()  # a clean stop writes what is cached
+    r = llm.core.receipts
+    assert sum(w["pages"] for w in r.of("store.write") if w["reason"] == "stop") > 0
+    again = stored(tmp_path, tiny_model_dir, kv_tokens=2048)
+    (scan,) = again.core.receipts.of("store.scan")
+    assert scan["pages"] >= 200 and scan["reaped"] == {}
+    assert again.generate([turn2], GREEDY)[0].token_ids == expected
+    (load,) = [x for x in again.core.receipts.of("store.load") if x["pages"]]
+    assert load["tokens"] >= 200  # the history and the first answer, not recomputed
+    again.close()
+
+
+def test_another_models_store_is_read_by_nobody_and_says_why(tiny_model_dir, tmp_path):
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=1024)
+    llm.generate(prompts(300, 1, 40), GREEDY)
+    llm.close()
+    other = stored(tmp_path, tiny_model_dir, kv_tokens=1024, page_size=4)  # other KV pages
+    (sized,) = other.core.receipts.of("store.sized")
+    assert sized["path"] == "off" and "another model" in sized["reason"]
+    assert other.core.receipts.of("store.scan") == []
+    other.close()
+
+
+def test_a_corrupt_page_is_reaped_and_the_prompt_computed(tiny_model_dir, tmp_path):
+    history = prompts(300, 1, 64)[0]
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=1024)
+    want = llm.generate([history + [5, 6]], GREEDY)[0].token_ids
+    llm.close()
+    again = stored(tmp_path, tiny_model_dir, kv_tokens=1024)
+    store = again.core.scheduler.cache.keeper.store
+    keys = again.core.scheduler.cache.keeper.page_keys(history)
+    path = page_path(store.root, keys[10])
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x55
+    path.write_bytes(bytes(data))
+    assert again.generate([history + [5, 6]], GREEDY)[0].token_ids == want
+    (load,) = [x for x in again.core.receipts.of("store.load") if x["asked"]]
+    assert load["pages"] == 10 and "checksum" in load["error"]
+    assert [x["reason"] for x in again.core.receipts.of("store.reap")] == ["corrupt"]
+    again.close()
+
+
+def test_the_host_tiers_drops_go_to_the_store_and_come_back(tiny_model_dir, tmp_path):
+    """Device pool, host tier and store: what the host tier drops is written, then loaded."""
+    from tests.integration.test_host_tier import chats
+
+    roomy = LLM(model=tiny_model_dir, kv_tokens=8192)
+    expected = chats(roomy, 300)
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=256, host_kv_tokens=256)
+    assert chats(llm, 300) == expected
+    r = llm.core.receipts
+    drops = [w for w in r.of("store.write") if w["reason"] == "tier_drop"]
+    assert sum(w["pages"] for w in drops) > 0
+    assert sum(x["pages"] for x in r.of("store.load")) > 0
+    llm.close()

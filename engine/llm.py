@@ -91,6 +91,39 @@ class LLM:
         ids = [self.tokenizer.encode_chat(c, add_generation_prompt) for c in conversations]
         return self._run(ids, params)
 
+    def checkpoint(
+        self,
+        prompt: list[int] | list[dict[str, Any]] | str,
+        id: str | None = None,  # noqa: A002 (the API's own name)
+    ) -> dict[str, Any]:
+        """Pin a conversation's KV in the durable store (``--kv-store-dir``): ``prompt`` token
+        ids, text, or a chat's messages (rendered without a generation prompt, so the next
+        turn's prompt begins with them). Its prompt runs first (one token); then its whole
+        pages are written and pinned. Returns ``{"id", "tokens", "pinned_bytes",
+        "shared_bytes", ...}``; raises ``engine.checkpoints.CheckpointError``."""
+        from engine import checkpoints
+
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, True)
+        elif prompt and isinstance(prompt[0], dict):
+            ids = self.tokenizer.encode_chat(prompt, False)
+        else:
+            ids = list(prompt)  # type: ignore[arg-type]
+        checkpoints.check_id(id)
+        self._run([ids], checkpoints.prefill())
+        return checkpoints.create(self.core, ids, id)
+
+    def checkpoints(self) -> dict[str, Any]:
+        """The store's checkpoints and its numbers (``used``, ``pinned``, ``reclaimable``)."""
+        from engine import checkpoints
+
+        return checkpoints.listing(self.core)
+
+    def delete_checkpoint(self, id: str) -> dict[str, Any]:  # noqa: A002
+        from engine import checkpoints
+
+        return checkpoints.delete(self.core, id)
+
     def stream(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Iterator[str]:
         """Text deltas of one request as they are generated."""
         sched = self.core.scheduler

@@ -198,6 +198,26 @@ class GuideReady:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointOp:
+    """A conversation checkpoint (``engine/checkpoints.py``): ``op`` create (of ``tokens``,
+    named ``id`` or not), list, or delete (``id``); ``CheckpointDone`` answers ``ticket``."""
+
+    op: str
+    ticket: int = 0
+    tokens: list[int] | None = None
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointDone:
+    """A checkpoint operation's HTTP answer: its ``status`` and JSON ``body``."""
+
+    ticket: int
+    status: int
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CancelCutover:
     """End the cutover ``id`` under way (outcome ``cancelled``); ``ticket``: whom to answer."""
 
@@ -282,6 +302,24 @@ class Dead:
 
 
 ToScheduler = (
-    AddRequest | AbortRequest | Notice | Cutover | CancelCutover | PrepareGuide | Serving | Stop
+    AddRequest
+    | AbortRequest
+    | Notice
+    | Cutover
+    | CancelCutover
+    | PrepareGuide
+    | CheckpointOp
+    | Serving
+    | Stop
 )
-ToFrontend = Ready | Outputs | Heartbeat | Rejected | CutoverDone | GuideReady | Stopped | Dead
+ToFrontend = (
+    Ready
+    | Outputs
+    | Heartbeat
+    | Rejected
+    | CutoverDone
+    | GuideReady
+    | CheckpointDone
+    | Stopped
+    | Dead
+)

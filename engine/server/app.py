@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 
 from engine.obs import tracing as tr
 from engine.obs.metrics import CONTENT_TYPE, ServerMetrics
-from engine.server import admin, openapi, tokenize
+from engine.server import admin, checkpoints, openapi, tokenize
 from engine.server.driver import EngineDriver
 from engine.server.errors import check_model
 from engine.server.limits import MAX_BODY_BYTES, HttpLimits
@@ -123,7 +123,9 @@ def create_app(
         service.chat
     )
     tokenize.mount(app, service)
+    checkpoints.mount(app, service)
     serve_head(app)
-    openapi.publish(app, [CompletionRequest, ChatCompletionRequest, *tokenize.BODIES],
+    bodies = [CompletionRequest, ChatCompletionRequest, *tokenize.BODIES, *checkpoints.BODIES]
+    openapi.publish(app, bodies,
                     served_model_name, driver.vocab_size)  # fmt: skip
     return app

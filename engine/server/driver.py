@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
@@ -31,6 +30,8 @@ from engine.messages import (
     AbortRequest,
     AddRequest,
     CancelCutover,
+    CheckpointDone,
+    CheckpointOp,
     Cutover,
     CutoverDone,
     Dead,
@@ -51,26 +52,8 @@ from engine.messages import (
     ToScheduler,
 )
 from engine.obs.death import how_it_ended
-from engine.sampling_params import SamplingParams
 from engine.server.scheduler_proc import scheduler_main
-
-
-@dataclass(slots=True)
-class Submission:
-    rid: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    loop: asyncio.AbstractEventLoop
-    out: asyncio.Queue
-    arrived: float | None = None  # the wall time the HTTP request came in
-
-
-class SchedulerDied(RuntimeError):
-    """The scheduler process said it is dying (``Dead``): the whole text, and ``said``."""
-
-    def __init__(self, reason: str, said: str) -> None:
-        super().__init__(reason)
-        self.said = said
+from engine.server.submission import SchedulerDied, Submission
 
 
 class EngineDriver:
@@ -299,6 +282,12 @@ class EngineDriver:
         (status 200), or a 404's when no such cutover is under way."""
         return self._ask(lambda ticket: CancelCutover(id=cid, ticket=ticket))
 
+    def checkpoint(
+        self, op: str, tokens: list[int] | None = None, cid: str | None = None
+    ) -> concurrent.futures.Future:
+        """A checkpoint operation (create, list, delete); the future holds (status, body)."""
+        return self._ask(lambda ticket: CheckpointOp(op=op, ticket=ticket, tokens=tokens, id=cid))
+
     def prepare_guide(self, guide: Guide) -> concurrent.futures.Future:
         """Have ``guide`` compiled; the future holds None once it has, else why it did not."""
         return self._ask(lambda ticket: PrepareGuide(guide=guide, ticket=ticket))
@@ -382,6 +371,8 @@ class EngineDriver:
                 self._answer(ticket, dict(fields))
             case GuideReady(ticket=ticket, error=error):
                 self._answer(ticket, error)
+            case CheckpointDone(ticket=ticket, status=status, body=body):
+                self._answer(ticket, (status, dict(body)))
             case Stopped(reason=reason):
                 self._fail_all(f"server is shutting down ({reason})")
                 self._stopped.set()

@@ -23,6 +23,8 @@ from engine.messages import (
     AbortRequest,
     AddRequest,
     CancelCutover,
+    CheckpointDone,
+    CheckpointOp,
     Cutover,
     CutoverDone,
     Dead,
@@ -109,11 +111,13 @@ def _boot_attributes(core: Any, info: EngineInfo) -> dict[str, Any]:
 
 
 def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
+    from engine.checkpoints import Pending  # the engine's side: the scheduler's process only
     from engine.dist.comm import GroupFailure
 
     sched = core.scheduler
     drain: _Drain | None = None
     tickets: list[int] = []  # the cutover under way (at most one): whom to answer
+    pending = Pending()  # checkpoints whose prompt is being computed
     beat = time.monotonic() + HEARTBEAT_S
     watch = StallWatch(stall_s)
     try:
@@ -134,7 +138,7 @@ def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
                 elif isinstance(msg, CancelCutover):
                     _cancel(core, conn, msg, tickets)
                 elif not isinstance(msg, Stop):
-                    _handle(core, conn, msg)
+                    _handle(core, conn, msg, pending)
             if stall is not None:
                 write_resume(core.receipts, stall, arrived)
             for ticket, error in sched.grammars.poll():
@@ -145,7 +149,9 @@ def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
                 _stop(core, conn, drain, tickets)
                 return
             if sched.has_work():
-                outs = core.step()
+                outs, answers = pending.finish(core, core.step())
+                for ticket, status, body in answers:
+                    conn.send(CheckpointDone(ticket=ticket, status=status, body=body))
                 if outs:  # a step that only prefilled has nothing to say yet
                     conn.send(Outputs(outputs=outs, snapshot=sched.snapshot()))
             if (now := time.monotonic()) >= beat:  # busy or idle: the frontend sees us turn
@@ -172,7 +178,7 @@ _GROUP_FAILED = {
 }
 
 
-def _handle(core: Any, conn: Any, msg: ToScheduler) -> None:
+def _handle(core: Any, conn: Any, msg: ToScheduler, pending: Any) -> None:
     """Act on one message from the frontend (``Stop`` is the loop's own)."""
     sched = core.scheduler
     match msg:
@@ -195,6 +201,30 @@ def _handle(core: Any, conn: Any, msg: ToScheduler) -> None:
             core.receipts.notice(key, text, **fields)
         case Serving(host=host, port=port):
             core.ready(host=host, port=port)
+        case CheckpointOp():
+            _checkpoint(core, conn, msg, pending)
+
+
+def _checkpoint(core: Any, conn: Any, msg: CheckpointOp, pending: Any) -> None:
+    """Begin a checkpoint (its prompt runs first; ``Pending.finish`` answers it), or list or
+    delete them, answered at once."""
+    from engine import checkpoints
+
+    try:
+        if msg.op == "create":
+            pending.begin(core, msg.ticket, list(msg.tokens or ()), msg.id)
+            return
+        status = 200
+        body = (
+            checkpoints.listing(core)
+            if msg.op == "list"
+            else checkpoints.delete(core, msg.id or "")
+        )
+    except checkpoints.CheckpointError as e:
+        status, body = e.status, e.body()
+    except ValueError as e:  # a prompt the scheduler refuses (too long, out of the vocabulary)
+        status, body = 400, checkpoints.CheckpointError(400, str(e)).body()
+    conn.send(CheckpointDone(ticket=msg.ticket, status=status, body=body))
 
 
 def _cutover(core: Any, conn: Any, msg: Cutover, tickets: list[int]) -> None:

@@ -109,3 +109,65 @@ def test_the_host_tiers_drops_go_to_the_store_and_come_back(tiny_model_dir, tmp_
     assert sum(w["pages"] for w in drops) > 0
     assert sum(x["pages"] for x in r.of("store.load")) > 0
     llm.close()
+
+
+def test_checkpoints_pin_share_survive_a_restart_and_refuse_with_numbers(tiny_model_dir, tmp_path):
+    """A checkpoint pins its conversation's pages; a branch that extends it pins only its new
+    pages; pinned pages outlive eviction pressure and a restart; one over the pin budget is
+    refused with the four numbers and changes nothing."""
+    from engine.checkpoints import CheckpointError
+
+    history = prompts(300, 1, 160)[0]
+    kw = dict(kv_tokens=512, page_size=16, kv_store_pin_bytes=300_000)
+    llm = stored(tmp_path, tiny_model_dir, **kw)
+    root = llm.checkpoint(history, id="root")
+    assert root["tokens"] == 160 and root["pinned_bytes"] > 0 and root["shared_bytes"] == 0
+    extra = list(range(3, 19))  # one more page
+    branch = llm.checkpoint(history + extra, id="branch")
+    assert branch["shared_bytes"] == root["pinned_bytes"]  # the parent's pages, shared
+    assert 0 < branch["pinned_bytes"] < root["pinned_bytes"]  # only the new page
+    store = llm.core.scheduler.cache.keeper.store
+    before = store.capacity()
+    with pytest.raises(CheckpointError) as refused:
+        llm.checkpoint(prompts(300, 1, 400, seed=9)[0], id="big")
+    assert refused.value.status == 409
+    f = refused.value.fields
+    assert f["overshoot"] == f["held"] + f["want"] - f["budget"] > 0
+    assert store.capacity()["pinned"] == before["pinned"] and "big" not in store.checkpoints
+    (r,) = llm.core.receipts.of("checkpoint.refuse")
+    assert (r["want"], r["held"], r["budget"], r["overshoot"]) == (
+        f["want"], f["held"], f["budget"], f["overshoot"])  # fmt: skip
+    store.evict(store.used, reason="test")  # everything unpinned goes
+    assert all(store.has(k) for k in store.checkpoints["root"].keys)
+    llm.close()
+    again = stored(tmp_path, tiny_model_dir, **kw)
+    assert {c["id"] for c in again.checkpoints()["data"]} == {"root", "branch"}
+    turn = history + extra + [7, 8]
+    plain = LLM(model=tiny_model_dir, kv_tokens=4096, prefix_cache=False)
+    assert (
+        again.generate([turn], GREEDY)[0].token_ids == plain.generate([turn], GREEDY)[0].token_ids
+    )
+    (load,) = [x for x in again.core.receipts.of("store.load") if x["pages"]]
+    assert load["tokens"] == 176  # the branch's whole prompt, from the store
+    assert again.delete_checkpoint("root")["deleted"]
+    assert all(
+        again.core.scheduler.cache.keeper.store.entries[k].pins == 1
+        for k in again.core.scheduler.cache.keeper.page_keys(history)
+    )  # the branch's pin
+    with pytest.raises(CheckpointError) as gone:
+        again.delete_checkpoint("root")
+    assert gone.value.status == 404
+    again.close()
+
+
+def test_a_checkpoint_without_a_store_or_with_a_bad_id_is_a_clear_error(tiny_model_dir, tmp_path):
+    from engine.checkpoints import CheckpointError
+
+    with pytest.raises(CheckpointError, match="--kv-store-dir") as none:
+        LLM(model=tiny_model_dir, kv_tokens=512).checkpoint([1, 2, 3, 4])
+    assert none.value.status == 400
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=512)
+    with pytest.raises(CheckpointError, match="id") as bad:
+        llm.checkpoint([1, 2, 3, 4], id="../etc")
+    assert bad.value.status == 400
+    llm.close()

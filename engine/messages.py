@@ -79,6 +79,8 @@ class PoolSnapshot:
     admissions: int = 0  # admission.admit receipts
     requests_ended: int = 0  # requests finished or aborted
     spec: SpecCounts | None = None  # with speculative decoding on
+    # with a durable KV store: its cap, used, pinned and reclaimable allocated bytes
+    store: Mapping[str, int] | None = None
 
     @property
     def token_usage(self) -> float:
@@ -90,6 +92,8 @@ class PoolSnapshot:
         d = asdict(self)
         for counter in ("receipts", "new_token_ratio", *self.progress()):
             del d[counter]
+        if self.store is None:
+            del d["store"]
         return d
 
     def progress(self) -> dict[str, int]:

@@ -73,6 +73,15 @@ class _EngineCollector:
             yield CounterMetricFamily(name, help_, value=counts.get(kind, 0))
         if s.spec is not None:
             yield from _spec_metrics(s.spec)
+        if s.store is not None:
+            g = GaugeMetricFamily(
+                "attest:kv_store_bytes",
+                "The durable KV store's allocated bytes on disk: cap, used, pinned (by "
+                "checkpoints), reclaimable (what eviction can free).", labels=["state"],
+            )  # fmt: skip
+            for state, value in s.store.items():
+                g.add_metric([state], value)
+            yield g
         c = CounterMetricFamily("attest:receipts", "Receipts written, by kind.", labels=["kind"])
         for kind in sorted(counts):
             c.add_metric([kind], counts[kind])

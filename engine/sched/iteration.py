@@ -69,4 +69,5 @@ def snapshot_of(sched: Any) -> PoolSnapshot:
         new_token_ratio=sched.ratio.value, receipts=dict(sched.receipts.counts),
         **schema.progress(sched.generated, sched.receipts.counts),
         spec=sched.spec.counts() if sched.spec is not None else None,
+        store=cache.keeper.store.capacity() if cache.keeper is not None else None,
     )  # fmt: skip

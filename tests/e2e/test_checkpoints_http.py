@@ -6,6 +6,8 @@ the store, with the same answer as a server without one."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import orjson
 import pytest
@@ -83,6 +85,16 @@ def test_checkpoints_over_http_outlive_a_restart(tmp_path, model_dir):
         listed["capacity"]["pinned"] + listed["capacity"]["reclaimable"]
         == listed["capacity"]["used"]
     )
+    pinned = listed["capacity"]["pinned"]
+    assert pinned > 0
+    deadline = time.monotonic() + 60  # the next heartbeat's snapshot carries the store's numbers
+    while (
+        httpx.get(srv.base + "/health", timeout=30).json().get("store", {}).get("pinned") != pinned
+    ):
+        assert time.monotonic() < deadline, "/health never showed the store's pinned bytes"
+        time.sleep(0.2)
+    metrics = httpx.get(srv.base + "/metrics", timeout=30).text
+    assert f'attest:kv_store_bytes{{state="pinned"}} {float(pinned)}' in metrics
     code, _ = srv.stop()
     assert code == 0
     srv = boot(tmp_path, model_dir, "two.jsonl")

@@ -63,9 +63,12 @@ def create(core: Any, tokens: list[int], cid: str | None = None) -> dict[str, An
     store = keeper.store
     if cid in store.checkpoints:
         raise CheckpointError(409, f"checkpoint {cid} exists")
-    n = len(tokens) - len(tokens) % keeper.page_size
+    n = len(tokens) - len(tokens) % keeper.block
     if n == 0:
-        raise CheckpointError(400, f"a prompt of {len(tokens)} tokens holds no whole page")
+        raise CheckpointError(
+            400,
+            f"a prompt of {len(tokens)} tokens holds no whole store page ({keeper.block} tokens)",
+        )
     match = cache.match_prefix(tokens[:n])
     end = match.host_node or match.node
     keeper.keep_path(cache, end)

@@ -139,7 +139,7 @@ class HostTier:
             parent = node.parent
             keeper = self.cache.keeper
             if node.value is None and keeper is not None:  # its last copy: to the store first
-                keeper.keep(node, self.kv, node.host, "tier_drop")
+                keeper.keep(self.cache, node, self.kv, node.host, "tier_drop")
             dropped += self._free_host(node)
             nodes += 1
             if node.value is None:  # host-only: it leaves the tree

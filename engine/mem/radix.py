@@ -95,7 +95,7 @@ class Tier(Protocol):
 
 
 class Keeper(Protocol):  # the durable store below the cache (``store_tier.StoreTier``)
-    def keep(self, node: TreeNode, pool: Any, slots: torch.Tensor, reason: str) -> int: ...
+    def keep(self, cache: Any, node: TreeNode, pool: Any, slots: Any, reason: str) -> int: ...
     def load(self, cache: Any, tokens: list[int], match: Any, limit: int, rid: Any) -> Any: ...
     def flush(self, cache: Any) -> int: ...
 
@@ -355,7 +355,7 @@ class RadixCache:
                 spill.append((node, slots))  # its device pages are freed once it is copied
             else:
                 if self.keeper is not None:  # written to the store before it is dropped
-                    self.keeper.keep(node, self.kv, slots, "evict")
+                    self.keeper.keep(self, node, self.kv, slots, "evict")
                 self.allocator.free(slots)
                 self.detach(node)
             if (

@@ -29,6 +29,7 @@ from engine.mem.store_files import page_key
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 
+MIN_BLOCK = 16  # tokens a store page holds at least
 DEFAULT_CAP = 16 << 30  # at most, by default; a quarter of the filesystem's free space at least
 
 
@@ -82,50 +83,81 @@ def open_store(memory: Any, tp: int, identity: str, receipts: Receipts) -> PageS
 
 
 class StoreTier:
-    """``kv``: the device pool loads go into; ``keep`` takes any pool (device or host)."""
+    """``kv``: the device pool loads go into. A store page is ``block`` tokens: the smallest
+    whole number of the pool's pages that holds at least ``MIN_BLOCK`` tokens (with the default
+    page of one token, a file per token would be thousands of files for one conversation)."""
 
     def __init__(self, store: PageStore, kv: KVPool, page_size: int) -> None:
         self.store, self.kv, self.page_size = store, kv, page_size
+        self.block = page_size * -(-MIN_BLOCK // page_size)
         layer = kv.layers[0].k
-        self.page_shape = (len(kv.layers), 2, page_size, *layer.shape[1:])
+        self.page_shape = (len(kv.layers), 2, self.block, *layer.shape[1:])
         self.dtype = kv.dtype
 
     def page_keys(self, tokens: list[int]) -> list[str]:
-        """The keys of ``tokens``' whole pages, each naming the prefix up to its end."""
-        keys, parent, ps = [], None, self.page_size
-        for at in range(0, len(tokens) - len(tokens) % ps, ps):
-            parent = page_key(parent, tokens[at : at + ps], self.store.identity)
+        """The keys of ``tokens``' whole store pages, each naming the prefix up to its end."""
+        keys, parent, b = [], None, self.block
+        for at in range(0, len(tokens) - len(tokens) % b, b):
+            parent = page_key(parent, tokens[at : at + b], self.store.identity)
             keys.append(parent)
         return keys
 
     # -- memory -> store ----------------------------------------------------------------------
 
     def keep(
-        self, node: TreeNode, pool: KVPool, slots: torch.Tensor, reason: str, rid: str | None = None
+        self, cache: RadixCache, node: TreeNode, pool: KVPool, slots: torch.Tensor, reason: str
     ) -> int:
-        """Write ``node``'s pages (their KV at ``slots`` of ``pool``) that the store lacks, before
-        that KV is dropped. Never raises: a failure is the write receipt's outcome."""
+        """Write the store pages that end inside ``node`` (its KV at ``slots`` of ``pool``; a page
+        that begins above it reads the rest from its ancestors, on the device or the host) and
+        that the store lacks, before that KV is dropped. The tokens past a leaf's last whole
+        page are not written. Never raises: a failure is the write receipt's outcome."""
         try:
-            tokens = prefix_tokens(node)
+            tokens, b = prefix_tokens(node), self.block
+            end, start = len(tokens), len(tokens) - len(node.key)
             keys = self.page_keys(tokens)
-            first = (len(tokens) - len(node.key)) // self.page_size
-            todo = [i for i in range(first, len(keys)) if not self.store.has(keys[i])]
+            todo = [i for i in range(start // b, end // b) if not self.store.has(keys[i])]
             if not todo:
                 return 0
-            kv = self._gather(pool, slots)
-            ps = self.page_size
+            lo = todo[0] * b
+            kv = torch.cat(
+                [self._gather(p, s) for p, s in self._segments(cache, node, pool, slots, lo)], 2
+            )
             pages = [
-                PageIn(keys[i], keys[i - 1] if i else None, tokens[i * ps : (i + 1) * ps],
-                       _bytes(kv[:, :, (i - first) * ps : (i - first + 1) * ps]))
+                PageIn(keys[i], keys[i - 1] if i else None, tokens[i * b : (i + 1) * b],
+                       _bytes(kv[:, :, i * b - lo : (i + 1) * b - lo]))
                 for i in todo
             ]  # fmt: skip
-            return self.store.write(pages, reason=reason, rid=rid)
+            return self.store.write(pages, reason=reason)
         except Exception as e:  # an error path must not raise into eviction
             self.store.receipts.emit(
                 schema.STORE_WRITE, reason=reason, pages=0, tokens=0, allocated=0, apparent=0,
-                rid=rid, error=f"{type(e).__name__}: {e}",
+                error=f"{type(e).__name__}: {e}",
             )  # fmt: skip
             return 0
+
+    def _segments(
+        self, cache: RadixCache, node: TreeNode, pool: KVPool, slots: torch.Tensor, lo: int
+    ) -> list[tuple[KVPool, torch.Tensor]]:
+        """Where the KV of the prefix's tokens from ``lo`` to ``node``'s end is: (pool, slots)
+        runs, top down; ``node``'s own given, its ancestors' read from them."""
+        segs = [(pool, slots)]
+        at = len(prefix_tokens(node)) - len(node.key)
+        n = node.parent
+        while at > lo:
+            if n is None or n.parent is None:
+                raise RuntimeError("a page's tokens reach above the tree")
+            if n.value is not None:
+                segs.append((self.kv, n.value))
+            elif n.host is not None and cache.tier is not None:
+                segs.append((cache.tier.kv, n.host))
+            else:
+                raise RuntimeError(f"node {n.id}'s KV is nowhere")
+            at -= len(n.key)
+            n = n.parent
+        segs.reverse()
+        first_pool, first = segs[0]
+        segs[0] = (first_pool, first[lo - at :])
+        return segs
 
     def _gather(self, pool: KVPool, slots: torch.Tensor) -> torch.Tensor:
         """[layers, 2, tokens, heads, dim] of ``slots`` in ``pool``, on the CPU."""
@@ -143,9 +175,9 @@ class StoreTier:
             node = node.parent
         for n in reversed(path):
             if n.value is not None:
-                written += self.keep(n, self.kv, n.value, reason)
+                written += self.keep(cache, n, self.kv, n.value, reason)
             elif n.host is not None and cache.tier is not None:
-                written += self.keep(n, cache.tier.kv, n.host, reason)
+                written += self.keep(cache, n, cache.tier.kv, n.host, reason)
         return written
 
     def flush(self, cache: RadixCache, reason: str = "stop") -> int:
@@ -154,7 +186,7 @@ class StoreTier:
         while stack:
             node = stack.pop()
             if node.value is not None:
-                written += self.keep(node, self.kv, node.value, reason)
+                written += self.keep(cache, node, self.kv, node.value, reason)
             stack.extend(node.children.values())
         return written
 
@@ -164,43 +196,39 @@ class StoreTier:
         self, cache: RadixCache, tokens: list[int], match: MatchResult, limit: int, rid: str | None
     ) -> MatchResult:
         """Go on from ``match`` (a hit of ``tokens`` with nothing left on the host) with the
-        store's pages, at most ``limit`` tokens, into fresh device pages that join the cache.
-        The caller holds a lock on ``match.node`` and holds one on the returned match's node
-        instead."""
-        ps = self.page_size
-        keys = self.page_keys(tokens)
-        start = match.length // ps
-        want = 0
-        while start + want < len(keys) and self.store.has(keys[start + want]):
-            want += 1
-        want = min(want, max(0, limit) // ps)
-        if want <= 0 or match.host_len:
+        store's pages, at most ``limit`` new tokens, into fresh device pages that join the
+        cache. The first page may begin inside the match: only its tail is copied. The caller
+        holds a lock on ``match.node`` and holds one on the returned match's node instead."""
+        b, keys = self.block, self.page_keys(tokens)
+        start = match.length // b
+        skip = match.length - start * b
+        n = 0
+        while start + n < len(keys) and self.store.has(keys[start + n]):
+            n += 1
+        n = min(n, (max(0, limit) + skip) // b)
+        if n <= 0 or match.host_len:
             return match
-        short = want * ps - cache.allocator.available_size()
+        short = n * b - skip - cache.allocator.available_size()
         if short > 0:
             cache.evict(short, reason="load", rid=rid)
-        avail = cache.allocator.available_size()
-        want = min(want, avail // ps)
-        payloads = self.store.read(keys[start : start + want], rid=rid) if want else []
-        if not payloads:
-            return match
-        got = len(payloads) * ps
-        slots = cache.allocator.alloc(got)
+        n = min(n, (cache.allocator.available_size() + skip) // b)
+        payloads = self.store.read(keys[start : start + n], rid=rid) if n > 0 else []
+        new = len(payloads) * b - skip
+        slots = cache.allocator.alloc(new) if new > 0 else None
         if slots is None:
             return match
-        self._scatter(payloads, slots)
-        end = match.length + got
+        self._scatter(payloads, skip, slots)
+        end = match.length + new
         cache.insert(tokens[:end], torch.cat([match.slots, slots]))
         loaded = cache.match_prefix(tokens[:end])
         cache.inc_lock_ref(loaded.node)
         cache.dec_lock_ref(match.node)
         return loaded
 
-    def _scatter(self, payloads: list[bytes], slots: torch.Tensor) -> None:
+    def _scatter(self, payloads: list[bytes], skip: int, slots: torch.Tensor) -> None:
         pages = [torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in payloads]
-        kv = torch.cat([p.view(self.dtype).reshape(self.page_shape) for p in pages], dim=2).to(
-            self.kv.layers[0].k.device
-        )
+        kv = torch.cat([p.view(self.dtype).reshape(self.page_shape) for p in pages], dim=2)
+        kv = kv[:, :, skip:].to(self.kv.layers[0].k.device)
         d = slots.to(self.kv.layers[0].k.device)
         for i, layer in enumerate(self.kv.layers):
             layer.k.index_copy_(0, d, kv[i, 0])

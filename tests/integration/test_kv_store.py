@@ -59,10 +59,10 @@ def test_a_conversation_outlives_a_restart(tiny_model_dir, tmp_path):
     assert sum(w["pages"] for w in r.of("store.write") if w["reason"] == "stop") > 0
     again = stored(tmp_path, tiny_model_dir, kv_tokens=2048)
     (scan,) = again.core.receipts.of("store.scan")
-    assert scan["pages"] >= 200 and scan["reaped"] == {}
+    assert scan["pages"] * 16 >= 192 and scan["reaped"] == {}  # store pages of 16 tokens
     assert again.generate([turn2], GREEDY)[0].token_ids == expected
     (load,) = [x for x in again.core.receipts.of("store.load") if x["pages"]]
-    assert load["tokens"] >= 200  # the history and the first answer, not recomputed
+    assert load["tokens"] >= 192  # the history's whole store pages, not recomputed
     again.close()
 
 
@@ -85,13 +85,13 @@ def test_a_corrupt_page_is_reaped_and_the_prompt_computed(tiny_model_dir, tmp_pa
     again = stored(tmp_path, tiny_model_dir, kv_tokens=1024)
     store = again.core.scheduler.cache.keeper.store
     keys = again.core.scheduler.cache.keeper.page_keys(history)
-    path = page_path(store.root, keys[10])
+    path = page_path(store.root, keys[2])  # the third store page (tokens 32 to 48)
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x55
     path.write_bytes(bytes(data))
     assert again.generate([history + [5, 6]], GREEDY)[0].token_ids == want
     (load,) = [x for x in again.core.receipts.of("store.load") if x["asked"]]
-    assert load["pages"] == 10 and "checksum" in load["error"]
+    assert load["pages"] == 2 and "checksum" in load["error"]
     assert [x["reason"] for x in again.core.receipts.of("store.reap")] == ["corrupt"]
     again.close()
 
@@ -224,3 +224,24 @@ def test_an_engine_killed_mid_write_again_and_again_loses_no_checkpoint(tiny_mod
         assert all("error" not in r for r in llm.core.receipts.of("store.load"))
         assert all(keeper.store.has(k) for cp in keeper.store.checkpoints.values() for k in cp.keys)
         llm.core.receipts.close()  # no clean stop: the next writer finds the store as it was
+
+
+def test_a_load_that_begins_inside_a_store_page_copies_only_its_tail(tiny_model_dir, tmp_path):
+    """A prompt whose first 40 tokens are cached on the device and the rest only in the store
+    (pages of 16 tokens): the load starts in the page that holds token 40 and copies from there;
+    tokens equal a run without the store."""
+    a = prompts(300, 1, 120)[0]
+    b = a[:40] + prompts(300, 1, 60, seed=5)[0]
+    others = prompts(300, 4, 120, seed=1)
+    plain = LLM(model=tiny_model_dir, kv_tokens=4096, prefix_cache=False)
+    want = [o.token_ids for o in plain.generate([a, *others, b, a], GREEDY)]
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=256)
+    got = [llm.generate([p], GREEDY)[0].token_ids for p in [a, *others, b, a]]
+    assert got == want
+    r = llm.core.receipts
+    last = r.of("request.finish")[-1]
+    (load,) = [x for x in r.of("store.load") if x["rid"] == last["rid"]]
+    admit = [x for x in r.of("admission.admit") if x["rid"] == last["rid"]][0]
+    # the device held b's first 40 tokens (a's too); the store the rest of a's whole pages
+    assert admit["prefix_hit"] == 112 and load["pages"] == 5  # pages 2..6: tokens 32 to 112
+    llm.close()

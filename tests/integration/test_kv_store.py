@@ -245,3 +245,41 @@ def test_a_load_that_begins_inside_a_store_page_copies_only_its_tail(tiny_model_
     # the device held b's first 40 tokens (a's too); the store the rest of a's whole pages
     assert admit["prefix_hit"] == 112 and load["pages"] == 5  # pages 2..6: tokens 32 to 112
     llm.close()
+
+
+def test_a_full_disk_fails_writes_as_outcomes_and_serving_goes_on(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """Every page write fails (ENOSPC): eviction still pays, each write says so in its
+    receipt, and every request is answered with the tokens of a run without a store."""
+    import errno
+
+    from engine.mem import kv_store
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    first, others = prompts(300, 1, 120), prompts(300, 4, 120, seed=1)
+    plain = LLM(model=tiny_model_dir, kv_tokens=4096, prefix_cache=False)
+    want = [o.token_ids for o in plain.generate(first + others + first, GREEDY)]
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=256)
+    monkeypatch.setattr(kv_store, "write_atomic", full)
+    got = [llm.generate([p], GREEDY)[0].token_ids for p in first + others + first]
+    assert got == want
+    writes = llm.core.receipts.of("store.write")
+    assert writes and all(w["pages"] == 0 and "No space left" in w["error"] for w in writes)
+    assert llm.core.scheduler.cache.keeper.store.entries == {}  # no page half-counted
+    llm.close()
+
+
+def test_a_store_directory_that_cannot_be_made_is_said_and_the_engine_serves(
+    tiny_model_dir, tmp_path
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    llm = LLM(model=tiny_model_dir, kv_tokens=512, kv_store_dir=str(blocker / "store"))
+    (sized,) = llm.core.receipts.of("store.sized")
+    assert sized["path"] == "off" and "cannot use" in sized["reason"]
+    assert llm.core.scheduler.cache.keeper is None
+    assert llm.generate(prompts(300, 1, 20), GREEDY)[0].token_ids
+    llm.close()

@@ -1,0 +1,172 @@
+"""Agent lanes over `engine serve`: N multi-turn conversations sharing a long system prompt, each
+turn tool-call shaped (the assistant calls a tool, the tool answers, the user asks on), one lane
+branching into two at a middle turn; with and without the durable KV store, and with a restart
+of the server halfway through. A device pool smaller than the lanes' histories makes the store
+matter even without the restart.
+
+Every turn's request is a streaming chat completion of a few greedy tokens, all lanes at once;
+per arm the table gives the prompt tokens the server computed (prompt less cached, from each
+answer's usage), the TTFT p50 and p90 over every turn, and the wall time. The arms' answers
+must be the same tokens (the script checks the text).
+
+    .venv/bin/python bench/agents.py [--lanes 5] [--turns 4] [--system 600] [--kv-tokens 2048]
+        [--output 8] [--model PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cpuinfo import describe  # noqa: E402  (bench/cpuinfo.py, beside this script)
+
+WORDS = ("alpha beta gamma delta file path build test deploy queue worker cache error retry "
+         "config region shard index tensor kernel batch stream token prompt").split()  # fmt: skip
+
+
+def lanes(args) -> list[dict]:
+    rng = random.Random(args.seed)
+    system = " ".join(rng.choice(WORDS) for _ in range(args.system))
+    out = []
+    for i in range(args.lanes):
+        msgs = [{"role": "system", "content": f"You are agent {i}. Tools: search, run. " + system}]
+        out.append({"name": f"lane{i}", "messages": msgs, "rng": random.Random(args.seed + i)})
+    return out
+
+
+def next_turn(lane: dict, turn: int) -> list[dict]:
+    """The user's next ask, after the tool call and result of the last turn."""
+    rng = lane["rng"]
+    ask = " ".join(rng.choice(WORDS) for _ in range(12))
+    msgs = lane["messages"]
+    if turn:
+        call = {"id": f"call_{turn}", "type": "function",
+                "function": {"name": "search", "arguments": orjson.dumps({"q": ask[:30]}).decode()}}  # fmt: skip
+        msgs = msgs + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                       {"role": "tool", "tool_call_id": f"call_{turn}",
+                        "content": " ".join(rng.choice(WORDS) for _ in range(40))}]  # fmt: skip
+    return msgs + [{"role": "user", "content": f"Step {turn}: {ask}"}]
+
+
+async def ask(client: httpx.AsyncClient, messages: list[dict], out: int) -> dict:
+    body = {"messages": messages, "max_tokens": out, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    t0 = time.perf_counter()
+    ttft, text, usage = float("nan"), "", {}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for c in chunk.get("choices", []):
+                delta = c.get("delta", {}).get("content")
+                if delta:
+                    if not text:
+                        ttft = time.perf_counter() - t0
+                    text += delta
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"ttft": ttft, "text": text, "prompt": usage["prompt_tokens"], "cached": cached}
+
+
+async def run_turns(base: str, ls: list[dict], turns: range, args) -> list[dict]:
+    out = []
+    async with httpx.AsyncClient(base_url=base, timeout=1800) as client:
+        for t in turns:
+            asks = []
+            for lane in ls:
+                lane["pending"] = next_turn(lane, t)
+                asks.append(ask(client, lane["pending"], args.output))
+            if t == args.turns // 2:  # lane 0 branches: a second line from the same history
+                branch = ls[0]["messages"] + [{"role": "user", "content": "Another way?"}]
+                asks.append(ask(client, branch, args.output))
+            got = await asyncio.gather(*asks)
+            for lane, g in zip(ls, got):
+                lane["messages"] = lane["pending"] + [{"role": "assistant", "content": g["text"]}]
+            for g in got:
+                g["turn"] = t
+            out += got
+    return out
+
+
+def serve(log: Path, args, store: str | None):
+    from tests.e2e.server_proc import ServerProc
+
+    extra = ["--kv-store-dir", store] if store else []
+    model = ["--model", args.model] if args.model else []
+    return ServerProc(log, *model, "--kv-tokens", str(args.kv_tokens), "--speculative", "off",
+                      "--max-model-len", "8192", *extra, ready_timeout=600)  # fmt: skip
+
+
+def arm(args, tmp: Path, name: str, store: bool, restart: bool) -> dict:
+    d = str(tmp / f"store-{name}") if store else None
+    ls = lanes(args)
+    half = args.turns // 2 if restart else args.turns
+    srv = serve(tmp / f"{name}-1.jsonl", args, d)
+    t0 = time.perf_counter()
+    got = asyncio.run(run_turns(srv.base, ls, range(0, half), args))
+    wall = time.perf_counter() - t0  # the turns' time; the boots are not counted
+    if restart:
+        srv.stop()
+        srv = serve(tmp / f"{name}-2.jsonl", args, d)
+        t0 = time.perf_counter()
+        got += asyncio.run(run_turns(srv.base, ls, range(half, args.turns), args))
+        wall += time.perf_counter() - t0
+    srv.stop()
+    ttfts = [g["ttft"] for g in got]
+    return {
+        "name": name, "computed": sum(g["prompt"] - g["cached"] for g in got),
+        "prompt": sum(g["prompt"] for g in got), "p50": statistics.median(ttfts),
+        "p90": statistics.quantiles(ttfts, n=10)[-1], "wall": wall,
+        "texts": [g["text"] for g in got],
+        "after": [g for g in got if g["turn"] >= half] if restart else [],
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lanes", type=int, default=5)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--system", type=int, default=600, help="words of the shared system prompt")
+    ap.add_argument("--kv-tokens", type=int, default=2048)
+    ap.add_argument("--output", type=int, default=8)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print(describe())
+    with tempfile.TemporaryDirectory(prefix="agents-") as d:
+        tmp = Path(d)
+        arms = [arm(args, tmp, "no store", False, False), arm(args, tmp, "store", True, False),
+                arm(args, tmp, "no store, restart", False, True),
+                arm(args, tmp, "store, restart", True, True)]  # fmt: skip
+    same = all(a["texts"] == arms[0]["texts"] for a in arms)
+    print(f"{args.lanes} lanes x {args.turns} turns (+1 branch), system prompt {args.system} "
+          f"words, --kv-tokens {args.kv_tokens}, {args.output} tokens a turn; answers identical "
+          f"across arms: {same}")  # fmt: skip
+    print("| arm | prompt tokens | computed | TTFT p50 s | TTFT p90 s | after the restart: TTFT p50 s, computed | wall s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for a in arms:
+        after = "-"
+        if a["after"]:
+            ft = statistics.median(g["ttft"] for g in a["after"])
+            after = f"{ft:.2f}, {sum(g['prompt'] - g['cached'] for g in a['after'])}"
+        print(f"| {a['name']} | {a['prompt']} | {a['computed']} | {a['p50']:.2f} | "
+              f"{a['p90']:.2f} | {after} | {a['wall']:.0f} |")  # fmt: skip
+    if not same:
+        sys.exit("the arms' answers differ")
+
+
+if __name__ == "__main__":
+    main()

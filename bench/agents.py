@@ -9,15 +9,22 @@ per arm the table gives the prompt tokens the server computed (prompt less cache
 answer's usage), the TTFT p50 and p90 over every turn, and the wall time. The arms' answers
 must be the same tokens (the script checks the text).
 
+With ``--crash`` the restart is a crash (the scheduler process killed with SIGKILL: nothing is
+flushed at a stop) and the arms compare the store's write policies: ``back`` (pages written as
+they leave memory, and at a clean stop) against ``second_hit`` (also when a prefix is first
+reused), beside no store.
+
     .venv/bin/python bench/agents.py [--lanes 5] [--turns 4] [--system 600] [--kv-tokens 2048]
-        [--output 8] [--model PATH]
+        [--output 8] [--model PATH] [--crash]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -101,26 +108,30 @@ async def run_turns(base: str, ls: list[dict], turns: range, args) -> list[dict]
     return out
 
 
-def serve(log: Path, args, store: str | None):
+def serve(log: Path, args, store: str | None, write: str = "back"):
     from tests.e2e.server_proc import ServerProc
 
-    extra = ["--kv-store-dir", store] if store else []
+    extra = ["--kv-store-dir", store, "--kv-store-write", write] if store else []
     model = ["--model", args.model] if args.model else []
     return ServerProc(log, *model, "--kv-tokens", str(args.kv_tokens), "--speculative", "off",
                       "--max-model-len", "8192", *extra, ready_timeout=600)  # fmt: skip
 
 
-def arm(args, tmp: Path, name: str, store: bool, restart: bool) -> dict:
+def arm(args, tmp: Path, name: str, store: bool, restart: bool, write: str = "back") -> dict:
     d = str(tmp / f"store-{name}") if store else None
     ls = lanes(args)
     half = args.turns // 2 if restart else args.turns
-    srv = serve(tmp / f"{name}-1.jsonl", args, d)
+    srv = serve(tmp / f"{name}-1.jsonl", args, d, write)
     t0 = time.perf_counter()
     got = asyncio.run(run_turns(srv.base, ls, range(0, half), args))
     wall = time.perf_counter() - t0  # the turns' time; the boots are not counted
     if restart:
-        srv.stop()
-        srv = serve(tmp / f"{name}-2.jsonl", args, d)
+        if args.crash:  # the scheduler dies first: no stop, no flush
+            os.kill(srv.scheduler_pid(), signal.SIGKILL)
+            srv.stop(signal.SIGKILL)
+        else:
+            srv.stop()
+        srv = serve(tmp / f"{name}-2.jsonl", args, d, write)
         t0 = time.perf_counter()
         got += asyncio.run(run_turns(srv.base, ls, range(half, args.turns), args))
         wall += time.perf_counter() - t0
@@ -144,13 +155,20 @@ def main() -> None:
     ap.add_argument("--output", type=int, default=8)
     ap.add_argument("--model", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--crash", action="store_true", help="the restart is a SIGKILL")
     args = ap.parse_args()
     print(describe())
     with tempfile.TemporaryDirectory(prefix="agents-") as d:
         tmp = Path(d)
-        arms = [arm(args, tmp, "no store", False, False), arm(args, tmp, "store", True, False),
-                arm(args, tmp, "no store, restart", False, True),
-                arm(args, tmp, "store, restart", True, True)]  # fmt: skip
+        if args.crash:
+            arms = [arm(args, tmp, "no store, crash", False, True),
+                    arm(args, tmp, "store back, crash", True, True, "back"),
+                    arm(args, tmp, "store second_hit, crash", True, True, "second_hit")]  # fmt: skip
+        else:
+            arms = [arm(args, tmp, "no store", False, False),
+                    arm(args, tmp, "store", True, False),
+                    arm(args, tmp, "no store, restart", False, True),
+                    arm(args, tmp, "store, restart", True, True)]  # fmt: skip
     same = all(a["texts"] == arms[0]["texts"] for a in arms)
     print(f"{args.lanes} lanes x {args.turns} turns (+1 branch), system prompt {args.system} "
           f"words, --kv-tokens {args.kv_tokens}, {args.output} tokens a turn; answers identical "

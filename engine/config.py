@@ -21,6 +21,7 @@ from engine.config_rules import (
     per_rank,
     seconds,
 )
+from engine.config_store import StoreSection
 
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("int8", "int4")  # fast mode's weight formats (engine/model/quant.py)
@@ -111,19 +112,6 @@ class MemorySection(_Section):
     relief_throttle_iterations: int = _knob(
         8, "Iterations the throttle rung keeps new admissions out once it pays."
     )
-    kv_store_dir: str | None = _knob(
-        None,
-        "Durable KV store below the host tier: cached prefix pages are written here as they "
-        "leave memory and loaded back on a prefix hit, across restarts. Default: off.",
-    )
-    kv_store_bytes: int | None = _knob(
-        None,
-        "The store's cap in allocated bytes on disk. Default: a quarter of the free space of "
-        "its filesystem, at most 16 GiB.",
-    )
-    kv_store_pin_bytes: int | None = _knob(
-        None, "Bytes conversation checkpoints may pin in the store. Default: half the cap."
-    )
 
     def validate(self) -> None:
         f = self.kv_memory_fraction
@@ -134,13 +122,6 @@ class MemorySection(_Section):
         need(isinstance(self.prefix_cache, bool), self, "prefix_cache", "a boolean")
         need(int_or_none(self.host_kv_tokens, 0), self, "host_kv_tokens", "None or an integer >= 0")
         need(isinstance(self.relief_ladder, bool), self, "relief_ladder", "a boolean")
-        d = self.kv_store_dir
-        need(d is None or (isinstance(d, str) and d != ""), self, "kv_store_dir", "a path or None")
-        need(int_or_none(self.kv_store_bytes, 1), self, "kv_store_bytes", "None or an integer >= 1")
-        need(
-            int_or_none(self.kv_store_pin_bytes, 0),
-            self, "kv_store_pin_bytes", "None or an integer >= 0",
-        )  # fmt: skip
         need(
             is_int(self.relief_throttle_iterations, 1),
             self, "relief_throttle_iterations", "an integer >= 1",
@@ -301,8 +282,9 @@ class ObservabilitySection(_Section):
 
 
 SECTIONS: dict[str, type[_Section]] = {  # EngineConfig's sections, by attribute name
-    "model": ModelSection, "memory": MemorySection, "scheduler": SchedulerSection,
-    "server": ServerSection, "group": GroupSection, "observability": ObservabilitySection,
+    "model": ModelSection, "memory": MemorySection, "store": StoreSection,
+    "scheduler": SchedulerSection, "server": ServerSection, "group": GroupSection,
+    "observability": ObservabilitySection,
 }  # fmt: skip
 
 
@@ -349,6 +331,7 @@ def _check_across(c: EngineConfig) -> None:
 class EngineConfig:
     model: ModelSection = field(default_factory=ModelSection)
     memory: MemorySection = field(default_factory=MemorySection)
+    store: StoreSection = field(default_factory=StoreSection)
     scheduler: SchedulerSection = field(default_factory=SchedulerSection)
     server: ServerSection = field(default_factory=ServerSection)
     group: GroupSection = field(default_factory=GroupSection)

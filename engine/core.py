@@ -196,8 +196,9 @@ class EngineCore:
             c.memory.prefix_cache, receipts,
         )  # fmt: skip
         tier = (lambda cache: HostTier(cache, self.kv, host, receipts)) if host else None
-        store = open_store(c.memory, c.group.tp, self._identity(), receipts)
-        keeper = StoreTier(store, self.kv, self.allocator.page_size) if store else None
+        store = open_store(c.store, c.memory.prefix_cache, c.group.tp, self._identity(), receipts)
+        ps, write = self.allocator.page_size, c.store.kv_store_write
+        keeper = StoreTier(store, self.kv, ps, write) if store else None
         cache = RadixCache(
             self.allocator, disabled=not c.memory.prefix_cache, receipts=receipts, tier=tier,
             keeper=keeper, kv=self.kv,

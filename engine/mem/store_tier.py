@@ -46,8 +46,10 @@ def model_identity(path: str, described: dict[str, Any]) -> str:
     return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
 
 
-def open_store(memory: Any, tp: int, identity: str, receipts: Receipts) -> PageStore | None:
-    """The store ``memory`` (the config's memory section) asks for, scanned; None when off, with
+def open_store(
+    memory: Any, prefix_cache: bool, tp: int, identity: str, receipts: Receipts
+) -> PageStore | None:
+    """The store ``memory`` (the config's store section) asks for, scanned; None when off, with
     ``store.sized`` naming why."""
     d = memory.kv_store_dir
     why = None
@@ -55,7 +57,7 @@ def open_store(memory: Any, tp: int, identity: str, receipts: Receipts) -> PageS
         why = "no kv_store_dir"
     elif tp > 1:
         why = "more than one rank (the store holds one rank's pages)"
-    elif not memory.prefix_cache:
+    elif not prefix_cache:
         why = "no prefix cache"
     store = None
     if why is None:
@@ -87,8 +89,8 @@ class StoreTier:
     whole number of the pool's pages that holds at least ``MIN_BLOCK`` tokens (with the default
     page of one token, a file per token would be thousands of files for one conversation)."""
 
-    def __init__(self, store: PageStore, kv: KVPool, page_size: int) -> None:
-        self.store, self.kv, self.page_size = store, kv, page_size
+    def __init__(self, store: PageStore, kv: KVPool, page_size: int, write: str = "back") -> None:
+        self.store, self.kv, self.page_size, self.write = store, kv, page_size, write
         self.block = page_size * -(-MIN_BLOCK // page_size)
         layer = kv.layers[0].k
         self.page_shape = (len(kv.layers), 2, self.block, *layer.shape[1:])
@@ -179,6 +181,11 @@ class StoreTier:
             elif n.host is not None and cache.tier is not None:
                 written += self.keep(cache, n, cache.tier.kv, n.host, reason)
         return written
+
+    def hit(self, cache: RadixCache, node: TreeNode) -> int:
+        """A cached prefix reused (its second use): with ``write`` second_hit its pages are
+        written now, so a crash does not lose what is shared; with back, nothing."""
+        return self.keep_path(cache, node, "hit") if self.write == "second_hit" else 0
 
     def flush(self, cache: RadixCache, reason: str = "stop") -> int:
         """Write every cached prefix's pages (at a clean stop, so the next boot finds them)."""

@@ -235,11 +235,14 @@ class Admitter:
     ) -> MatchResult:
         """A hit carried on below the device: its host part loaded, then on in the durable
         store, as far as the round's budget funds."""
+        keeper = self.cache.keeper
+        if keeper is not None and match.length:  # a reused prefix: the store may want it now
+            keeper.hit(self.cache, match.node)
         if match.host_len and self.cache.tier is not None:  # a hit in the host tier
             match = self._load(req, match, budget, reserve)
-        if self.cache.keeper is not None and not match.host_len:  # and on, in the store
+        if keeper is not None and not match.host_len:  # and on, in the store
             limit = budget.remaining - reserve
-            match = self.cache.keeper.load(self.cache, cached, match, limit, req.rid)
+            match = keeper.load(self.cache, cached, match, limit, req.rid)
             self._reread(budget)
         return match
 

@@ -283,3 +283,28 @@ def test_a_store_directory_that_cannot_be_made_is_said_and_the_engine_serves(
     assert llm.core.scheduler.cache.keeper is None
     assert llm.generate(prompts(300, 1, 20), GREEDY)[0].token_ids
     llm.close()
+
+
+@pytest.mark.parametrize("write", ["back", "second_hit"])
+def test_second_hit_writes_a_reused_prefix_at_once_so_a_crash_keeps_it(
+    tiny_model_dir, tmp_path, write
+):
+    """Two prompts sharing 96 tokens, then the engine dies without a clean stop: with
+    second_hit the shared prefix was written at its reuse and the next boot loads it; with
+    back (nothing evicted, no stop) the store holds nothing."""
+    shared = prompts(300, 1, 96)[0]
+    a, b = shared + [5, 6, 7], shared + [8, 9, 10]
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=1024, kv_store_write=write)
+    llm.generate([a], GREEDY)
+    assert llm.core.receipts.of("store.write") == []  # a first use writes nothing
+    llm.generate([b], GREEDY)
+    hits = [w for w in llm.core.receipts.of("store.write") if w["reason"] == "hit"]
+    llm.core.receipts.close()  # no clean stop: nothing is flushed
+    again = stored(tmp_path, tiny_model_dir, kv_tokens=1024, kv_store_write=write)
+    again.generate([shared + [11, 12]], GREEDY)
+    loaded = sum(x["tokens"] for x in again.core.receipts.of("store.load"))
+    if write == "second_hit":
+        assert sum(w["pages"] for w in hits) == 6 and loaded == 96
+    else:
+        assert hits == [] and loaded == 0
+    again.close()

@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import urllib.error
 import urllib.parse
@@ -13,6 +11,8 @@ import urllib.request
 from typing import Annotated
 
 import typer
+
+from cli.remote import SERVER, RemoteKeyOpt, ServerUrlOpt, authorize, post_json, send
 
 
 def cutover(
@@ -34,10 +34,8 @@ def cutover(
     cancel: Annotated[
         str | None, typer.Option(help="Cancel the cutover of this id (e.g. c-1) under way.")
     ] = None,
-    url: Annotated[str, typer.Option(help="The server.")] = "http://127.0.0.1:8000",
-    api_key: Annotated[
-        str | None, typer.Option(help="The server's API key (default: $ATTEST_API_KEY).")
-    ] = None,
+    url: ServerUrlOpt = SERVER,
+    api_key: RemoteKeyOpt = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the cutover to end.")] = 600,
 ) -> None:
     """Cut over a serving engine while it serves; exit 0 when done (or cancelled, with
@@ -57,27 +55,6 @@ def cutover(
     else:
         body = {"kind": kind, "mode": mode, "path": path, "kv_tokens": kv_tokens,
                 "promises": "cap" if cap_promises else "refuse"}  # fmt: skip
-        req = urllib.request.Request(
-            base, data=json.dumps(body).encode(), method="POST",
-            headers={"content-type": "application/json"},
-        )  # fmt: skip
-    key = api_key or os.environ.get("ATTEST_API_KEY")
-    if key:
-        req.add_header("authorization", f"Bearer {key}")
-    _send(req, url, timeout)
-
-
-def _send(req: urllib.request.Request, url: str, timeout: float) -> None:
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            typer.echo(json.dumps(json.loads(resp.read()), indent=2))
-    except urllib.error.HTTPError as e:
-        answer = json.loads(e.read() or b"{}")
-        reason = answer.get("error", {}).get("message", e.reason)
-        print(f"engine cutover: {e.code}: {reason}", file=sys.stderr)
-        if "cutover" in answer:
-            typer.echo(json.dumps(answer["cutover"], indent=2))
-        raise typer.Exit(1) from None
-    except (urllib.error.URLError, OSError) as e:
-        print(f"engine cutover: cannot reach {url}: {e}", file=sys.stderr)
-        raise typer.Exit(69) from None
+        req = post_json(base, body)
+    authorize(req, api_key)
+    send(req, url, timeout, "cutover", "cutover")

@@ -18,6 +18,7 @@ from cli.bench import (
     TableOpt,
     bench_table,
 )
+from cli.checkpoint import checkpoint
 from cli.clients import client_env
 from cli.cutover import cutover
 from cli.options import (
@@ -338,6 +339,7 @@ def window(
 
 
 app.command()(cutover)
+app.command()(checkpoint)
 app.command("client-env")(client_env)
 app.command()(worker)
 

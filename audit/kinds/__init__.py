@@ -12,12 +12,22 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from audit.checker import Bus, Checker
-from audit.kinds import derived, engaged, every, final, invariant, never, prior, ranks_agree
+from audit.kinds import (
+    across,
+    derived,
+    engaged,
+    every,
+    final,
+    invariant,
+    never,
+    prior,
+    ranks_agree,
+)
 from audit.kinds.base import ClaimKind
 from audit.model import Claim
 
 # in the order a spec's error lists the kinds
-MODULES = (engaged, never, every, derived, invariant, ranks_agree, final, prior)
+MODULES = (engaged, never, every, derived, invariant, ranks_agree, final, prior, across)
 
 
 def registry(kinds: Iterable[ClaimKind]) -> Mapping[str, ClaimKind]:

@@ -134,6 +134,11 @@ class PageStore(StoreBooks):
             self._meta(ident, allocated_bytes(os.stat(ident)))
         for cp in found.checkpoints:
             self._pin(cp)
+            missing = sum(1 for k in set(cp.keys) if k not in self.entries)
+            self.receipts.emit(
+                schema.CHECKPOINT_FOUND, id=cp.id, tokens=cp.tokens, pages=len(cp.keys),
+                missing=missing, complete=cp.complete,
+            )  # fmt: skip
         for reason, paths in found.reaped.items():
             self._reap(reason, paths)
         self.receipts.emit(

@@ -100,6 +100,7 @@ STORE_REAP = "store.reap"
 CHECKPOINT_CREATE = "checkpoint.create"
 CHECKPOINT_DELETE = "checkpoint.delete"
 CHECKPOINT_REFUSE = "checkpoint.refuse"
+CHECKPOINT_FOUND = "checkpoint.found"
 RETRACT = "retract"
 CUTOVER_BEGIN = "cutover.begin"
 CUTOVER_CARRY = "cutover.carry"
@@ -228,6 +229,10 @@ _CATALOG = (
          "pinned too)", ("file_bytes",) + _STORE),
     Kind(CHECKPOINT_DELETE, ("id", "tokens", "pages"), "a checkpoint and its pins removed",
          _STORE),
+    Kind(CHECKPOINT_FOUND, ("id", "tokens", "pages", "missing", "complete"),
+         "a checkpoint the boot's scan found in the store, with its pages missing from it (a "
+         "pinned page lost) and whether its manifest was written (false: being written, or an "
+         "orphan younger than the orphan age)"),
     Kind(CHECKPOINT_REFUSE, ("id", "want", "held", "budget", "overshoot"),
          "a checkpoint refused: its new pinned bytes (want) on top of those pinned (held) "
          "would cross the pin budget by overshoot; nothing changed", ("tokens",)),

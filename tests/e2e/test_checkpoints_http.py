@@ -6,6 +6,8 @@ the store, with the same answer as a server without one."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import httpx
@@ -85,6 +87,20 @@ def test_checkpoints_over_http_outlive_a_restart(tmp_path, model_dir):
         listed["capacity"]["pinned"] + listed["capacity"]["reclaimable"]
         == listed["capacity"]["used"]
     )
+    # the same from the command line
+    cli = [sys.executable, "-m", "cli.engine_app", "checkpoint"]
+    chat = tmp_path / "chat.json"
+    chat.write_text(orjson.dumps({"messages": CHAT}).decode())
+    made_cli = subprocess.run([*cli, "create", "--messages", str(chat), "--id", "cli", "--url",
+                               srv.base], capture_output=True, text=True)  # fmt: skip
+    assert made_cli.returncode == 0 and orjson.loads(made_cli.stdout)["shared_bytes"] > 0
+    nope = subprocess.run([*cli, "delete", "--id", "nope", "--url", srv.base],
+                          capture_output=True, text=True)  # fmt: skip
+    assert nope.returncode == 1 and "404" in nope.stderr
+    deleted = subprocess.run([*cli, "delete", "--id", "cli", "--url", srv.base],
+                             capture_output=True, text=True)  # fmt: skip
+    assert deleted.returncode == 0, deleted.stderr
+    listed = httpx.get(srv.base + "/v1/checkpoints", timeout=30).json()
     pinned = listed["capacity"]["pinned"]
     assert pinned > 0
     deadline = time.monotonic() + 60  # the next heartbeat's snapshot carries the store's numbers
@@ -103,4 +119,15 @@ def test_checkpoints_over_http_outlive_a_restart(tmp_path, model_dir):
     assert answer(srv.base) == want
     srv.stop()
     loads = [r for r in log(tmp_path / "two.jsonl") if r["event"] == "store.load" and r["pages"]]
-    assert loads and loads[0]["tokens"] >= made["tokens"]  # the history came from the store
+    assert loads and loads[0]["tokens"] >= made["tokens"] - 16  # the history's whole pages
+    # the auditor judges both boots as one window: every checkpoint found again, whole
+    boots = [str(tmp_path / "two.jsonl"), str(tmp_path / "one.jsonl")]  # any order
+    got = subprocess.run([sys.executable, "-m", "cli.audit_app", "verdict", *boots, "--spec",
+                          "checkpoint_durability", "--json"], capture_output=True, text=True)  # fmt: skip
+    report = orjson.loads(got.stdout)
+    claims = {c["claim"]: c["verdict"] for w in report["specs"] for c in w["claims"]}
+    assert claims == dict.fromkeys(claims, "PASS") and len(claims) == 5, got.stdout
+    assert got.returncode == 0
+    alone = subprocess.run([sys.executable, "-m", "cli.audit_app", "verdict", boots[1], "--spec",
+                            "checkpoint_durability"], capture_output=True, text=True)  # fmt: skip
+    assert alone.returncode == 2, alone.stdout  # one boot: no boot after it to find them

@@ -19,7 +19,7 @@ from audit.parse_select import NO_EVENTS, Events, SpecError, err, keys, parse_ev
 from audit.recipe import RecipeError, parse_recipe
 from engine.obs import schema
 
-RECIPE_KEYS = ("engine", "load", "control")  # [regime.*] tables: audit.recipe
+RECIPE_KEYS = ("engine", "load", "control", "boots")  # [regime.*] tables: audit.recipe
 
 __all__ = ["SpecError", "parse_claim", "parse_spec", "selectors"]
 

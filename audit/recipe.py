@@ -3,8 +3,10 @@
 In a spec's ``[regime]``: ``[regime.engine]`` holds `engine serve` flags (``kv_tokens = 540`` is
 ``--kv-tokens 540``; ``true``/``false`` is ``--flag``/``--no-flag``), ``[regime.load]`` the load
 shape (request count, prompt and output lengths in tokens, shared-prefix share, a repeated run
-for prompts with text to copy, concurrency, duration), and ``[regime.control]`` the flags that switch the mechanism under test off for the
-control boot (``--control``). The auditor only reads and checks the recipe; the engine drives it.
+for prompts with text to copy, concurrency, duration, agent lanes), ``[regime.control]`` the flags
+that switch the mechanism under test off for the control boot (``--control``), and
+``[regime.boots]`` how many boots run one after another (``count``) and whether they share a
+durable KV store (``store``). The auditor only reads and checks the recipe; the engine drives it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ LOAD_DEFAULTS: dict[str, Any] = {
     "duration_s": 0.0,  # 0: send `requests` once; > 0: keep sending until then
     "stream": True,
     "seed": 0,
+    "lanes": 0,  # > 0: this many agent lanes, checkpointed in the first boot, continued after
 }
 
 
@@ -37,6 +40,8 @@ class Recipe:
     engine: tuple[tuple[str, Scalar], ...] = ()  # `engine serve` flags, in spec order
     load: dict[str, Any] = field(default_factory=dict)  # every LOAD_DEFAULTS key, checked
     control: tuple[tuple[str, Scalar], ...] = ()  # flag overrides of the control boot
+    boots: int = 1  # boots one after another ([regime.boots] count), on one KV store if `store`
+    store: bool = False  # the boots share a durable KV store in the window's folder
 
     def serve_args(self, control: bool = False) -> list[str]:
         """The flags for `engine serve`: the engine table, overridden by the control table's."""
@@ -79,8 +84,8 @@ def _load(t: Any, where: str) -> dict[str, Any]:
     out = {**LOAD_DEFAULTS, **t}
     for k in ("prompt_tokens", "output_tokens"):
         out[k] = _pair(out[k], f"{where}.{k}")
-    for k in ("requests", "concurrency", "seed", "repeat"):
-        low = 0 if k in ("seed", "repeat") else 1
+    for k in ("requests", "concurrency", "seed", "repeat", "lanes"):
+        low = 0 if k in ("seed", "repeat", "lanes") else 1
         if type(out[k]) is not int or out[k] < low:
             raise RecipeError(f"{where}.{k} is a whole number >= {low}")
     for k, hi in (("shared_prefix", 1.0), ("duration_s", 3600.0)):
@@ -94,12 +99,20 @@ def _load(t: Any, where: str) -> dict[str, Any]:
 def parse_recipe(regime: dict[str, Any], where: str) -> Recipe | None:
     """The recipe in a ``[regime]`` table, or None when it has no ``[regime.load]``."""
     if "load" not in regime:
-        for k in ("engine", "control"):
+        for k in ("engine", "control", "boots"):
             if k in regime:
                 raise RecipeError(f"{where} [regime.{k}] needs a [regime.load] to drive")
         return None
+    boots = regime.get("boots", {})
+    if not isinstance(boots, dict) or set(boots) - {"count", "store"}:
+        raise RecipeError(f"{where} [regime.boots] holds count (boots) and store (true/false)")
+    count, store = boots.get("count", 1), boots.get("store", False)
+    if type(count) is not int or count < 1 or type(store) is not bool:
+        raise RecipeError(f"{where} [regime.boots]: count is a whole number >= 1, store a boolean")
     return Recipe(
         engine=_flags(regime.get("engine", {}), f"{where} [regime.engine]"),
         load=_load(regime["load"], f"{where} [regime.load]"),
         control=_flags(regime.get("control", {}), f"{where} [regime.control]"),
+        boots=count,
+        store=store,
     )

@@ -99,25 +99,28 @@ async def run_turns(base: str, ls: list[dict], turns: range, args) -> list[dict]
             if t == args.turns // 2:  # lane 0 branches: a second line from the same history
                 branch = ls[0]["messages"] + [{"role": "user", "content": "Another way?"}]
                 asks.append(ask(client, branch, args.output))
+            t0 = time.perf_counter()
             got = await asyncio.gather(*asks)
+            took = time.perf_counter() - t0
             for lane, g in zip(ls, got):
                 lane["messages"] = lane["pending"] + [{"role": "assistant", "content": g["text"]}]
             for g in got:
-                g["turn"] = t
+                g["turn"], g["turn_s"], g["turn_n"] = t, took, len(got)
             out += got
     return out
 
 
-def serve(log: Path, args, store: str | None, write: str = "back"):
+def serve(log: Path, args, store: str | None, write: str | None = None):
     from tests.e2e.server_proc import ServerProc
 
-    extra = ["--kv-store-dir", store, "--kv-store-write", write] if store else []
+    extra = ["--kv-store-dir", store] if store else []
+    extra += ["--kv-store-write", write] if store and write else []  # None: the engine's default
     model = ["--model", args.model] if args.model else []
     return ServerProc(log, *model, "--kv-tokens", str(args.kv_tokens), "--speculative", "off",
                       "--max-model-len", "8192", *extra, ready_timeout=600)  # fmt: skip
 
 
-def arm(args, tmp: Path, name: str, store: bool, restart: bool, write: str = "back") -> dict:
+def arm(args, tmp: Path, name: str, store: bool, restart: bool, write: str | None = None) -> dict:
     d = str(tmp / f"store-{name}") if store else None
     ls = lanes(args)
     half = args.turns // 2 if restart else args.turns
@@ -141,7 +144,7 @@ def arm(args, tmp: Path, name: str, store: bool, restart: bool, write: str = "ba
         "name": name, "computed": sum(g["prompt"] - g["cached"] for g in got),
         "prompt": sum(g["prompt"] for g in got), "p50": statistics.median(ttfts),
         "p90": statistics.quantiles(ttfts, n=10)[-1], "wall": wall,
-        "texts": [g["text"] for g in got],
+        "texts": [g["text"] for g in got], "got": got,
         "after": [g for g in got if g["turn"] >= half] if restart else [],
     }  # fmt: skip
 
@@ -182,6 +185,19 @@ def main() -> None:
             after = f"{ft:.2f}, {sum(g['prompt'] - g['cached'] for g in a['after'])}"
         print(f"| {a['name']} | {a['prompt']} | {a['computed']} | {a['p50']:.2f} | "
               f"{a['p90']:.2f} | {after} | {a['wall']:.0f} |")  # fmt: skip
+    turns = range(args.turns)
+    print(f"\nper turn: TTFT p50 s / output tok/s of the turn (its {args.output} tokens a request "
+          "over the turn's wall time); the restart comes before turn "
+          f"{args.turns // 2}")  # fmt: skip
+    print("| arm | " + " | ".join(f"turn {t}" for t in turns) + " |")
+    print("|---|" + "---|" * len(turns))
+    for a in arms:
+        cells = []
+        for t in turns:
+            gs = [g for g in a["got"] if g["turn"] == t]
+            rate = args.output * gs[0]["turn_n"] / gs[0]["turn_s"]
+            cells.append(f"{statistics.median(g['ttft'] for g in gs):.2f} / {rate:.1f}")
+        print(f"| {a['name']} | " + " | ".join(cells) + " |")
     if not same:
         sys.exit("the arms' answers differ")
 

@@ -28,6 +28,7 @@ from audit.render import print_report
 from audit.spec import resolve
 from audit.verdict import evaluate
 from engine.dist.spawn import dies_with_parent, free_port
+from engine.server.lanes import drive_lanes
 from engine.server.loadgen import LoadResult, LoadShape, drive
 
 EX_USAGE, EX_UNAVAILABLE = 64, 69
@@ -76,8 +77,10 @@ def _term_as_interrupt() -> None:
 
 
 def boot_and_load(args: list[str], shape: LoadShape, log: Path, progress: Progress,
-                  label: str) -> Boot:  # fmt: skip
-    """One boot: `engine serve` on a free loopback port with ``args``, the load, SIGTERM."""
+                  label: str, boot: int = 0) -> Boot:  # fmt: skip
+    """One boot: `engine serve` on a free loopback port with ``args``, the load, SIGTERM.
+    ``boot``: its place in a sequence of boots (agent lanes do one thing in the first, another
+    after)."""
     port, out = free_port(), log.with_suffix(".out")
     cmd = [sys.executable, "-m", "cli.engine_app", "serve", "--host", "127.0.0.1",
            "--port", str(port), "--log-file", str(log), *args]  # fmt: skip
@@ -91,7 +94,9 @@ def boot_and_load(args: list[str], shape: LoadShape, log: Path, progress: Progre
         _wait_healthy(proc, base, out)
         total = None if shape.duration_s else shape.requests
         progress.update(task, description=f"{label}: load", total=total)
-        result = asyncio.run(drive(base, shape, on_done=lambda: progress.advance(task)))
+        done = lambda: progress.advance(task)  # noqa: E731
+        load = drive_lanes(base, shape, boot, done) if shape.lanes else drive(base, shape, done)
+        result = asyncio.run(load)
         progress.update(task, description=f"{label}: stopping")
         proc.send_signal(signal.SIGTERM)
         try:
@@ -105,6 +110,10 @@ def boot_and_load(args: list[str], shape: LoadShape, log: Path, progress: Progre
             proc.wait()
         progress.remove_task(task)
     return Boot(log, out, result, code)
+
+
+def _ranks(log: Path) -> list[Path]:
+    return sorted(log.parent.glob(f"{log.stem}.rank*{log.suffix}"))
 
 
 def load_shape(recipe: Recipe) -> LoadShape:
@@ -129,18 +138,22 @@ def run_window(name: str, control: bool, extra: list[str], out_dir: Path,
     boots: list[Boot] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
+    arms = [(f"boot {i + 1}" if recipe.boots > 1 else "window", False, i)
+            for i in range(recipe.boots)]  # fmt: skip
+    arms += [("control", True, 0)] if control else []
+    store = ["--kv-store-dir", str(out_dir / f"{spec.name}-{stamp}-store")] if recipe.store else []
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-        arms = [("window", False)] + ([("control", True)] if control else [])
-        for label, is_control in arms:
-            log = out_dir / f"{spec.name}-{stamp}-{label}.jsonl"
-            args = recipe.serve_args(control=is_control) + extra
-            boots.append(boot_and_load(args, shape, log, progress, label))
-    window = boots[0]
+        for label, is_control, i in arms:
+            log = out_dir / f"{spec.name}-{stamp}-{label.replace(' ', '')}.jsonl"
+            args = recipe.serve_args(control=is_control) + store + extra
+            boots.append(boot_and_load(args, shape, log, progress, label, i))
+    window = boots[: recipe.boots]
     # with several ranks each writes its own log beside rank 0's (NAME.rankR.EXT): judged as one
-    ranks = sorted(window.log.parent.glob(f"{window.log.stem}.rank*{window.log.suffix}"))
-    report = evaluate([spec], [window.log, *ranks, window.out], boots[1].log if control else None)
+    logs = [p for b in window for p in (b.log, *_ranks(b.log), b.out)]
+    report = evaluate([spec], logs, boots[-1].log if control else None)
     print_report(report, console)
-    for label, b in zip(("boot log", "control log"), boots, strict=False):
+    labels = [label for label, _, _ in arms]
+    for label, b in zip(labels, boots, strict=True):
         r = b.load
         console.print(f"{label}: {b.log} (server output {b.out}; exit {b.exit_code}); "
                       f"{r.sent} requests in {r.seconds:.1f} s, answers {dict(r.status)}, "

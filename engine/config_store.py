@@ -27,10 +27,13 @@ class StoreSection(_Section):
         None, "Bytes conversation checkpoints may pin in the store. Default: half the cap."
     )
 
+    # second_hit by measurement: across a crash it kept more of five agent lanes than back
+    # (bench/agents.py --crash; BENCHMARKS.md, 2026-12-03), and it cost no TTFT there
     kv_store_write: str = _knob(
-        "back",
-        "When cached prefix pages are written to the store: back (as they leave memory, and at a "
-        "clean stop) or second_hit (also when a prefix is first reused, so it survives a crash).",
+        "second_hit",
+        "When cached prefix pages are written to the store: second_hit (as they leave memory, "
+        "at a clean stop, and when a prefix is first reused, so it survives a crash) or back "
+        "(only the first two).",
     )
 
     def validate(self) -> None:

@@ -89,7 +89,9 @@ class StoreTier:
     whole number of the pool's pages that holds at least ``MIN_BLOCK`` tokens (with the default
     page of one token, a file per token would be thousands of files for one conversation)."""
 
-    def __init__(self, store: PageStore, kv: KVPool, page_size: int, write: str = "back") -> None:
+    def __init__(
+        self, store: PageStore, kv: KVPool, page_size: int, write: str = "second_hit"
+    ) -> None:
         self.store, self.kv, self.page_size, self.write = store, kv, page_size, write
         self.block = page_size * -(-MIN_BLOCK // page_size)
         layer = kv.layers[0].k

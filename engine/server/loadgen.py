@@ -36,6 +36,7 @@ class LoadShape:
     duration_s: float = 0.0
     stream: bool = True
     seed: int = 0
+    lanes: int = 0  # > 0: agent lanes across the boots of one store (engine/server/lanes.py)
 
 
 @dataclass(slots=True)

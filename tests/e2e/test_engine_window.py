@@ -133,3 +133,16 @@ def test_the_speculation_window_passes_against_its_control(tmp_path):
     r = window("speculation", "--control", "--out-dir", str(tmp_path), timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "control log:" in r.stdout
+
+
+def test_checkpoint_durability_boots_twice_on_one_store_and_passes(tiny_model_dir, tmp_path):
+    """Two boots on one store in the window's folder: the first checkpoints three lanes (and a
+    branch), the second continues them from the store; both logs judged together."""
+    r = window("checkpoint_durability", "--model", tiny_model_dir, "--out-dir", str(tmp_path))
+    assert r.returncode == 0 and "overall: PASS" in r.stdout, r.stdout + r.stderr
+    one, two = (next(tmp_path.glob(f"checkpoint_durability-*-boot{i}.jsonl")) for i in (1, 2))
+    made = [x["id"] for x in receipts(one) if x["event"] == "checkpoint.create"]
+    found = [x["id"] for x in receipts(two) if x["event"] == "checkpoint.found"]
+    assert sorted(made) == sorted(found) == ["lane-0", "lane-0-branch", "lane-1", "lane-2"]
+    assert any(x["event"] == "store.load" and x["pages"] for x in receipts(two))
+    assert "answers {200: 7}" in r.stdout and "answers {200: 3}" in r.stdout

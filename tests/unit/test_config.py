@@ -96,7 +96,7 @@ def test_defaults_and_good_values_are_accepted():
         "kv_store_dir": None,
         "kv_store_bytes": None,
         "kv_store_pin_bytes": None,
-        "kv_store_write": "back",
+        "kv_store_write": "second_hit",
         "relief_ladder": True,
         "relief_throttle_iterations": 8,
         "iteration_receipt_interval": 50,

@@ -47,7 +47,7 @@ OTHERS = {
     "step_tokens": 8, "max_model_len": 99, "attention_backend": "torch", "threads": 2, "seed": 5,
     "prefix_cache": False, "host_kv_tokens": 0, "relief_ladder": False,
     "kv_store_dir": "store", "kv_store_bytes": 1 << 30, "kv_store_pin_bytes": 1 << 20,
-    "kv_store_write": "second_hit",
+    "kv_store_write": "back",
     "relief_throttle_iterations": 2, "iteration_receipt_interval": 0, "check_invariants": True,
     "receipts": False, "log_file": "b.jsonl", "console_receipts": True, "device": "cpu",
     "otlp_endpoint": "http://127.0.0.1:4318", "read_timeout": 3.0, "max_client_connections": 0,

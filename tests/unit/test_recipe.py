@@ -46,6 +46,11 @@ def test_a_spec_without_a_load_has_no_recipe():
         ("[regime.load]\nstream = 1\n", "stream"),
         ("[regime.engine]\nkv_tokens = 5\n", "needs a [regime.load]"),
         ("[regime.load]\n[regime.engine]\nkv_tokens = [1]\n", "kv_tokens"),
+        ("[regime.load]\nlanes = -1\n", "lanes"),
+        ("[regime.load]\n[regime.boots]\ncount = 0\n", "count"),
+        ("[regime.load]\n[regime.boots]\nstore = 1\n", "store"),
+        ("[regime.load]\n[regime.boots]\nrestarts = 2\n", "[regime.boots] holds"),
+        ("[regime.boots]\ncount = 2\n", "needs a [regime.load]"),
     ],
 )
 def test_a_bad_recipe_is_a_spec_error_naming_the_key(regime, names):
@@ -64,7 +69,8 @@ def test_the_engine_drives_every_key_the_auditor_accepts():
 def test_every_shipped_attest_window_has_a_recipe_and_the_foreign_ones_none():
     recipes = {p.name: load_spec(p).regime.recipe for p in shipped()}
     engine_windows = {"boot_health", "no_request_lost", "admission_park", "eviction_honesty",
-                      "relief_ladder", "group_agreement", "speculation"}  # fmt: skip
+                      "relief_ladder", "group_agreement", "speculation",
+                      "checkpoint_durability"}  # fmt: skip
     assert {w for w, r in recipes.items() if isinstance(r, Recipe)} == engine_windows
     assert recipes["relief_ladder"].control == (("relief_ladder", "off"),)
 

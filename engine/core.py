@@ -283,6 +283,8 @@ class EngineCore:
         self.loaded, self.model, self.model_config = loaded, model, loaded.config
         self.quant = model.quant  # fast mode: the new weights' own plan (counts, bytes, time)
         self.runner.model = model
+        if (keeper := self.scheduler.cache.keeper) is not None:  # it holds the old weights' KV
+            keeper.retire("a weights cutover: the store holds KV of the weights before it")
 
     def ready(self, **where: Any) -> None:
         """Write ``boot.ready`` once: the engine accepts work (``where``: the host and port it

@@ -93,10 +93,20 @@ class StoreTier:
         self, store: PageStore, kv: KVPool, page_size: int, write: str = "second_hit"
     ) -> None:
         self.store, self.kv, self.page_size, self.write = store, kv, page_size, write
+        self.retired: str | None = None  # why the store is off since boot (None: it is on)
         self.block = page_size * -(-MIN_BLOCK // page_size)
         layer = kv.layers[0].k
         self.page_shape = (len(kv.layers), 2, self.block, *layer.shape[1:])
         self.dtype = kv.dtype
+
+    def retire(self, reason: str) -> None:
+        """Off from now on (another model's KV would be computed): nothing read or written;
+        ``store.sized`` says why. What it holds stays on disk for the model that wrote it."""
+        if self.retired is None:
+            self.retired = reason
+            self.store.receipts.emit(
+                schema.STORE_SIZED, path="off", reason=reason, dir=str(self.store.root)
+            )
 
     def page_keys(self, tokens: list[int]) -> list[str]:
         """The keys of ``tokens``' whole store pages, each naming the prefix up to its end."""
@@ -115,6 +125,8 @@ class StoreTier:
         that begins above it reads the rest from its ancestors, on the device or the host) and
         that the store lacks, before that KV is dropped. The tokens past a leaf's last whole
         page are not written. Never raises: a failure is the write receipt's outcome."""
+        if self.retired is not None:
+            return 0
         try:
             tokens, b = prefix_tokens(node), self.block
             end, start = len(tokens), len(tokens) - len(node.key)
@@ -208,6 +220,8 @@ class StoreTier:
         store's pages, at most ``limit`` new tokens, into fresh device pages that join the
         cache. The first page may begin inside the match: only its tail is copied. The caller
         holds a lock on ``match.node`` and holds one on the returned match's node instead."""
+        if self.retired is not None:
+            return match
         b, keys = self.block, self.page_keys(tokens)
         start = match.length // b
         skip = match.length - start * b

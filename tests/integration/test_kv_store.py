@@ -308,3 +308,25 @@ def test_second_hit_writes_a_reused_prefix_at_once_so_a_crash_keeps_it(
     else:
         assert hits == [] and loaded == 0
     again.close()
+
+
+def test_a_weights_cutover_retires_the_store_so_no_old_kv_is_read(tiny_model_dir, tmp_path):
+    """The store holds KV the old weights computed: after a weights cutover it is neither read
+    nor written (store.sized off, saying why), and the new weights compute every prompt."""
+    from tests.tiny_model import make_tiny_model
+
+    other = str(make_tiny_model(tmp_path / "other", seed=7))
+    prompt = prompts(300, 1, 96)[0]
+    want = LLM(model=other, kv_tokens=1024, prefix_cache=False).generate([prompt], GREEDY)
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=1024)
+    llm.generate([prompt], GREEDY)
+    llm.generate([prompt + [3]], GREEDY)  # reused: written to the store (second_hit)
+    assert any(w["pages"] for w in llm.core.receipts.of("store.write"))
+    end = llm.cutover("weights", "carry", path=other)
+    assert end["outcome"] == "ok", end
+    loads = len(llm.core.receipts.of("store.load"))
+    assert llm.generate([prompt], GREEDY)[0].token_ids == want[0].token_ids
+    assert len(llm.core.receipts.of("store.load")) == loads  # nothing read after the cutover
+    off = llm.core.receipts.of("store.sized")[-1]
+    assert off["path"] == "off" and "weights" in off["reason"]
+    llm.close()

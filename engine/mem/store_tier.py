@@ -127,17 +127,27 @@ class StoreTier:
         page are not written. Never raises: a failure is the write receipt's outcome."""
         if self.retired is not None:
             return 0
+        tokens = prefix_tokens(node)
+        start = len(tokens) - len(node.key)
+        return self._keep(cache, (node, pool, slots), reason, tokens, self.page_keys(tokens), start)
+
+    def _keep(
+        self, cache: RadixCache, at: tuple[TreeNode, KVPool, torch.Tensor], reason: str,
+        tokens: list[int], keys: list[str], start: int,
+    ) -> int:  # fmt: skip
+        """``keep`` of ``at`` (a node, the pool its KV is in, its slots there) that begins at
+        token ``start``, with ``tokens`` (the prefix to its end, or longer) and their page
+        ``keys`` known."""
+        node, pool, slots = at
         try:
-            tokens, b = prefix_tokens(node), self.block
-            end, start = len(tokens), len(tokens) - len(node.key)
-            keys = self.page_keys(tokens)
+            b = self.block
+            end = start + len(node.key)
             todo = [i for i in range(start // b, end // b) if not self.store.has(keys[i])]
             if not todo:
                 return 0
             lo = todo[0] * b
-            kv = torch.cat(
-                [self._gather(p, s) for p, s in self._segments(cache, node, pool, slots, lo)], 2
-            )
+            segs = self._segments(cache, node, pool, slots, start, lo)
+            kv = torch.cat([self._gather(p, s) for p, s in segs], 2)
             pages = [
                 PageIn(keys[i], keys[i - 1] if i else None, tokens[i * b : (i + 1) * b],
                        _bytes(kv[:, :, i * b - lo : (i + 1) * b - lo]))
@@ -152,12 +162,13 @@ class StoreTier:
             return 0
 
     def _segments(
-        self, cache: RadixCache, node: TreeNode, pool: KVPool, slots: torch.Tensor, lo: int
-    ) -> list[tuple[KVPool, torch.Tensor]]:
-        """Where the KV of the prefix's tokens from ``lo`` to ``node``'s end is: (pool, slots)
-        runs, top down; ``node``'s own given, its ancestors' read from them."""
+        self, cache: RadixCache, node: TreeNode, pool: KVPool, slots: torch.Tensor, at: int,
+        lo: int,
+    ) -> list[tuple[KVPool, torch.Tensor]]:  # fmt: skip
+        """Where the KV of the prefix's tokens from ``lo`` to ``node``'s end is (``node`` begins
+        at token ``at``): (pool, slots) runs, top down; ``node``'s own given, its ancestors'
+        read from them."""
         segs = [(pool, slots)]
-        at = len(prefix_tokens(node)) - len(node.key)
         n = node.parent
         while at > lo:
             if n is None or n.parent is None:
@@ -185,15 +196,27 @@ class StoreTier:
     def keep_path(self, cache: RadixCache, node: TreeNode, reason: str = "checkpoint") -> int:
         """Write the pages of ``node`` and every node above it that the store lacks, from the
         device or the host tier, wherever each one's KV is."""
+        if self.retired is not None:
+            return 0
+        tokens = prefix_tokens(node)
+        keys = self.page_keys(tokens)
+        if all(self.store.has(k) for k in keys):
+            return 0  # every whole page is stored already (the common second hit and on)
         written, path = 0, []
         while node is not None and node.parent is not None:
             path.append(node)
             node = node.parent
+        start = 0
         for n in reversed(path):
             if n.value is not None:
-                written += self.keep(cache, n, self.kv, n.value, reason)
+                at = (n, self.kv, n.value)
             elif n.host is not None and cache.tier is not None:
-                written += self.keep(cache, n, cache.tier.kv, n.host, reason)
+                at = (n, cache.tier.kv, n.host)
+            else:
+                at = None
+            if at is not None:
+                written += self._keep(cache, at, reason, tokens, keys, start)
+            start += len(n.key)
         return written
 
     def hit(self, cache: RadixCache, node: TreeNode) -> int:

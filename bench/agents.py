@@ -36,6 +36,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cpuinfo import describe  # noqa: E402  (bench/cpuinfo.py, beside this script)
+from sse import chunks  # noqa: E402
 
 WORDS = ("alpha beta gamma delta file path build test deploy queue worker cache error retry "
          "config region shard index tensor kernel batch stream token prompt").split()  # fmt: skip
@@ -70,20 +71,15 @@ async def ask(client: httpx.AsyncClient, messages: list[dict], out: int) -> dict
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     t0 = time.perf_counter()
     ttft, text, usage = float("nan"), "", {}
-    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for c in chunk.get("choices", []):
-                delta = c.get("delta", {}).get("content")
-                if delta:
-                    if not text:
-                        ttft = time.perf_counter() - t0
-                    text += delta
+    async for now, chunk in chunks(client, "/v1/chat/completions", body):
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for c in chunk.get("choices", []):
+            delta = c.get("delta", {}).get("content")
+            if delta:
+                if not text:
+                    ttft = now - t0
+                text += delta
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {"ttft": ttft, "text": text, "prompt": usage["prompt_tokens"], "cached": cached}
 

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cpuinfo import describe  # noqa: E402  (bench/cpuinfo.py, beside this script)
+from sse import chunks  # noqa: E402
 
 
 @dataclass(slots=True)
@@ -55,23 +55,15 @@ async def one(client: httpx.AsyncClient, prompt: list[int], out_len: int) -> Sam
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     t0 = time.perf_counter()
     s, last = Sample(ttft=float("nan")), None
-    async with client.stream("POST", "/v1/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[6:])
-            if "error" in chunk:  # e.g. the request's deadline passed mid-stream
-                raise RuntimeError(f"stream ended in an error: {chunk['error'].get('message')}")
-            now = time.perf_counter()
-            if chunk.get("usage"):
-                s.tokens = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["text"]:
-                if last is None:
-                    s.ttft = now - t0
-                else:
-                    s.itl.append(now - last)
-                last = now
+    async for now, chunk in chunks(client, "/v1/completions", body):
+        if chunk.get("usage"):
+            s.tokens = chunk["usage"]["completion_tokens"]
+        if chunk["choices"] and chunk["choices"][0]["text"]:
+            if last is None:
+                s.ttft = now - t0
+            else:
+                s.itl.append(now - last)
+            last = now
     s.e2e = time.perf_counter() - t0
     return s
 

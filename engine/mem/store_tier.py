@@ -243,6 +243,8 @@ class StoreTier:
         store's pages, at most ``limit`` new tokens, into fresh device pages that join the
         cache. The first page may begin inside the match: only its tail is copied. The caller
         holds a lock on ``match.node`` and holds one on the returned match's node instead."""
+        if match.host_len:
+            raise ValueError("a store load below a host part not loaded (load the host's first)")
         if self.retired is not None:
             return match
         b, keys = self.block, self.page_keys(tokens)
@@ -252,7 +254,7 @@ class StoreTier:
         while start + n < len(keys) and self.store.has(keys[start + n]):
             n += 1
         n = min(n, (max(0, limit) + skip) // b)
-        if n <= 0 or match.host_len:
+        if n <= 0:
             return match
         short = n * b - skip - cache.allocator.available_size()
         if short > 0:

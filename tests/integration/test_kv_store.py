@@ -330,3 +330,18 @@ def test_a_weights_cutover_retires_the_store_so_no_old_kv_is_read(tiny_model_dir
     off = llm.core.receipts.of("store.sized")[-1]
     assert off["path"] == "off" and "weights" in off["reason"]
     llm.close()
+
+
+def test_a_store_load_under_a_host_part_not_loaded_is_refused_loudly(tiny_model_dir, tmp_path):
+    """The store goes on below the host tier only: a match whose host part is still on the host
+    (its load ended short) is a caller's mistake, not a silent no-op."""
+    from engine.mem.radix import MatchResult
+
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=256)
+    cache = llm.core.scheduler.cache
+    tokens = prompts(300, 1, 40)[0]
+    match = cache.match_prefix(tokens)
+    short = MatchResult(match.slots, match.node, 8, match.node)
+    with pytest.raises(ValueError, match="host"):
+        cache.keeper.load(cache, tokens, short, 64, None)
+    llm.close()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from audit.boot_ranks import declared_ranks
 from audit.explain import detail
 from audit.reader import scan
 from audit.readstats import ReadStats
@@ -202,7 +203,7 @@ class _Collector:
         self.series: dict[Key, dict[str, list[Point]]] = defaultdict(lambda: defaultdict(list))
         self.local: dict[Key, dict[str, list[Point]]] = defaultdict(lambda: defaultdict(list))
         self.ranks: dict[str, set[int]] = defaultdict(set)  # per boot: ranks seen
-        self.declared: dict[str, int] = {}  # per boot: boot.start's config.tp
+        self.declared: dict[str, int] = {}  # per boot: the ranks its boot.start says
         self.stalls = _Stalls()
 
     def __call__(self, rec: dict[str, Any]) -> None:
@@ -230,9 +231,9 @@ class _Collector:
         elif event == schema.SCHEDULER_RESUME:
             self.stalls.resume(key, t, rec)
         elif event == schema.BOOT_START:
-            tp = rec["config"].get("tp") if isinstance(rec.get("config"), dict) else None
-            if type(tp) is int:
-                self.declared[key[0]] = max(self.declared.get(key[0], 0), tp)
+            said = declared_ranks(rec.get("config"))
+            if said is not None:
+                self.declared[key[0]] = max(self.declared.get(key[0], 0), said[0])
         elif event == schema.GROUP_FLOOR:
             floor = rec["floor"] if isinstance(rec["floor"], int | float) else None
             d.floors.setdefault(rec["rank"], []).append((t, floor, _num(rec, "local")))

@@ -21,13 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from audit.boot_ranks import WORLD_FIELD, WorldSize
+from audit.boot_ranks import WorldSize
 from audit.checker import Bus, Checker, Context, name_some, outcome
 from audit.kinds.base import ClaimKind, select
 from audit.model import Claim, ReceiptSel
 from audit.parse_select import Events, err, field
 from audit.status import ClaimVerdict, Status
-from engine.obs import schema
 
 _MASK64 = (1 << 64) - 1
 _DECISION = 1 << 128 | 1 << 63  # one decision more in a digest sum, its hash made >= 0
@@ -211,7 +210,7 @@ class RanksAgree(Checker[RanksAgreeClaim]):
                 **nums,
             )
         if missing:
-            return _rank_missing(missing, nums)
+            return _rank_missing(missing, nums, self.world)
         decided = bool(self.unkept) or any(self.digest.values())
         gated = self.gate(ctx, decided, "no decision receipts to compare")
         if gated:
@@ -254,11 +253,11 @@ class RanksAgree(Checker[RanksAgreeClaim]):
 
 
 def _rank_missing(
-    missing: list[tuple[str, list[int], int, int]], nums: dict[str, int]
+    missing: list[tuple[str, list[int], int, int]], nums: dict[str, int], world: WorldSize
 ) -> ClaimVerdict:
     """UNDECIDED: boots that declare ranks no log holds (``WorldSize.missing``)."""
     shown = [
-        f"boot {b} says {n} ranks ({schema.BOOT_START} config.{WORLD_FIELD}), no log "
+        f"boot {b} says {n} ranks ({world.source(b)}), no log "
         f"holds rank {', '.join(map(str, a))}" + (f" and {k - len(a)} more" if k > len(a) else "")
         for b, a, k, n in missing
     ]

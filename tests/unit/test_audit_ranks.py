@@ -35,11 +35,13 @@ def decide(tmp_path: Path, claim: str, *logs: LogText):
 
 
 def rank_log(rank: int, *, tp: int | None = 2, boot: str = "b-00000001", skip: int | None = None,
-             change: dict[int, list] | None = None, until: int = 3) -> LogText:  # fmt: skip
+             change: dict[int, list] | None = None, until: int = 3, pp: int | None = None,
+             ) -> LogText:  # fmt: skip
     """One rank's log: iterations 1..until, each with the digest of its batch (``change``
     swaps a batch, ``skip`` leaves an iteration's receipt unwritten), then boot.stop."""
     log = LogText(boot)
-    log.r("boot.start", rank, config={} if tp is None else {"tp": tp})
+    config = {} if tp is None else {"tp": tp}
+    log.r("boot.start", rank, config=config if pp is None else {**config, "pp": pp})
     log.r("boot.ready", rank, startup_s=0.1)
     for it in range(1, until + 1):
         log.iter = it
@@ -126,6 +128,19 @@ def test_a_missing_rank_is_undecided_even_where_a_vacuous_pass_is_allowed(tmp_pa
     # a difference between the ranks that came is a FAIL, whoever is missing
     v = decide(tmp_path, DIGESTS, rank_log(0, tp=3), rank_log(1, tp=3, change={1: []}))
     assert v.status == "FAIL" and v.numbers["ranks_missing"] == 1
+
+
+def test_a_pipelines_ranks_are_its_stages_times_its_shards(tmp_path):
+    """A boot of tp 1 x pp 2 has two ranks: the second stage's log missing is UNDECIDED, not a
+    one-rank boot with nothing to agree on; tp 2 x pp 2 wants four."""
+    v = decide(tmp_path, DIGESTS, rank_log(0, tp=1, pp=2))
+    assert (v.status, v.reason) == ("UNDECIDED", "rank_missing")
+    assert "says 2 ranks (boot.start config.tp x config.pp), no log holds rank 1" in v.why
+    logs = [rank_log(r, tp=2, pp=2) for r in range(3)]
+    v = decide(tmp_path, DIGESTS, *logs)
+    assert v.reason == "rank_missing" and "says 4 ranks" in v.why and "rank 3" in v.why
+    v = decide(tmp_path, DIGESTS, *logs, rank_log(3, tp=2, pp=2))
+    assert v.status == "PASS"
 
 
 def test_group_agreement_applies_to_multi_rank_boots_and_to_a_boot_that_says_it_has_ranks(

@@ -1,4 +1,4 @@
-"""The options of a multi-rank engine (`--tp`, per-rank `--kv-tokens`, `--dist-init`) and
+"""The options of a multi-rank engine (`--tp`, `--pp`, per-rank `--kv-tokens`, `--dist-init`) and
 `engine worker`, a rank above 0 started on its own node."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from engine.config import DEFAULTS, HELP
 
 KvOpt = Annotated[str | None, typer.Option("--kv-tokens", help=HELP["kv_tokens"])]
 TpOpt = Annotated[int, typer.Option("--tp", help=HELP["tp"])]
+PpOpt = Annotated[int, typer.Option("--pp", help=HELP["pp"])]
 DistInitOpt = Annotated[str, typer.Option("--dist-init", help=HELP["dist_init"])]
 GroupCheckOpt = Annotated[int, typer.Option(help=HELP["group_check_interval"])]
 FloorOpt = Annotated[
@@ -38,7 +39,7 @@ def worker(
     device: Annotated[str, typer.Option(help="cpu, or this rank's cuda:N.")] = DEFAULTS["device"],
     group_timeout: GroupTimeoutOpt = DEFAULTS["group_timeout"],
 ) -> None:
-    """Run one rank above 0 of a group whose rank 0 is `engine serve --tp N --dist-init env`
+    """Run one rank above 0 of a group whose rank 0 is `engine serve --tp N [--pp M] --dist-init env`
     (on another node, or under torchrun). MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK say
     where rank 0 is and who this is; the rest of the configuration comes from rank 0."""
     from engine.group_boot import worker_from_env

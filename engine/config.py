@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from engine.config_group import GroupSection
 from engine.config_rules import (
     _knob,
     _Section,
@@ -25,7 +26,6 @@ from engine.config_store import StoreSection
 
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("int8", "int4")  # fast mode's weight formats (engine/model/quant.py)
-DIST_INITS = ("spawn", "env")
 POLICIES = ("fcfs", "priority")  # how the waiting line is ordered
 SPECULATIVE = ("off", "ngram", "suffix")  # how drafts are proposed (engine/spec)
 # `engine serve`'s step budget (--step-tokens): of 32, 48, 64 and 96, the one that kept eight
@@ -214,41 +214,6 @@ class ServerSection(_Section):
 
 
 @dataclass(frozen=True, slots=True)
-class GroupSection(_Section):
-    """Tensor parallelism: ranks, each holding a shard of the weights and its own KV pool; they
-    run the same scheduler on the same inputs and decide from the published floor."""
-
-    tp: int = _knob(
-        1,
-        "Tensor-parallel ranks: each holds a shard of the weights and its own KV pool "
-        "(gloo on the CPU, NCCL on CUDA). The model's heads must divide by it.",
-    )
-    dist_init: str = _knob(
-        "spawn",
-        "spawn: start the other ranks on this machine; env: they are started on their own "
-        "(`engine worker` on each node, or torchrun) and MASTER_ADDR, MASTER_PORT, "
-        "WORLD_SIZE and RANK say who is who.",
-    )
-    group_timeout: float = _knob(
-        30.0, "Seconds a collective waits for a rank that stopped answering."
-    )
-    group_check_interval: int = _knob(
-        16, "Ranks compare batch digests every N iterations (every one with --check-invariants)."
-    )
-    # a test switch that splits a group with uneven pools (it exists to prove the split is caught)
-    published_floor: bool = _knob(
-        True, "A test switch: --own-pool makes each rank decide from its own pool (a split)."
-    )
-
-    def validate(self) -> None:
-        need(is_int(self.tp, 1), self, "tp", "an integer >= 1")
-        need(self.dist_init in DIST_INITS, self, "dist_init", f"one of {DIST_INITS}")
-        need(seconds(self.group_timeout), self, "group_timeout", "a number of seconds > 0")
-        need(is_int(self.group_check_interval, 1), self, "group_check_interval", "an integer >= 1")
-        need(isinstance(self.published_floor, bool), self, "published_floor", "a boolean")
-
-
-@dataclass(frozen=True, slots=True)
 class ObservabilitySection(_Section):
     """Receipts (where, how often, whether at all) and traces."""
 
@@ -306,11 +271,12 @@ HELP: dict[str, str] = {f.name: f.metadata["help"] for c in SECTIONS.values() fo
 
 def _check_across(c: EngineConfig) -> None:
     """The rules that read more than one section."""
-    mem, tp = c.memory, c.group.tp
+    mem, world = c.memory, c.group.world
     need(
-        mem.kv_tokens is None or is_int(mem.kv_tokens, 1) or per_rank(mem.kv_tokens, tp),
+        mem.kv_tokens is None or is_int(mem.kv_tokens, 1) or per_rank(mem.kv_tokens, world),
         mem, "kv_tokens",
-        "None or an integer >= 1" + ("" if tp == 1 else f", or one integer >= 1 per rank ({tp})"),
+        "None or an integer >= 1"
+        + ("" if world == 1 else f", or one integer >= 1 per rank ({world})"),
     )  # fmt: skip
     step = c.scheduler.step_tokens
     need(
@@ -322,7 +288,7 @@ def _check_across(c: EngineConfig) -> None:
         mem, "kv_tokens", "given off the CPU (otherwise the pool is sized from host memory)",
     )  # fmt: skip
     need(
-        tp == 1 or not mem.host_kv_tokens,
+        world == 1 or not mem.host_kv_tokens,
         mem, "host_kv_tokens", "0 or None with more than one rank (the host tier is one rank's)",
     )  # fmt: skip
 

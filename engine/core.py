@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
-import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -16,6 +14,7 @@ from engine.clip import clip_words
 from engine.config import EngineConfig
 from engine.cutover import Cutovers
 from engine.dist.comm import Comm, GroupFailure
+from engine.dist.pipeline import stage_layers
 from engine.mem.allocator import TokenAllocator
 from engine.mem.host_tier import HostTier, size_host_tier
 from engine.mem.kv_pool import KVPool, size_pool
@@ -28,6 +27,7 @@ from engine.model.loader import LoadedModel, load_model
 from engine.model.quant import plan_quant
 from engine.model.shard import plan_shard
 from engine.obs import schema
+from engine.obs.boot_fields import boot_fields
 from engine.obs.receipts import Receipts
 from engine.obs.tracing import Tracing
 from engine.runner import BatchEntry, ModelRunner
@@ -40,33 +40,6 @@ from kernels.select import choose_backend, get_backend
 
 # the dtypes EngineConfig accepts (validated there, torch-free), as torch knows them
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def versions(device: str) -> dict[str, str]:
-    """The versions a boot ran with: the engine, Python, torch, and the device's own name."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        engine = version("attest")
-    except PackageNotFoundError:
-        engine = "unknown"
-    out = {"engine": engine, "python": platform.python_version(), "torch": torch.__version__}
-    if device.startswith("cuda") and torch.cuda.is_available():
-        out["device"] = torch.cuda.get_device_name(torch.device(device))
-        out["cuda"] = str(torch.version.cuda)
-    else:
-        out["device"] = platform.processor() or platform.machine() or "cpu"
-    return out
-
-
-def boot_fields(config: EngineConfig, launch: Launch | None) -> dict[str, Any]:
-    """``boot.start``'s fields: the configuration and where this boot came from (this process's
-    pid; its parent, the HTTP frontend when served; host, command line, versions)."""
-    return {
-        "config": config.as_dict(), "pid": os.getpid(), "ppid": os.getppid(),
-        "host": socket.gethostname(), "argv": list(launch.argv if launch else sys.argv),
-        "versions": versions(config.model.device),
-    }  # fmt: skip
 
 
 class EngineCore:
@@ -90,9 +63,9 @@ class EngineCore:
         built elsewhere (otherwise one rank alone, or the published group of ``tp`` ranks)."""
         self._t0 = time.perf_counter()
         config.validate()
-        if config.group.tp > 1 and member is None and join is None:
+        if config.group.world > 1 and member is None and join is None:
             raise ValueError(
-                f"tp {config.group.tp} needs its ranks: build it with engine.group_boot.boot"
+                f"{config.group.world} ranks need their group: build it with engine.group_boot.boot"
             )
         self.config, self.member = config, member
         self.rank = member.rank if member is not None else 0
@@ -129,7 +102,7 @@ class EngineCore:
 
         c = self.config
         ranks_here = (
-            c.group.tp if c.group.dist_init == "spawn" else 1
+            c.group.world if c.group.dist_init == "spawn" else 1
         )  # spawned ranks share the CPUs
         threads = choose_threads(c.model.threads, os.environ, usable_cpus(), ranks_here)
         if threads is not None:
@@ -157,13 +130,12 @@ class EngineCore:
         if c.group.tp > 1:
             heads = (cfg.num_heads, cfg.num_kv_heads)
             plan_shard(*heads, cfg.intermediate_size, cfg.vocab_size, c.group.tp, 0)
+        stage_layers(cfg.num_layers, c.group.pp, 0)  # pp fits the layers, before others start
         if join is not None:
             self.member = join(c, self.receipts.boot)
         self.comm = self.member.comm if self.member is not None else Comm()
-        self.model = LlamaModel(
-            cfg, self.loaded.weights, self.dtype, backend, device=c.model.device, comm=self.comm,
-            quant=self.quant,
-        )  # fmt: skip
+        self.shard_comm, self.stage = self.comm.layout(c.group.tp)
+        self.model = self._new_model(self.loaded, backend, self.quant)
         self.receipts.emit(schema.BOOT_WEIGHTS, **self.weights_fields())
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
         self.max_context = min(c.model.max_model_len or cfg.max_position, cfg.max_position)
@@ -173,14 +145,15 @@ class EngineCore:
         c, cfg = self.config, self.model_config
         kv_dtype = self.quant.kv_dtype if self.quant else self.dtype
         kv_heads = self.model.local_kv_heads  # this rank's share of them
+        layers = len(self.model.span)  # and of the layers, on a pipeline stage
         per_token = cfg.kv_bytes_per_token(torch.finfo(kv_dtype).bits // 8)
         self.sizing = size_pool(
             c.kv_tokens_of(self.rank), c.memory.kv_memory_fraction,
-            per_token * kv_heads // cfg.num_kv_heads, c.memory.page_size,
+            per_token * kv_heads * layers // (cfg.num_kv_heads * cfg.num_layers), c.memory.page_size,
         )  # fmt: skip
         self.allocator = TokenAllocator(self.sizing.kv_tokens, c.memory.page_size)
         self.kv = KVPool(
-            cfg.num_layers, self.allocator.pool_slots, kv_heads, cfg.head_dim, kv_dtype,
+            layers, self.allocator.pool_slots, kv_heads, cfg.head_dim, kv_dtype,
             device=c.model.device,
         )  # fmt: skip
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
@@ -196,7 +169,9 @@ class EngineCore:
             c.memory.prefix_cache, receipts,
         )  # fmt: skip
         tier = (lambda cache: HostTier(cache, self.kv, host, receipts)) if host else None
-        store = open_store(c.store, c.memory.prefix_cache, c.group.tp, self._identity(), receipts)
+        store = open_store(
+            c.store, c.memory.prefix_cache, c.group.world, self._identity(), receipts
+        )
         ps, write = self.allocator.page_size, c.store.kv_store_write
         keeper = StoreTier(store, self.kv, ps, write) if store else None
         cache = RadixCache(
@@ -224,6 +199,10 @@ class EngineCore:
             fields: dict[str, Any] = {"mode": mode, "dtype": self.config.model.dtype}
         else:
             fields = self.quant.fields()
+        if self.stage.count > 1:  # a pipeline stage: which of the layers are here
+            fields.update(
+                stage=self.stage.index, layers=[self.model.span.start, self.model.span.stop]
+            )
         if torch.device(self.config.model.device).type == "cpu":  # which small ops and decode run
             fields["ops"] = "native" if cpu_ops.load() else "torch"
             if fields["ops"] == "torch":
@@ -232,7 +211,7 @@ class EngineCore:
 
     def _group(self) -> GroupView:
         """This rank's view of its group (one rank alone publishes no floor)."""
-        if self.config.group.tp == 1:
+        if self.config.group.world == 1:
             return GroupView()
         c = self.config
         every = 1 if c.scheduler.check_invariants else c.group.group_check_interval
@@ -268,15 +247,18 @@ class EngineCore:
         return plan_quant(m.quant, m.device) if m.quant else None
 
     def build_model(self, loaded: LoadedModel) -> LlamaModel:
-        """A model of ``loaded``'s weights on this engine's dtype, backend and device (a weights
-        cutover builds the new one beside the serving one); the file's copies are let go."""
-        quant = self._plan_quant()
-        model = LlamaModel(
-            loaded.config, loaded.weights, self.dtype, self.model.backend,
-            device=self.config.model.device, comm=self.comm, quant=quant,
-        )  # fmt: skip
+        """A model of ``loaded``'s weights on this engine's dtype, backend, device and place in
+        its group (a weights cutover builds the new one beside the serving one); the file's
+        copies are let go."""
+        model = self._new_model(loaded, self.model.backend, self._plan_quant())
         loaded.weights = {}
         return model
+
+    def _new_model(self, loaded: LoadedModel, backend: Any, quant: Any) -> LlamaModel:
+        return LlamaModel(
+            loaded.config, loaded.weights, self.dtype, backend, device=self.config.model.device,
+            comm=self.shard_comm, quant=quant, stage=self.stage,
+        )  # fmt: skip
 
     def swap_model(self, loaded: LoadedModel, model: LlamaModel) -> None:
         """Serve ``model`` from the next step on (at an iteration boundary, nothing resident)."""
@@ -390,6 +372,7 @@ class EngineCore:
             load_seconds=round(self.loaded.load_seconds, 2),
             startup_seconds=round(self.startup_seconds, 2),
             tp=self.config.group.tp,
+            pp=self.config.group.pp,
             weights=weights["mode"],
             weights_path=self.quant.path if self.quant else "",
             ops=" ".join(x for x in (weights.get("ops", ""), weights.get("ops_why") or "") if x),

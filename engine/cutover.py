@@ -119,9 +119,11 @@ class Cutovers:
                 raise Refused(
                     f"cutover {cid} is under way (DELETE /admin/cutover/{cid} cancels it)", 409
                 )
-            tp = self.core.config.group.tp
-            if tp > 1:  # every rank would have to change at one boundary
-                raise Refused(f"a cutover runs on one rank only; this engine has tp {tp}", 409)
+            world = self.core.config.group.world
+            if world > 1:  # every rank would have to change at one boundary
+                raise Refused(
+                    f"a cutover runs on one rank only; this engine has {world} ranks", 409
+                )
             self._check(ask)
         except Refused as e:
             a.extra.update(e.fields)

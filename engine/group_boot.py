@@ -1,10 +1,11 @@
-"""The ranks of a tensor-parallel group (``--tp N``): how they start, and how ranks above 0
-follow rank 0.
+"""The ranks of a group (``--tp N``, ``--pp M``: N x M ranks): how they start, and how ranks
+above 0 follow rank 0.
 
 Rank 0 is the engine callers talk to (``LLM``, the scheduler process of ``engine serve``). It
 takes requests and aborts and, at the top of each iteration, broadcasts what it took
 (``group.Intake``); every other rank applies the same inputs in the same order and steps the
-same scheduler, each over its own shard of the weights and its own KV pool. Decisions read the
+same scheduler, each over its own part of the weights (a shard of a stage's layers) and its own
+KV pool. Decisions read the
 published floor (``engine/sched/group.py``), so the ranks run the same batches.
 
 Starting: ``dist_init="spawn"`` (the default) makes rank 0 start ranks 1..N-1 on this machine
@@ -111,28 +112,28 @@ def join_as_rank0(config: EngineConfig, boot: str) -> Member:
     hello = (boot, config.as_dict())
     if config.group.dist_init == "env":
         rank, world = env_rank()
-        if rank != 0 or world != config.group.tp:
+        if rank != 0 or world != config.group.world:
             raise ValueError(
                 f"this process is RANK {rank} of WORLD_SIZE {world}; the engine that serves is "
-                f"rank 0 of tp {config.group.tp} (start the others with `engine worker`)"
+                f"rank 0 of {config.group.world} (tp {config.group.tp} x pp {config.group.pp}; "
+                "start the others with `engine worker`)"
             )
         return _connect(
             0, world, "env://", config.group.group_timeout, config.model.device, hello
         )[0]  # fmt: skip
     init = local_init_method(free_port())
-    args = [str(config.group.tp), init, str(config.group.group_timeout), config.model.device]
+    world = config.group.world
+    args = [str(world), init, str(config.group.group_timeout), config.model.device]
     procs = {
         r: subprocess.Popen(
             [sys.executable, "-m", "engine.group_boot", str(r), *args],
             preexec_fn=dies_with_parent(),
             start_new_session=True,  # signals to rank 0's group are rank 0's to act on
         )
-        for r in range(1, config.group.tp)
+        for r in range(1, world)
     }
     try:
-        member = _connect(
-            0, config.group.tp, init, config.group.group_timeout, config.model.device, hello
-        )[0]
+        member = _connect(0, world, init, config.group.group_timeout, config.model.device, hello)[0]
     except BaseException:
         for p in procs.values():
             p.kill()
@@ -147,9 +148,10 @@ def boot(
     launch: Any = None,
     tracing: Tracing | None = None,
 ) -> EngineCore:
-    """The engine of ``config``: with ``tp`` > 1, rank 0 of its group (the others started or
-    met once the model's shapes are checked against ``tp``); ``tracing``: request spans."""
-    join = join_as_rank0 if config.group.tp > 1 else None
+    """The engine of ``config``: with more than one rank (``tp`` x ``pp``), rank 0 of its group
+    (the others started or met once the model's shapes are checked against ``tp`` and ``pp``);
+    ``tracing``: request spans."""
+    join = join_as_rank0 if config.group.world > 1 else None
     return EngineCore(config, loaded, launch, join=join, tracing=tracing)
 
 

@@ -131,7 +131,8 @@ class EngineInfo:
     device: str
     load_seconds: float
     startup_seconds: float
-    tp: int = 1  # ranks of the tensor-parallel group
+    tp: int = 1  # ranks of the tensor-parallel group (in each pipeline stage)
+    pp: int = 1  # pipeline stages
     weights: str = "exact"  # exact (float32), bfloat16, or fast mode's int8 / int4
     weights_path: str = ""  # fast mode: which kernels run, in words (engine/model/quant.py)
     ops: str = ""  # on a CPU: native (kernels/cpu_ops.cpp) or torch, with why when torch

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from engine.dist.pipeline import Stage, TorchStage
+
 # how long a follower waits for the next iteration's intake: an engine may idle for days
 IDLE_WAIT = timedelta(days=365)
 
@@ -60,6 +62,11 @@ class Comm:
     def close(self) -> None:
         """Leave the group (idempotent)."""
 
+    def layout(self, tp: int) -> tuple[Comm, Stage]:
+        """This rank's place in a group of ``tp``-rank stages: the comm of its stage's shards
+        (the model's collectives) and its pipeline stage."""
+        return self, Stage()
+
 
 class TorchComm(Comm):
     """A member of a ``torch.distributed`` group. ``init_method``: ``tcp://HOST:PORT`` (rank 0
@@ -91,17 +98,10 @@ class TorchComm(Comm):
             raise GroupFailure(f"{what} failed on rank {self.rank}: {e}") from e
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        # gloo reduces the storage from the first element on: a view that skips elements (one
-        # row of a padded product) would be summed wrong, silently
-        t = t.contiguous()
-        self._call("all_reduce", self.dist.all_reduce, t, group=self.work)
-        return t
+        return _all_reduce_sum(self, self.work, t)
 
     def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        t = t.contiguous()
-        parts = [torch.empty_like(t) for _ in range(self.world)]
-        self._call("all_gather", self.dist.all_gather, parts, t, group=self.work)
-        return torch.cat(parts, dim=dim)
+        return _all_gather(self, self.work, self.world, t, dim)
 
     def min_ints(self, values: list[int]) -> list[int]:
         t = torch.tensor(values, dtype=torch.int64)
@@ -124,6 +124,17 @@ class TorchComm(Comm):
         )
         return box[0]
 
+    def layout(self, tp: int) -> tuple[Comm, Stage]:
+        if self.world % tp:
+            raise ValueError(f"a group of {self.world} ranks is not stages of tp {tp}")
+        pp = self.world // tp
+        if pp == 1:
+            return self, Stage()
+        # every rank makes every stage's group, in the same order (torch.distributed's rule)
+        groups = [self.dist.new_group(ranks=list(range(s * tp, (s + 1) * tp))) for s in range(pp)]
+        shard: Comm = Comm() if tp == 1 else _Shard(self, groups[self.rank // tp], tp)
+        return shard, TorchStage(self.dist, self.rank, tp, pp, self.device, self._call)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -132,6 +143,35 @@ class TorchComm(Comm):
             self.dist.destroy_process_group()
         except Exception:  # a group whose peer is gone cannot be torn down politely
             pass
+
+
+class _Shard(Comm):
+    """The ``tp`` ranks of one pipeline stage: the model's collectives stay within it."""
+
+    def __init__(self, parent: TorchComm, group: Any, tp: int) -> None:
+        self.parent, self.group = parent, group
+        self.rank, self.world = parent.rank % tp, tp
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        return _all_reduce_sum(self.parent, self.group, t)
+
+    def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return _all_gather(self.parent, self.group, self.world, t, dim)
+
+
+def _all_reduce_sum(comm: TorchComm, group: Any, t: torch.Tensor) -> torch.Tensor:
+    # gloo reduces the storage from the first element on: a view that skips elements (one row
+    # of a padded product) would be summed wrong, silently
+    t = t.contiguous()
+    comm._call("all_reduce", comm.dist.all_reduce, t, group=group)
+    return t
+
+
+def _all_gather(comm: TorchComm, group: Any, world: int, t: torch.Tensor, dim: int) -> torch.Tensor:
+    t = t.contiguous()
+    parts = [torch.empty_like(t) for _ in range(world)]
+    comm._call("all_gather", comm.dist.all_gather, parts, t, group=group)
+    return torch.cat(parts, dim=dim)
 
 
 def local_init_method(port: int) -> str:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.dist.comm import Comm
+from engine.dist.pipeline import Stage, stage_layers
 from engine.model.config import ModelConfig
 from engine.model.fused import layer_ops
 from engine.model.quant import QuantPlan, QuantWeight, quantize_weight
@@ -89,8 +90,11 @@ class LlamaModel:
         *,
         comm: Comm | None = None,
         quant: QuantPlan | None = None,
+        stage: Stage | None = None,
     ) -> None:
         self.cfg = cfg
+        self.stage = stage if stage is not None else Stage()
+        self.span = stage_layers(cfg.num_layers, self.stage.count, self.stage.index)
         self.quant = quant  # fast mode: linear layers quantised (engine.model.quant)
         self.dtype = dtype
         self.backend = backend
@@ -106,7 +110,16 @@ class LlamaModel:
         self.local_heads = len(self.shard.heads)
         self.local_kv_heads = len(self.shard.kv_heads)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
-        w = dict(weights)
+        self._take_weights(dict(weights))
+        self.inv_freq = rope_inv_freq(cfg).to(self.device)
+        self.q_size = self.local_heads * cfg.head_dim
+        self.kv_size = self.local_kv_heads * cfg.head_dim
+
+    def _take_weights(self, w: dict[str, torch.Tensor]) -> None:
+        """This rank's part of the weights ``w`` (in Hugging Face's names): its stage's layers
+        (their shard), the embedding on the first stage, the final norm and LM head on the last;
+        any weight no stage takes is an error."""
+        cfg = self.cfg
 
         def take(name: str) -> torch.Tensor:
             if name not in w:
@@ -119,21 +132,25 @@ class LlamaModel:
                 f"model.embed_tokens.weight has shape {tuple(embed.shape)}, "
                 f"config says ({cfg.vocab_size}, {cfg.hidden_size})"
             )
-        self.embed = self._put(vocab_rows(embed, self.shard.vocab))
-        self.layers = [self._layer(take, f"model.layers.{i}.") for i in range(cfg.num_layers)]
-        self.norm = self._put(take("model.norm.weight"))
-        # the norm each layer's last residual add feeds: the next layer's, then the final one
+        first, last = self.stage.first, self.stage.last
+        self.embed = self._put(vocab_rows(embed, self.shard.vocab)) if first else None
+        self.layers = [self._layer(take, f"model.layers.{i}.") for i in self.span]
+        # the norm each layer's last residual add feeds: the next layer's (the next stage's
+        # first, on a stage before the last), then the final one
+        final = take("model.norm.weight")
+        boundary = f"model.layers.{self.span.stop}.input_layernorm.weight"
+        self.norm = self._put(final if last else w[boundary])
         self._next_norms = [layer["attn_norm"] for layer in self.layers[1:]] + [self.norm]
         head = take("lm_head.weight") if "lm_head.weight" in w else None
-        self.lm_head = self._lm_head(head, embed)
+        self.lm_head = self._lm_head(head, embed) if last else None
+        for name in [k for k in w if k.startswith("model.layers.")]:  # other stages' layers
+            if int(name.split(".")[2]) not in self.span:
+                del w[name]
         leftover = sorted(k for k in w if "rotary_emb" not in k)
         if leftover:
             raise ValueError(
                 f"unexpected weights: {leftover[:5]}{' ...' if len(leftover) > 5 else ''}"
             )
-        self.inv_freq = rope_inv_freq(cfg).to(self.device)
-        self.q_size = self.local_heads * cfg.head_dim
-        self.kv_size = self.local_kv_heads * cfg.head_dim
 
     def _lm_head(
         self, head: torch.Tensor | None, embed: torch.Tensor
@@ -145,8 +162,12 @@ class LlamaModel:
             return self._mat(head, mode="int8") if self.quant else self._put(head)
         if not self.cfg.tie_word_embeddings:
             raise KeyError("missing weight 'lm_head.weight' and embeddings are not tied")
-        if self.quant is None:
-            return self.embed
+        if self.quant is None:  # the lookup's own table, on a stage that has it
+            return (
+                self.embed
+                if self.embed is not None
+                else self._put(vocab_rows(embed, self.shard.vocab))
+            )
         return self._mat(vocab_rows(embed, self.shard.vocab), mode="int8")
 
     def _put(self, t: torch.Tensor) -> torch.Tensor:
@@ -202,12 +223,15 @@ class LlamaModel:
         meta: AttentionMetadata,
         kv_layers: list[LayerKV],
     ) -> torch.Tensor:  # [T, hidden]
-        cfg = self.cfg
+        cfg, stage = self.cfg, self.stage
         T = input_ids.shape[0]
-        h = self.embed_tokens(input_ids)
         cos, sin = self.rope_cos_sin(meta.positions)
         ops, heads, kv_heads = self.ops, self.local_heads, self.local_kv_heads
-        x = ops.norm(h, self.layers[0]["attn_norm"])
+        if stage.first:
+            h = self.embed_tokens(input_ids)
+            x = ops.norm(h, self.layers[0]["attn_norm"])
+        else:  # the residual stream and the next norm's output, from the stage before
+            h, x = stage.recv((T, cfg.hidden_size), self.dtype, 2)
         for layer, kv, next_norm in zip(self.layers, kv_layers, self._next_norms):
             qkv = linear(x, layer["qkv"])
             qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
@@ -221,11 +245,17 @@ class LlamaModel:
             h, x = ops.add_norm(h, o, layer["mlp_norm"])
             act = ops.silu_mul(linear(x, layer["gate_up"]))
             h, x = ops.add_norm(h, self.comm.all_reduce_sum(linear(act, layer["down"])), next_norm)
-        return x  # the last add_norm applied the final norm
+        if not stage.last:
+            stage.send([h, x])
+        return x  # on the last stage, the last add_norm applied the final norm
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] in fp32 on every rank: each rank's vocabulary columns,
-        gathered in rank order, the padding past the vocabulary cut off."""
-        full = self.comm.all_gather(linear(hidden, self.lm_head), dim=-1)
-        return full[:, : self.cfg.vocab_size].float()
+        gathered in rank order, the padding past the vocabulary cut off; computed on the last
+        stage and shared with the others (whose ``hidden`` only says N)."""
+        out = None
+        if self.stage.last:
+            full = self.comm.all_gather(linear(hidden, self.lm_head), dim=-1)
+            out = full[:, : self.cfg.vocab_size].float()
+        return self.stage.share(out, (hidden.shape[0], self.cfg.vocab_size))

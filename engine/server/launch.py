@@ -225,7 +225,7 @@ def _server(
 
 def _audit_target(cfg: EngineConfig) -> str:
     """What to hand `audit verdict`: the boot log, or with several ranks every rank's log."""
-    if cfg.group.tp == 1 or cfg.observability.log_file is None:
+    if cfg.group.world == 1 or cfg.observability.log_file is None:
         return str(cfg.observability.log_file)
     p = Path(cfg.observability.log_file)
     return f"'{p.with_name(p.stem + '*' + p.suffix)}'"

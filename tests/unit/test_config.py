@@ -115,6 +115,7 @@ def test_defaults_and_good_values_are_accepted():
         "max_client_connections": 128,
         "request_timeout": 600.0,
         "tp": 1,
+        "pp": 1,
         "dist_init": "spawn",
         "group_timeout": 30.0,
         "group_check_interval": 16,

@@ -37,12 +37,12 @@ RECEIPT_KEYS = {
     "speculative", "spec_tokens",
     "iteration_receipt_interval", "check_invariants", "receipts", "log_file", "console_receipts",
     "device", "otlp_endpoint", "read_timeout", "max_client_connections", "request_timeout", "tp",
-    "dist_init", "group_timeout", "group_check_interval", "published_floor",
+    "pp", "dist_init", "group_timeout", "group_check_interval", "published_floor",
 }  # fmt: skip
 
 # one valid value per flat name, none of them the default (tp 2 lets kv_tokens be per rank)
 OTHERS = {
-    "model": "m.gguf", "dtype": "bfloat16", "quant": "int8", "kv_tokens": [64, 32],
+    "model": "m.gguf", "dtype": "bfloat16", "quant": "int8", "kv_tokens": [64, 32, 64, 32, 64, 32],
     "kv_memory_fraction": 0.5, "page_size": 4, "max_running": 3, "chunk_tokens": 7,
     "step_tokens": 8, "max_model_len": 99, "attention_backend": "torch", "threads": 2, "seed": 5,
     "prefix_cache": False, "host_kv_tokens": 0, "relief_ladder": False,
@@ -51,7 +51,7 @@ OTHERS = {
     "relief_throttle_iterations": 2, "iteration_receipt_interval": 0, "check_invariants": True,
     "receipts": False, "log_file": "b.jsonl", "console_receipts": True, "device": "cpu",
     "otlp_endpoint": "http://127.0.0.1:4318", "read_timeout": 3.0, "max_client_connections": 0,
-    "request_timeout": None, "tp": 2, "dist_init": "env", "group_timeout": 4.0,
+    "request_timeout": None, "tp": 2, "pp": 3, "dist_init": "env", "group_timeout": 4.0,
     "group_check_interval": 1, "published_floor": False, "cutover_timeout": 9.0,
     "grammar_timeout": 2.5, "scheduling_policy": "priority", "speculative": "ngram",
     "spec_tokens": 3,
@@ -72,6 +72,7 @@ OTHERS = {
         (ServerSection, "read_timeout", 0, "a number of seconds > 0"),
         (ServerSection, "request_timeout", 0, "None or a number of seconds > 0"),
         (GroupSection, "tp", 0, "an integer >= 1"),
+        (GroupSection, "pp", 0, "an integer >= 1"),
         (GroupSection, "dist_init", "ssh", "one of ('spawn', 'env')"),
         (ObservabilitySection, "iteration_receipt_interval", -1, "an integer >= 0"),
         (ObservabilitySection, "log_file", 3, "a path or None"),
@@ -123,6 +124,10 @@ def test_sections_and_the_config_are_frozen_and_a_changed_copy_is_checked_again(
         ({"tp": 2, "kv_tokens": [8]}, "kv_tokens must be None or an integer >= 1, or one integer "
          ">= 1 per rank (2), got [8]"),
         ({"kv_tokens": [8, 8]}, "kv_tokens must be None or an integer >= 1, got [8, 8]"),
+        ({"tp": 2, "pp": 2, "kv_tokens": [8, 8]}, "kv_tokens must be None or an integer >= 1, "
+         "or one integer >= 1 per rank (4), got [8, 8]"),
+        ({"pp": 2, "host_kv_tokens": 64}, "host_kv_tokens must be 0 or None with more than one "
+         "rank"),
         ({"step_tokens": 8, "page_size": 16}, "step_tokens must be None or an integer >= "
          "page_size (16), got 8"),
         ({"device": "cuda"}, "kv_tokens must be given off the CPU"),

@@ -3,7 +3,8 @@
 In a spec's ``[regime]``: ``[regime.engine]`` holds `engine serve` flags (``kv_tokens = 540`` is
 ``--kv-tokens 540``; ``true``/``false`` is ``--flag``/``--no-flag``), ``[regime.load]`` the load
 shape (request count, prompt and output lengths in tokens, shared-prefix share, a repeated run
-for prompts with text to copy, concurrency, duration, agent lanes), ``[regime.control]`` the flags
+for prompts with text to copy, concurrency, duration, passes: waves of the same requests, agent
+lanes), ``[regime.control]`` the flags
 that switch the mechanism under test off for the control boot (``--control``), and
 ``[regime.boots]`` how many boots run one after another (``count``) and whether they share a
 durable KV store (``store``). The auditor only reads and checks the recipe; the engine drives it.
@@ -25,6 +26,7 @@ LOAD_DEFAULTS: dict[str, Any] = {
     "repeat": 0,  # > 0: each prompt's own tokens are a random run of this many, repeated
     "concurrency": 32,  # requests in flight at once
     "duration_s": 0.0,  # 0: send `requests` once; > 0: keep sending until then
+    "passes": 1,  # waves: each pass sent whole and answered before the next one is sent
     "stream": True,
     "seed": 0,
     "lanes": 0,  # > 0: this many agent lanes, checkpointed in the first boot, continued after
@@ -84,7 +86,7 @@ def _load(t: Any, where: str) -> dict[str, Any]:
     out = {**LOAD_DEFAULTS, **t}
     for k in ("prompt_tokens", "output_tokens"):
         out[k] = _pair(out[k], f"{where}.{k}")
-    for k in ("requests", "concurrency", "seed", "repeat", "lanes"):
+    for k in ("requests", "concurrency", "seed", "repeat", "lanes", "passes"):
         low = 0 if k in ("seed", "repeat", "lanes") else 1
         if type(out[k]) is not int or out[k] < low:
             raise RecipeError(f"{where}.{k} is a whole number >= {low}")

@@ -1,4 +1,4 @@
-"""`engine cutover`: ask a serving engine for a live change of weights or pool size
+"""`engine cutover`: ask a serving engine for a live change of weights, pool size or layout
 (``POST /admin/cutover``), or cancel the one under way (``--cancel ID``: ``DELETE
 /admin/cutover/{id}``), and print the ``cutover.end`` fields it answers with."""
 
@@ -17,13 +17,18 @@ from cli.remote import SERVER, RemoteKeyOpt, ServerUrlOpt, authorize, post_json,
 
 def cutover(
     kind: Annotated[
-        str | None, typer.Argument(help="weights (from --path) or pool (to --kv-tokens).")
+        str | None,
+        typer.Argument(help="weights (from --path), pool (to --kv-tokens) or layout (--tp, --pp)."),
     ] = None,
     mode: Annotated[str, typer.Option(help="drain (finish what runs first) or carry.")] = "carry",
     path: Annotated[str | None, typer.Option(help="The new weights (a weights cutover).")] = None,
     kv_tokens: Annotated[
         int | None, typer.Option(help="The new pool size (a pool cutover).")
     ] = None,
+    tp: Annotated[
+        int | None, typer.Option(help="A layout cutover's tensor-parallel ranks.")
+    ] = None,
+    pp: Annotated[int | None, typer.Option(help="A layout cutover's pipeline stages.")] = None,
     cap_promises: Annotated[
         bool,
         typer.Option(
@@ -50,11 +55,13 @@ def cutover(
             f"{base}/{urllib.parse.quote(cancel, safe='')}", method="DELETE"
         )
     elif kind is None:
-        print("engine cutover: give a kind (weights or pool), or --cancel ID", file=sys.stderr)
+        print(
+            "engine cutover: give a kind (weights, pool or layout), or --cancel ID", file=sys.stderr
+        )
         raise typer.Exit(64)
     else:
         body = {"kind": kind, "mode": mode, "path": path, "kv_tokens": kv_tokens,
-                "promises": "cap" if cap_promises else "refuse"}  # fmt: skip
+                "promises": "cap" if cap_promises else "refuse", "tp": tp, "pp": pp}  # fmt: skip
         req = post_json(base, body)
     authorize(req, api_key)
     send(req, url, timeout, "cutover", "cutover")

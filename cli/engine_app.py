@@ -75,6 +75,11 @@ from cli.ranks import (
     GroupCheckOpt,
     GroupTimeoutOpt,
     KvOpt,
+    PhaseDwellOpt,
+    PhaseEnterOpt,
+    PhaseExitOpt,
+    PhaseIntervalOpt,
+    PhasePolicyOpt,
     PpOpt,
     TpOpt,
     kv_tokens,
@@ -224,6 +229,11 @@ def serve(
     group_check_interval: GroupCheckOpt = DEFAULTS["group_check_interval"],
     group_timeout: GroupTimeoutOpt = DEFAULTS["group_timeout"],
     published_floor: FloorOpt = DEFAULTS["published_floor"],
+    phase_policy: PhasePolicyOpt = DEFAULTS["phase_policy"],
+    phase_enter_pp: PhaseEnterOpt = DEFAULTS["phase_enter_pp"],
+    phase_exit_pp: PhaseExitOpt = DEFAULTS["phase_exit_pp"],
+    phase_dwell: PhaseDwellOpt = DEFAULTS["phase_dwell"],
+    phase_interval: PhaseIntervalOpt = DEFAULTS["phase_interval"],
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/*, /health, /metrics); SIGTERM or Ctrl-C stops it in
     order (exit 0). A port, pid file or boot log a live process holds is refused (exit 75)."""

@@ -19,6 +19,11 @@ FloorOpt = Annotated[
     typer.Option("--published-floor/--own-pool", hidden=True, help=HELP["published_floor"]),
 ]
 GroupTimeoutOpt = Annotated[float, typer.Option(help=HELP["group_timeout"])]
+PhasePolicyOpt = Annotated[str, typer.Option(help=HELP["phase_policy"])]
+PhaseEnterOpt = Annotated[int, typer.Option(help=HELP["phase_enter_pp"])]
+PhaseExitOpt = Annotated[int, typer.Option(help=HELP["phase_exit_pp"])]
+PhaseDwellOpt = Annotated[int, typer.Option(help=HELP["phase_dwell"])]
+PhaseIntervalOpt = Annotated[int, typer.Option(help=HELP["phase_interval"])]
 
 
 def kv_tokens(text: str | None) -> int | list[int] | None:

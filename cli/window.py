@@ -92,7 +92,7 @@ def boot_and_load(args: list[str], shape: LoadShape, log: Path, progress: Progre
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_healthy(proc, base, out)
-        total = None if shape.duration_s else shape.requests
+        total = None if shape.duration_s else shape.requests * shape.passes
         progress.update(task, description=f"{label}: load", total=total)
         done = lambda: progress.advance(task)  # noqa: E731
         load = drive_lanes(base, shape, boot, done) if shape.lanes else drive(base, shape, done)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from engine.config_rules import _knob, _Section, is_int, need, seconds
 
 DIST_INITS = ("spawn", "env")
+PHASE_POLICIES = ("off", "auto")  # how a group's layout is chosen while it serves
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,21 @@ class GroupSection(_Section):
         True, "A test switch: --own-pool makes each rank decide from its own pool (a split)."
     )
 
+    phase_policy: str = _knob(
+        "off",
+        "auto: the group flips between pipeline stages (tp 1 x pp N, many prefills at once) "
+        "and tensor shards (tp N x pp 1, decode) by its prefill backlog, through layout "
+        "cutovers (engine/phase.py); off: the layout stays as booted.",
+    )
+    phase_enter_pp: int = _knob(
+        2048, "auto: the prefill backlog (tokens) at or above which the group takes stages."
+    )
+    phase_exit_pp: int = _knob(
+        256, "auto: the prefill backlog at or below which the group goes back to shards."
+    )
+    phase_dwell: int = _knob(32, "auto: iterations a layout is kept at least after a flip.")
+    phase_interval: int = _knob(8, "auto: iterations between two decisions (phase.decide).")
+
     @property
     def world(self) -> int:
         """How many ranks the group has: ``tp`` in each of ``pp`` stages."""
@@ -58,3 +74,15 @@ class GroupSection(_Section):
         need(seconds(self.group_timeout), self, "group_timeout", "a number of seconds > 0")
         need(is_int(self.group_check_interval, 1), self, "group_check_interval", "an integer >= 1")
         need(isinstance(self.published_floor, bool), self, "published_floor", "a boolean")
+        need(self.phase_policy in PHASE_POLICIES, self, "phase_policy", "off or auto")
+        need(is_int(self.phase_enter_pp, 1), self, "phase_enter_pp", "an integer >= 1")
+        need(
+            is_int(self.phase_exit_pp, 0) and self.phase_exit_pp < self.phase_enter_pp,
+            self, "phase_exit_pp", f"an integer >= 0 below phase_enter_pp ({self.phase_enter_pp})",
+        )  # fmt: skip
+        need(is_int(self.phase_dwell, 1), self, "phase_dwell", "an integer >= 1")
+        need(is_int(self.phase_interval, 1), self, "phase_interval", "an integer >= 1")
+        need(
+            self.phase_policy == "off" or self.world > 1,
+            self, "phase_policy", "off with one rank (a layout needs ranks to change)",
+        )  # fmt: skip

@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from engine.config import EngineConfig
 from engine.cutover import Cutovers
 from engine.dist.comm import Comm, GroupFailure
 from engine.dist.pipeline import stage_layers
+from engine.engine_info import engine_info
 from engine.mem.allocator import TokenAllocator
 from engine.mem.host_tier import HostTier, size_host_tier
 from engine.mem.kv_pool import KVPool, size_pool
@@ -30,7 +32,9 @@ from engine.obs import schema
 from engine.obs.boot_fields import boot_fields
 from engine.obs.receipts import Receipts
 from engine.obs.tracing import Tracing
+from engine.phase import PhasePolicy
 from engine.runner import BatchEntry, ModelRunner
+from engine.sched import carry
 from engine.sched.admission import running_ceiling
 from engine.sched.group import GroupView, PublishedGroup
 from engine.sched.scheduler import Scheduler
@@ -76,6 +80,8 @@ class EngineCore:
         self._size_memory()
         self.scheduler = self._build_scheduler(tracing, group)
         self.cutovers = Cutovers(self)
+        auto = config.group.phase_policy == "auto" and self.rank == 0
+        self.phase = PhasePolicy(self) if auto else None  # rank 0 decides, the others follow
         self._stopped = False
         self._ready = False
         self.startup_seconds = time.perf_counter() - self._t0
@@ -222,7 +228,10 @@ class EngineCore:
     def step(self) -> list[StepOutput]:
         """One scheduler iteration; a group that failed ends this boot with receipts first."""
         try:
-            return self.scheduler.step()
+            outs = self.scheduler.step()
+            if self.phase is not None:  # a flip is a layout cutover at this boundary
+                self.phase.after_step()
+            return outs
         except GroupFailure as e:
             self.fail(e)
             raise
@@ -267,6 +276,35 @@ class EngineCore:
         self.runner.model = model
         if (keeper := self.scheduler.cache.keeper) is not None:  # it holds the old weights' KV
             keeper.retire("a weights cutover: the store holds KV of the weights before it")
+
+    def relayout(self, op: Any) -> Any:
+        """A layout cutover's change (``group.Relayout``), made by every rank of the group at one
+        boundary: the residents back in line to re-prefill (the carry, within the running
+        ceiling) and the cached prefixes dropped, their KV being the old layout's; then the
+        group's stages and shards anew, this rank's part of the weights read again and its
+        pool rebuilt for its layers and heads (the same tokens). ``group.layout`` says what it
+        holds now. Returns what the carry moved."""
+        t0, before, memory = time.perf_counter(), self.config.group, self.scheduler.memory
+        carry.check_ceiling(memory, self.config.scheduler.max_running)
+        carried = carry.put_all_back(memory)
+        carried.evicted = carry.drop_prefix_cache(memory)
+        self.config = replace(self.config, group=replace(before, tp=op.tp, pp=op.pp))
+        self.shard_comm, self.stage = self.comm.layout(op.tp)
+        loaded = load_model(self.loaded.path)
+        model, loaded.weights = self._new_model(loaded, self.model.backend, self.quant), {}
+        kv = self.kv.layers[0].k
+        pool = KVPool(len(model.span), self.kv.pool_slots, model.local_kv_heads, kv.shape[2],
+                      self.kv.dtype, device=kv.device)  # fmt: skip
+        self.kv.take_over(pool)
+        self.loaded, self.model = loaded, model
+        self.runner.model = model
+        self.receipts.emit(
+            schema.GROUP_LAYOUT, id=op.id, tp=op.tp, pp=op.pp, stage=self.stage.index,
+            layers=[model.span.start, model.span.stop], kv_heads=model.local_kv_heads,
+            pool_bytes=self.kv.total_bytes, before=[before.tp, before.pp],
+            seconds=round(time.perf_counter() - t0, 6),
+        )  # fmt: skip
+        return carried
 
     def ready(self, **where: Any) -> None:
         """Write ``boot.ready`` once: the engine accepts work (``where``: the host and port it
@@ -347,36 +385,7 @@ class EngineCore:
     def info(self) -> EngineInfo:
         """The engine's description: what ``engine info`` prints and the scheduler process
         sends the frontend at boot."""
-        cfg, weights = self.model_config, self.weights_fields()
-        return EngineInfo(
-            model=self.loaded.path,
-            format=self.loaded.format,
-            name=cfg.name,
-            architecture=cfg.architecture,
-            parameters=cfg.parameter_count(),
-            layers=cfg.num_layers,
-            hidden=cfg.hidden_size,
-            heads=cfg.num_heads,
-            kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            vocab=cfg.vocab_size,
-            context=self.max_context,
-            dtype=str(self.dtype).removeprefix("torch."),
-            kv_tokens=self.scheduler.memory.capacity,  # the group's: its smallest rank's
-            kv_sizing=self.sizing.path,
-            page_size=self.allocator.page_size,
-            kv_bytes_per_token=self.kv.bytes_per_token,
-            kv_pool_bytes=self.kv.total_bytes,
-            attention_backend=self.model.backend.name,
-            device=self.config.model.device,
-            load_seconds=round(self.loaded.load_seconds, 2),
-            startup_seconds=round(self.startup_seconds, 2),
-            tp=self.config.group.tp,
-            pp=self.config.group.pp,
-            weights=weights["mode"],
-            weights_path=self.quant.path if self.quant else "",
-            ops=" ".join(x for x in (weights.get("ops", ""), weights.get("ops_why") or "") if x),
-        )
+        return engine_info(self)
 
     def describe(self) -> dict[str, object]:
         """``info()`` as a plain dict (for JSON and tables)."""

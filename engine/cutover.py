@@ -9,6 +9,14 @@
   residents that fit keep their KV (copied into the new pool, slot tables re-homed) and go on
   decoding; those that do not are put back in line; cached prefix is kept up to what fits.
   ``drain``: the line is held until nothing runs, then the cached prefix is carried alone.
+* **layout** (``tp``, ``pp``): the same ranks of a group take another layout (``tp`` x ``pp``
+  of them: pipeline stages and tensor shards). Every rank makes the change at one boundary
+  (rank 0 hands the others a ``Relayout``; a drain's hold is every rank's too): the residents
+  go back in line with the tokens they generated and re-prefill in the new layout (their KV
+  is not re-sharded), the prefix cache is dropped, and each rank reads its new part of the
+  weights and builds its pool for its layers and heads (``group.layout``). The carry takes the
+  resident set as the scheduler holds it, up to ``running_ceiling`` (a chunked prefill in
+  flight beside ``max_running`` decoders), a count the same on every rank.
 
 Every begin has its end: a cutover that cannot reach its change within ``cutover_timeout``
 (weights whose read never returns, a drain that does not end) ends ``timeout``; one cancelled
@@ -33,12 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.dist.pipeline import stage_layers
 from engine.messages import Cutover
 from engine.model.loader import LoadedModel, load_model
+from engine.model.shard import plan_shard
 from engine.obs import schema
 from engine.sched import carry, checks, promises
 from engine.sched.admission import running_ceiling
 from engine.sched.census import Census, take_census
+from engine.sched.group import Relayout
 
 # the numbers of a model that must match for its weights to replace the serving ones
 SHAPE = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -105,9 +116,8 @@ class Cutovers:
         at this boundary); None while it runs on (``advance`` between steps finishes it)."""
         cid = f"c-{next(self._ids)}"
         before, error = self.census()
-        where = {
-            k: v for k, v in (("path", ask.path), ("kv_tokens", ask.kv_tokens)) if v is not None
-        }
+        asked = (("path", ask.path), ("kv_tokens", ask.kv_tokens), ("tp", ask.tp), ("pp", ask.pp))
+        where = {k: v for k, v in asked if v is not None}
         self.core.receipts.emit(
             schema.CUTOVER_BEGIN, id=cid, kind=ask.kind, mode=ask.mode, **where,
             **before.fields(), ceiling=self._ceiling(), **error,
@@ -120,9 +130,10 @@ class Cutovers:
                     f"cutover {cid} is under way (DELETE /admin/cutover/{cid} cancels it)", 409
                 )
             world = self.core.config.group.world
-            if world > 1:  # every rank would have to change at one boundary
+            if world > 1 and ask.kind != "layout":  # every rank would change at one boundary
                 raise Refused(
-                    f"a cutover runs on one rank only; this engine has {world} ranks", 409
+                    f"a {ask.kind} cutover runs on one rank only; this engine has {world} ranks",
+                    409,
                 )
             self._check(ask)
         except Refused as e:
@@ -135,12 +146,14 @@ class Cutovers:
         return self.advance()
 
     def _check(self, ask: Cutover) -> None:
-        if ask.kind not in ("weights", "pool"):
-            raise Refused(f"kind must be 'weights' or 'pool', not {ask.kind!r}")
+        if ask.kind not in ("weights", "pool", "layout"):
+            raise Refused(f"kind must be 'weights', 'pool' or 'layout', not {ask.kind!r}")
         if ask.mode not in ("drain", "carry"):
             raise Refused(f"mode must be 'drain' or 'carry', not {ask.mode!r}")
         if ask.promises not in promises.ON_BROKEN:
             raise Refused(f"promises must be 'refuse' or 'cap', not {ask.promises!r}")
+        if ask.kind == "layout":
+            return self._check_layout(ask)
         if ask.kind == "weights":
             if not ask.path:
                 raise Refused("a weights cutover needs a path")
@@ -160,6 +173,27 @@ class Cutovers:
         if why := promises.memory_refusal(tokens - tokens % page, per_token, device):
             raise Refused(why)
         self._promises(ask)
+
+    def _check_layout(self, ask: Cutover) -> None:
+        """A layout the same ranks can take: tp x pp of them, heads that divide by tp, no more
+        stages than layers, not the layout serving now."""
+        group, cfg = self.core.config.group, self.core.model_config
+        tp, pp = ask.tp, ask.pp
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (tp, pp)):
+            raise Refused("a layout cutover needs tp and pp, integers >= 1")
+        if tp * pp != group.world:
+            raise Refused(
+                f"a layout cutover keeps the group's {group.world} ranks: tp {tp} x pp {pp} is "
+                f"{tp * pp}"
+            )
+        if (tp, pp) == (group.tp, group.pp):
+            raise Refused(f"the group serves tp {tp} x pp {pp} already", 409)
+        try:
+            plan_shard(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size,
+                       tp, 0)  # fmt: skip
+            stage_layers(cfg.num_layers, pp, 0)
+        except ValueError as e:
+            raise Refused(str(e)) from None
 
     def _promises(self, ask: Cutover) -> list[Any]:
         """The promised requests a pool of the asked size breaks; refused (409, naming them)
@@ -202,7 +236,8 @@ class Cutovers:
             return self._finish(a, "rejected", reason, status)
         if a.ask.mode == "drain" and self.sched.running:
             if a.hold is None:
-                a.paused, a.hold = time.perf_counter(), carry.Hold(self.sched.admitter).close()
+                hold = carry.Hold(self.sched.admitter, self.sched.group).close()
+                a.paused, a.hold = time.perf_counter(), hold
                 a.phases.append(("drain", time.time_ns(), 0, {}))
             return None
         if a.hold is not None:
@@ -228,6 +263,11 @@ class Cutovers:
             capacity = a.ask.kv_tokens - a.ask.kv_tokens % sched.page_size
             promises.cap(broken, capacity, a.id, self.core.receipts)
             carried = carry.resize_pool(sched.memory, self.core.kv, a.ask.kv_tokens)
+        elif a.ask.kind == "layout":
+            op = Relayout(a.id, a.ask.tp, a.ask.pp)
+            carry.check_ceiling(sched.memory, self.core.config.scheduler.max_running)
+            sched.group.announce(op)  # rank 0: every other rank makes the same change now
+            carried = self.core.relayout(op)
         else:
             carried = carry.put_all_back(sched.memory)
             carried.evicted = carry.drop_prefix_cache(sched.memory)
@@ -301,6 +341,8 @@ class Cutovers:
             fields["path"] = a.ask.path
         if a.ask.kind == "weights" and outcome == "ok":  # which weights and kernels now serve
             fields["weights"] = self.core.weights_fields()
+        if a.ask.kind == "layout":  # the layout serving after it
+            fields["tp"], fields["pp"] = self.core.config.group.tp, self.core.config.group.pp
         self.core.receipts.emit(schema.CUTOVER_END, **fields)
         self._span(a, fields)
         return fields

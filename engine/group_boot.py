@@ -30,11 +30,11 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.dist.comm import GroupFailure, TorchComm, local_init_method
 from engine.dist.spawn import dies_with_parent, free_port
-from engine.messages import AbortRequest, AddRequest
+from engine.messages import AddRequest
 from engine.model.loader import LoadedModel
 from engine.obs.death import write_boot_failed
 from engine.obs.tracing import Tracing
-from engine.sched.group import GroupSplit, Intake
+from engine.sched.group import GroupSplit, Intake, Line, Op, Relayout
 
 JOIN_GRACE_S = 10.0  # how long rank 0 waits for the others to stop before killing them
 EXIT_FAILED = 1  # a rank above 0 whose part of the engine failed, at boot or later
@@ -158,12 +158,12 @@ def boot(
 def follow(core: EngineCore) -> int:
     """A rank above 0: apply rank 0's inputs and step, until told to stop (0) or the group
     fails (1: the receipts say why)."""
-    sched, comm = core.scheduler, core.member.comm
+    comm = core.member.comm
     try:
         while True:
             msg: Intake = comm.broadcast(None)
-            for op in msg.ops:
-                _apply(sched, op)
+            for op in msg.ops:  # every input and control message before the batch it shapes
+                _apply(core, op)
             if msg.stop is not None:
                 core.shutdown(msg.stop)
                 return 0
@@ -177,8 +177,16 @@ def follow(core: EngineCore) -> int:
         return 0
 
 
-def _apply(sched: Any, op: AddRequest | AbortRequest) -> None:
-    if isinstance(op, AddRequest):
+def _apply(core: EngineCore, op: Op) -> None:
+    sched = core.scheduler
+    if isinstance(op, Line):  # rank 0's drain holds the line: every rank's with it
+        if op.closed:
+            sched.admitter.close_line("cutover")
+        else:
+            sched.admitter.open_line()
+    elif isinstance(op, Relayout):  # rank 0's layout cutover changes here, at this boundary
+        core.relayout(op)
+    elif isinstance(op, AddRequest):
         try:
             sched.add_request(
                 op.prompt_ids, op.params, rid=op.rid, trace_id=op.trace, promise=op.promise

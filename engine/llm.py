@@ -50,14 +50,18 @@ class LLM:
         path: str | None = None,
         kv_tokens: int | None = None,
         promises: str = "refuse",
+        tp: int | None = None,
+        pp: int | None = None,
     ) -> dict[str, Any]:
-        """A live change of weights (``path``) or pool size (``kv_tokens``), ``mode`` drain or
-        carry (``engine/cutover.py``); steps the engine until it has ended. ``promises``:
+        """A live change of weights (``path``), pool size (``kv_tokens``) or a group's layout
+        (``tp`` x ``pp``, the same ranks), ``mode`` drain or carry (``engine/cutover.py``); steps the engine until it has ended. ``promises``:
         ``"cap"`` lowers the max_tokens of promised requests a smaller pool would break
         (``"refuse"``: the cutover is refused). Returns its ``cutover.end`` fields; a refused
         cutover raises ValueError, one past ``cutover_timeout`` TimeoutError, a failed one
         RuntimeError, each with the reason (and changed nothing)."""
-        ask = Cutover(kind=kind, mode=mode, path=path, kv_tokens=kv_tokens, promises=promises)
+        ask = Cutover(
+            kind=kind, mode=mode, path=path, kv_tokens=kv_tokens, promises=promises, tp=tp, pp=pp
+        )
         fields = self.core.cutovers.run(ask)
         raises = {"rejected": ValueError, "timeout": TimeoutError, "failed": RuntimeError}
         if (error := raises.get(fields["outcome"])) is not None:

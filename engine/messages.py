@@ -174,13 +174,15 @@ class Notice:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cutover:
     """A live change of serving configuration (``engine/cutover.py``): ``kind`` weights (from
-    ``path``) or pool (to ``kv_tokens``), ``mode`` drain or carry. ``ticket``: the frontend's
-    name for the answer."""
+    ``path``), pool (to ``kv_tokens``) or layout (a group's ranks to ``tp`` x ``pp``), ``mode``
+    drain or carry. ``ticket``: the frontend's name for the answer."""
 
     kind: str
     mode: str
     path: str | None = None
     kv_tokens: int | None = None
+    tp: int | None = None
+    pp: int | None = None
     promises: str = "refuse"  # or "cap": what a pool cutover does with promises it would break
     ticket: int = 0
 

@@ -25,3 +25,11 @@ def tiny_model_dir(tmp_path_factory):
     from tests.tiny_model import make_tiny_model
 
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="session")
+def six_layers(tmp_path_factory):
+    """A tiny model of six layers: pipeline stages of two and three layers each."""
+    from tests.tiny_model import make_tiny_model
+
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny-six"), layers=6))

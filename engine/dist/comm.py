@@ -89,6 +89,7 @@ class TorchComm(Comm):
         self.work = None  # the default group
         self.sched = dist.new_group(backend="gloo", timeout=timeout)
         self.intake = dist.new_group(backend="gloo", timeout=IDLE_WAIT)
+        self._layouts: dict[int, tuple[Comm, Stage]] = {}  # by tp: a stage's shards, the stage
         self._closed = False
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -130,10 +131,15 @@ class TorchComm(Comm):
         pp = self.world // tp
         if pp == 1:
             return self, Stage()
-        # every rank makes every stage's group, in the same order (torch.distributed's rule)
-        groups = [self.dist.new_group(ranks=list(range(s * tp, (s + 1) * tp))) for s in range(pp)]
-        shard: Comm = Comm() if tp == 1 else _Shard(self, groups[self.rank // tp], tp)
-        return shard, TorchStage(self.dist, self.rank, tp, pp, self.device, self._call)
+        if tp not in self._layouts:  # a layout taken before keeps its groups
+            # every rank makes every stage's group, in the same order (torch.distributed's rule)
+            groups = [
+                self.dist.new_group(ranks=list(range(s * tp, (s + 1) * tp))) for s in range(pp)
+            ]
+            shard: Comm = Comm() if tp == 1 else _Shard(self, groups[self.rank // tp], tp)
+            stage = TorchStage(self.dist, self.rank, tp, pp, self.device, self._call)
+            self._layouts[tp] = (shard, stage)
+        return self._layouts[tp]
 
     def close(self) -> None:
         if self._closed:

@@ -84,8 +84,10 @@ class KVPool:
         self.bytes_per_token = 2 * num_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
     def take_over(self, other: KVPool) -> None:
-        """Serve ``other``'s layers from now on (a pool resized under its residents)."""
+        """Serve ``other``'s layers from now on (a pool resized under its residents, or one of
+        another shape: a group's new layout)."""
         self.layers, self.pool_slots = other.layers, other.pool_slots
+        self.bytes_per_token = other.bytes_per_token
 
     @property
     def total_bytes(self) -> int:

@@ -107,6 +107,8 @@ CUTOVER_CARRY = "cutover.carry"
 CUTOVER_END = "cutover.end"
 REQUEUE = "requeue"
 GROUP_FLOOR = "group.floor"
+GROUP_LAYOUT = "group.layout"
+PHASE_DECIDE = "phase.decide"
 ITERATION = "iteration"
 INVARIANT_VIOLATION = "invariant.violation"
 NOTICE = "notice"
@@ -241,9 +243,9 @@ _CATALOG = (
          ("ratio_old", "ratio_new", "need", "available", "evictable", "candidates",
           "running_after", "site")),
     Kind(CUTOVER_BEGIN, ("id", "kind", "mode") + _CENSUS,
-         "a live change of serving configuration begins (kind weights or pool, mode drain or "
-         "carry), with the census before it",
-         ("path", "kv_tokens", "ceiling", "census_error")),
+         "a live change of serving configuration begins (kind weights, pool or layout, mode "
+         "drain or carry), with the census before it",
+         ("path", "kv_tokens", "tp", "pp", "ceiling", "census_error")),
     Kind(CUTOVER_CARRY, ("id", "rids", "tokens"),
          "what a cutover carried: residents re-homed with their KV (rids, tokens) and those "
          "put back in line with the tokens they generated (requeued)",
@@ -253,13 +255,26 @@ _CATALOG = (
          "those a smaller pool would break), failed (rolled back), or timeout, cancelled or "
          "stopped (nothing changed); the census after it, the census before (*_before), the rids that "
          "ended during it (ended) and the seconds no new work could start (pause_s); a weights "
-         "cutover that took effect adds the new weights' boot.weights fields (weights)",
+         "cutover that took effect adds the new weights' boot.weights fields (weights); a layout "
+         "cutover the group's tp and pp after it",
          ("reason", "status", "pause_s", "seconds", "ended", "backlog_before", "rids_before",
-          "ceiling", "kv_tokens", "path", "census_error", "weights", "promises")),
+          "ceiling", "kv_tokens", "path", "census_error", "weights", "promises", "tp", "pp")),
     Kind(REQUEUE, ("rid",), "a retracted request was put back in line", ("generated",)),
     Kind(GROUP_FLOOR, ("floor", "local"),
          "the published floor of a multi-rank group, where it binds (this rank counted more)",
          ("available", "evictable", "staged")),
+    Kind(GROUP_LAYOUT, ("id", "tp", "pp", "stage", "layers"),
+         "every rank of a group changed its layout at one boundary (a layout cutover): the new "
+         "tp x pp, this rank's stage and layers [start, stop), its KV heads and pool bytes, the "
+         "layout before, and the seconds the change took here",
+         ("kv_heads", "pool_bytes", "before", "seconds")),
+    Kind(PHASE_DECIDE, ("decision", "reason", "layout", "backlog", "since"),
+         "the phase policy decided at a boundary (rank 0, every phase_interval iterations): "
+         "decision flip or stay, reason (backlog_high, backlog_low, steady, dwell), the layout "
+         "serving (stages or shards), the prefill backlog counted once per request, iterations "
+         "since the last flip, the decode batch, the line, the free pool and the thresholds; a "
+         "flip names the layout it went to and its cutover (a refused one: stay, with outcome)",
+         ("decode", "waiting", "free", "enter", "exit", "dwell", "to", "cutover", "outcome")),
     Kind(ITERATION, ("running", "waiting"),
          "a scheduler summary, sampled every N steps and (one rank) after a step that moved the "
          "queue (running, waiting, parked); with more than one rank, one on every iteration that "

@@ -17,7 +17,9 @@ from typing import Any
 from engine.mem.kv_pool import KVPool
 from engine.mem.pages import whole_pages
 from engine.mem.rehome import rehome_pool
+from engine.sched.admission import running_ceiling
 from engine.sched.admitter import Admitter
+from engine.sched.group import GroupView, Line
 from engine.sched.memory import Memory
 from engine.sched.request import Request
 from engine.sched.victims import cutover_order
@@ -25,17 +27,20 @@ from engine.sched.victims import cutover_order
 
 class Hold:
     """Closes the line to new admissions while a drain runs: admission defers everything in
-    line with reason ``cutover`` until it opens again."""
+    line with reason ``cutover`` until it opens again. In a group, every rank's line with it
+    (``group``: rank 0 hands the others a ``Line`` at the next iteration's top)."""
 
-    def __init__(self, admitter: Admitter) -> None:
-        self.admitter = admitter
+    def __init__(self, admitter: Admitter, group: GroupView) -> None:
+        self.admitter, self.group = admitter, group
 
     def close(self) -> Hold:
         self.admitter.close_line("cutover")
+        self.group.record(Line(closed=True))
         return self
 
     def open(self) -> None:
         self.admitter.open_line()
+        self.group.record(Line(closed=False))
 
 
 @dataclass(slots=True)
@@ -97,6 +102,20 @@ def put_all_back(memory: Memory) -> Carried:
     carried = Carried()
     put_back(memory, list(memory.running), 0, carried)
     return carried
+
+
+def check_ceiling(memory: Memory, max_running: int) -> None:
+    """Before a carry every rank of a group makes at one boundary: the resident set may hold
+    one request above ``max_running`` (a chunked prefill in flight, ``running_ceiling``), which
+    the carry takes like any other; more is a broken invariant, and nothing moves. The count is
+    the scheduler's, the same on every rank: each decides alike, and rank 0 before it asks the
+    others to move."""
+    ceiling = running_ceiling(max_running)
+    if len(memory.running) > ceiling:
+        raise RuntimeError(
+            f"{len(memory.running)} residents above the running ceiling {ceiling} "
+            f"(max_running {max_running} + one chunked prefill in flight)"
+        )
 
 
 def drop_prefix_cache(memory: Memory) -> int:

@@ -31,7 +31,26 @@ from engine.dist.comm import GroupFailure
 from engine.messages import AbortRequest, AddRequest
 from engine.obs import schema
 
-Op = AddRequest | AbortRequest  # an input rank 0 took, handed to the others in order
+
+@dataclass(slots=True, frozen=True)
+class Line:
+    """Rank 0 closed (``closed``) or opened its line to new admissions for a cutover's drain:
+    every rank does the same at the same boundary."""
+
+    closed: bool
+
+
+@dataclass(slots=True, frozen=True)
+class Relayout:
+    """A layout cutover's change (cutover ``id``): at this boundary every rank of the group
+    becomes part of ``tp`` x ``pp`` (``EngineCore.relayout``)."""
+
+    id: str
+    tp: int
+    pp: int
+
+
+Op = AddRequest | AbortRequest | Line | Relayout  # what rank 0 hands the others, in order
 
 
 class GroupSplit(GroupFailure):
@@ -94,6 +113,10 @@ class GroupView:
         """At the top of an iteration: hand the others what arrived (rank 0 of a group); with
         ``stop``, hand them that too and tell them to stop instead of stepping."""
 
+    def announce(self, op: Op) -> None:
+        """Between iterations (rank 0 of a group): hand the others what arrived and ``op`` now,
+        without a step, so every rank applies ``op`` at this boundary."""
+
     def agree(self, iteration: int, digest: str) -> None:
         """Before the forward: the ranks compare the batch each is about to run."""
 
@@ -152,6 +175,11 @@ class PublishedGroup(GroupView):
             ops, self.ops = self.ops, []
             self.comm.broadcast(Intake(ops=ops, step=stop is None, stop=stop))
 
+    def announce(self, op: Op) -> None:
+        if self.rank == 0:
+            ops, self.ops = [*self.ops, op], []
+            self.comm.broadcast(Intake(ops=ops, step=False))
+
     def agree(self, iteration: int, digest: str) -> None:
         if iteration % self.check_every:
             return
@@ -169,8 +197,9 @@ class PublishedGroup(GroupView):
 @dataclass(slots=True, frozen=True)
 class Intake:
     """What rank 0 broadcasts at the top of an iteration: the inputs it took since the last
-    one, in order (the frontend's own messages: ``AddRequest``, ``AbortRequest``), then whether
-    to step, or why the group stops (``stop``)."""
+    one, in order (the frontend's own messages: ``AddRequest``, ``AbortRequest``; a drain's
+    ``Line``), then whether to step, or why the group stops (``stop``). Between iterations it
+    broadcasts a ``Relayout`` the same way, without a step."""
 
     ops: list[Op]
     step: bool = False

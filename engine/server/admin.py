@@ -1,8 +1,9 @@
-"""The admin routes: ``POST /admin/cutover`` (a live change of weights or pool size) and
+"""The admin routes: ``POST /admin/cutover`` (a live change of weights, pool size or a group's
+layout) and
 ``DELETE /admin/cutover/{id}`` (cancel the one under way).
 
-The body is ``{"kind": "weights" | "pool", "mode": "drain" | "carry", "path": ..., "kv_tokens":
-N, "promises": "refuse" | "cap"}``; the answer comes when the cutover has ended, with its
+The body is ``{"kind": "weights" | "pool" | "layout", "mode": "drain" | "carry", "path": ...,
+"kv_tokens": N, "promises": "refuse" | "cap", "tp": N, "pp": M}``; the answer comes when the cutover has ended, with its
 ``cutover.end`` fields: 200 when it was done, else the error body (400 bad input or not enough
 memory for the new pool; 409 another cutover under way, promises a smaller pool would break
 (named under ``cutover.promises``), or cancelled; 500 failed; 503 the engine stopped first; 504
@@ -27,7 +28,8 @@ from engine.server.errors import ProtocolError, error_body, json_object
 from engine.server.limits import HttpLimits, read_body
 from engine.server.responses import error_response
 
-_FIELDS = {"kind": str, "mode": str, "path": str, "kv_tokens": int, "promises": str}
+_FIELDS = {"kind": str, "mode": str, "path": str, "kv_tokens": int, "promises": str, "tp": int,
+           "pp": int}  # fmt: skip
 
 
 def parse_cutover(body: bytes) -> dict[str, Any]:

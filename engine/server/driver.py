@@ -269,12 +269,14 @@ class EngineDriver:
         path: str | None,
         kv_tokens: int | None,
         promises: str | None = None,
+        tp: int | None = None,
+        pp: int | None = None,
     ) -> concurrent.futures.Future:
         """Ask for a cutover; the future holds its ``cutover.end`` fields once it has ended (a
         RuntimeError when the scheduler stops or dies first)."""
         return self._ask(lambda ticket: Cutover(
             kind=kind, mode=mode, path=path, kv_tokens=kv_tokens,
-            promises=promises or "refuse", ticket=ticket,
+            promises=promises or "refuse", tp=tp, pp=pp, ticket=ticket,
         ))  # fmt: skip
 
     def cancel_cutover(self, cid: str) -> concurrent.futures.Future:

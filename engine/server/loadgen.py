@@ -9,6 +9,7 @@ a 200 or an error event in a stream is counted by status and kept (a few) as tex
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections import Counter
@@ -34,6 +35,7 @@ class LoadShape:
     repeat: int = 0
     concurrency: int = 32
     duration_s: float = 0.0
+    passes: int = 1  # waves: each pass sent whole and answered before the next
     stream: bool = True
     seed: int = 0
     lanes: int = 0  # > 0: agent lanes across the boots of one store (engine/server/lanes.py)
@@ -103,8 +105,10 @@ async def _one(client: httpx.AsyncClient, ids: list[int], max_tokens: int, strea
 
 async def drive(base: str, shape: LoadShape, on_done: Callable[[], None] = lambda: None,
                 headers: dict[str, str] | None = None) -> LoadResult:  # fmt: skip
-    """Send the shape's requests to the server at ``base`` (``concurrency`` at once; with
-    ``duration_s``, pass after pass until it is over) and wait for every answer."""
+    """Send the shape's requests to the server at ``base`` (``concurrency`` at once), ``passes``
+    times, a pass answered whole before the next starts (a wave: its prompts arrive together,
+    then their decodes run out); with ``duration_s``, pass after pass until it is over too. Wait
+    for every answer."""
     res, work = LoadResult(), prompts(shape)
     sem = asyncio.Semaphore(shape.concurrency)
     limits = httpx.Limits(max_connections=shape.concurrency + 4)
@@ -121,13 +125,13 @@ async def drive(base: str, shape: LoadShape, on_done: Callable[[], None] = lambd
                     res.fail(f"{type(e).__name__}: {e}")
                 on_done()
 
-        while True:
+        for done in itertools.count(1):
             tasks = []
             for ids, max_tokens in work:  # one pass; the semaphore keeps `concurrency` in flight
                 res.sent += 1
                 tasks.append(asyncio.create_task(run(ids, max_tokens)))
             await asyncio.gather(*tasks)
-            if time.monotonic() - t0 >= shape.duration_s:
+            if done >= shape.passes and time.monotonic() - t0 >= shape.duration_s:
                 break
     res.seconds = time.monotonic() - t0
     return res

@@ -18,7 +18,6 @@ from audit.verdict import evaluate
 from engine.llm import LLM
 from engine.sampling import SamplingParams
 from tests.conftest import requires_default_model
-from tests.tiny_model import make_tiny_model
 
 PRESSURE = dict(page_size=4, chunk_tokens=32, relief_ladder=False, check_invariants=True)
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
@@ -30,11 +29,6 @@ def prompts(n: int = 12, length: int = 100) -> list[list[int]]:
 
 def read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def six_layers(tmp_path_factory) -> str:
-    return str(make_tiny_model(tmp_path_factory.mktemp("tiny-six"), layers=6))
 
 
 @pytest.fixture(scope="module")

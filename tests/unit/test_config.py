@@ -120,6 +120,11 @@ def test_defaults_and_good_values_are_accepted():
         "group_timeout": 30.0,
         "group_check_interval": 16,
         "published_floor": True,
+        "phase_policy": "off",
+        "phase_enter_pp": 2048,
+        "phase_exit_pp": 256,
+        "phase_dwell": 32,
+        "phase_interval": 8,
     }
 
 

@@ -37,7 +37,8 @@ RECEIPT_KEYS = {
     "speculative", "spec_tokens",
     "iteration_receipt_interval", "check_invariants", "receipts", "log_file", "console_receipts",
     "device", "otlp_endpoint", "read_timeout", "max_client_connections", "request_timeout", "tp",
-    "pp", "dist_init", "group_timeout", "group_check_interval", "published_floor",
+    "pp", "dist_init", "group_timeout", "group_check_interval", "published_floor", "phase_policy",
+    "phase_enter_pp", "phase_exit_pp", "phase_dwell", "phase_interval",
 }  # fmt: skip
 
 # one valid value per flat name, none of them the default (tp 2 lets kv_tokens be per rank)
@@ -52,7 +53,8 @@ OTHERS = {
     "receipts": False, "log_file": "b.jsonl", "console_receipts": True, "device": "cpu",
     "otlp_endpoint": "http://127.0.0.1:4318", "read_timeout": 3.0, "max_client_connections": 0,
     "request_timeout": None, "tp": 2, "pp": 3, "dist_init": "env", "group_timeout": 4.0,
-    "group_check_interval": 1, "published_floor": False, "cutover_timeout": 9.0,
+    "group_check_interval": 1, "published_floor": False, "phase_policy": "auto",
+    "phase_enter_pp": 900, "phase_exit_pp": 90, "phase_dwell": 5, "phase_interval": 2, "cutover_timeout": 9.0,
     "grammar_timeout": 2.5, "scheduling_policy": "priority", "speculative": "ngram",
     "spec_tokens": 3,
 }  # fmt: skip
@@ -73,6 +75,9 @@ OTHERS = {
         (ServerSection, "request_timeout", 0, "None or a number of seconds > 0"),
         (GroupSection, "tp", 0, "an integer >= 1"),
         (GroupSection, "pp", 0, "an integer >= 1"),
+        (GroupSection, "phase_policy", "always", "off or auto"),
+        (GroupSection, "phase_exit_pp", 2048, "an integer >= 0 below phase_enter_pp (2048)"),
+        (GroupSection, "phase_dwell", 0, "an integer >= 1"),
         (GroupSection, "dist_init", "ssh", "one of ('spawn', 'env')"),
         (ObservabilitySection, "iteration_receipt_interval", -1, "an integer >= 0"),
         (ObservabilitySection, "log_file", 3, "a path or None"),
@@ -128,6 +133,7 @@ def test_sections_and_the_config_are_frozen_and_a_changed_copy_is_checked_again(
          "or one integer >= 1 per rank (4), got [8, 8]"),
         ({"pp": 2, "host_kv_tokens": 64}, "host_kv_tokens must be 0 or None with more than one "
          "rank"),
+        ({"phase_policy": "auto"}, "phase_policy must be off with one rank"),
         ({"step_tokens": 8, "page_size": 16}, "step_tokens must be None or an integer >= "
          "page_size (16), got 8"),
         ({"device": "cuda"}, "kv_tokens must be given off the CPU"),

@@ -64,7 +64,7 @@ def test_verdict_without_spec_runs_every_window_that_applies(tmp_path):
     text.write_text("some other engine's log\n")
     r = audit("verdict", str(text), "--json")
     d = orjson.loads(r.stdout)
-    assert d["specs"] == [] and len(d["not_applicable"]) == 11 and r.returncode == 2
+    assert d["specs"] == [] and len(d["not_applicable"]) == 12 and r.returncode == 2
 
 
 def test_a_bad_spec_is_64_with_the_reason(tmp_path):

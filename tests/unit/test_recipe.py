@@ -70,7 +70,7 @@ def test_every_shipped_attest_window_has_a_recipe_and_the_foreign_ones_none():
     recipes = {p.name: load_spec(p).regime.recipe for p in shipped()}
     engine_windows = {"boot_health", "no_request_lost", "admission_park", "eviction_honesty",
                       "relief_ladder", "group_agreement", "speculation",
-                      "checkpoint_durability"}  # fmt: skip
+                      "checkpoint_durability", "phase_flip"}  # fmt: skip
     assert {w for w, r in recipes.items() if isinstance(r, Recipe)} == engine_windows
     assert recipes["relief_ladder"].control == (("relief_ladder", "off"),)
 

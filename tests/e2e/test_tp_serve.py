@@ -348,3 +348,56 @@ def test_a_split_while_serving_answers_503_exits_1_and_ends_every_rank_log(
         assert [v["what"] for v in of(recs, "invariant.violation")] == ["group_split"]
         assert recs[-1]["event"] == "boot.stop" and recs[-1]["reason"] == "group_split"
     assert len(of(receipts(logs / "boot.jsonl"), "boot.stop")) == 1  # not a second ending
+
+
+def test_a_layout_cutover_over_http_moves_a_serving_group_and_its_streams_finish(
+    six_layers, tmp_path
+):
+    """`POST /admin/cutover` with kind layout on a served group of two: shards to stages
+    while streams run, every stream finishes with all its tokens, the answer says the new
+    layout; `engine cutover layout` takes it back; a layout of another rank count is a 400
+    naming the numbers, and nothing changes."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    srv = ServerProc(
+        logs / "boot.jsonl", "--model", six_layers, "--tp", "2", "--kv-tokens", "2048",
+        "--page-size", "4", "--check-invariants", "--group-timeout", GROUP_TIMEOUT,
+    )  # fmt: skip
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 60, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+
+    def stream() -> int:  # the tokens the stream's last chunk says it generated
+        n = -1
+        with httpx.stream("POST", srv.base + "/v1/completions", json=body, timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and (usage := orjson.loads(line[6:]).get("usage")):
+                    n = usage["completion_tokens"]
+        return n
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            streams = [pool.submit(stream) for _ in range(4)]
+            time.sleep(0.5)  # the streams are in flight (a carry with nobody resident is fine too)
+            ask = {"kind": "layout", "mode": "carry", "tp": 1, "pp": 2}
+            moved = httpx.post(srv.base + "/admin/cutover", json=ask, timeout=300)
+            counts = [s.result() for s in streams]
+        bad = httpx.post(srv.base + "/admin/cutover", timeout=60,
+                         json={"kind": "layout", "mode": "carry", "tp": 2, "pp": 2})  # fmt: skip
+        back = subprocess.run(
+            [sys.executable, "-m", "cli.engine_app", "cutover", "layout", "--tp", "2", "--pp",
+             "1", "--url", srv.base], capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        after = httpx.post(srv.base + "/v1/completions", timeout=300,
+                           json={"prompt": [5, 6, 7, 8], "max_tokens": 8})  # fmt: skip
+    finally:
+        code, out = srv.stop()
+    assert moved.status_code == 200, moved.text
+    assert (moved.json()["tp"], moved.json()["pp"], moved.json()["outcome"]) == (1, 2, "ok")
+    assert counts == [60] * 4
+    assert bad.status_code == 400 and "keeps the group's 2 ranks" in bad.json()["error"]["message"]
+    assert back.returncode == 0, back.stderr
+    assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 8
+    assert code == 0, out
+    for path in (logs / "boot.jsonl", logs / "boot.rank1.jsonl"):
+        layouts = [(r["tp"], r["pp"]) for r in of(receipts(path), "group.layout")]
+        assert layouts == [(1, 2), (2, 1)]

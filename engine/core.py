@@ -32,7 +32,7 @@ from engine.obs import schema
 from engine.obs.boot_fields import boot_fields
 from engine.obs.receipts import Receipts
 from engine.obs.tracing import Tracing
-from engine.phase import PhasePolicy
+from engine.phase import PhasePolicy, check_layouts
 from engine.runner import BatchEntry, ModelRunner
 from engine.sched import carry
 from engine.sched.admission import running_ceiling
@@ -137,6 +137,8 @@ class EngineCore:
             heads = (cfg.num_heads, cfg.num_kv_heads)
             plan_shard(*heads, cfg.intermediate_size, cfg.vocab_size, c.group.tp, 0)
         stage_layers(cfg.num_layers, c.group.pp, 0)  # pp fits the layers, before others start
+        if c.group.phase_policy == "auto":  # and so do both layouts the policy flips between
+            check_layouts(cfg, c.group.world)
         if join is not None:
             self.member = join(c, self.receipts.boot)
         self.comm = self.member.comm if self.member is not None else Comm()

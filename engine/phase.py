@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.dist.pipeline import stage_layers
 from engine.messages import Cutover
+from engine.model.shard import plan_shard
 from engine.obs import schema
 from engine.sched.census import backlog
 
@@ -35,6 +37,22 @@ class Thresholds:
     enter: int  # backlog at or above which shards flip to stages
     exit: int  # backlog at or below which stages flip back to shards
     dwell: int  # iterations a layout is kept at least
+
+
+def check_layouts(cfg: Any, world: int) -> None:
+    """Boot: both layouts the policy flips between fit ``cfg`` (a model config) on ``world``
+    ranks, or a ValueError naming the one that does not (a flip to it would be refused every
+    time the backlog asked for it)."""
+    for tp, pp in ((world, 1), (1, world)):
+        try:
+            plan_shard(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size,
+                       tp, 0)  # fmt: skip
+            stage_layers(cfg.num_layers, pp, 0)
+        except ValueError as e:
+            raise ValueError(
+                f"--phase-policy auto flips between tp {world} x pp 1 and tp 1 x pp {world}; "
+                f"this model cannot take tp {tp} x pp {pp}: {e}"
+            ) from None
 
 
 def decide(layout: str, backlog_tokens: int, since: int, t: Thresholds) -> tuple[str, str]:

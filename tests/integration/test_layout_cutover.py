@@ -170,3 +170,12 @@ def test_the_default_model_through_a_layout_carry_gives_one_ranks_tokens(tmp_pat
     got = [list(r.output_ids) for r in reqs]
     llm.close()
     assert got == want
+
+
+def test_a_policy_whose_layouts_the_model_cannot_take_is_refused_before_any_rank_starts(
+    six_layers,
+):
+    """Three ranks of a model with four heads: stages (pp 3) fit, shards (tp 3) do not, so
+    --phase-policy auto is refused at boot, naming the layout and why."""
+    with pytest.raises(ValueError, match=r"cannot take tp 3 x pp 1: .*heads"):
+        LLM(six_layers, pp=3, phase_policy="auto", kv_tokens=1024)

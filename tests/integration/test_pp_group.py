@@ -42,12 +42,13 @@ def reference(six_layers) -> list[list[int]]:
 
 @pytest.mark.parametrize(("tp", "pp"), [(1, 2), (1, 3), (2, 2)])
 def test_stages_under_pressure_give_one_ranks_tokens(six_layers, tmp_path, reference, tp, pp):
+    """Uneven pools (rank 0 the larger): the floor binds, as law 2 says across stages too."""
     log = tmp_path / "boot.log"
     world = tp * pp
     # a group timeout far above any step here: a stage that waits on one that never sends
     # fails the group within it instead of hanging the test
     llm = LLM(
-        six_layers, tp=tp, pp=pp, kv_tokens=[900] * world, log_file=str(log),
+        six_layers, tp=tp, pp=pp, kv_tokens=[900] + [700] * (world - 1), log_file=str(log),
         group_check_interval=1, group_timeout=120, **PRESSURE,
     )  # fmt: skip
     out = llm.generate(prompts(), GREEDY)
@@ -63,6 +64,8 @@ def test_stages_under_pressure_give_one_ranks_tokens(six_layers, tmp_path, refer
         assert kinds["admission.park"] > 0 and kinds["retract"] > 0, kinds
     # the stages hold every layer once, in order; each its share
     assert [spans[s] for s in range(pp)] == [(s * 6 // pp, (s + 1) * 6 // pp) for s in range(pp)]
+    # rank 0's larger pool is bound by the others' through the published floor
+    assert [x for x in ranks[0] if x["event"] == "group.floor"]
     digests = [[(x["iter"], x["digest"]) for x in rank if "digest" in x] for rank in ranks]
     assert digests[0] and all(d == digests[0] for d in digests)
     report = evaluate([resolve("group_agreement")], expand_logs([str(tmp_path)]))

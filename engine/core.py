@@ -15,7 +15,6 @@ from engine.clip import clip_words
 from engine.config import EngineConfig
 from engine.cutover import Cutovers
 from engine.dist.comm import Comm, GroupFailure
-from engine.dist.pipeline import stage_layers
 from engine.engine_info import engine_info
 from engine.mem.allocator import TokenAllocator
 from engine.mem.host_tier import HostTier, size_host_tier
@@ -27,7 +26,7 @@ from engine.messages import EngineInfo, Launch, StepOutput
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model.quant import plan_quant
-from engine.model.shard import plan_shard
+from engine.model.shard import check_layout
 from engine.obs import schema
 from engine.obs.boot_fields import boot_fields
 from engine.obs.receipts import Receipts
@@ -133,10 +132,7 @@ class EngineCore:
         self.loaded = loaded or load_model(c.model.model)
         cfg = self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
-        if c.group.tp > 1:
-            heads = (cfg.num_heads, cfg.num_kv_heads)
-            plan_shard(*heads, cfg.intermediate_size, cfg.vocab_size, c.group.tp, 0)
-        stage_layers(cfg.num_layers, c.group.pp, 0)  # pp fits the layers, before others start
+        check_layout(cfg, c.group.tp, c.group.pp)  # before any other rank starts
         if c.group.phase_policy == "auto":  # and so do both layouts the policy flips between
             check_layouts(cfg, c.group.world)
         if join is not None:
@@ -160,13 +156,15 @@ class EngineCore:
             per_token * kv_heads * layers // (cfg.num_kv_heads * cfg.num_layers), c.memory.page_size,
         )  # fmt: skip
         self.allocator = TokenAllocator(self.sizing.kv_tokens, c.memory.page_size)
-        self.kv = KVPool(
-            layers, self.allocator.pool_slots, kv_heads, cfg.head_dim, kv_dtype,
-            device=c.model.device,
-        )  # fmt: skip
+        self.kv = self._pool(self.model, self.allocator.pool_slots, kv_dtype)
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
         self.req_table = ReqToTokenPool(running_ceiling(c.scheduler.max_running), self.max_context)
         self.runner = ModelRunner(self.model, self.kv, self.req_table)
+
+    def _pool(self, model: LlamaModel, slots: int, dtype: torch.dtype) -> KVPool:
+        """A KV pool of ``slots`` for ``model``'s part: its stage's layers, its shard's heads."""
+        heads, dim = model.local_kv_heads, self.model_config.head_dim
+        return KVPool(len(model.span), slots, heads, dim, dtype, device=self.config.model.device)
 
     def _build_scheduler(self, tracing: Tracing | None, group: GroupView | None) -> Scheduler:
         """The prefix cache with its host tier (``tier.sized`` says how big) and durable store
@@ -287,17 +285,13 @@ class EngineCore:
         pool rebuilt for its layers and heads (the same tokens). ``group.layout`` says what it
         holds now. Returns what the carry moved."""
         t0, before, memory = time.perf_counter(), self.config.group, self.scheduler.memory
-        carry.check_ceiling(memory, self.config.scheduler.max_running)
-        carried = carry.put_all_back(memory)
+        carried = carry.put_all_back(memory)  # within the ceiling rank 0 checked (Cutovers)
         carried.evicted = carry.drop_prefix_cache(memory)
         self.config = replace(self.config, group=replace(before, tp=op.tp, pp=op.pp))
         self.shard_comm, self.stage = self.comm.layout(op.tp)
         loaded = load_model(self.loaded.path)
         model, loaded.weights = self._new_model(loaded, self.model.backend, self.quant), {}
-        kv = self.kv.layers[0].k
-        pool = KVPool(len(model.span), self.kv.pool_slots, model.local_kv_heads, kv.shape[2],
-                      self.kv.dtype, device=kv.device)  # fmt: skip
-        self.kv.take_over(pool)
+        self.kv.take_over(self._pool(model, self.kv.pool_slots, self.kv.dtype))
         self.loaded, self.model = loaded, model
         self.runner.model = model
         self.receipts.emit(

@@ -41,10 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.dist.pipeline import stage_layers
 from engine.messages import Cutover
 from engine.model.loader import LoadedModel, load_model
-from engine.model.shard import plan_shard
+from engine.model.shard import check_layout
 from engine.obs import schema
 from engine.sched import carry, checks, promises
 from engine.sched.admission import running_ceiling
@@ -189,9 +188,7 @@ class Cutovers:
         if (tp, pp) == (group.tp, group.pp):
             raise Refused(f"the group serves tp {tp} x pp {pp} already", 409)
         try:
-            plan_shard(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size,
-                       tp, 0)  # fmt: skip
-            stage_layers(cfg.num_layers, pp, 0)
+            check_layout(cfg, tp, pp)
         except ValueError as e:
             raise Refused(str(e)) from None
 

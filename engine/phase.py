@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.dist.pipeline import stage_layers
 from engine.messages import Cutover
-from engine.model.shard import plan_shard
+from engine.model.shard import check_layout
 from engine.obs import schema
 from engine.sched.census import backlog
 
@@ -45,9 +44,7 @@ def check_layouts(cfg: Any, world: int) -> None:
     time the backlog asked for it)."""
     for tp, pp in ((world, 1), (1, world)):
         try:
-            plan_shard(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size,
-                       tp, 0)  # fmt: skip
-            stage_layers(cfg.num_layers, pp, 0)
+            check_layout(cfg, tp, pp)
         except ValueError as e:
             raise ValueError(
                 f"--phase-policy auto flips between tp {world} x pp 1 and tp 1 x pp {world}; "

@@ -10,9 +10,11 @@ the slices are views, so the caller casts and moves only what this rank keeps.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
+
+from engine.dist.pipeline import stage_layers
 
 
 class TPShard(NamedTuple):
@@ -96,3 +98,10 @@ def vocab_rows(w: torch.Tensor, rows: range) -> torch.Tensor:
     if short == 0:
         return part
     return torch.cat([part, part.new_zeros(short, w.shape[1])])
+
+
+def check_layout(cfg: Any, tp: int, pp: int) -> None:
+    """``cfg`` (a model config) fits ``tp`` shards x ``pp`` stages: its heads, MLP and vocabulary
+    divide by ``tp`` and it has at least ``pp`` layers; else a ValueError naming the numbers."""
+    plan_shard(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size, tp, 0)
+    stage_layers(cfg.num_layers, pp, 0)

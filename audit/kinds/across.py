@@ -56,7 +56,10 @@ class Across(Checker[AcrossClaim]):
                 bus.subscribe(sel, lambda rec, r=role, s=sel: self._mark(r, s, rec))
 
     def _start(self, rec: dict[str, Any]) -> None:
-        self.starts.setdefault(rec["boot"], float(rec.get("ts") or 0.0))
+        """A boot's start time: its ``ts`` where it is a number, else 0 (as one without)."""
+        ts = rec.get("ts")
+        number = isinstance(ts, int | float) and not isinstance(ts, bool)
+        self.starts.setdefault(rec["boot"], float(ts) if number else 0.0)
 
     def _mark(self, role: str, sel: ReceiptSel, rec: dict[str, Any]) -> None:
         key = rec.get(self.claim.key)

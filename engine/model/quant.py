@@ -17,6 +17,17 @@ and a dense bfloat16 GEMM of the same dequantised values wins (16 rows: 112 us a
 most ``small_rows`` rows, and its dequantised values in bfloat16 for the rest. Both hold the
 same quantised numbers; only the order of the sums differs.
 
+Where the CPU has integer dot products (VNNI) and the matrix is large (the LM head: int8 in both
+modes, 28 M weights in the default model), its products of at most ``VNNI_ROWS`` rows are
+FBGEMM's integer ones instead (``engine.model.vnni``: the same int8 values, activations
+quantised to 8 bits per row), and each row's ``REFINE_TOP`` largest entries are computed again
+from the dense values (``refine_top``), so a greedy pick reads what the bfloat16 product would
+give (8-bit activations alone moved held-out greedy agreement from 97.3 to 96.1 %; refined it
+is 97.3 % again). Measured here, one row of the head in about 1.0 ms against 2.3 ms for the
+packed int8 kernel, 16 rows in 3.2 against 5.7 ms for the dense values; from 32 rows the
+refinement's top-k costs what the product saves. Smaller matrices keep the packed kernel
+(BENCHMARKS.md).
+
 A CPU without bfloat16 units (AVX2 only) emulates bf16 products far slower than fp32, and
 torch's int8/int4 kernels have no fast float32-activation path (580 us for one row, measured):
 there the quantised values run dequantised in float32 with exact mode's kernels, never slower
@@ -36,11 +47,19 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import QUANTS
+from engine.model.vnni import Int8Vnni, vnni_native
 from kernels import cpu_ops
 from kernels.cpu_ops import cpu_flags
 
 INT4_GROUPS = (32,)  # the first that divides a matrix's input width is used; none: int8
 SMALL_ROWS = 4  # products of at most this many rows take the packed kernel
+VNNI_ROWS = 16  # a large int8 matrix's products of at most this many rows take the VNNI product
+# the weights from which an int8 matrix takes it: below, its fixed cost (about 60 us a product
+# here, the activations' quantisation around FBGEMM's call) outweighs what it saves over the
+# packed kernel (the LM head of the default model has 28 M; its largest layer matrix 1.8 M,
+# where the two kernels tie at one row and the dense values win from 16; BENCHMARKS.md)
+VNNI_MIN_WEIGHTS = 4 << 20
+REFINE_TOP = 8  # a row's largest entries of an integer product computed again (``refine_top``)
 
 
 def bf16_native(flags: frozenset[str]) -> bool:
@@ -56,6 +75,7 @@ class QuantPlan:
     small_rows: int  # products up to this many rows take the packed kernel; 0: never
     path: str  # what runs, in words, for the boot receipt and `engine info`
     kv_dtype: torch.dtype = torch.float32  # the KV pool's (decode attention runs in it)
+    vnni_rows: int = 0  # int8 matrices' products up to this many rows take the VNNI product
     counts: dict[str, int] = field(default_factory=dict)  # matrices quantised, by kind
     packed_bytes: int = 0
     dense_bytes: int = 0
@@ -67,7 +87,7 @@ class QuantPlan:
             "path": self.path, "small_rows": self.small_rows, "matrices": dict(self.counts),
             "packed_bytes": self.packed_bytes, "dense_bytes": self.dense_bytes,
             "quantize_s": round(self.seconds, 3),
-            "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
+            "kv_dtype": str(self.kv_dtype).removeprefix("torch."), "vnni_rows": self.vnni_rows,
         }  # fmt: skip
 
 
@@ -81,19 +101,24 @@ def plan_quant(
     if not str(device).startswith("cpu"):
         raise ValueError(f"--quant {mode} runs on the CPU only (its kernels are torch's CPU ones)")
     flags = cpu_flags() if flags is None else flags
+    vnni = VNNI_ROWS if vnni_native(flags) else 0
+    ints = (
+        f"; int8 matrices of {VNNI_MIN_WEIGHTS >> 20} M weights or more (the LM head): FBGEMM's "
+        f"VNNI product up to {VNNI_ROWS} rows (activations 8 bits per row)" if vnni else ""
+    )  # fmt: skip
     if bf16_native(flags):
         native = cpu_ops.load() if native is None else native
         kv = torch.bfloat16 if native else torch.float32
         return QuantPlan(
             mode, torch.bfloat16, SMALL_ROWS,
             f"{mode} packed kernel up to {SMALL_ROWS} rows, dense bfloat16 beyond "
-            f"(avx512_bf16 present); {str(kv).removeprefix('torch.')} KV pool",
-            kv_dtype=kv,
+            f"(avx512_bf16 present){ints}; {str(kv).removeprefix('torch.')} KV pool",
+            kv_dtype=kv, vnni_rows=vnni,
         )  # fmt: skip
     return QuantPlan(
         mode, torch.float32, 0,
         f"{mode} values dequantised to float32 (no bfloat16 units: packed kernels would be "
-        "slower than exact mode here)",
+        f"slower than exact mode here){ints}", vnni_rows=vnni,
     )  # fmt: skip
 
 
@@ -121,11 +146,16 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
 
 
 class QuantWeight:
-    """One weight-only quantised matrix ``[out, in]``: ``matmul(x)`` is ``x @ w.T``."""
+    """One weight-only quantised matrix ``[out, in]``: ``matmul(x)`` is ``x @ w.T``. Products of
+    at most ``small_rows`` rows take ``packed_matmul`` (torch's int8 / int4 kernel, or for a
+    large int8 matrix on a VNNI CPU the integer product of ``engine.model.vnni``), more its
+    dense values."""
 
     __slots__ = ("mode", "shape", "small_rows", "dense", "_packed", "_scales", "_group")
 
-    def __init__(self, w: torch.Tensor, mode: str, dtype: torch.dtype, small_rows: int) -> None:
+    def __init__(
+        self, w: torch.Tensor, mode: str, dtype: torch.dtype, small_rows: int, vnni_rows: int = 0
+    ) -> None:
         self.shape = tuple(w.shape)
         group = int4_group(w.shape[1]) if mode == "int4" else None
         # the int4 packing wants whole 16-row tiles; no group or tile fits: int8
@@ -133,18 +163,20 @@ class QuantWeight:
         self._group = group or 0
         self.small_rows = small_rows  # the plan's: 0 without bfloat16 units
         self._packed = self._scales = None
-        packed = self.small_rows > 0  # the packed form is kept only where its kernel runs
         if self.mode == "int8":
             q, scale = quantize_int8(w)
             values = q.float() * scale[:, None]
-            if packed:
+            if vnni_rows > 0 and w.numel() >= VNNI_MIN_WEIGHTS:  # the same values, in integers
+                self._packed, self.small_rows = Int8Vnni(q, scale), vnni_rows
+                self._scales = scale
+            elif small_rows > 0:  # the packed form is kept only where its kernel runs
                 self._packed, self._scales = q, scale.to(dtype)
         else:
             q, scale, lo = quantize_int4(w, self._group)
             n, k = w.shape
             values = q.float().reshape(n, k // self._group, self._group) * scale[..., None]
             values = (values + lo[..., None]).reshape(n, k)
-            if packed:
+            if small_rows > 0:
                 # the kernel computes (q - 8) * scale + zero, so zero = lo + 8 * scale
                 sz = torch.stack([scale, lo + 8 * scale], dim=-1)  # [N, K/g, 2]
                 self._scales = sz.transpose(0, 1).contiguous().to(dtype)  # [K/g, N, 2]
@@ -153,15 +185,31 @@ class QuantWeight:
 
     @property
     def packed_bytes(self) -> int:
+        """What the packed form holds: the int8 or int4 values and their scales (FBGEMM's
+        packing of the int8 values counted as their bytes and a scale each)."""
         if self._packed is None:
             return 0
+        if isinstance(self._packed, Int8Vnni):
+            return self.shape[0] * self.shape[1] + self._scales.numel() * 8
         return sum(t.numel() * t.element_size() for t in (self._packed, self._scales))
+
+    def refine_top(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (the integer product of ``x``) with each row's ``REFINE_TOP`` largest entries
+        computed again from the dense values, as a product of more rows computes them: where
+        8-bit activations reorder a near tie at the top (the next token of a greedy request),
+        the order is the bfloat16 product's."""
+        k = min(REFINE_TOP, out.shape[1])
+        top = out.topk(k, dim=1, sorted=False).indices  # [rows, k]
+        exact = torch.bmm(self.dense[top], x.to(self.dense.dtype).unsqueeze(2)).squeeze(2)
+        return out.scatter_(1, top, exact.to(out.dtype))
 
     @property
     def dense_bytes(self) -> int:
         return self.dense.numel() * self.dense.element_size()
 
     def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self._packed, Int8Vnni):
+            return self.refine_top(x, self._packed.matmul(x))
         if self.mode == "int8":
             return torch.ops.aten._weight_int8pack_mm(x, self._packed, self._scales)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -173,7 +221,7 @@ def quantize_weight(w: torch.Tensor, plan: QuantPlan, mode: str | None = None) -
     """``w`` quantised by the plan (``mode`` overrides it: the LM head is int8 in both modes),
     counted in the plan."""
     t = time.perf_counter()
-    qw = QuantWeight(w, mode or plan.mode, plan.dtype, plan.small_rows)
+    qw = QuantWeight(w, mode or plan.mode, plan.dtype, plan.small_rows, plan.vnni_rows)
     plan.counts[qw.mode] = plan.counts.get(qw.mode, 0) + 1
     plan.packed_bytes += qw.packed_bytes
     plan.dense_bytes += qw.dense_bytes

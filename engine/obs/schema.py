@@ -128,11 +128,12 @@ _CATALOG = (
          ("mem_available", "fraction", "budget_bytes")),
     Kind(BOOT_WEIGHTS, ("mode", "dtype"),
          "the weights are in place: mode exact (float32), bfloat16, or fast mode's int8 / int4 "
-         "with the kernels chosen for this CPU (path, small_rows, kv_dtype) and what they take; "
+         "with the kernels chosen for this CPU (path, small_rows, vnni_rows, kv_dtype) and what "
+         "they take; "
          "on a CPU whether the native ops run (ops native | torch, ops_why); on a pipeline "
          "stage, which stage and the layers [start, stop) it holds",
-         ("path", "small_rows", "matrices", "packed_bytes", "dense_bytes", "quantize_s",
-          "kv_dtype", "ops", "ops_why", "stage", "layers")),
+         ("path", "small_rows", "vnni_rows", "matrices", "packed_bytes", "dense_bytes",
+          "quantize_s", "kv_dtype", "ops", "ops_why", "stage", "layers")),
     Kind(BOOT_READY, ("startup_s",),
          "the engine accepts work (served: its HTTP socket is bound and serving)",
          ("host", "port", "engine_s")),

@@ -25,7 +25,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 setup: $(STAMP)
 
-# The native CPU ops (kernels/cpu_ops.cpp: decode attention, norm, rotary), compiled for this CPU
+# The native CPU ops (kernels/cpu_ops.cpp: decode attention, norm, rotary; cpu_step.cpp: a small
+# decode forward's layers in one call), compiled for this CPU
 # (about 10 s; a no-op once built for it). Without a compiler the engine runs torch's ops and
 # says so in its boot.weights receipt.
 native: setup

@@ -213,6 +213,9 @@ class EngineCore:
             fields["ops"] = "native" if cpu_ops.load() else "torch"
             if fields["ops"] == "torch":
                 fields["ops_why"] = cpu_ops.why_not()
+            if self.quant is not None:  # a small decode forward's layers in one native call
+                step = self.model.native_step
+                fields["step_rows"] = step.rows if step is not None else 0
         return fields
 
     def _group(self) -> GroupView:

@@ -6,7 +6,8 @@
 // Arithmetic follows the Python ops step by step: float32 inside, every rounding to the
 // activation dtype where the Python op rounds, and no fused multiply-adds (built with
 // -ffp-contract=off), so the elementwise ops give the Python ops' bits. Reductions (the norm's
-// sum of squares, attention's dot products and softmax sum) add in their own order.
+// sum of squares, attention's dot products and softmax sum) add in their own order. The layers
+// of a small decode forward, one call for all of them, are in cpu_step.cpp.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -21,7 +22,9 @@
 #include <limits>
 #include <vector>
 
-namespace {
+#include "cpu_ops.h"
+
+namespace attest_ops {
 
 using at::Tensor;
 
@@ -391,7 +394,9 @@ Tensor rope_(Tensor& x, const Tensor& cos, const Tensor& sin) {
   return x;
 }
 
-}  // namespace
+}  // namespace attest_ops
+
+using namespace attest_ops;
 
 TORCH_LIBRARY(attest, m) {
   m.def(
@@ -400,6 +405,10 @@ TORCH_LIBRARY(attest, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) h, Tensor y, Tensor w, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> Tensor(a!)");
+  m.def(
+      "decode_layers(Tensor(a!) h, Tensor x, Tensor cos, Tensor sin, Tensor[] mats, "
+      "Tensor[] scales, int[] groups, Tensor[] norms, Tensor(b!)[] pools, Tensor out_slots, "
+      "Tensor slots, Tensor lens, int[] dims, float scale, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attest, CPU, m) {
@@ -407,4 +416,5 @@ TORCH_LIBRARY_IMPL(attest, CPU, m) {
   m.impl("rms_norm", rms_norm);
   m.impl("add_rms_norm", add_rms_norm);
   m.impl("rope_", rope_);
+  m.impl("decode_layers", decode_layers);
 }

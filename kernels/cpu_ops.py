@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+# compiled into one library; the key covers them all
+SOURCES = (SOURCE, SOURCE.with_name("cpu_step.cpp"), SOURCE.with_name("cpu_ops.h"))
 NAME = "attest_cpu_ops"
 # no fused multiply-adds: the elementwise ops keep the Python ops' roundings (see the source);
 # OpenMP: at::parallel_for is inline and runs serially without it
@@ -47,7 +49,7 @@ def cpu_flags() -> frozenset[str]:
 def build_dir() -> Path:
     key = hashlib.sha256()
     cpu = " ".join(sorted(cpu_flags())) or platform.machine()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), cpu.encode(),
+    for part in (*(p.read_bytes() for p in SOURCES), torch.__version__.encode(), cpu.encode(),
                  " ".join(CFLAGS).encode()):  # fmt: skip
         key.update(part + b"\0")
     return ROOT / key.hexdigest()[:16]
@@ -88,7 +90,7 @@ def build(verbose: bool = False) -> Path:
         return out / f"{NAME}.so"
     out.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(
-        name=NAME, sources=[str(SOURCE)], extra_cflags=CFLAGS, build_directory=str(out),
+        name=NAME, sources=[str(p) for p in SOURCES if p.suffix == ".cpp"], extra_cflags=CFLAGS, build_directory=str(out),
         is_python_module=False, verbose=verbose,
     )  # fmt: skip
     return out / f"{NAME}.so"

@@ -22,6 +22,10 @@ import httpx
 from engine.benchmark.llamacpp import PIN
 
 ROOT = Path("build/llama-server")
+# Built for this CPU, less its AMX tile instructions: on a CPU that reports them (an Intel Xeon
+# with amx_tile, amx_int8), the server's AMX matrix kernel died of an illegal instruction
+# (`tilezero`, in its first decode); an explicit -mno-* outlasts -march=native in GCC.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 class MissingServer(RuntimeError):
@@ -57,7 +61,8 @@ def build(root: str | Path = ROOT) -> Path:
             t.extractall(src, filter="data")
     cmake = ["cmake", "-S", str(tree / "vendor" / "llama.cpp"), "-B", str(root / "build"),
              "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TESTS=OFF",
-             "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON"]  # fmt: skip
+             "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON",
+             f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]  # fmt: skip
     subprocess.run(cmake, check=True)
     jobs = str(os.cpu_count() or 2)
     subprocess.run(["cmake", "--build", str(root / "build"), "--target", "llama-server",

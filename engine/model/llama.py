@@ -18,6 +18,7 @@ from engine.dist.comm import Comm
 from engine.dist.pipeline import Stage, stage_layers
 from engine.model.config import ModelConfig
 from engine.model.fused import layer_ops
+from engine.model.native_step import NativeStep
 from engine.model.quant import QuantPlan, QuantWeight, quantize_weight
 from engine.model.shard import cols, plan_shard, rows, vocab_rows
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
@@ -114,6 +115,8 @@ class LlamaModel:
         self.inv_freq = rope_inv_freq(cfg).to(self.device)
         self.q_size = self.local_heads * cfg.head_dim
         self.kv_size = self.local_kv_heads * cfg.head_dim
+        # a small decode forward's layers in one native call, where it runs (fast mode)
+        self.native_step = NativeStep.build(self)
 
     def _take_weights(self, w: dict[str, torch.Tensor]) -> None:
         """This rank's part of the weights ``w`` (in Hugging Face's names): its stage's layers
@@ -232,6 +235,8 @@ class LlamaModel:
             x = ops.norm(h, self.layers[0]["attn_norm"])
         else:  # the residual stream and the next norm's output, from the stage before
             h, x = stage.recv((T, cfg.hidden_size), self.dtype, 2)
+        if self.native_step is not None and T <= self.native_step.rows:
+            return self.native_step(h, x, cos, sin, meta, kv_layers)  # the same bits
         for layer, kv, next_norm in zip(self.layers, kv_layers, self._next_norms):
             qkv = linear(x, layer["qkv"])
             qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)

@@ -207,6 +207,13 @@ class QuantWeight:
     def dense_bytes(self) -> int:
         return self.dense.numel() * self.dense.element_size()
 
+    def packed_form(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """(values, scales, group) of torch's packed int8 / int4 kernel, as ``packed_matmul``
+        passes them; None where that kernel does not run (no packed form, or the VNNI one)."""
+        if self._packed is None or isinstance(self._packed, Int8Vnni):
+            return None
+        return self._packed, self._scales, self._group
+
     def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self._packed, Int8Vnni):
             return self.refine_top(x, self._packed.matmul(x))

@@ -10,7 +10,9 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.agreement import PROMPTS, greedy_agreement
+from engine.model.native_step import STEP_ROWS
 from engine.model.quant import QuantWeight, quantize_int4
+from kernels import cpu_ops
 from tests.conftest import requires_default_model
 from tests.tiny_model import make_tiny_model
 
@@ -53,6 +55,9 @@ def test_int4_boots_says_so_and_agrees_with_exact_mode(q4_model, tmp_path):
     # four matrices a layer (qkv, o, gate_up, down) in int4; the LM head in int8
     assert weights[0]["matrices"] == {"int4": 4 * layers, "int8": 1}
     assert weights[0]["mode"] == "int4" and weights[0]["dtype"] == info["dtype"]
+    # where the packed kernels and the native ops run, a one-to-four-row decode is one call
+    runs = fast.core.quant.small_rows > 0 and cpu_ops.load()
+    assert weights[0]["step_rows"] == (STEP_ROWS if runs else 0)
     a = greedy_agreement(exact, fast, _prompts(6), 16)
     assert a.share >= 0.9, (a.share, a.common_prefix)
     fast.close()

@@ -1,13 +1,18 @@
-"""Fast mode with and without its integer products (``engine.model.vnni``: FBGEMM's VNNI product
-for the LM head), in one run: decode tok/s per stream count, the two arms alternating on fresh
-prompts (the prefix cache emptied, every request asserted uncached), and with --agreement each
-arm's greedy agreement with exact mode on the held-out prompts (``engine.agreement``).
+"""Fast mode with and without one of its switches, in one run: decode tok/s per stream count, the
+two arms alternating on fresh prompts (the prefix cache emptied, every request asserted uncached),
+and with --agreement each arm's greedy agreement with exact mode on the held-out prompts
+(``engine.agreement``).
 
-The baseline arm is the same mode loaded with ``ATTEST_VNNI=0`` (torch's packed int8 kernel for
-the head, as before the integer products); the run asserts from each arm's plan which one it is.
+The switches (--switch), each read at load, the baseline arm loaded with it at 0; the run asserts
+from each arm's model which one it is:
 
-    .venv/bin/python bench/vnni_products.py [--modes int8,int4] [--streams 1,16,64] [--runs 5]
-        [--prompt-len 128] [--new-tokens 64] [--agreement]
+* ``vnni``: the integer products (``engine.model.vnni``: FBGEMM's VNNI product for the LM head);
+  baseline ``ATTEST_VNNI=0``, torch's packed int8 kernel for the head.
+* ``step``: a small decode forward's layers in one native call (``engine.model.native_step``);
+  baseline ``ATTEST_NATIVE_STEP=0``, the layers in Python (the same kernels, the same bits).
+
+    .venv/bin/python bench/fast_switch.py [--switch vnni|step] [--modes int8,int4]
+        [--streams 1,16,64] [--runs 5] [--prompt-len 128] [--new-tokens 64] [--agreement]
 """
 
 from __future__ import annotations
@@ -22,25 +27,32 @@ from engine import LLM
 from engine.agreement import PROMPTS, greedy_agreement
 from engine.benchmark.method import Prompts, attest_generate, decode_rate
 
+# switch: (environment variable, whether a loaded model runs what the switch turns on)
+SWITCHES = {
+    "vnni": ("ATTEST_VNNI", lambda llm: llm.core.model.quant.vnni_rows > 0),
+    "step": ("ATTEST_NATIVE_STEP", lambda llm: llm.core.model.native_step is not None),
+}
 
-def load(mode: str, vnni: bool) -> LLM:
-    """``mode`` with the integer products on or off (read when the plan is made, at load)."""
-    old = os.environ.pop("ATTEST_VNNI", None)
-    if not vnni:
-        os.environ["ATTEST_VNNI"] = "0"
+
+def load(mode: str, switch: str, on: bool) -> LLM:
+    """``mode`` with ``switch`` on or off (read at load)."""
+    var, runs = SWITCHES[switch]
+    old = os.environ.pop(var, None)
+    if not on:
+        os.environ[var] = "0"
     try:
         llm = LLM(quant=mode, speculative="off", kv_tokens=32768, receipts=True)
     finally:
-        os.environ.pop("ATTEST_VNNI", None)
+        os.environ.pop(var, None)
         if old is not None:
-            os.environ["ATTEST_VNNI"] = old
-    rows = llm.core.model.quant.vnni_rows
-    assert (rows > 0) == vnni, f"{mode}: the arm asked vnni={vnni}, its plan has {rows} rows"
+            os.environ[var] = old
+    assert runs(llm) == on, f"{mode}: the arm asked {switch}={on}, its model says otherwise"
     return llm
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--switch", choices=sorted(SWITCHES), default="vnni")
     ap.add_argument("--modes", default="int8,int4")
     ap.add_argument("--streams", default="1,16,64")
     ap.add_argument("--runs", type=int, default=5)
@@ -50,12 +62,12 @@ def main() -> None:
     args = ap.parse_args()
     print(f"cpu: {describe()}; load average {os.getloadavg()[0]:.2f}")
     print(f"{args.prompt_len}-token prompts, {args.new_tokens} new tokens, greedy; decode tok/s, "
-          f"median of {args.runs} alternating runs; baseline: ATTEST_VNNI=0")  # fmt: skip
+          f"median of {args.runs} alternating runs; baseline: {SWITCHES[args.switch][0]}=0")  # fmt: skip
     exact = LLM(kv_tokens=16384, receipts=False) if args.agreement else None
     for mode in args.modes.split(","):
-        arms = {"vnni": load(mode, True), "packed": load(mode, False)}
-        print(f"{mode}: {arms['vnni'].core.model.quant.path}")
-        vocab = arms["vnni"].core.model.cfg.vocab_size
+        arms = {"on": load(mode, args.switch, True), "off": load(mode, args.switch, False)}
+        print(f"{mode}: {arms['on'].core.model.quant.path}")
+        vocab = arms["on"].core.model.cfg.vocab_size
         prompts = Prompts(vocab, seed=0)
         goes = {name: attest_generate(llm) for name, llm in arms.items()}
         for n in (int(s) for s in args.streams.split(",")):
@@ -68,9 +80,9 @@ def main() -> None:
                     rate = decode_rate(goes[name], prompts, n, args.prompt_len, args.new_tokens)
                     got[name].append(rate[0])
             med = {name: statistics.median(v) for name, v in got.items()}
-            print(f"  {mode} {n:>3} streams: vnni {med['vnni']:.1f} ({min(got['vnni']):.1f}-"
-                  f"{max(got['vnni']):.1f}), packed {med['packed']:.1f} ({min(got['packed']):.1f}-"
-                  f"{max(got['packed']):.1f}) tok/s, ratio {med['vnni'] / med['packed']:.2f}x")  # fmt: skip
+            print(f"  {mode} {n:>3} streams: {args.switch} on {med['on']:.1f} ({min(got['on']):.1f}-"
+                  f"{max(got['on']):.1f}), off {med['off']:.1f} ({min(got['off']):.1f}-"
+                  f"{max(got['off']):.1f}) tok/s, ratio {med['on'] / med['off']:.2f}x")  # fmt: skip
         if exact is not None:
             ids = [exact.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
             for name, llm in arms.items():

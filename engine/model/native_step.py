@@ -1,0 +1,100 @@
+"""One native call for all the layers of a small decode forward (fast mode).
+
+At one decoding stream a fast-mode step runs about fifteen operations a layer (the four packed
+products, the rotary embedding, decode attention, two residual add-and-norms, SiLU times up, and
+the views between them), each a few microseconds of Python and dispatch around a kernel of tens
+of microseconds: a tenth or more of the step. ``torch.ops.attest.decode_layers``
+(``kernels/cpu_step.cpp``) runs the same kernels in the same order for every layer in one call,
+so its result has the Python forward's bits (``tests/unit/test_native_step.py`` compares them).
+
+It takes a forward when every one of these holds, else the Python layers run:
+
+* fast mode with its packed kernels (``small_rows`` > 0: a CPU with bfloat16 units), every layer
+  matrix in a packed int8 or int4 form (not FBGEMM's integer product, which has its own
+  quantisation step in Python);
+* the native CPU ops are built for this CPU and the attention backend is the torch reference's
+  native decode path (the kernel the call runs);
+* one rank and one pipeline stage (no collective between the products);
+* at most ``rows`` tokens in the forward (``STEP_ROWS``, the packed kernels' own bound).
+
+Exact mode keeps its Python layers: its products are float32 GEMMs whose one-row orientation
+(``engine.model.llama.linear``) and torch's norm are what give transformers' bits, and at one
+stream they take most of its step, not the dispatch between them.
+``ATTEST_NATIVE_STEP=0`` in the environment turns it off (to measure against, or to rule it out);
+``boot.weights`` says whether it runs (``step_rows``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from engine.model.quant import SMALL_ROWS, QuantWeight
+from kernels import cpu_ops
+from kernels.attention import AttentionMetadata, LayerKV
+from kernels.paged_decode import context_slots
+
+STEP_ROWS = SMALL_ROWS
+MATRICES = ("qkv", "o", "gate_up", "down")
+
+
+def why_not(model: Any) -> str | None:
+    """Why ``model``'s (a ``LlamaModel``'s) small decode forwards run layer by layer in Python
+    (None: they can run as one native call)."""
+    if os.environ.get("ATTEST_NATIVE_STEP", "").strip() == "0":
+        return "turned off (ATTEST_NATIVE_STEP=0)"
+    if model.quant is None or model.quant.small_rows < STEP_ROWS:
+        return "not fast mode with packed kernels"
+    if model.device.type != "cpu" or not cpu_ops.load():
+        return f"native CPU ops not in use: {cpu_ops.why_not() or 'not a CPU'}"
+    if getattr(model.backend, "decode", None) != "native":
+        return "the attention backend is not the native decode path"
+    if model.comm.world > 1 or model.stage.count > 1:
+        return "more than one rank or stage"
+    for layer in model.layers:
+        if any(not isinstance(layer[k], QuantWeight) or layer[k].packed_form() is None
+               for k in MATRICES):  # fmt: skip
+            return "a layer matrix has no packed int8/int4 form"
+    return None
+
+
+class NativeStep:
+    """A model's layers as the native call takes them: built once at load."""
+
+    def __init__(self, model: Any) -> None:
+        forms = [layer[k].packed_form() for layer in model.layers for k in MATRICES]
+        self.mats = [f[0] for f in forms]
+        self.scales = [f[1] for f in forms]
+        self.groups = [f[2] for f in forms]
+        self.norms = [n for layer, nxt in zip(model.layers, model._next_norms)
+                      for n in (layer["mlp_norm"], nxt)]  # fmt: skip
+        self.dims = [model.local_heads, model.local_kv_heads, model.cfg.head_dim]
+        self.scale, self.eps = model.scale, model.cfg.rms_eps
+        self.rows = STEP_ROWS
+
+    @classmethod
+    def build(cls, model: Any) -> NativeStep | None:
+        return cls(model) if why_not(model) is None else None
+
+    def __call__(
+        self,
+        h: torch.Tensor,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_layers: list[LayerKV],
+    ) -> torch.Tensor:
+        """The layers' output for ``x`` (the first layer's normed input), ``h`` the residual
+        stream (updated in place); the same slot plan as the native attention's."""
+        plan = meta.scratch.get("native")
+        if plan is None:
+            plan = meta.scratch["native"] = context_slots(meta)
+        slots, lens = plan
+        pools = [t for kv in kv_layers for t in (kv.k, kv.v)]
+        return torch.ops.attest.decode_layers(
+            h, x, cos, sin, self.mats, self.scales, self.groups, self.norms, pools,
+            meta.out_slots, slots, lens, self.dims, self.scale, self.eps,
+        )  # fmt: skip

@@ -1,0 +1,121 @@
+"""A small decode forward's layers in one native call (``engine.model.native_step``,
+``kernels/cpu_step.cpp``): the same bits as the Python layers, in the output, the residual
+stream and the KV pools, and taken only where it runs the kernels the Python layers run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.dist.pipeline import Stage
+from engine.model.llama import LlamaModel
+from engine.model.loader import load_model
+from engine.model.native_step import STEP_ROWS, NativeStep, why_not
+from engine.model.quant import plan_quant
+from kernels import cpu_ops
+from kernels.attention import LayerKV
+from kernels.select import get_backend
+from tests.unit.paged_batch import make_paged_batch
+
+pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason=f"{cpu_ops.why_not()}")
+BF16 = frozenset({"avx2", "avx512f", "avx512_bf16"})  # a plan with packed kernels on any CPU
+
+
+def _model(path: str, mode: str = "int4", backend: str = "torch", **kw) -> LlamaModel:
+    loaded = load_model(path)
+    plan = plan_quant(mode, "cpu", flags=BF16, native=True)
+    be = get_backend(backend, "cpu", plan.dtype, 1)
+    return LlamaModel(loaded.config, dict(loaded.weights), plan.dtype, be, quant=plan, **kw)
+
+
+def _batch(model: LlamaModel, spec: list[tuple[int, int]], seed: int):
+    """A batch of ``spec`` (prefix, extend) per request, a pool per layer of the plan's KV
+    dtype with the prefixes written, and token ids."""
+    cfg = model.cfg
+    pools = []
+    for layer in range(cfg.num_layers):
+        b = make_paged_batch(spec, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                             dtype=model.quant.kv_dtype, seed=seed + layer)  # fmt: skip
+        pools.append(b.kv)
+    ids = torch.randint(3, cfg.vocab_size, (b.meta.num_tokens,),
+                        generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    return ids, b.meta, pools
+
+
+def _copy(pools: list[LayerKV]) -> list[LayerKV]:
+    return [LayerKV(kv.k.clone(), kv.v.clone()) for kv in pools]
+
+
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+@pytest.mark.parametrize(
+    "spec", [[(9, 1)], [(5, 1), (17, 1)], [(3, 1), (1, 1), (30, 1), (12, 1)], [(6, 3)], [(0, 4)]]
+)
+def test_the_native_layers_give_the_python_layers_bits(tiny_model_dir, mode, spec):
+    """Decode batches of 1 to 4 rows, a request verifying three drafted tokens, a four-token
+    prompt: the output, and every layer's pool, bit for bit."""
+    model = _model(tiny_model_dir, mode)
+    step = model.native_step
+    assert step is not None and why_not(model) is None
+    ids, meta, pools = _batch(model, spec, seed=len(spec))
+    theirs = _copy(pools)
+    got = model.forward(ids, meta, pools)
+    model.native_step = None
+    meta.scratch.clear()
+    want = model.forward(ids, meta, theirs)
+    assert torch.equal(got, want)
+    for a, b in zip(pools, theirs):
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+    model.native_step = step
+
+
+def test_it_runs_in_place_of_the_python_layers_up_to_its_rows(tiny_model_dir, monkeypatch):
+    """A forward of at most STEP_ROWS tokens is one native call; one of more runs the layers."""
+    model = _model(tiny_model_dir)
+    calls = []
+    op = torch.ops.attest.decode_layers
+    monkeypatch.setattr(torch.ops.attest, "decode_layers", lambda *a: calls.append(1) or op(*a))
+    for rows, native in ((STEP_ROWS, 1), (STEP_ROWS + 1, 0)):
+        calls.clear()
+        ids, meta, pools = _batch(model, [(4, 1)] * rows, seed=rows)
+        model.forward(ids, meta, pools)
+        assert len(calls) == native, rows
+
+
+def test_it_is_not_taken_where_it_would_run_other_kernels(tiny_model_dir, monkeypatch):
+    """Exact mode, the grouped decode path, a pipeline stage, or the switch off: the Python
+    layers, each with its reason."""
+    assert _model(tiny_model_dir).native_step is not None
+    loaded = load_model(tiny_model_dir)
+    be = get_backend("torch", "cpu", torch.float32, 1)
+    exact = LlamaModel(loaded.config, dict(loaded.weights), torch.float32, be)
+    assert exact.native_step is None and "fast mode" in why_not(exact)
+    grouped = _model(tiny_model_dir)
+    grouped.backend.decode = "grouped"
+    assert "attention backend" in why_not(grouped)
+    first_of_two = Stage()
+    first_of_two.count = 2
+    staged = _model(tiny_model_dir, stage=first_of_two)
+    assert staged.native_step is None and "stage" in why_not(staged)
+    monkeypatch.setenv("ATTEST_NATIVE_STEP", "0")
+    off = _model(tiny_model_dir)
+    assert off.native_step is None and "ATTEST_NATIVE_STEP=0" in why_not(off)
+    assert NativeStep.build(grouped) is None
+
+
+def test_the_call_refuses_lists_of_the_wrong_lengths(tiny_model_dir):
+    model = _model(tiny_model_dir)
+    step = model.native_step
+    ids, meta, pools = _batch(model, [(4, 1)], seed=0)
+    h = model.embed_tokens(ids)
+    cos, sin = model.rope_cos_sin(meta.positions)
+    with pytest.raises(RuntimeError, match="2 pools a layer"):
+        torch.ops.attest.decode_layers(
+            h, h.clone(), cos, sin, step.mats, step.scales, step.groups, step.norms,
+            [pools[0].k], meta.out_slots, *step_plan(meta), step.dims, step.scale, step.eps,
+        )  # fmt: skip
+
+
+def step_plan(meta):
+    from kernels.paged_decode import context_slots
+
+    return context_slots(meta)

@@ -4,7 +4,7 @@ takes one request at a time.
 
 It is built on demand, never by `make setup`: the llama.cpp sources vendored in
 llama-cpp-python's source distribution (the same pin as the offline arm, so both arms run one
-llama.cpp), configured with cmake for this CPU (``GGML_NATIVE``) and only the server target built:
+llama.cpp), configured with cmake for this CPU (``GGML_NATIVE``, less AMX: ``llamacpp.NO_AMX``) and only the server target built:
 about 5 minutes on two cores, once.
 """
 
@@ -19,13 +19,9 @@ from pathlib import Path
 
 import httpx
 
-from engine.benchmark.llamacpp import PIN
+from engine.benchmark.llamacpp import NO_AMX, PIN
 
 ROOT = Path("build/llama-server")
-# Built for this CPU, less its AMX tile instructions: on a CPU that reports them (an Intel Xeon
-# with amx_tile, amx_int8), the server's AMX matrix kernel died of an illegal instruction
-# (`tilezero`, in its first decode); an explicit -mno-* outlasts -march=native in GCC.
-NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 class MissingServer(RuntimeError):

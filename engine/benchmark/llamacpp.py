@@ -6,11 +6,16 @@ one JSON line at a time."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 PIN = "llama-cpp-python==0.3.36"
+# llama.cpp is built for this CPU less its AMX tile instructions: on a CPU that reports them (an
+# Intel Xeon with amx_tile, amx_int8), llama-server's AMX matrix kernel died of an illegal
+# instruction (`tilezero`, in its first decode). An explicit -mno-* outlasts -march=native in GCC.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 WORKER = Path(__file__).with_name("llamacpp_worker.py")
 
 
@@ -56,9 +61,12 @@ def check_env(env: str | Path) -> str:
 
 
 def install(env: str | Path) -> str:
-    """Create ``env`` and install llama-cpp-python into it; its version once it imports."""
+    """Create ``env`` and install llama-cpp-python into it (llama.cpp compiled for this CPU less
+    its AMX kernels, ``NO_AMX``); its version once it imports."""
+    flags = f"-DCMAKE_C_FLAGS='{NO_AMX}' -DCMAKE_CXX_FLAGS='{NO_AMX}'"
+    cmake = {**os.environ, "CMAKE_ARGS": f"{os.environ.get('CMAKE_ARGS', '')} {flags}".strip()}
     for cmd in install_commands(env):
-        subprocess.run(cmd, check=True)
+        subprocess.run(cmd, check=True, env=cmake)
     return check_env(env)
 
 

@@ -109,8 +109,9 @@ def load_transformers(path: str, dtype: str = "float32"):
 
 
 def describe_cpu() -> str:
-    """The CPU: its model, core count and vector flags. This machine kind's CPU varies (AVX-512
-    one day, AVX2 only the next), so every table is printed with it."""
+    """The CPU: its model, core count and vector and matrix flags (AVX2, AVX-512, VNNI, AMX).
+    This machine kind's CPU varies (AVX-512 one day, AVX2 only the next), so every table is
+    printed with it."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -119,5 +120,5 @@ def describe_cpu() -> str:
         (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")),
         "?",
     )
-    flags = sorted(set(re.findall(r"\b(avx2|avx512[a-z_0-9]*)\b", info)))
+    flags = sorted(set(re.findall(r"\b(avx2|avx512[a-z_0-9]*|avx_vnni|amx_[a-z0-9]+)\b", info)))
     return f"{model}, {os.cpu_count()} cores; flags: {' '.join(flags) or 'no avx2/avx512'}"

@@ -213,6 +213,12 @@ class EngineCore:
             fields["ops"] = "native" if cpu_ops.load() else "torch"
             if fields["ops"] == "torch":
                 fields["ops_why"] = cpu_ops.why_not()
+            if self.model.orient is not None or self.model.head_orient is not None:
+                fields["orient"] = {  # dense products: the row counts that take (W @ x.T).T
+                    part: o.fields()
+                    for part, o in (("layers", self.model.orient), ("head", self.model.head_orient))
+                    if o is not None
+                }
             if self.quant is not None:  # a small decode forward's layers in one native call
                 step = self.model.native_step
                 fields["step_rows"] = step.rows if step is not None else 0

@@ -19,6 +19,7 @@ from engine.dist.pipeline import Stage, stage_layers
 from engine.model.config import ModelConfig
 from engine.model.fused import layer_ops
 from engine.model.native_step import NativeStep
+from engine.model.orient import HEAD_ROWS, Orientation, by_mm, choose
 from engine.model.quant import QuantPlan, QuantWeight, quantize_weight
 from engine.model.shard import cols, plan_shard, rows, vocab_rows
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
@@ -51,27 +52,23 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     raise ValueError(f"unsupported rope scaling type {kind!r}")
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight) -> torch.Tensor:
-    """``x @ w.T``; in float32 computed as ``(w @ x.T).T``.
-
-    Measured on this project's CPUs (fp32, all 30 layers + head, weights streamed from memory):
-    this orientation runs 1.9x faster than ``F.linear`` for one row, 2.7x for four, 1.2x for 64;
-    ``F.linear``'s one- and two-row paths read weights at ~11 GB/s. One row is padded to two,
-    since a one-column product falls back to the slow matrix-vector path. In bfloat16 one row
-    keeps the plain call (as fast here), and more rows take the same orientation (one 3072x576
-    product: 112 us against 189 at 16 rows, 326 against 436 at 64). A quantised matrix
-    (fast mode) takes its packed kernel for a few rows, its dense values beyond. See
-    BENCHMARKS.md.
+def linear(
+    x: torch.Tensor, w: torch.Tensor | QuantWeight, orient: Orientation | None = None
+) -> torch.Tensor:
+    """``x @ w.T``. A quantised matrix (fast mode) takes its packed kernel for a few rows, its
+    dense values beyond. A dense product runs the way ``orient`` says, measured at load for this
+    CPU (``engine.model.orient``: ``F.linear`` or ``(w @ x.T).T``). Unmeasured (a GPU): float32
+    as ``(w @ x.T).T``, bfloat16 one row by the plain call and more as ``(w @ x.T).T``.
     """
     if isinstance(w, QuantWeight):
         if x.shape[0] <= w.small_rows:
             return w.packed_matmul(x)
         w = w.dense
+    if orient is not None:
+        return by_mm(x, w) if orient.takes_mm(x.shape[0]) else F.linear(x, w)
     if w.dtype != torch.float32:
         return F.linear(x, w) if x.shape[0] == 1 else torch.mm(w, x.t()).t()
-    if x.shape[0] == 1:
-        return torch.mm(w, torch.cat([x, torch.zeros_like(x)]).t())[:, :1].t()
-    return torch.mm(w, x.t()).t()
+    return by_mm(x, w)
 
 
 class LlamaModel:
@@ -117,6 +114,7 @@ class LlamaModel:
         self.kv_size = self.local_kv_heads * cfg.head_dim
         # a small decode forward's layers in one native call, where it runs (fast mode)
         self.native_step = NativeStep.build(self)
+        self.orient, self.head_orient = self._orientations()
 
     def _take_weights(self, w: dict[str, torch.Tensor]) -> None:
         """This rank's part of the weights ``w`` (in Hugging Face's names): its stage's layers
@@ -172,6 +170,19 @@ class LlamaModel:
                 else self._put(vocab_rows(embed, self.shard.vocab))
             )
         return self._mat(vocab_rows(embed, self.shard.vocab), mode="int8")
+
+    def _orientations(self) -> tuple[Orientation | None, Orientation | None]:
+        """The way dense products run on this CPU, for the layers and the LM head, measured
+        (``engine.model.orient``); None on a GPU."""
+        if self.device.type != "cpu":
+            return None, None
+        dense = lambda m: m.dense if isinstance(m, QuantWeight) else m  # noqa: E731
+        layers = head = None
+        if self.layers:
+            layers = choose([dense(self.layers[0][k]) for k in ("qkv", "o", "gate_up", "down")])
+        if self.lm_head is not None:
+            head = choose([dense(self.lm_head)], HEAD_ROWS)
+        return layers, head
 
     def _put(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's slice, cast and moved: the rest of a weight never reaches the device.
@@ -238,7 +249,7 @@ class LlamaModel:
         if self.native_step is not None and T <= self.native_step.rows:
             return self.native_step(h, x, cos, sin, meta, kv_layers)  # the same bits
         for layer, kv, next_norm in zip(self.layers, kv_layers, self._next_norms):
-            qkv = linear(x, layer["qkv"])
+            qkv = linear(x, layer["qkv"], self.orient)
             qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
             # Q's and K's heads rotated in one pass (elementwise: the same numbers as two)
             qk = ops.rope(qk.reshape(T, heads + kv_heads, -1), cos, sin)
@@ -246,10 +257,12 @@ class LlamaModel:
             v = v.reshape(T, kv_heads, cfg.head_dim)
             attn = self.backend.forward(q, k, v, kv, meta, self.scale)
             # row-parallel: each rank's partial product, summed before the residual
-            o = self.comm.all_reduce_sum(linear(attn.reshape(T, self.q_size), layer["o"]))
+            o = linear(attn.reshape(T, self.q_size), layer["o"], self.orient)
+            o = self.comm.all_reduce_sum(o)
             h, x = ops.add_norm(h, o, layer["mlp_norm"])
-            act = ops.silu_mul(linear(x, layer["gate_up"]))
-            h, x = ops.add_norm(h, self.comm.all_reduce_sum(linear(act, layer["down"])), next_norm)
+            act = ops.silu_mul(linear(x, layer["gate_up"], self.orient))
+            down = self.comm.all_reduce_sum(linear(act, layer["down"], self.orient))
+            h, x = ops.add_norm(h, down, next_norm)
         if not stage.last:
             stage.send([h, x])
         return x  # on the last stage, the last add_norm applied the final norm
@@ -261,6 +274,6 @@ class LlamaModel:
         stage and shared with the others (whose ``hidden`` only says N)."""
         out = None
         if self.stage.last:
-            full = self.comm.all_gather(linear(hidden, self.lm_head), dim=-1)
+            full = self.comm.all_gather(linear(hidden, self.lm_head, self.head_orient), dim=-1)
             out = full[:, : self.cfg.vocab_size].float()
         return self.stage.share(out, (hidden.shape[0], self.cfg.vocab_size))

@@ -251,6 +251,19 @@ def test_hf_greedy_generation_matches_transformers(hf_case) -> None:
         assert out.token_ids == ref, f"{name}: prompt of {len(ids)} tokens"
 
 
+@pytest.mark.parametrize("how", ["linear", "mm"])
+def test_hf_greedy_generation_matches_transformers_either_way(hf_case, how, monkeypatch) -> None:
+    """Each way a float32 product can run (``engine.model.orient``, measured per CPU at load),
+    fixed at every size: the tokens are transformers' either way."""
+    monkeypatch.setenv("ATTEST_ORIENT", how)
+    folder, model, name = hf_case
+    llm = LLM(model=str(folder), kv_tokens=512, max_running=4)
+    assert llm.core.model.orient.takes_mm(1) == (how == "mm")
+    outs = llm.generate(prompts(), SamplingParams(temperature=0, ignore_eos=True, max_tokens=16))
+    for ids, out in zip(prompts(), outs):
+        assert out.token_ids == hf_greedy16(model, ids), f"{name} {how}: {len(ids)} tokens"
+
+
 @pytest.mark.parametrize("hf_case", ["llama3"], indirect=True)
 def test_llama3_scaling_is_what_makes_the_long_prompt_match(hf_case) -> None:
     """Guards the llama3 case against passing vacuously: with plain RoPE frequencies the same

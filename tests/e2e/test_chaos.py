@@ -32,7 +32,7 @@ ONE = ("--threads", "1")
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
     """A tiny model with room for long generations (4,096 positions)."""
-    return str(make_tiny_model(tmp_path_factory.mktemp("chaos-model"), max_position=4096))
+    return str(make_tiny_model(tmp_path_factory.mktemp("chaos-model"), max_position=16384))
 
 
 def receipts(path) -> list[dict]:
@@ -154,16 +154,19 @@ def test_sigterm_under_heavy_load_drains_within_its_bound_with_receipts(model, t
     drain = 10.0  # roomy: the medium requests must finish within it on a loaded machine
     # long enough to be in flight when the signal lands, short enough to finish within the drain
     medium = {**SHORT, "max_tokens": 100}
+    # far more tokens than any machine decodes in the drain: on a fast CPU thirteen requests of
+    # 3000 tokens all finished within its 10 s, and the abort at the deadline went untested
+    longer = {**LONG, "max_tokens": 12000}
     # a pool all 25 requests fit at full length: retracted under memory pressure, the client
     # that is to hang up would wait for chunks that never come, and never hang up
     srv = ServerProc(
-        log, "--model", model, "--kv-tokens", "49152", "--max-running", "32",
+        log, "--model", model, "--kv-tokens", "163840", "--max-running", "32",
         "--drain-timeout", str(drain), *ONE,
     )  # fmt: skip
     try:
-        longs = [Client(srv.base, LONG, stream=i % 2 == 0) for i in range(12)]
+        longs = [Client(srv.base, longer, stream=i % 2 == 0) for i in range(12)]
         leave = threading.Event()  # a client that hangs up while the server drains
-        leaver = Client(srv.base, LONG, stream=True, leave=leave)
+        leaver = Client(srv.base, longer, stream=True, leave=leave)
         assert all(c.first.wait(300) for c in [*longs[::2], leaver]), "the load never started"
         shorts = [Client(srv.base, medium, stream=i % 2 == 0) for i in range(12)]
         deadline = time.monotonic() + 120  # most requests are in the scheduler
@@ -191,7 +194,7 @@ def test_sigterm_under_heavy_load_drains_within_its_bound_with_receipts(model, t
         else:  # or finished while the server drained
             assert c.status == 200
     ended = [c.status for c in longs]
-    assert any(c.error for c in longs), f"every 3000-token request finished in the drain: {ended}"
+    assert any(c.error for c in longs), f"every 12000-token request finished in the drain: {ended}"
     short = [c.error and c.error["message"] for c in shorts]
     assert any(not c.error for c in shorts), f"no 100-token request finished in the drain: {short}"
     assert late.error is not None

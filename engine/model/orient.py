@@ -4,14 +4,15 @@ A product ``x @ w.T`` of ``n`` rows can run as ``F.linear(x, w)`` (transformers'
 ``(w @ x.T).T`` (one row padded to two, since a one-column product falls to the slow
 matrix-vector path). Which is faster depends on the CPU, and this machine kind's CPU changes:
 on an AMD EPYC (AVX-512) the second ran one float32 row 1.9x faster, four rows 2.7x, 64 rows
-1.2x; on an Intel Xeon (AVX-512, AMX) one float32 row ran 2-4x slower that way (one 3072x576
-row: 270 us against 124, the default model's LM head 7.8 ms against 2.4), about level from 8
-rows (BENCHMARKS.md). A choice fixed for one CPU is wrong on the other, so the model measures
-both at load, for its own matrices in its own dtype (one layer's four, and the LM head apart:
-its shape is unlike theirs; in fast mode their dense values, which products past the packed
-kernel's rows take) at each of ``ROWS``, and a product of ``n`` rows takes the choice of the
-largest of ``ROWS`` not above ``n``. ``boot.weights`` records the result (``orient``);
-``ATTEST_ORIENT=linear`` or ``mm`` fixes one way instead.
+1.2x; on an Intel Xeon (AVX-512, AMX) one float32 row ran 2-3x slower that way (one layer's four
+products: 543 us against 261; the default model's LM head 7.0 ms against 2.3), faster at 8-16
+rows, level at 64, and 3 % behind at 512 (BENCHMARKS.md; ``bench/dense_ways.py`` times them).
+A choice fixed for one CPU is wrong on the other, so the model measures both at load, for its
+own matrices in its own dtype (one layer's four, and the LM head apart: its shape is unlike
+theirs; in fast mode their dense values, which products past the packed kernel's rows take) at
+each of ``ROWS``, and a product of ``n`` rows takes the choice of the largest of ``ROWS`` not
+above ``n``. ``boot.weights`` records the result (``orient``); ``ATTEST_ORIENT=linear`` or
+``mm`` fixes one way instead.
 
 Both give products of the same values; only the order of the sums inside the GEMM differs, as
 it does between batch sizes anyway (exact mode's token-exact tests against transformers pass
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-ROWS = (1, 2, 4, 8, 16, 64, 256)  # the row counts measured; a product takes the bucket below
+ROWS = (1, 2, 4, 8, 16, 64, 256, 512)  # the row counts measured; a product takes the bucket below
 HEAD_ROWS = (1, 2, 4, 8, 16, 64)  # the LM head sees a row per sequence sampled
 REPS = 3  # timed calls per row count and way, after one warm call; the fastest counts
 

@@ -1,0 +1,74 @@
+"""The ways one dense product ``x @ W.T`` can run on this CPU, timed per row count: ``F.linear``
+(the baseline: transformers' call), ``(W @ x.T).T`` (``engine.model.orient.by_mm``: one row padded
+to two) and oneDNN's pre-packed linear through torch (``mkldnn._reorder_linear_weight`` for the
+row count, then ``mkldnn._linear_pointwise``), for one layer's four matrices of the default model
+(QKV 960x576, O 576x576, gate-up 3072x576, down 576x1536) and its LM head (49152x576).
+
+Each figure is the fastest of --reps calls after 3 warm ones (microseconds for the layer's four
+products together, or the head's one), with each way's ratio over ``F.linear``, and whether the
+packed way gives ``F.linear``'s bits. What the engine chooses at load is
+``engine.model.orient.measure`` over the same two first ways.
+
+    .venv/bin/python bench/dense_ways.py [--rows 1,2,8,16,64,512] [--dtype float32|bfloat16]
+        [--reps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from cpuinfo import describe  # bench/cpuinfo.py, beside this script
+
+from engine.model.orient import by_mm
+
+LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+HEAD = [(49152, 576)]
+
+
+def fastest(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best * 1e6
+
+
+def packed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,2,8,16,64,512")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    print(f"cpu: {describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{args.dtype}; fastest of {args.reps} calls, microseconds")  # fmt: skip
+    print("| matrices | rows | F.linear | (W @ x.T).T | oneDNN packed | mm / linear | packed / "
+          "linear | packed bits = linear |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    g = torch.Generator().manual_seed(0)
+    for name, shapes in (("layer", LAYER), ("head", HEAD)):
+        ws = [torch.randn(o, i, generator=g).to(dtype) for o, i in shapes]
+        for n in (int(r) for r in args.rows.split(",")):
+            xs = [torch.randn(n, w.shape[1], generator=g).to(dtype) for w in ws]
+            pk = [torch.ops.mkldnn._reorder_linear_weight(w, n) for w in ws]
+            reps = args.reps if n * len(ws) < 2048 else max(3, args.reps // 5)
+            lin = fastest(lambda: [F.linear(x, w) for x, w in zip(xs, ws)], reps)  # noqa: B023
+            mm = fastest(lambda: [by_mm(x, w) for x, w in zip(xs, ws)], reps)  # noqa: B023
+            pack = fastest(lambda: [packed(x, p) for x, p in zip(xs, pk)], reps)  # noqa: B023
+            same = all(torch.equal(F.linear(x, w), packed(x, p)) for x, w, p in zip(xs, ws, pk))
+            print(f"| {name} | {n} | {lin:.0f} | {mm:.0f} | {pack:.0f} | {mm / lin:.2f}x | "
+                  f"{pack / lin:.2f}x | {'yes' if same else 'no'} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

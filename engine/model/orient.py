@@ -11,8 +11,9 @@ A choice fixed for one CPU is wrong on the other, so the model measures both at 
 own matrices in its own dtype (one layer's four, and the LM head apart: its shape is unlike
 theirs; in fast mode their dense values, which products past the packed kernel's rows take) at
 each of ``ROWS``, and a product of ``n`` rows takes the choice of the largest of ``ROWS`` not
-above ``n``. ``boot.weights`` records the result (``orient``); ``ATTEST_ORIENT=linear`` or
-``mm`` fixes one way instead.
+above ``n``. Where the two are within a few per cent (here a layer's 64 and 512 rows in float32)
+one boot may pick either; ``boot.weights`` records what it picked (``orient``), and
+``ATTEST_ORIENT=linear`` or ``mm`` fixes one way instead.
 
 Both give products of the same values; only the order of the sums inside the GEMM differs, as
 it does between batch sizes anyway (exact mode's token-exact tests against transformers pass

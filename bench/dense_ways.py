@@ -7,7 +7,8 @@ row count, then ``mkldnn._linear_pointwise``), for one layer's four matrices of 
 Each figure is the fastest of --reps calls after 3 warm ones (microseconds for the layer's four
 products together, or the head's one), with each way's ratio over ``F.linear``, and whether the
 packed way gives ``F.linear``'s bits. What the engine chooses at load is
-``engine.model.orient.measure`` over the same two first ways.
+``engine.model.orient.measure`` over the same two first ways; the last lines time that
+measurement itself (what it adds to a boot) for these shapes, and say what it chose.
 
     .venv/bin/python bench/dense_ways.py [--rows 1,2,8,16,64,512] [--dtype float32|bfloat16]
         [--reps 30]
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
-from engine.model.orient import by_mm
+from engine.model.orient import HEAD_ROWS, ROWS, by_mm, measure
 
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 HEAD = [(49152, 576)]
@@ -68,6 +69,10 @@ def main() -> None:
             same = all(torch.equal(F.linear(x, w), packed(x, p)) for x, w, p in zip(xs, ws, pk))
             print(f"| {name} | {n} | {lin:.0f} | {mm:.0f} | {pack:.0f} | {mm / lin:.2f}x | "
                   f"{pack / lin:.2f}x | {'yes' if same else 'no'} |", flush=True)  # fmt: skip
+        t = time.perf_counter()
+        chose, _ = measure(ws, ROWS if name == "layer" else HEAD_ROWS)
+        print(f"measuring the {name} at load: {time.perf_counter() - t:.2f} s; (W @ x.T).T "
+              f"chosen at rows {chose.fields()}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -95,10 +95,34 @@ def test_a_pool_cutover_under_load_changes_no_token_and_the_window_passes(
     assert set(window_verdicts(log).values()) == {"PASS"}
 
 
+class LoadAtOnce:
+    """The weights cutover's loading thread run to its end when started: the load then ends
+    before the next step, with residents still in flight. On a busy machine the real thread
+    could take longer than the tiny workload's remaining steps, leaving nobody to drain, carry
+    or hold back (the drain case once found no deferral for that reason)."""
+
+    def __init__(self, target, args=(), daemon=None):
+        self.target, self.args = target, args
+
+    def start(self) -> None:
+        self.target(*self.args)
+
+    def is_alive(self) -> bool:
+        return False
+
+    def join(self, timeout=None) -> None:
+        pass
+
+
 @pytest.mark.parametrize("mode", ["carry", "drain"])
 def test_a_weights_cutover_with_the_same_file_changes_no_token(
-    tiny_model_dir, expected, tmp_path, mode
+    tiny_model_dir, expected, tmp_path, mode, monkeypatch
 ):
+    import types
+
+    import engine.cutover
+
+    monkeypatch.setattr(engine.cutover, "threading", types.SimpleNamespace(Thread=LoadAtOnce))
     log = tmp_path / "boot.jsonl"
     ask = Cutover(kind="weights", mode=mode, path=tiny_model_dir)
     got, (end,), llm = serve_with(tiny_model_dir, {5: ask}, log)

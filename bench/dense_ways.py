@@ -23,21 +23,15 @@ import torch
 import torch.nn.functional as F
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
-from engine.model.orient import HEAD_ROWS, ROWS, by_mm, measure
+from engine.model.orient import HEAD_ROWS, ROWS, by_mm, fastest, measure
 
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 HEAD = [(49152, 576)]
 
 
-def fastest(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e6
+def micros(fn, reps: int) -> float:
+    """The fastest of ``reps`` calls after 3 warm ones, in microseconds."""
+    return fastest(fn, reps, warm=3) * 1e6
 
 
 def packed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -63,9 +57,9 @@ def main() -> None:
             xs = [torch.randn(n, w.shape[1], generator=g).to(dtype) for w in ws]
             pk = [torch.ops.mkldnn._reorder_linear_weight(w, n) for w in ws]
             reps = args.reps if n * len(ws) < 2048 else max(3, args.reps // 5)
-            lin = fastest(lambda: [F.linear(x, w) for x, w in zip(xs, ws)], reps)  # noqa: B023
-            mm = fastest(lambda: [by_mm(x, w) for x, w in zip(xs, ws)], reps)  # noqa: B023
-            pack = fastest(lambda: [packed(x, p) for x, p in zip(xs, pk)], reps)  # noqa: B023
+            lin = micros(lambda: [F.linear(x, w) for x, w in zip(xs, ws)], reps)  # noqa: B023
+            mm = micros(lambda: [by_mm(x, w) for x, w in zip(xs, ws)], reps)  # noqa: B023
+            pack = micros(lambda: [packed(x, p) for x, p in zip(xs, pk)], reps)  # noqa: B023
             same = all(torch.equal(F.linear(x, w), packed(x, p)) for x, w, p in zip(xs, ws, pk))
             print(f"| {name} | {n} | {lin:.0f} | {mm:.0f} | {pack:.0f} | {mm / lin:.2f}x | "
                   f"{pack / lin:.2f}x | {'yes' if same else 'no'} |", flush=True)  # fmt: skip

@@ -63,6 +63,15 @@ def context_slots(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     return meta.req_to_token[rows, :width], torch.tensor(lens, dtype=torch.int64, device=dev)
 
 
+def native_slots(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """``context_slots`` of this forward, built once and kept in ``meta.scratch`` for every
+    native call that reads the pool by it (each layer's attention, or the one-call step)."""
+    plan = meta.scratch.get("native")
+    if plan is None:
+        plan = meta.scratch["native"] = context_slots(meta)
+    return plan
+
+
 def build_plan(
     meta: AttentionMetadata, kv_heads: int, dtype: torch.dtype, buffers: IndexBuffers | None = None
 ) -> DecodePlan:

@@ -18,7 +18,13 @@ import torch.nn.functional as F
 
 from kernels import cpu_ops
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV, store_kv
-from kernels.paged_decode import IndexBuffers, build_plan, context_slots, grouped_decode
+from kernels.paged_decode import (
+    IndexBuffers,
+    build_plan,
+    context_slots,
+    grouped_decode,
+    native_slots,
+)
 
 DECODE_PATHS = ("native", "grouped", "padded")
 # A forward whose requests bring at most this many tokens each is attended row by row by the
@@ -98,10 +104,7 @@ class TorchReferenceBackend(AttentionBackend):
         """Store this step's K/V and attend, one native call: each row's context is read from
         the pool where it lies, with no gather and no GQA copy. The kernel stores every row's
         K/V before it attends, so a drafted row sees the rows before it."""
-        plan = meta.scratch.get("native")
-        if plan is None:  # the same for every layer of this forward
-            plan = meta.scratch["native"] = context_slots(meta)
-        slots, lens = plan  # q/k/v: views of the fused QKV product, read by their strides
+        slots, lens = native_slots(meta)  # q/k/v: views of the fused QKV product, by strides
         return torch.ops.attest.decode_attention(
             q, k, v, kv.k, kv.v, meta.out_slots, slots, lens, scale
         )

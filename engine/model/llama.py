@@ -18,7 +18,7 @@ from engine.dist.comm import Comm
 from engine.dist.pipeline import Stage, stage_layers
 from engine.model.config import ModelConfig
 from engine.model.fused import layer_ops
-from engine.model.native_step import NativeStep
+from engine.model.native_step import MATRICES, NativeStep
 from engine.model.orient import HEAD_ROWS, Orientation, by_mm, choose
 from engine.model.quant import QuantPlan, QuantWeight, quantize_weight
 from engine.model.shard import cols, plan_shard, rows, vocab_rows
@@ -179,7 +179,7 @@ class LlamaModel:
         dense = lambda m: m.dense if isinstance(m, QuantWeight) else m  # noqa: E731
         layers = head = None
         if self.layers:
-            layers = choose([dense(self.layers[0][k]) for k in ("qkv", "o", "gate_up", "down")])
+            layers = choose([dense(self.layers[0][k]) for k in MATRICES])
         if self.lm_head is not None:
             head = choose([dense(self.lm_head)], HEAD_ROWS)
         return layers, head

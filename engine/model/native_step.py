@@ -34,10 +34,10 @@ import torch
 from engine.model.quant import SMALL_ROWS, QuantWeight
 from kernels import cpu_ops
 from kernels.attention import AttentionMetadata, LayerKV
-from kernels.paged_decode import context_slots
+from kernels.paged_decode import native_slots
 
 STEP_ROWS = SMALL_ROWS
-MATRICES = ("qkv", "o", "gate_up", "down")
+MATRICES = ("qkv", "o", "gate_up", "down")  # a layer's linear matrices, in their order
 
 
 def why_not(model: Any) -> str | None:
@@ -89,10 +89,7 @@ class NativeStep:
     ) -> torch.Tensor:
         """The layers' output for ``x`` (the first layer's normed input), ``h`` the residual
         stream (updated in place); the same slot plan as the native attention's."""
-        plan = meta.scratch.get("native")
-        if plan is None:
-            plan = meta.scratch["native"] = context_slots(meta)
-        slots, lens = plan
+        slots, lens = native_slots(meta)
         pools = [t for kv in kv_layers for t in (kv.k, kv.v)]
         return torch.ops.attest.decode_layers(
             h, x, cos, sin, self.mats, self.scales, self.groups, self.norms, pools,

@@ -58,10 +58,17 @@ def by_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.mm(w, x.t()).t()
 
 
-def _timed(fn: Callable[[], object], clock: Callable[[], float]) -> float:
-    fn()
+def fastest(
+    fn: Callable[[], object],
+    reps: int = REPS,
+    warm: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """The fastest of ``reps`` calls of ``fn``, in seconds, after ``warm`` untimed ones."""
+    for _ in range(warm):
+        fn()
     best = float("inf")
-    for _ in range(REPS):
+    for _ in range(reps):
         t = clock()
         fn()
         best = min(best, clock() - t)
@@ -79,8 +86,8 @@ def measure(
     took: dict[int, tuple[float, float]] = {}
     for n in rows:
         xs = [torch.randn(n, w.shape[1], generator=g, dtype=w.dtype) for w in mats]
-        lin = _timed(lambda: [F.linear(x, w) for x, w in zip(xs, mats)], clock)  # noqa: B023
-        mm = _timed(lambda: [by_mm(x, w) for x, w in zip(xs, mats)], clock)  # noqa: B023
+        lin = fastest(lambda: [F.linear(x, w) for x, w in zip(xs, mats)], clock=clock)  # noqa: B023
+        mm = fastest(lambda: [by_mm(x, w) for x, w in zip(xs, mats)], clock=clock)  # noqa: B023
         took[n] = (lin, mm)
     return Orientation(rows, tuple(mm < lin for lin, mm in took.values())), took
 

@@ -14,6 +14,7 @@ from engine.model.native_step import STEP_ROWS, NativeStep, why_not
 from engine.model.quant import plan_quant
 from kernels import cpu_ops
 from kernels.attention import LayerKV
+from kernels.paged_decode import native_slots
 from kernels.select import get_backend
 from tests.unit.paged_batch import make_paged_batch
 
@@ -111,11 +112,5 @@ def test_the_call_refuses_lists_of_the_wrong_lengths(tiny_model_dir):
     with pytest.raises(RuntimeError, match="2 pools a layer"):
         torch.ops.attest.decode_layers(
             h, h.clone(), cos, sin, step.mats, step.scales, step.groups, step.norms,
-            [pools[0].k], meta.out_slots, *step_plan(meta), step.dims, step.scale, step.eps,
+            [pools[0].k], meta.out_slots, *native_slots(meta), step.dims, step.scale, step.eps,
         )  # fmt: skip
-
-
-def step_plan(meta):
-    from kernels.paged_decode import context_slots
-
-    return context_slots(meta)

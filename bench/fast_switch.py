@@ -10,10 +10,10 @@ from each arm's model which one it is:
   baseline ``ATTEST_VNNI=0``, torch's packed int8 kernel for the head.
 * ``step``: a small decode forward's layers in one native call (``engine.model.native_step``);
   baseline ``ATTEST_NATIVE_STEP=0``, the layers in Python (the same kernels, the same bits).
-* ``int4``: the int4 matrices' integer products (``engine.model.int4_vnni``: 8-bit activations,
-  AVX-512 VNNI); baseline ``ATTEST_INT4_VNNI=0``, torch's packed int4 kernel.
+* ``ints``: the layer matrices' integer products (``engine.model.int_vnni``: 8-bit activations,
+  AVX-512 VNNI); baseline ``ATTEST_INT_VNNI=0``, torch's packed int4 / int8 kernels.
 
-    .venv/bin/python bench/fast_switch.py [--switch vnni|step|int4] [--modes int8,int4]
+    .venv/bin/python bench/fast_switch.py [--switch vnni|step|ints] [--modes int8,int4]
         [--streams 1,16,64] [--runs 5] [--prompt-len 128] [--new-tokens 64] [--agreement]
 """
 
@@ -33,7 +33,7 @@ from engine.benchmark.method import Prompts, attest_generate, decode_rate
 SWITCHES = {
     "vnni": ("ATTEST_VNNI", lambda llm: llm.core.model.quant.vnni_rows > 0),
     "step": ("ATTEST_NATIVE_STEP", lambda llm: llm.core.model.native_step is not None),
-    "int4": ("ATTEST_INT4_VNNI", lambda llm: llm.core.model.quant.int4_vnni),
+    "ints": ("ATTEST_INT_VNNI", lambda llm: llm.core.model.quant.int_vnni),
 }
 
 

@@ -13,6 +13,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 at::Tensor add_rms_norm(at::Tensor& h, const at::Tensor& y, const at::Tensor& w, double eps);
 at::Tensor rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor int4_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales);
+at::Tensor int8_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales);
 at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
                          const at::Tensor& sin, at::TensorList mats, at::TensorList scales,
                          at::IntArrayRef groups, at::TensorList norms, at::TensorList pools,

@@ -13,13 +13,15 @@ namespace attest_ops {
 
 namespace {
 
-// x @ w.T by a packed matrix: int8 values ([out, in], per-row scales), the integer products'
-// int4 layout (4 dimensions, cpu_int4.cpp) or torch's int4 packing (scales and zeros per group of
-// ``group`` input columns), as QuantWeight.packed_matmul.
+// x @ w.T by a packed matrix, as QuantWeight.packed_matmul: the integer products' int4 or int8
+// layout (4 dimensions, cpu_int.cpp), int8 values ([out, in], per-row scales) or torch's int4
+// packing (scales and zeros per group of ``group`` input columns).
 at::Tensor packed_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                      int64_t group) {
+  if (packed.dim() == 4)
+    return packed.scalar_type() == at::kChar ? int8_vnni_mm(x, packed, scales)
+                                             : int4_vnni_mm(x, packed, scales);
   if (packed.scalar_type() == at::kChar) return at::_weight_int8pack_mm(x, packed, scales);
-  if (packed.dim() == 4) return int4_vnni_mm(x, packed, scales);
   return at::_weight_int4pack_mm_for_cpu(x, packed, group, scales);
 }
 

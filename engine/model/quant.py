@@ -28,10 +28,10 @@ packed int8 kernel, 16 rows in 3.2 against 5.7 ms for the dense values; from 32 
 refinement's top-k costs what the product saves. Smaller matrices keep the packed kernel
 (BENCHMARKS.md).
 
-On a CPU with AVX-512 VNNI (and the native ops built) the int4 matrices' products of at most
-``small_rows`` rows are native integer ones instead of torch's packed int4 kernel
-(``engine.model.int4_vnni``: the same int4 values, scales and minimums, activations 8 bits per
-group of 32 columns; measured here 2-4x faster per product, 1.35x tok/s at one stream,
+On a CPU with AVX-512 VNNI (and the native ops built) the layer matrices' products of at most
+``small_rows`` rows are native integer ones instead of torch's packed int4 / int8 kernels
+(``engine.model.int_vnni``: the same values and scales, activations 8 bits per group of 32
+columns; int4 measured here 2-4x faster per product, 1.35x tok/s at one stream,
 BENCHMARKS.md). More rows keep the dense values: from about 8 rows their bfloat16 GEMM is as
 fast.
 
@@ -54,8 +54,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import QUANTS
-from engine.model.int4_vnni import int4_vnni_native
-from engine.model.int4_vnni import pack as pack_int4_vnni
+from engine.model.int_vnni import ROWS, int_vnni_native, pack_int4, pack_int8
 from engine.model.vnni import Int8Vnni, vnni_native
 from kernels import cpu_ops
 from kernels.cpu_ops import cpu_flags
@@ -85,7 +84,7 @@ class QuantPlan:
     path: str  # what runs, in words, for the boot receipt and `engine info`
     kv_dtype: torch.dtype = torch.float32  # the KV pool's (decode attention runs in it)
     vnni_rows: int = 0  # int8 matrices' products up to this many rows take the VNNI product
-    int4_vnni: bool = False  # int4 matrices' packed products are the native integer ones
+    int_vnni: bool = False  # the layer matrices' few-row products are the native integer ones
     counts: dict[str, int] = field(default_factory=dict)  # matrices quantised, by kind
     packed_bytes: int = 0
     dense_bytes: int = 0
@@ -98,7 +97,7 @@ class QuantPlan:
             "packed_bytes": self.packed_bytes, "dense_bytes": self.dense_bytes,
             "quantize_s": round(self.seconds, 3),
             "kv_dtype": str(self.kv_dtype).removeprefix("torch."), "vnni_rows": self.vnni_rows,
-            "int4_vnni": self.int4_vnni,
+            "int_vnni": self.int_vnni,
         }  # fmt: skip
 
 
@@ -120,14 +119,14 @@ def plan_quant(
     if bf16_native(flags):
         native = cpu_ops.load() if native is None else native
         kv = torch.bfloat16 if native else torch.float32
-        i4 = mode == "int4" and native and int4_vnni_native(flags)
-        kernel = ("int4 integer products (activations 8 bits per group of 32, AVX-512 VNNI)"
-                  if i4 else f"{mode} packed kernel")  # fmt: skip
+        layer_ints = bool(native) and int_vnni_native(flags)
+        kernel = (f"{mode} integer products (activations 8 bits per group of 32, AVX-512 VNNI)"
+                  if layer_ints else f"{mode} packed kernel")  # fmt: skip
         return QuantPlan(
             mode, torch.bfloat16, SMALL_ROWS,
             f"{kernel} up to {SMALL_ROWS} rows, dense bfloat16 beyond "
             f"(avx512_bf16 present){ints}; {str(kv).removeprefix('torch.')} KV pool",
-            kv_dtype=kv, vnni_rows=vnni, int4_vnni=i4,
+            kv_dtype=kv, vnni_rows=vnni, int_vnni=layer_ints,
         )  # fmt: skip
     return QuantPlan(
         mode, torch.float32, 0,
@@ -174,7 +173,7 @@ class QuantWeight:
         dtype: torch.dtype,
         small_rows: int,
         vnni_rows: int = 0,
-        int4_vnni: bool = False,
+        int_vnni: bool = False,
     ) -> None:
         self.shape = tuple(w.shape)
         group = int4_group(w.shape[1]) if mode == "int4" else None
@@ -189,6 +188,8 @@ class QuantWeight:
             if vnni_rows > 0 and w.numel() >= VNNI_MIN_WEIGHTS:  # the same values, in integers
                 self._packed, self.small_rows = Int8Vnni(q, scale), vnni_rows
                 self._scales = scale
+            elif small_rows > 0 and int_vnni and w.shape[0] % ROWS == 0 and w.shape[1] % 32 == 0:
+                self._packed, self._scales = pack_int8(q, scale)  # the same values, in integers
             elif small_rows > 0:  # the packed form is kept only where its kernel runs
                 self._packed, self._scales = q, scale.to(dtype)
         else:
@@ -196,8 +197,8 @@ class QuantWeight:
             n, k = w.shape
             values = q.float().reshape(n, k // self._group, self._group) * scale[..., None]
             values = (values + lo[..., None]).reshape(n, k)
-            if small_rows > 0 and int4_vnni:  # the same values, in integers
-                self._packed, self._scales = pack_int4_vnni(q, scale, lo)
+            if small_rows > 0 and int_vnni:  # the same values, in integers
+                self._packed, self._scales = pack_int4(q, scale, lo)
             elif small_rows > 0:
                 # the kernel computes (q - 8) * scale + zero, so zero = lo + 8 * scale
                 sz = torch.stack([scale, lo + 8 * scale], dim=-1)  # [N, K/g, 2]
@@ -239,10 +240,15 @@ class QuantWeight:
     def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self._packed, Int8Vnni):
             return self.refine_top(x, self._packed.matmul(x))
+        if self._packed.dim() == 4:  # engine.model.int_vnni's layouts (torch's have 2)
+            op = (
+                torch.ops.attest.int8_vnni_mm
+                if self.mode == "int8"
+                else torch.ops.attest.int4_vnni_mm
+            )
+            return op(x, self._packed, self._scales)
         if self.mode == "int8":
             return torch.ops.aten._weight_int8pack_mm(x, self._packed, self._scales)
-        if self._packed.dim() == 4:  # engine.model.int4_vnni's layout (torch's has 2)
-            return torch.ops.attest.int4_vnni_mm(x, self._packed, self._scales)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
             x, self._packed, self._group, self._scales
         )
@@ -253,7 +259,7 @@ def quantize_weight(w: torch.Tensor, plan: QuantPlan, mode: str | None = None) -
     counted in the plan."""
     t = time.perf_counter()
     qw = QuantWeight(
-        w, mode or plan.mode, plan.dtype, plan.small_rows, plan.vnni_rows, plan.int4_vnni
+        w, mode or plan.mode, plan.dtype, plan.small_rows, plan.vnni_rows, plan.int_vnni
     )
     plan.counts[qw.mode] = plan.counts.get(qw.mode, 0) + 1
     plan.packed_bytes += qw.packed_bytes

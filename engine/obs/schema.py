@@ -128,7 +128,7 @@ _CATALOG = (
          ("mem_available", "fraction", "budget_bytes")),
     Kind(BOOT_WEIGHTS, ("mode", "dtype"),
          "the weights are in place: mode exact (float32), bfloat16, or fast mode's int8 / int4 "
-         "with the kernels chosen for this CPU (path, small_rows, vnni_rows, int4_vnni: the int4 "
+         "with the kernels chosen for this CPU (path, small_rows, vnni_rows, int_vnni: the layer "
          "matrices' few-row products in integers, kv_dtype) and what "
          "they take; "
          "on a CPU whether the native ops run (ops native | torch, ops_why) and in fast mode "
@@ -136,7 +136,7 @@ _CATALOG = (
          "never); on a CPU, the row counts from which the layers' and the LM head's dense "
          "products take (W @ x.T).T rather than F.linear, measured at load (orient); on a "
          "pipeline stage, which stage and the layers [start, stop) it holds",
-         ("path", "small_rows", "vnni_rows", "int4_vnni", "matrices", "packed_bytes", "dense_bytes",
+         ("path", "small_rows", "vnni_rows", "int_vnni", "matrices", "packed_bytes", "dense_bytes",
           "quantize_s", "kv_dtype", "ops", "ops_why", "step_rows", "orient", "stage", "layers")),
     Kind(BOOT_READY, ("startup_s",),
          "the engine accepts work (served: its HTTP socket is bound and serving)",

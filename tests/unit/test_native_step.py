@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.dist.pipeline import Stage
-from engine.model.int4_vnni import int4_vnni_native
+from engine.model.int_vnni import int_vnni_native
 from engine.model.llama import LlamaModel
 from engine.model.loader import load_model
 from engine.model.native_step import STEP_ROWS, NativeStep, why_not
@@ -22,14 +22,14 @@ from tests.unit.paged_batch import make_paged_batch
 
 pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason=f"{cpu_ops.why_not()}")
 BF16 = frozenset({"avx2", "avx512f", "avx512_bf16"})  # a plan with packed kernels on any CPU
-VNNI = BF16 | {"avx512bw", "avx512dq", "avx512_vnni"}  # and int4's integer products, where built
+VNNI = BF16 | {"avx512bw", "avx512dq", "avx512_vnni"}  # and the integer products, where built
 
 
 def _model(path: str, mode: str = "int4", backend: str = "torch", **kw) -> LlamaModel:
     loaded = load_model(path)
-    mode, _, ints = mode.partition("-")  # "int4-vnni": int4 with its integer products
+    mode, _, ints = mode.partition("-")  # "int4-vnni": int4 with the integer products
     plan = plan_quant(mode, "cpu", flags=VNNI if ints else BF16, native=True)
-    assert plan.int4_vnni == (bool(ints) and int4_vnni_native(cpu_flags()))
+    assert plan.int_vnni == (bool(ints) and int_vnni_native(cpu_flags()))
     be = get_backend(backend, "cpu", plan.dtype, 1)
     return LlamaModel(loaded.config, dict(loaded.weights), plan.dtype, be, quant=plan, **kw)
 
@@ -52,7 +52,7 @@ def _copy(pools: list[LayerKV]) -> list[LayerKV]:
     return [LayerKV(kv.k.clone(), kv.v.clone()) for kv in pools]
 
 
-@pytest.mark.parametrize("mode", ["int4", "int8", "int4-vnni"])
+@pytest.mark.parametrize("mode", ["int4", "int8", "int4-vnni", "int8-vnni"])
 @pytest.mark.parametrize(
     "spec", [[(9, 1)], [(5, 1), (17, 1)], [(3, 1), (1, 1), (30, 1), (12, 1)], [(6, 3)], [(0, 4)]]
 )

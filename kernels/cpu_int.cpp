@@ -1,0 +1,300 @@
+// Integer products for fast mode's int4 and int8 matrices on CPUs with AVX-512 VNNI: x @ w.T
+// with the activations quantised to 8 bits per group of 32 columns and the dot products in
+// integers (vpdpbusd: per int32 lane, 4 unsigned bytes times 4 signed bytes, summed).
+//
+// The weights are the values of engine/model/quant.py, laid out at load by
+// engine/model/int_vnni.py in blocks of 16 output rows (a vector lane each). A vector of weights
+// meets 4 activations broadcast to every lane, so the 16 lanes are 16 output rows and no sum
+// across lanes is needed.
+//
+// int4 (w ~= q * scale + lo, q in [0, 15], a scale and a lo per group of 32 input columns):
+//   packed [N / 16, G, 4, 64] uint8: per block and group, four vectors of 16 lanes x 4 bytes; in
+//     vector j, lane r's byte b holds q[r, 8j + b] in its low nibble and q[r, 8j + 4 + b] in its
+//     high one (columns within the group);
+//   scales [N / 16, G, 2, 16] bfloat16: per block and group, the 16 rows' scales, then their lo's;
+//   y[n] = sum_g (scale[n, g] * d_g) * sum(q * a) + lo[n, g] * (d_g * sum(a)).
+// int8 (w ~= q * scale, q in [-127, 127], a scale per row): the activations are the unsigned
+// operand, a + 128, and 128 * sum(q) over the group is taken off again;
+//   packed [N / 16, G, 8, 64] int8: vector j, lane r's byte b holds q[r, 4j + b];
+//   scales [N / 16, G + 1, 16] float32: per block, each group's 128 * sum(q) (an integer, exact
+//     in float32), then the rows' scales;
+//   y[n] = scale[n] * sum_g d_g * (sum((a + 128) * q) - 128 * sum(q)).
+// Per activation row and group g: d = max |x| / 127, a = round(x / d) in [-127, 127]. The integer
+// sums are exact, the float ones in a fixed order: a row's result does not depend on the other
+// rows of the product.
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__)
+#define ATTEST_INT_VNNI 1
+#include <immintrin.h>
+#endif
+
+namespace attest_ops {
+
+namespace {
+
+constexpr int64_t kGroup = 32, kRows = 16;
+
+// Activation rows, quantised: a [rows, K]; d and dsum [rows, G] (dsum = d * sum(a)). Buffers of
+// the calling thread, kept between calls (a product takes microseconds; allocating is not free).
+struct QuantRows {
+  std::vector<int8_t> a;
+  std::vector<float> d, dsum;
+};
+
+template <typename X>
+void quantise_rows(const X* x, int64_t rows, int64_t K, QuantRows& r) {
+  const int64_t G = K / kGroup;
+  r.a.assign(rows * K, 0);
+  r.d.assign(rows * G, 0.f);
+  r.dsum.assign(rows * G, 0.f);
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t g = 0; g < G; ++g) {
+      const X* xg = x + t * K + g * kGroup;
+      float amax = 0.f;
+      for (int64_t k = 0; k < kGroup; ++k) amax = std::max(amax, std::fabs(static_cast<float>(xg[k])));
+      if (amax == 0.f) continue;
+      const float inv = 127.f / amax;
+      int8_t* ag = r.a.data() + t * K + g * kGroup;
+      int32_t sum = 0;
+      for (int64_t k = 0; k < kGroup; ++k) {
+        const float v = std::nearbyint(static_cast<float>(xg[k]) * inv);
+        ag[k] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, v)));
+        sum += ag[k];
+      }
+      r.d[t * G + g] = amax / 127.f;
+      r.dsum[t * G + g] = r.d[t * G + g] * static_cast<float>(sum);
+    }
+  }
+}
+
+#ifdef ATTEST_INT_VNNI
+
+inline __m512 bf16x16(const uint16_t* p) {  // 16 bfloat16 as float32
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+inline __m512i bcast4(const int8_t* p) {  // 4 activations to every lane
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// A matrix as the kernels take it.
+struct Mat {
+  const void* w;
+  const void* s;
+  int64_t N, K;
+};
+
+template <typename Y>
+inline void store_rows(__m512 y, Y* out) {  // 16 lanes to 16 outputs, in Y
+  alignas(64) float v[kRows];
+  _mm512_store_ps(v, y);
+  for (int r = 0; r < kRows; ++r) out[r] = static_cast<Y>(v[r]);
+}
+
+// Blocks [b0, b0 + B) of 16 output rows for the T (1..4) quantised activation rows:
+// out[t * N + n], in Y (float or bfloat16). B * T chains of integer sums, independent.
+template <int T, int B, typename Y>
+struct Int4Blocks {
+  static void run(const Mat& m, const QuantRows& xs, Y* out, int64_t b0) {
+    const int64_t G = m.K / kGroup;
+    const auto* packed = static_cast<const uint8_t*>(m.w);
+    const auto* scales = static_cast<const uint16_t*>(m.s);
+    const __m512i nibble = _mm512_set1_epi8(0x0f);
+    __m512 acc[B][T];
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) acc[b][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      __m512i dot[B][T];
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t) dot[b][t] = _mm512_setzero_si512();
+      for (int j = 0; j < 4; ++j) {
+        __m512i xl[T], xh[T];
+        for (int t = 0; t < T; ++t) {
+          const int8_t* at = xs.a.data() + t * m.K + g * kGroup + 8 * j;
+          xl[t] = bcast4(at);
+          xh[t] = bcast4(at + 4);
+        }
+        for (int b = 0; b < B; ++b) {
+          const __m512i v = _mm512_loadu_si512(packed + ((b0 + b) * G + g) * 256 + j * 64);
+          const __m512i low = _mm512_and_si512(v, nibble);
+          const __m512i high = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+          for (int t = 0; t < T; ++t) {
+            dot[b][t] = _mm512_dpbusd_epi32(dot[b][t], low, xl[t]);
+            dot[b][t] = _mm512_dpbusd_epi32(dot[b][t], high, xh[t]);
+          }
+        }
+      }
+      for (int b = 0; b < B; ++b) {
+        const uint16_t* sb = scales + ((b0 + b) * G + g) * 2 * kRows;
+        const __m512 scale = bf16x16(sb), lo = bf16x16(sb + kRows);
+        for (int t = 0; t < T; ++t) {
+          const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(xs.d[t * G + g]));
+          acc[b][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[b][t]), sd, acc[b][t]);
+          acc[b][t] = _mm512_fmadd_ps(lo, _mm512_set1_ps(xs.dsum[t * G + g]), acc[b][t]);
+        }
+      }
+    }
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) store_rows(acc[b][t], out + t * m.N + (b0 + b) * kRows);
+  }
+};
+
+template <int T, int B, typename Y>
+struct Int8Blocks {
+  static void run(const Mat& m, const QuantRows& xs, Y* out, int64_t b0) {
+    const int64_t G = m.K / kGroup;
+    const auto* packed = static_cast<const int8_t*>(m.w);
+    const auto* scales = static_cast<const float*>(m.s);
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // a + 128, as unsigned
+    __m512 acc[B][T];
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) acc[b][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      __m512i dot[B][T];
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t) dot[b][t] = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) {
+        __m512i xa[T];
+        for (int t = 0; t < T; ++t)
+          xa[t] = _mm512_xor_si512(bcast4(xs.a.data() + t * m.K + g * kGroup + 4 * j), flip);
+        for (int b = 0; b < B; ++b) {
+          const __m512i w = _mm512_loadu_si512(packed + ((b0 + b) * G + g) * 512 + j * 64);
+          for (int t = 0; t < T; ++t) dot[b][t] = _mm512_dpbusd_epi32(dot[b][t], xa[t], w);
+        }
+      }
+      for (int b = 0; b < B; ++b) {
+        const __m512 bias = _mm512_loadu_ps(scales + ((b0 + b) * (G + 1) + g) * kRows);
+        for (int t = 0; t < T; ++t) {
+          const __m512 sum = _mm512_sub_ps(_mm512_cvtepi32_ps(dot[b][t]), bias);  // exact
+          acc[b][t] = _mm512_fmadd_ps(sum, _mm512_set1_ps(xs.d[t * G + g]), acc[b][t]);
+        }
+      }
+    }
+    for (int b = 0; b < B; ++b) {
+      const __m512 rs = _mm512_loadu_ps(scales + ((b0 + b) * (G + 1) + G) * kRows);
+      for (int t = 0; t < T; ++t)
+        store_rows(_mm512_mul_ps(acc[b][t], rs), out + t * m.N + (b0 + b) * kRows);
+    }
+  }
+};
+
+// Blocks [begin, end) in runs of B, the rest one at a time.
+template <template <int, int, typename> class Blocks, int T, int B, typename Y>
+void span(const Mat& m, const QuantRows& xs, Y* out, int64_t begin, int64_t end) {
+  int64_t b = begin;
+  for (; b + B <= end; b += B) Blocks<T, B, Y>::run(m, xs, out, b);
+  for (; b < end; ++b) Blocks<T, 1, Y>::run(m, xs, out, b);
+}
+
+// x @ w.T, four activation rows at a time, the blocks of rows shared among the threads.
+template <template <int, int, typename> class Blocks>
+at::Tensor run_int(const at::Tensor& x, const Mat& m) {
+  const at::Tensor xc = x.contiguous();
+  const int64_t T = xc.size(0), K = m.K, N = m.N, blocks = N / kRows;
+  at::Tensor out = at::empty({T, N}, xc.options());
+  thread_local QuantRows mine;
+  QuantRows& xs = mine;  // the calling thread's: the workers below read it by this reference
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "int_vnni_mm", [&] {
+    for (int64_t t0 = 0; t0 < T; t0 += 4) {
+      const int rows = static_cast<int>(std::min<int64_t>(4, T - t0));
+      quantise_rows(xc.data_ptr<scalar_t>() + t0 * K, rows, K, xs);
+      scalar_t* po = out.data_ptr<scalar_t>() + t0 * N;
+      at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
+        switch (rows) {  // about eight chains of integer sums in flight
+          case 1: span<Blocks, 1, 4>(m, xs, po, b0, b1); break;
+          case 2: span<Blocks, 2, 4>(m, xs, po, b0, b1); break;
+          case 3: span<Blocks, 3, 2>(m, xs, po, b0, b1); break;
+          default: span<Blocks, 4, 2>(m, xs, po, b0, b1);
+        }
+      });
+    }
+  });
+  return out;
+}
+
+#endif
+
+}  // namespace
+
+bool int_vnni_built() {
+#ifdef ATTEST_INT_VNNI
+  return true;
+#else
+  return false;
+#endif
+}
+
+static void check_x(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(int_vnni_built(), op, ": built for a CPU without AVX-512 VNNI");
+  TORCH_CHECK(x.dim() == 2, op, ": x [T, K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op,
+              ": x float32 or bfloat16");
+}
+
+// x [T, K] (float32 or bfloat16) @ w.T for an int4 matrix laid out as above; in x's dtype.
+at::Tensor int4_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales) {
+  check_x(x, "int4_vnni_mm");
+  TORCH_CHECK(packed.dim() == 4 && scales.dim() == 4 && packed.scalar_type() == at::kByte &&
+                  scales.scalar_type() == at::kBFloat16,
+              "int4_vnni_mm: packed [N/16, K/32, 4, 64] uint8, scales [N/16, K/32, 2, 16] bfloat16");
+  const int64_t K = x.size(1), blocks = packed.size(0);
+  TORCH_CHECK(K % kGroup == 0 && packed.size(1) == K / kGroup && packed.size(2) == 4 &&
+                  packed.size(3) == 64,
+              "int4_vnni_mm: x has ", K, " columns, the matrix ", packed.size(1) * kGroup);
+  TORCH_CHECK(scales.size(0) == blocks && scales.size(1) == K / kGroup && scales.size(2) == 2 &&
+                  scales.size(3) == kRows,
+              "int4_vnni_mm: scales [", blocks, ", ", K / kGroup, ", 2, 16]");
+#ifdef ATTEST_INT_VNNI
+  const at::Tensor pc = packed.contiguous(), sc = scales.contiguous();
+  return run_int<Int4Blocks>(x, {pc.data_ptr(), sc.data_ptr(), blocks * kRows, K});
+#else
+  return at::Tensor();
+#endif
+}
+
+// x [T, K] (float32 or bfloat16) @ w.T for an int8 matrix laid out as above; in x's dtype.
+at::Tensor int8_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales) {
+  check_x(x, "int8_vnni_mm");
+  TORCH_CHECK(packed.dim() == 4 && scales.dim() == 3 && packed.scalar_type() == at::kChar &&
+                  scales.scalar_type() == at::kFloat,
+              "int8_vnni_mm: packed [N/16, K/32, 8, 64] int8, scales [N/16, K/32 + 1, 16] float32");
+  const int64_t K = x.size(1), blocks = packed.size(0);
+  TORCH_CHECK(K % kGroup == 0 && packed.size(1) == K / kGroup && packed.size(2) == 8 &&
+                  packed.size(3) == 64,
+              "int8_vnni_mm: x has ", K, " columns, the matrix ", packed.size(1) * kGroup);
+  TORCH_CHECK(scales.size(0) == blocks && scales.size(1) == K / kGroup + 1 &&
+                  scales.size(2) == kRows,
+              "int8_vnni_mm: scales [", blocks, ", ", K / kGroup + 1, ", 16]");
+#ifdef ATTEST_INT_VNNI
+  const at::Tensor pc = packed.contiguous(), sc = scales.contiguous();
+  return run_int<Int8Blocks>(x, {pc.data_ptr(), sc.data_ptr(), blocks * kRows, K});
+#else
+  return at::Tensor();
+#endif
+}
+
+}  // namespace attest_ops
+
+TORCH_LIBRARY_FRAGMENT(attest, m) {
+  m.def("int4_vnni_mm(Tensor x, Tensor packed, Tensor scales) -> Tensor");
+  m.def("int8_vnni_mm(Tensor x, Tensor packed, Tensor scales) -> Tensor");
+  m.def("int_vnni_built() -> bool", &attest_ops::int_vnni_built);
+}
+
+TORCH_LIBRARY_IMPL(attest, CPU, m) {
+  m.impl("int4_vnni_mm", attest_ops::int4_vnni_mm);
+  m.impl("int8_vnni_mm", attest_ops::int8_vnni_mm);
+}

@@ -44,6 +44,13 @@ namespace {
 
 constexpr int64_t kGroup = 32, kRows = 16;
 
+// A matrix as the kernels take it.
+struct Mat {
+  const void* w;
+  const void* s;
+  int64_t N, K;
+};
+
 // Activation rows, quantised: a [rows, K]; d and dsum [rows, G] (dsum = d * sum(a)). Buffers of
 // the calling thread, kept between calls (a product takes microseconds; allocating is not free).
 struct QuantRows {
@@ -89,13 +96,6 @@ inline __m512i bcast4(const int8_t* p) {  // 4 activations to every lane
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
 }
-
-// A matrix as the kernels take it.
-struct Mat {
-  const void* w;
-  const void* s;
-  int64_t N, K;
-};
 
 template <typename Y>
 inline void store_rows(__m512 y, Y* out) {  // 16 lanes to 16 outputs, in Y
@@ -237,29 +237,50 @@ bool int_vnni_built() {
 #endif
 }
 
-static void check_x(const at::Tensor& x, const char* op) {
-  TORCH_CHECK(int_vnni_built(), op, ": built for a CPU without AVX-512 VNNI");
-  TORCH_CHECK(x.dim() == 2, op, ": x [T, K]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op,
-              ": x float32 or bfloat16");
+namespace {
+
+// A layout's tensors: packed [N / 16, K / 32, vectors, 64] of packed_t, scales of scales_t in
+// the shape scales_shape gives; the message says them all.
+struct Layout {
+  const char* op;
+  int64_t vectors;
+  at::ScalarType packed_t, scales_t;
+  const char* tensors;
+};
+
+std::vector<int64_t> scales_shape(const Layout& l, int64_t blocks, int64_t G) {
+  if (l.vectors == 4) return {blocks, G, 2, kRows};  // int4: scales, then lo's
+  return {blocks, G + 1, kRows};                     // int8: 128 * sum(q) per group, row scales
 }
+
+Mat checked(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+            const Layout& l) {
+  TORCH_CHECK(int_vnni_built(), l.op, ": built for a CPU without AVX-512 VNNI");
+  TORCH_CHECK(x.dim() == 2, l.op, ": x [T, K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, l.op,
+              ": x float32 or bfloat16");
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == l.packed_t &&
+                  scales.scalar_type() == l.scales_t && packed.is_contiguous() &&
+                  scales.is_contiguous(),
+              l.op, ": ", l.tensors, ", contiguous");
+  const int64_t K = x.size(1), blocks = packed.size(0);
+  TORCH_CHECK(K % kGroup == 0 && packed.size(1) == K / kGroup && packed.size(2) == l.vectors &&
+                  packed.size(3) == 64,
+              l.op, ": x has ", K, " columns, the matrix ", packed.size(1) * kGroup);
+  const std::vector<int64_t> want = scales_shape(l, blocks, K / kGroup);
+  TORCH_CHECK(scales.sizes() == at::IntArrayRef(want), l.op, ": scales ", at::IntArrayRef(want),
+              ", not ", scales.sizes());
+  return {packed.data_ptr(), scales.data_ptr(), blocks * kRows, K};
+}
+
+}  // namespace
 
 // x [T, K] (float32 or bfloat16) @ w.T for an int4 matrix laid out as above; in x's dtype.
 at::Tensor int4_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales) {
-  check_x(x, "int4_vnni_mm");
-  TORCH_CHECK(packed.dim() == 4 && scales.dim() == 4 && packed.scalar_type() == at::kByte &&
-                  scales.scalar_type() == at::kBFloat16,
-              "int4_vnni_mm: packed [N/16, K/32, 4, 64] uint8, scales [N/16, K/32, 2, 16] bfloat16");
-  const int64_t K = x.size(1), blocks = packed.size(0);
-  TORCH_CHECK(K % kGroup == 0 && packed.size(1) == K / kGroup && packed.size(2) == 4 &&
-                  packed.size(3) == 64,
-              "int4_vnni_mm: x has ", K, " columns, the matrix ", packed.size(1) * kGroup);
-  TORCH_CHECK(scales.size(0) == blocks && scales.size(1) == K / kGroup && scales.size(2) == 2 &&
-                  scales.size(3) == kRows,
-              "int4_vnni_mm: scales [", blocks, ", ", K / kGroup, ", 2, 16]");
+  const Mat m = checked(x, packed, scales, {"int4_vnni_mm", 4, at::kByte, at::kBFloat16,
+      "packed [N/16, K/32, 4, 64] uint8, scales [N/16, K/32, 2, 16] bfloat16"});
 #ifdef ATTEST_INT_VNNI
-  const at::Tensor pc = packed.contiguous(), sc = scales.contiguous();
-  return run_int<Int4Blocks>(x, {pc.data_ptr(), sc.data_ptr(), blocks * kRows, K});
+  return run_int<Int4Blocks>(x, m);
 #else
   return at::Tensor();
 #endif
@@ -267,20 +288,10 @@ at::Tensor int4_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at:
 
 // x [T, K] (float32 or bfloat16) @ w.T for an int8 matrix laid out as above; in x's dtype.
 at::Tensor int8_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales) {
-  check_x(x, "int8_vnni_mm");
-  TORCH_CHECK(packed.dim() == 4 && scales.dim() == 3 && packed.scalar_type() == at::kChar &&
-                  scales.scalar_type() == at::kFloat,
-              "int8_vnni_mm: packed [N/16, K/32, 8, 64] int8, scales [N/16, K/32 + 1, 16] float32");
-  const int64_t K = x.size(1), blocks = packed.size(0);
-  TORCH_CHECK(K % kGroup == 0 && packed.size(1) == K / kGroup && packed.size(2) == 8 &&
-                  packed.size(3) == 64,
-              "int8_vnni_mm: x has ", K, " columns, the matrix ", packed.size(1) * kGroup);
-  TORCH_CHECK(scales.size(0) == blocks && scales.size(1) == K / kGroup + 1 &&
-                  scales.size(2) == kRows,
-              "int8_vnni_mm: scales [", blocks, ", ", K / kGroup + 1, ", 16]");
+  const Mat m = checked(x, packed, scales, {"int8_vnni_mm", 8, at::kChar, at::kFloat,
+      "packed [N/16, K/32, 8, 64] int8, scales [N/16, K/32 + 1, 16] float32"});
 #ifdef ATTEST_INT_VNNI
-  const at::Tensor pc = packed.contiguous(), sc = scales.contiguous();
-  return run_int<Int8Blocks>(x, {pc.data_ptr(), sc.data_ptr(), blocks * kRows, K});
+  return run_int<Int8Blocks>(x, m);
 #else
   return at::Tensor();
 #endif

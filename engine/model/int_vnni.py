@@ -10,7 +10,8 @@ bfloat16).
 Each row's result is computed from that row alone in a fixed order, so its bits do not depend on
 the other rows of the product (the speculator and a prefix hit rely on that).
 
-``reference_int4`` and ``reference_int8`` are the same arithmetic in torch (float64), which the tests compare the kernel with.
+``reference_int4`` and ``reference_int8`` are the same arithmetic in torch (float64), which the
+tests compare the kernels with.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ so its result has the Python forward's bits (``tests/unit/test_native_step.py`` 
 It takes a forward when every one of these holds, else the Python layers run:
 
 * fast mode with its packed kernels (``small_rows`` > 0: a CPU with bfloat16 units), every layer
-  matrix in a packed int8 or int4 form (not FBGEMM's integer product, which has its own
-  quantisation step in Python);
+  matrix in a packed int8 or int4 form, torch's or the native integer products' of
+  ``engine.model.int_vnni`` (not FBGEMM's integer product, which has its own quantisation step in
+  Python);
 * the native CPU ops are built for this CPU and the attention backend is the torch reference's
   native decode path (the kernel the call runs);
 * one rank and one pipeline stage (no collective between the products);

@@ -31,9 +31,9 @@ refinement's top-k costs what the product saves. Smaller matrices keep the packe
 On a CPU with AVX-512 VNNI (and the native ops built) the layer matrices' products of at most
 ``small_rows`` rows are native integer ones instead of torch's packed int4 / int8 kernels
 (``engine.model.int_vnni``: the same values and scales, activations 8 bits per group of 32
-columns; int4 measured here 2-4x faster per product, 1.35x tok/s at one stream,
-BENCHMARKS.md). More rows keep the dense values: from about 8 rows their bfloat16 GEMM is as
-fast.
+columns). Measured on an Intel Xeon (BENCHMARKS.md): 2-4x faster per product at 1-16 rows, one
+stream 1.80x tok/s for int8 and 1.27x for int4, greedy agreement unchanged. More rows keep the
+dense values: from about 8 rows their bfloat16 GEMM is as fast.
 
 A CPU without bfloat16 units (AVX2 only) emulates bf16 products far slower than fp32, and
 torch's int8/int4 kernels have no fast float32-activation path (580 us for one row, measured):
@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import QUANTS
-from engine.model.int_vnni import ROWS, int_vnni_native, pack_int4, pack_int8
+from engine.model.int_vnni import GROUP, ROWS, int_vnni_native, pack_int4, pack_int8
 from engine.model.vnni import Int8Vnni, vnni_native
 from kernels import cpu_ops
 from kernels.cpu_ops import cpu_flags
@@ -188,7 +188,7 @@ class QuantWeight:
             if vnni_rows > 0 and w.numel() >= VNNI_MIN_WEIGHTS:  # the same values, in integers
                 self._packed, self.small_rows = Int8Vnni(q, scale), vnni_rows
                 self._scales = scale
-            elif small_rows > 0 and int_vnni and w.shape[0] % ROWS == 0 and w.shape[1] % 32 == 0:
+            elif small_rows > 0 and int_vnni and w.shape[0] % ROWS == 0 and w.shape[1] % GROUP == 0:
                 self._packed, self._scales = pack_int8(q, scale)  # the same values, in integers
             elif small_rows > 0:  # the packed form is kept only where its kernel runs
                 self._packed, self._scales = q, scale.to(dtype)

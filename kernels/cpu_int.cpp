@@ -30,6 +30,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
@@ -68,7 +69,16 @@ void quantise_rows(const X* x, int64_t rows, int64_t K, QuantRows& r) {
     for (int64_t g = 0; g < G; ++g) {
       const X* xg = x + t * K + g * kGroup;
       float amax = 0.f;
-      for (int64_t k = 0; k < kGroup; ++k) amax = std::max(amax, std::fabs(static_cast<float>(xg[k])));
+      bool finite = true;
+      for (int64_t k = 0; k < kGroup; ++k) {
+        const float v = std::fabs(static_cast<float>(xg[k]));
+        amax = std::max(amax, v);
+        finite = finite && std::isfinite(v);
+      }
+      if (!finite) {  // a NaN or an infinity: the row's products are NaN, as in floats
+        r.d[t * G + g] = r.dsum[t * G + g] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
       if (amax == 0.f) continue;
       const float inv = 127.f / amax;
       int8_t* ag = r.a.data() + t * K + g * kGroup;

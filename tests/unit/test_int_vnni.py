@@ -127,6 +127,27 @@ def test_a_row_of_zeros_gives_zeros(bits):
 
 @needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_row_with_a_nan_or_an_infinity_comes_out_nan_and_alone(bits, bad):
+    """As the float product would not be finite: a broken activation is not quantised into a
+    plausible number, and it does not leak into the other rows."""
+    m = _Matrix(bits, 32, 64)
+    x = _rows(3, 64)
+    x[1, 40] = bad
+    got = m.mm(x)
+    assert bool(got[1].isnan().all())
+    assert torch.equal(got[[0, 2]], m.mm(x[[0, 2]]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+def test_an_empty_product_is_empty(bits):
+    m = _Matrix(bits, 32, 64)
+    assert m.mm(torch.zeros(0, 64)).shape == (0, 32)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
 def test_a_malformed_product_is_refused_with_the_reason(bits):
     m = _Matrix(bits, 32, 64)
     op = torch.ops.attest.int4_vnni_mm if bits == 4 else torch.ops.attest.int8_vnni_mm

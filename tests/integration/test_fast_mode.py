@@ -10,9 +10,11 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.agreement import PROMPTS, greedy_agreement
+from engine.model.int_vnni import int_vnni_native
 from engine.model.native_step import STEP_ROWS
 from engine.model.quant import QuantWeight, quantize_int4
 from kernels import cpu_ops
+from kernels.cpu_ops import cpu_flags
 from tests.conftest import requires_default_model
 from tests.tiny_model import make_tiny_model
 
@@ -58,6 +60,9 @@ def test_int4_boots_says_so_and_agrees_with_exact_mode(q4_model, tmp_path):
     # where the packed kernels and the native ops run, a one-to-four-row decode is one call
     runs = fast.core.quant.small_rows > 0 and cpu_ops.load()
     assert weights[0]["step_rows"] == (STEP_ROWS if runs else 0)
+    # where the CPU has AVX-512 VNNI, the layer products of those rows are integer ones
+    ints = runs and int_vnni_native(cpu_flags())
+    assert weights[0]["int_vnni"] is ints and ("integer products" in weights[0]["path"]) is ints
     a = greedy_agreement(exact, fast, _prompts(6), 16)
     assert a.share >= 0.9, (a.share, a.common_prefix)
     fast.close()

@@ -24,7 +24,6 @@
 // rows of the product.
 
 #include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -59,41 +58,6 @@ struct QuantRows {
   std::vector<float> d, dsum;
 };
 
-template <typename X>
-void quantise_rows(const X* x, int64_t rows, int64_t K, QuantRows& r) {
-  const int64_t G = K / kGroup;
-  r.a.assign(rows * K, 0);
-  r.d.assign(rows * G, 0.f);
-  r.dsum.assign(rows * G, 0.f);
-  for (int64_t t = 0; t < rows; ++t) {
-    for (int64_t g = 0; g < G; ++g) {
-      const X* xg = x + t * K + g * kGroup;
-      float amax = 0.f;
-      bool finite = true;
-      for (int64_t k = 0; k < kGroup; ++k) {
-        const float v = std::fabs(static_cast<float>(xg[k]));
-        amax = std::max(amax, v);
-        finite = finite && std::isfinite(v);
-      }
-      if (!finite) {  // a NaN or an infinity: the row's products are NaN, as in floats
-        r.d[t * G + g] = r.dsum[t * G + g] = std::numeric_limits<float>::quiet_NaN();
-        continue;
-      }
-      if (amax == 0.f) continue;
-      const float inv = 127.f / amax;
-      int8_t* ag = r.a.data() + t * K + g * kGroup;
-      int32_t sum = 0;
-      for (int64_t k = 0; k < kGroup; ++k) {
-        const float v = std::nearbyint(static_cast<float>(xg[k]) * inv);
-        ag[k] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, v)));
-        sum += ag[k];
-      }
-      r.d[t * G + g] = amax / 127.f;
-      r.dsum[t * G + g] = r.d[t * G + g] * static_cast<float>(sum);
-    }
-  }
-}
-
 #ifdef ATTEST_INT_VNNI
 
 inline __m512 bf16x16(const uint16_t* p) {  // 16 bfloat16 as float32
@@ -105,6 +69,52 @@ inline __m512i bcast4(const int8_t* p) {  // 4 activations to every lane
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
+}
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  return bf16x16(reinterpret_cast<const uint16_t*>(p));
+}
+
+// One group of 32 activations: a = round(x * (127 / max |x|)) in [-127, 127] (to nearest, ties
+// to even: the conversion's default rounding), d = max |x| / 127, dsum = d * sum(a); a group
+// with a NaN or an infinity gets d = dsum = NaN (its row's products are NaN, as in floats), one
+// of zeros d = dsum = 0. ``ag`` comes zeroed.
+template <typename X>
+inline void quantise_group(const X* xg, int8_t* ag, float& d, float& dsum) {
+  const __m512 v0 = load16(xg), v1 = load16(xg + 16);
+  constexpr int kNotFinite = 0x01 | 0x08 | 0x10 | 0x80;  // quiet NaN, +inf, -inf, signalling NaN
+  if (_mm512_fpclass_ps_mask(v0, kNotFinite) | _mm512_fpclass_ps_mask(v1, kNotFinite)) {
+    d = dsum = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  if (amax == 0.f) {
+    d = dsum = 0.f;
+    return;
+  }
+  const __m512 inv = _mm512_set1_ps(127.f / amax);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  const __m512i r0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));
+  const __m512i r1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+  const __m512i q0 = _mm512_min_epi32(hi, _mm512_max_epi32(lo, r0));
+  const __m512i q1 = _mm512_min_epi32(hi, _mm512_max_epi32(lo, r1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(ag), _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(ag + 16), _mm512_cvtepi32_epi8(q1));
+  d = amax / 127.f;
+  dsum = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+}
+
+template <typename X>
+void quantise_rows(const X* x, int64_t rows, int64_t K, QuantRows& r) {
+  const int64_t G = K / kGroup;
+  r.a.assign(rows * K, 0);
+  r.d.resize(rows * G);
+  r.dsum.resize(rows * G);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t g = 0; g < G; ++g)
+      quantise_group(x + t * K + g * kGroup, r.a.data() + t * K + g * kGroup, r.d[t * G + g],
+                     r.dsum[t * G + g]);
 }
 
 template <typename Y>
@@ -217,11 +227,11 @@ at::Tensor run_int(const at::Tensor& x, const Mat& m) {
   at::Tensor out = at::empty({T, N}, xc.options());
   thread_local QuantRows mine;
   QuantRows& xs = mine;  // the calling thread's: the workers below read it by this reference
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "int_vnni_mm", [&] {
+  auto go = [&](auto* x0, auto* o0) {  // float32 or bfloat16, in and out (checked before)
     for (int64_t t0 = 0; t0 < T; t0 += 4) {
       const int rows = static_cast<int>(std::min<int64_t>(4, T - t0));
-      quantise_rows(xc.data_ptr<scalar_t>() + t0 * K, rows, K, xs);
-      scalar_t* po = out.data_ptr<scalar_t>() + t0 * N;
+      quantise_rows(x0 + t0 * K, rows, K, xs);
+      auto* po = o0 + t0 * N;
       at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
         switch (rows) {  // about eight chains of integer sums in flight
           case 1: span<Blocks, 1, 4>(m, xs, po, b0, b1); break;
@@ -231,7 +241,11 @@ at::Tensor run_int(const at::Tensor& x, const Mat& m) {
         }
       });
     }
-  });
+  };
+  if (xc.scalar_type() == at::kFloat)
+    go(xc.data_ptr<float>(), out.data_ptr<float>());
+  else
+    go(xc.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>());
   return out;
 }
 

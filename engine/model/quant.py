@@ -31,8 +31,8 @@ refinement's top-k costs what the product saves. Smaller matrices keep the packe
 On a CPU with AVX-512 VNNI (and the native ops built) the layer matrices' products of at most
 ``small_rows`` rows are native integer ones instead of torch's packed int4 / int8 kernels
 (``engine.model.int_vnni``: the same values and scales, activations 8 bits per group of 32
-columns). Measured on an Intel Xeon (BENCHMARKS.md): 2-4x faster per product at 1-16 rows, one
-stream 1.80x tok/s for int8 and 1.27x for int4, greedy agreement unchanged. More rows keep the
+columns). Measured on an Intel Xeon (BENCHMARKS.md): 3-4x faster per product at 1-16 rows, one
+stream 1.6-1.8x tok/s for int8 and 1.3x for int4, greedy agreement unchanged. More rows keep the
 dense values: from about 8 rows their bfloat16 GEMM is as fast.
 
 A CPU without bfloat16 units (AVX2 only) emulates bf16 products far slower than fp32, and

@@ -124,6 +124,12 @@ inline void store_rows(__m512 y, Y* out) {  // 16 lanes to 16 outputs, in Y
   for (int r = 0; r < kRows; ++r) out[r] = static_cast<Y>(v[r]);
 }
 
+template <typename V, int B, int T>
+inline void zero(V (&v)[B][T], V z) {  // accumulators and sums of a run of blocks
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) v[b][t] = z;
+}
+
 // Blocks [b0, b0 + B) of 16 output rows for the T (1..4) quantised activation rows:
 // out[t * N + n], in Y (float or bfloat16). B * T chains of integer sums, independent.
 template <int T, int B, typename Y>
@@ -134,12 +140,10 @@ struct Int4Blocks {
     const auto* scales = static_cast<const uint16_t*>(m.s);
     const __m512i nibble = _mm512_set1_epi8(0x0f);
     __m512 acc[B][T];
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < T; ++t) acc[b][t] = _mm512_setzero_ps();
+    zero(acc, _mm512_setzero_ps());
     for (int64_t g = 0; g < G; ++g) {
       __m512i dot[B][T];
-      for (int b = 0; b < B; ++b)
-        for (int t = 0; t < T; ++t) dot[b][t] = _mm512_setzero_si512();
+      zero(dot, _mm512_setzero_si512());
       for (int j = 0; j < 4; ++j) {
         __m512i xl[T], xh[T];
         for (int t = 0; t < T; ++t) {
@@ -180,12 +184,10 @@ struct Int8Blocks {
     const auto* scales = static_cast<const float*>(m.s);
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // a + 128, as unsigned
     __m512 acc[B][T];
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < T; ++t) acc[b][t] = _mm512_setzero_ps();
+    zero(acc, _mm512_setzero_ps());
     for (int64_t g = 0; g < G; ++g) {
       __m512i dot[B][T];
-      for (int b = 0; b < B; ++b)
-        for (int t = 0; t < T; ++t) dot[b][t] = _mm512_setzero_si512();
+      zero(dot, _mm512_setzero_si512());
       for (int j = 0; j < 8; ++j) {
         __m512i xa[T];
         for (int t = 0; t < T; ++t)

@@ -35,8 +35,14 @@ def int_vnni_native(flags: frozenset[str]) -> bool:
     return cpu_ops.load() and bool(torch.ops.attest.int_vnni_built())
 
 
+def fits(n: int, k: int) -> bool:
+    """Whether an n x k matrix has the kernels' shape: rows in blocks of 16, columns in groups
+    of 32."""
+    return n % ROWS == 0 and k % GROUP == 0
+
+
 def _check(n: int, k: int) -> None:
-    if k % GROUP or n % ROWS:
+    if not fits(n, k):
         raise ValueError(f"integer products need rows in blocks of {ROWS} and columns in groups "
                          f"of {GROUP}, not {n} x {k}")  # fmt: skip
 

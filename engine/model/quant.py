@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import QUANTS
-from engine.model.int_vnni import GROUP, ROWS, int_vnni_native, pack_int4, pack_int8
+from engine.model.int_vnni import fits, int_vnni_native, pack_int4, pack_int8
 from engine.model.vnni import Int8Vnni, vnni_native
 from kernels import cpu_ops
 from kernels.cpu_ops import cpu_flags
@@ -188,7 +188,7 @@ class QuantWeight:
             if vnni_rows > 0 and w.numel() >= VNNI_MIN_WEIGHTS:  # the same values, in integers
                 self._packed, self.small_rows = Int8Vnni(q, scale), vnni_rows
                 self._scales = scale
-            elif small_rows > 0 and int_vnni and w.shape[0] % ROWS == 0 and w.shape[1] % GROUP == 0:
+            elif small_rows > 0 and int_vnni and fits(*w.shape):
                 self._packed, self._scales = pack_int8(q, scale)  # the same values, in integers
             elif small_rows > 0:  # the packed form is kept only where its kernel runs
                 self._packed, self._scales = q, scale.to(dtype)

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from audit.foreign import TEXT_BOOT, Found, Matcher, plain
-from audit.lastseq import LastSeq
 from audit.model import Claim, ReceiptSel, Selector, TextEvent, TextSel, WedgeSel
 from audit.reader import TEXT
 from audit.readstats import ReadStats
@@ -35,6 +34,7 @@ from audit.wedge import Wedge, WedgeDetector
 from engine.obs import schema
 
 C = TypeVar("C", bound=Claim)  # a kind's own claim type
+T = TypeVar("T")
 MAX_NAMED = 5  # rids named in a sentence
 _OPENS, _ENDS = (schema.REQUEST_RECEIVED,), (schema.REQUEST_FINISH, schema.REQUEST_ABORT)
 
@@ -51,20 +51,14 @@ class Bus:
         self.events: dict[TextEvent, list[Callable[[dict[str, Any]], None]]] = {}
         self.text_lines = 0  # text lines read so far: a text event's ``seq`` (line order)
         self._matcher: Matcher | None = None
-        self._last: dict[tuple[Any, str], LastSeq] = {}
+        self._shared: dict[Any, Any] = {}
 
-    def last_seq(self, sel: ReceiptSel, field: str) -> LastSeq:
-        """Each key's highest seq among ``sel``'s records, the key read from ``field``; one for
-        all who ask for a selector without ``where`` (and the same field)."""
-        if sel.where:
-            own = LastSeq(field)
-            self.subscribe(sel, lambda rec: own.mark(rec) if sel.matches(rec) else None)
-            return own
-        at = (sel.kind if sel.event is None else sel.event, field)
-        if at not in self._last:
-            self._last[at] = LastSeq(field)
-            self.subscribe(sel, self._last[at].mark)
-        return self._last[at]
+    def shared(self, key: Any, make: Callable[[], T]) -> T:
+        """One ``make()`` for all who ask by the same key (hashable: a TypeError where not): the
+        state that claims reading the same records keep alike, kept once."""
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
 
     def subscribe(self, sel: ReceiptSel, fn: Callable[[dict[str, Any]], None]) -> None:
         """``fn`` gets every record of ``sel``'s kind: receipts, or its text event's events."""
@@ -117,10 +111,12 @@ def locate(rec: dict[str, Any]) -> str:
     return f"{rec['event']} (boot {rec['boot']} rank {rec['rank']} seq {rec['seq']} iter {rec.get('iter')}{rid})"
 
 
-def name_some(items: list[str]) -> str:
-    """The first ``MAX_NAMED`` items, and how many more."""
+def name_some(items: list[str], total: int | None = None) -> str:
+    """The first ``MAX_NAMED`` items, and how many more (of ``total``, where only the first
+    few were kept)."""
     shown = ", ".join(items[:MAX_NAMED])
-    return shown + (f" and {len(items) - MAX_NAMED} more" if len(items) > MAX_NAMED else "")
+    n = len(items) if total is None else total
+    return shown + (f" and {n - MAX_NAMED} more" if n > MAX_NAMED else "")
 
 
 def describe_wedge(w: Wedge, threshold_s: float) -> str:

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit.checker import Bus, Checker, Context, name_some, outcome
-from audit.foreign import TEXT_BOOT
+from audit.followups import Followups
 from audit.kinds.base import ClaimKind, stops
-from audit.lastseq import highest
 from audit.model import Claim, ReceiptSel
 from audit.parse_select import Events, err, field, one_stream, selectors
 from audit.status import ClaimVerdict, Status
@@ -91,79 +90,57 @@ class Every(Checker[EveryClaim]):
     """Each key with a `when` receipt has a `then` receipt at a higher seq on the same rank,
     before the key's window closes: at a `closes` receipt of that key (for request keys, by
     default, the request's finish, abort or reject) or at boot.stop. A window that closed without
-    the follow-up is a FAIL, boot.stop or not; one still open where the log ends is UNDECIDED."""
+    the follow-up is a FAIL, boot.stop or not; one still open where the log ends is UNDECIDED.
+    The windows are ``audit.followups``'s, shared by the claims that read the same."""
 
     def __init__(self, claim: EveryClaim, bus: Bus) -> None:
         super().__init__(claim, bus)
-        # each role's records: per (boot, rank), each key's highest seq (the state that grows
-        # with the number of requests, shared with every claim that reads the same)
-        self.when = [bus.last_seq(s, claim.when_key) for s in claim.when]
-        self.then = [bus.last_seq(s, claim.then_key) for s in claim.then]
-        self.closes = [bus.last_seq(s, claim.close_key) for s in claim.closes]
-        self.stops: dict[tuple[str, int], int] = {}
-        self.closed_by = dict.fromkeys((s.describe() for s in claim.then), 0)  # with tally
-        bus.kinds[schema.BOOT_STOP].append(self._stop)
-        for s in claim.stops:
-            bus.subscribe(s, lambda rec, s=s: self._stop(rec) if s.matches(rec) else None)
-
-    def _stop(self, rec: dict[str, Any]) -> None:
-        key = (rec["boot"], rec["rank"])
-        self.stops[key] = max(self.stops.get(key, 0), rec["seq"])
-
-    def _line(self, k: Any, seq: int) -> str | None:
-        """Where the text line of a key's `when` at ``seq`` is."""
-        return next(
-            (w.where.get(k) for w in self.when if w.tables.get((TEXT_BOOT, 0), {}).get(k) == seq),
-            None,
+        c = claim
+        roles = (
+            tuple((s, c.when_key) for s in c.when),
+            tuple((s, c.then_key) for s in c.then),
+            tuple((s, c.close_key) for s in c.closes),
+            c.stops,
         )
+        opened = c.when[0].kind if len(c.when) == 1 else "when"
+        ended = "the run ended" if c.stops else "boot.stop"
 
-    def _windows(self, opened: str) -> tuple[int, list[tuple[str, str]], list[str]]:
-        """(keys with a `when`, [(key, how its window closed)] without a follow-up, open keys);
-        ``opened``: what to call the `when` receipt in a sentence."""
-        total, failed, open_ = 0, [], []
-        ended = "the run ended" if self.claim.stops else "boot.stop"
-        for at in sorted({at for w in self.when for at in w.tables}):
-            boot, rank = at
-            stop = self.stops.get(at, 0)
-            thens = [t for i in self.then if (t := i.tables.get(at))]
-            closes = [t for i in self.closes if (t := i.tables.get(at))]
-            whens = highest([t for i in self.when if (t := i.tables.get(at)) is not None])
-            total += len(whens)
-            if self.claim.tally:
-                self._tally(at, whens)
-            late: Any = whens.items()  # the keys no `then` followed (yet), table by table
-            for t in thens:
-                late = [(k, a) for k, a in late if t.get(k, 0) <= a]
-            for k, a in late:
-                c = max((t.get(k, 0) for t in closes), default=0)
-                name, seen, closed = f"{k} (rank {rank})", f"seq {a}", f" at seq {c}"
-                if boot == TEXT_BOOT:  # a text line is named by its place in the file
-                    name, seen, closed = f"{self.claim.when_key} {k!r}", self._line(k, a), " later"
-                    stop_at = f"{ended} later"
+        def make() -> Followups:
+            return Followups(
+                *roles, when_key=c.when_key, opened=opened, ended=ended,
+                subscribe=bus.subscribe, exact=bus.exact,
+            )  # fmt: skip
+
+        try:
+            self.windows = bus.shared(("every", roles, c.when_key, opened, ended), make)
+        except TypeError:  # a selector whose values cannot be hashed reads for itself
+            self.windows = make()
+
+    def rescan(self, ctx: Context) -> bool:
+        return self.windows.disordered
+
+    def _windows(self) -> tuple[int, int, list[str], list[str], list[int]]:
+        """(windows, failed, the failed named first, open keys, windows by the first `then`
+        that followed them): settled ones and those open where the log ends."""
+        f = self.windows
+        if f.seen:
+            f.replay()
+        by_then, open_ = list(f.by_then), []
+        for at, st in f.ranks.items():
+            for k, w in st.open.items():
+                if w[1]:  # followed, not closed yet
+                    by_then[(w[1] & -w[1]).bit_length() - 1] += 1
                 else:
-                    stop_at = f"{ended} at seq {stop}"
-                if c > a:
-                    failed.append((name, f"{opened} at {seen}, its window closed{closed}"))
-                elif stop > a:
-                    failed.append((name, f"{opened} at {seen}, {stop_at}"))
-                else:
-                    open_.append(name)
-        return total, sorted(failed), sorted(open_)
+                    open_.append(f.named(at, k, w)[0])
+        return f.windows + f.held(), f.failures, f.first_failures(), sorted(open_), by_then
 
-    def _tally(self, at: tuple[str, int], whens: dict[Any, int]) -> None:
-        """Each key under the first `then` selector (in the spec's order) that followed it."""
-        tables = [(s.describe(), i.tables.get(at, {})) for s, i in zip(self.claim.then, self.then)]
-        for k, a in whens.items():
-            by = next((name for name, t in tables if t.get(k, 0) > a), None)
-            if by is not None:
-                self.closed_by[by] += 1
-
-    def _counted(self) -> tuple[str, dict[str, Any]]:
+    def _counted(self, by_then: list[int]) -> tuple[str, dict[str, Any]]:
         """With tally: what closed the keys, as a clause and a number."""
         if not self.claim.tally:
             return "", {}
-        said = ", ".join(f"{n} by {name}" for name, n in self.closed_by.items())
-        return f" ({said})", {"closed_by": dict(self.closed_by)}
+        closed_by = {s.describe(): n for s, n in zip(self.claim.then, by_then)}
+        said = ", ".join(f"{n} by {name}" for name, n in closed_by.items())
+        return f" ({said})", {"closed_by": closed_by}
 
     def _ends(self) -> str:
         """What closes a window, for a sentence."""
@@ -177,10 +154,10 @@ class Every(Checker[EveryClaim]):
         when = " | ".join(s.describe() for s in c.when)
         label = "rid" if c.when_key in ("rid", "rids") else c.when_key
         then = " | ".join(s.describe() for s in c.then)
-        total, failed, open_ = self._windows(c.when[0].kind if len(c.when) == 1 else "when")
+        total, n_failed, failed, open_, by_then = self._windows()
         gated = self.gate(ctx, total > 0, f"no {when} seen: nothing to follow")
-        nums = {"keys": total, "failed": len(failed), "open": len(open_)}
-        counted, tally = self._counted()
+        nums = {"keys": total, "failed": n_failed, "open": len(open_)}
+        counted, tally = self._counted(by_then)
         nums.update(tally)
         if gated:
             gated.numbers.update(nums)
@@ -189,8 +166,8 @@ class Every(Checker[EveryClaim]):
             names = [name for name, _ in failed]
             return outcome(
                 Status.FAIL,
-                f"{len(failed)} of {total} {label}s from {when} had no later {then} before their "
-                f"window closed (at {self._ends()}): {name_some(names)}; "
+                f"{n_failed} of {total} {label}s from {when} had no later {then} before their "
+                f"window closed (at {self._ends()}): {name_some(names, n_failed)}; "
                 f"first: {names[0]}: {failed[0][1]}{counted}",
                 failed_keys=names[:50],
                 **nums,

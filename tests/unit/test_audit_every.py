@@ -5,12 +5,17 @@ goes on to a boot.stop. Only a key still open where the log ends is UNDECIDED.""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
+from audit.checker import Bus
+from audit.followups import KEPT
+from audit.kinds import build_checker
 from audit.parse import SpecError, parse_spec
-from audit.verdict import evaluate
+from audit.reader import scan
+from audit.verdict import evaluate, receivers
 from tests.unit.audit_logs import LogText
 from tests.unit.test_audit_claims import decide
 
@@ -142,8 +147,8 @@ def test_a_window_opens_at_the_latest_when_of_any_of_its_selectors(tmp_path):
     log = LogText().ready().received("r-1").received("r-2").park("r-1").finish("r-1")
     log.r("admission.unpark", rid="r-1", tokens=4).r("admission.unpark", rid="r-2", tokens=4)
     log.stop()  # r-1: parked (5), finished (6), unparked (7); r-2 only unparked (8)
-    v = decide(tmp_path, either, log)
-    assert v.status == "FAIL" and v.numbers["keys"] == 2 and v.numbers["failed"] == 2, v.why
+    v = decide(tmp_path, either, log)  # three windows: r-1's first closed, followed, at 6
+    assert v.status == "FAIL" and v.numbers["keys"] == 3 and v.numbers["failed"] == 2, v.why
     assert "r-1 (rank 0): when at seq 7" in v.why
 
 
@@ -172,3 +177,106 @@ def test_two_boots_in_one_log_are_judged_apart(tmp_path):
     v = decide(tmp_path, ENDS, log)
     assert v.status == "FAIL" and v.numbers["keys"] == 2 and v.numbers["failed"] == 1, v.why
     assert "request.received at seq 3, boot.stop at seq 4" in v.why
+
+
+def test_a_follow_up_after_the_window_closed_does_not_follow_it(tmp_path):
+    # the park ended with the request (finish closes it); the unpark after it is too late
+    parked = (
+        'kind = "every"\nwhen = { kind = "admission.park" }\nthen = { kind = "admission.unpark" }\n'
+    )
+    log = LogText().ready().received("r-1").park("r-1").finish("r-1")  # seq 3, 4, 5
+    log.r("admission.unpark", rid="r-1", tokens=4).stop()  # seq 6
+    v = decide(tmp_path, parked, log)
+    assert v.status == "FAIL", v.why
+    assert "admission.park at seq 4, its window closed at seq 5" in v.why
+
+
+def read_windows(path: Path, claim: str, *, exact: bool = False):
+    """The `every` checker of ``claim`` after reading ``path``, and the bus's reading state."""
+    bus = Bus(exact=exact)
+    checker = build_checker(parse(claim).claims[0], bus)
+    scan([path], on_text=bus.text, routes=receivers(bus))
+    return checker
+
+
+def test_what_the_windows_hold_is_the_windows_open_not_the_log(tmp_path):
+    log = LogText().ready()
+    for n in range(400):  # four hundred requests, two in flight at a time
+        log.received(f"r-{n}")
+        if n:
+            log.finish(f"r-{n - 1}")
+    windows = read_windows(log.write(tmp_path / "a.log"), ENDS).windows
+    assert windows.held() == 1 and windows.windows == 399
+    assert windows.ranks[("b-00000001", 0)].open.keys() == {"r-399"}
+    exact = read_windows(tmp_path / "a.log", ENDS, exact=True).windows
+    # kept to be sorted: each received, and each finish twice (it follows and it closes)
+    assert exact.held() == 0 and len(exact.seen[("b-00000001", 0)]) == 400 + 2 * 399
+    exact.replay()
+    assert exact.held() == 1 and exact.windows == 399 and not exact.seen
+
+
+def test_many_failed_windows_are_counted_all_and_named_the_first_by_sort_order(tmp_path):
+    n = 3 * KEPT * 4  # more than the failures kept by name, in no order
+    rids = [f"r-{k}" for k in range(1000, 1000 + n)]
+    random.Random(7).shuffle(rids)
+    log = LogText().ready()
+    for rid in rids:  # each abort closes a window that the finish (`then`) never followed
+        log.received(rid).r("request.abort", rid=rid, reason="client_disconnect")
+    v = decide(tmp_path, ENDS, log.stop())
+    names = sorted(f"{rid} (rank 0)" for rid in rids)
+    assert v.status == "FAIL" and v.numbers["failed"] == n and v.numbers["keys"] == n, v.why
+    assert v.numbers["failed_keys"] == names[:50]
+    shown = ", ".join(names[:5])
+    assert f"{shown} and {n - 5} more" in v.why
+    at = 3 + 2 * rids.index("r-1000")
+    assert (
+        f"first: r-1000 (rank 0): request.received at seq {at}, its window closed at seq {at + 1}"
+        in v.why
+    )
+
+
+def test_a_log_read_out_of_order_is_read_again_in_seq_order(tmp_path):
+    log = LogText().ready().received("r-1").finish("r-1").stop()  # seq 3, 4, 5
+    lines = str(log).splitlines(keepends=True)
+    first, second = tmp_path / "1.log", tmp_path / "2.log"
+    first.write_text("".join(lines[:3]))
+    second.write_text("".join(lines[3:]))  # the finish and the stop, read first below
+    ahead = read_windows(second, ENDS)
+    assert not ahead.rescan(None)
+    for order in ([first, second], [second, first]):
+        v = evaluate([parse(ENDS)], order).specs[0].claims[0]
+        assert v.status == "PASS" and v.numbers["keys"] == 1, (order, v.why)
+
+
+def test_a_record_that_opens_a_window_does_not_follow_it(tmp_path):
+    again = 'kind = "every"\nwhen = { kind = "eviction" }\nthen = { kind = "eviction" }\nkey = "reason"\n'
+    ev = {
+        "reason": "pool",
+        "asked": 4,
+        "evicted": 4,
+        "staged": 0,
+        "evictable_before": 8,
+        "evictable_after": 4,
+    }
+    log = LogText().ready().r("eviction", **ev).stop()
+    v = decide(tmp_path, again, log)
+    assert v.status == "FAIL" and "eviction at seq 3, boot.stop at seq 4" in v.why, v.why
+
+
+def test_a_window_followed_twice_counts_under_the_first_then_of_the_spec(tmp_path):
+    tally = (
+        'kind = "every"\nwhen = { kind = "admission.park" }\ntally = true\n'
+        'then = [{ kind = "admission.unpark" }, { kind = "requeue" }]\n'
+    )
+    log = LogText().ready().received("r-1").park("r-1").r("requeue", rid="r-1")
+    log.r("admission.unpark", rid="r-1", tokens=4).finish("r-1").received("r-2").park("r-2")
+    log.r("requeue", rid="r-2").r("admission.unpark", rid="r-2", tokens=4)  # not closed yet
+    v = decide(tmp_path, tally, log)
+    assert v.status == "PASS" and v.numbers["closed_by"] == {"admission.unpark": 2, "requeue": 0}
+
+
+def test_a_live_window_judges_the_windows_read_the_exact_way(tmp_path):
+    log = LogText().ready().received("r-1").finish("r-1").received("r-2")
+    v = evaluate([parse(ENDS)], [log.write(tmp_path / "a.log")], live=True).specs[0].claims[0]
+    assert v.status == "UNDECIDED" and v.numbers["open_keys"] == ["r-2 (rank 0)"], v.why
+    assert (v.numbers["keys"], v.numbers["failed"], v.numbers["open"]) == (2, 0, 1)

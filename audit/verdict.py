@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from audit import apart
 from audit.boot_ranks import WorldSize
 from audit.checker import Bus, Context, SelCount
 from audit.kinds import build_checker
@@ -85,6 +86,32 @@ def receivers(bus: Bus) -> dict[str, tuple[Callable[[dict[str, Any]], None], ...
     return {k: (*bus.kinds.get(k, ()), *bus.any) for k in kinds}
 
 
+def _apart(
+    specs: list[Spec],
+    logs: list[str | Path],
+    control: str | Path | None,
+    only_applicable: bool,
+    n: int,
+) -> Report:
+    """``evaluate`` in ``n`` processes, each for a contiguous share of the specs; one report,
+    the specs in their order (this process's share gives the reading's numbers)."""
+
+    def share(r: range, whole: bool) -> Callable[[], Any]:
+        def fn() -> Any:
+            part = [specs[i] for i in r]
+            report = evaluate(part, logs, control, only_applicable=only_applicable)
+            return report if whole else (report.specs, report.not_applicable)
+
+        return fn
+
+    shares = apart.split([len(s.claims) for s in specs], n)
+    report, *rest = apart.run([share(r, i == 0) for i, r in enumerate(shares)])
+    for verdicts, skipped in rest:
+        report.specs += verdicts
+        report.not_applicable += skipped
+    return report
+
+
 def evaluate(
     specs: list[Spec],
     logs: list[str | Path],
@@ -93,15 +120,19 @@ def evaluate(
     only_applicable: bool = False,
     live: bool = False,
     exact: bool = False,
+    jobs: int = 1,
 ) -> Report:
     """Read ``logs`` once and decide every claim of every spec. With ``only_applicable``, specs
     whose regime does not apply to these logs are left out (and listed as such). With ``live``,
     the logs are a running server's, judged as a window that ends at their last line
     (``audit.live``; the control log, a finished run, is read as ever). Claims keep no more than
     what these logs can need (``Bus.exact``); where that proves too little, the logs are read
-    again keeping everything."""
+    again keeping everything. With ``jobs`` other than 1 (0: as many as the cores, for a big
+    log), the specs are shared among processes that each read the logs (``audit.apart``)."""
     # a live window grows, and a pipe reads once: neither can be read again
     exact = exact or live or not all(Path(p).is_file() for p in logs)
+    if not exact and (n := apart.jobs_for(jobs, logs, len(specs))) > 1:
+        return _apart(specs, logs, control, only_applicable, n)
     bus = Bus(exact=exact)
     checkers = [[build_checker(c, bus) for c in s.claims] for s in specs]
     applies = [SelCount(s.regime.applies, bus) for s in specs]

@@ -99,6 +99,13 @@ def verdict(
         "last line (claims about the end of the run are decided as of there; requests in "
         "flight there stay UNDECIDED)",
     ),
+    jobs: int = typer.Option(
+        0,
+        "--jobs",
+        min=0,
+        help="processes that read the logs, each for a share of the windows; 0: one per core "
+        "for logs of 64 MB or more, else one",
+    ),
 ) -> int:
     """PASS / FAIL / UNDECIDED per claim; exit 0 / 1 / 2."""
 
@@ -110,7 +117,7 @@ def verdict(
             specs = [load_spec(p) for p in shipped()]
             if not specs:
                 raise Fatal(EX_USAGE, f"no shipped specs under {acceptance_dir()}; pass --spec")
-        return evaluate(specs, files, control, only_applicable=not spec, live=live)
+        return evaluate(specs, files, control, only_applicable=not spec, live=live, jobs=jobs)
 
     report = _guard(run)
     if junit:

@@ -20,8 +20,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 T = TypeVar("T")
 MIN_BYTES = 64 << 20  # a smaller log is read in one process: a fork would cost what it saves
+HEAD_BYTES = 1 << 20  # what is read of a log to guess which kinds fill it
 
 
 def jobs_for(asked: int, logs: Sequence[str | Path], shares: int) -> int:
@@ -36,18 +39,38 @@ def jobs_for(asked: int, logs: Sequence[str | Path], shares: int) -> int:
     return max(1, min(asked, shares))
 
 
-def split(weights: Sequence[int], n: int) -> list[range]:
-    """``n`` contiguous, non-empty ranges of indices (``n`` at most the number of weights), cut
-    where the weights summed so far pass each n-th of the total."""
-    total, out, start, acc = sum(weights), [], 0, 0
-    for i, w in enumerate(weights):
-        acc += w
-        cuts, after = n - 1 - len(out), len(weights) - i - 1  # cuts to make, weights left
-        if cuts and after >= cuts and (acc >= total * (len(out) + 1) / n or after == cuts):
-            out.append(range(start, i + 1))
-            start = i + 1
-    out.append(range(start, len(weights)))
-    return out
+def share_out(costs: Sequence[float], n: int) -> list[list[int]]:
+    """Indices into ``min(n, len(costs))`` non-empty shares, each in index order, with costs as
+    even as putting each, dearest first, into the cheapest share so far makes them (an empty
+    share is the cheapest)."""
+    shares: list[list[int]] = [[] for _ in range(min(n, len(costs)))]
+    load = [0.0] * len(shares)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        j = min(range(len(shares)), key=lambda j: (load[j], len(shares[j]), j))
+        shares[j].append(i)
+        load[j] += costs[i]
+    return [sorted(x) for x in shares]
+
+
+def head_kinds(path: str | Path, size: int = HEAD_BYTES) -> dict[str, float]:
+    """Each receipt kind's share of the lines in the first ``size`` bytes of a log (plain
+    text; a gzip file or one that cannot be read gives nothing): what a share's claims will
+    be handed, as a guess from the head."""
+    try:
+        with open(path, "rb") as fh:
+            lines = fh.read(size).split(b"\n")[:-1]
+    except OSError:
+        return {}
+    counts: dict[str, float] = {}
+    for line in lines:
+        if line[:1] == b"{":
+            try:
+                kind = orjson.loads(line).get("event")
+            except (orjson.JSONDecodeError, AttributeError):
+                continue
+            if isinstance(kind, str):
+                counts[kind] = counts.get(kind, 0) + 1
+    return {k: v / len(lines) for k, v in counts.items()}
 
 
 def run(fns: Sequence[Callable[[], T]]) -> list[T]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from audit import apart
 from audit.boot_ranks import WorldSize
-from audit.checker import Bus, Context, SelCount
+from audit.checker import Bus, Checker, Context, SelCount
 from audit.kinds import build_checker
 from audit.live import WindowEnd
 from audit.model import Spec
@@ -86,6 +86,22 @@ def receivers(bus: Bus) -> dict[str, tuple[Callable[[dict[str, Any]], None], ...
     return {k: (*bus.kinds.get(k, ()), *bus.any) for k in kinds}
 
 
+Outcome = SpecVerdict | tuple[str, str]  # a spec's verdict, or (its name, why it was left out)
+
+
+def _cost(spec: Spec, kinds: dict[str, float]) -> float:
+    """A guess at what a spec's claims cost a line of the log: the calls its receipts make,
+    each kind by its share of the lines (``kinds``), and the text lines' where it reads them."""
+    bus = Bus()
+    for c in spec.claims:
+        build_checker(c, bus)
+    SelCount(spec.regime.applies, bus)
+    receipts = sum(kinds.values())
+    texts = sum(map(len, bus.texts.values())) + len(bus.events)
+    calls = sum(kinds.get(k, 0) * len(fns) for k, fns in bus.kinds.items())
+    return calls + receipts * len(bus.any) + (1 - receipts) * texts
+
+
 def _apart(
     specs: list[Spec],
     logs: list[str | Path],
@@ -93,22 +109,28 @@ def _apart(
     only_applicable: bool,
     n: int,
 ) -> Report:
-    """``evaluate`` in ``n`` processes, each for a contiguous share of the specs; one report,
-    the specs in their order (this process's share gives the reading's numbers)."""
+    """``evaluate`` in up to ``n`` processes, each for a share of the specs (shared out by
+    ``_cost``, guessed from the first log's head); one report, the specs in their order, the
+    reading numbers this process's (every process reads the same)."""
+    kinds = apart.head_kinds(logs[0])
+    shares = apart.share_out([_cost(s, kinds) for s in specs], n)
 
-    def share(r: range, whole: bool) -> Callable[[], Any]:
+    def share(part: list[int], whole: bool) -> Callable[[], Any]:
         def fn() -> Any:
-            part = [specs[i] for i in r]
-            report = evaluate(part, logs, control, only_applicable=only_applicable)
-            return report if whole else (report.specs, report.not_applicable)
+            report, outcomes = _evaluate(
+                [specs[i] for i in part], logs, control, only_applicable, False, False
+            )
+            return (report, outcomes) if whole else outcomes
 
         return fn
 
-    shares = apart.split([len(s.claims) for s in specs], n)
-    report, *rest = apart.run([share(r, i == 0) for i, r in enumerate(shares)])
-    for verdicts, skipped in rest:
-        report.specs += verdicts
-        report.not_applicable += skipped
+    (report, mine), *theirs = apart.run([share(p, i == 0) for i, p in enumerate(shares)])
+    by_index = dict(zip(shares[0], mine))
+    for part, outcomes in zip(shares[1:], theirs):
+        by_index.update(zip(part, outcomes))
+    outcomes = [by_index[i] for i in sorted(by_index)]
+    report.specs = [o for o in outcomes if isinstance(o, SpecVerdict)]
+    report.not_applicable = [o for o in outcomes if isinstance(o, tuple)]
     return report
 
 
@@ -128,11 +150,37 @@ def evaluate(
     (``audit.live``; the control log, a finished run, is read as ever). Claims keep no more than
     what these logs can need (``Bus.exact``); where that proves too little, the logs are read
     again keeping everything. With ``jobs`` other than 1 (0: as many as the cores, for a big
-    log), the specs are shared among processes that each read the logs (``audit.apart``)."""
+    log), the specs are shared among processes that each read the logs (``_apart``)."""
     # a live window grows, and a pipe reads once: neither can be read again
     exact = exact or live or not all(Path(p).is_file() for p in logs)
     if not exact and (n := apart.jobs_for(jobs, logs, len(specs))) > 1:
         return _apart(specs, logs, control, only_applicable, n)
+    return _evaluate(specs, logs, control, only_applicable, live, exact)[0]
+
+
+def _outcome(
+    spec: Spec, row: list[Checker], app: SelCount, ranks: int, ctx: Context, only_applicable: bool
+) -> Outcome:
+    """A spec's verdict, or why it was left out (with ``only_applicable``)."""
+    if only_applicable and (app.count == 0 or ranks < spec.regime.min_ranks):
+        why = (
+            f"{app.describe()} not seen"
+            if app.count == 0
+            else f"needs {spec.regime.min_ranks} ranks, the logs have {ranks}"
+        )
+        return spec.name, why
+    return SpecVerdict(spec.name, spec.description, [ch.verdict(ctx) for ch in row])
+
+
+def _evaluate(
+    specs: list[Spec],
+    logs: list[str | Path],
+    control: str | Path | None,
+    only_applicable: bool,
+    live: bool,
+    exact: bool,
+) -> tuple[Report, list[Outcome]]:
+    """``evaluate`` in this process: the report, and each spec's outcome in the specs' order."""
     bus = Bus(exact=exact)
     checkers = [[build_checker(c, bus) for c in s.claims] for s in specs]
     applies = [SelCount(s.regime.applies, bus) for s in specs]
@@ -149,25 +197,19 @@ def evaluate(
         control_stats = scan([control], on_text=cbus.text, routes=receivers(cbus))
     ctx = Context(stats=stats, control_stats=control_stats, live=live)
     if not exact and any(ch.rescan(ctx) for row in checkers for ch in row):
-        return evaluate(specs, logs, control, only_applicable=only_applicable, exact=True)
-    out, skipped = [], []
-    for spec, row, app in zip(specs, checkers, applies):
-        ranks = max(len(stats.ranks), world.most())
-        if only_applicable and (app.count == 0 or ranks < spec.regime.min_ranks):
-            why = (
-                f"{app.describe()} not seen"
-                if app.count == 0
-                else f"needs {spec.regime.min_ranks} ranks, the logs have {ranks}"
-            )
-            skipped.append((spec.name, why))
-            continue
-        out.append(SpecVerdict(spec.name, spec.description, [ch.verdict(ctx) for ch in row]))
-    return Report(
+        return _evaluate(specs, logs, control, only_applicable, live, True)
+    ranks = max(len(stats.ranks), world.most())
+    outcomes = [
+        _outcome(spec, row, app, ranks, ctx, only_applicable)
+        for spec, row, app in zip(specs, checkers, applies)
+    ]
+    report = Report(
         logs=[str(p) for p in logs],
-        specs=out,
+        specs=[o for o in outcomes if isinstance(o, SpecVerdict)],
         stats=stats,
         control=None if control is None else str(control),
         control_stats=control_stats,
-        not_applicable=skipped,
+        not_applicable=[o for o in outcomes if isinstance(o, tuple)],
         window=window,
     )
+    return report, outcomes

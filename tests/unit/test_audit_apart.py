@@ -33,13 +33,26 @@ def test_the_specs_shared_among_processes_give_the_report_of_one(tmp_path, only_
     assert one["verdict"] == "FAIL" and (one["not_applicable"] != []) == only_applicable
 
 
-def test_shares_are_contiguous_and_cover_every_spec_once():
-    for weights in ([5, 5, 5, 8, 4, 4, 3, 10, 7, 5, 7, 5], [1, 1], [9, 1, 1, 1], [1] * 7):
-        for n in range(1, len(weights) + 1):
-            shares = apart.split(weights, n)
-            assert len(shares) == n and all(len(r) for r in shares), (weights, n, shares)
-            assert [i for r in shares for i in r] == list(range(len(weights)))
-    assert apart.split([5, 5, 5, 8, 4, 4, 3, 10, 7, 5, 7, 5], 2) == [range(0, 7), range(7, 12)]
+def test_shares_are_even_by_cost_and_hold_every_spec_once():
+    for costs in ([5, 5, 5, 8, 4, 4, 3, 10, 7, 5, 7, 5], [1, 1], [9, 1, 1, 1], [0] * 7, [3, 0, 0]):
+        for n in range(1, len(costs) + 2):
+            shares = apart.share_out(costs, n)
+            assert len(shares) == min(n, len(costs)) and all(shares), (costs, n, shares)
+            assert sorted(i for s in shares for i in s) == list(range(len(costs)))
+            assert all(s == sorted(s) for s in shares)
+    assert apart.share_out([9, 1, 1, 1], 2) == [[0], [1, 2, 3]]
+    assert apart.share_out([0.45, 0.35, 0.25, 0.21, 0.21, 0.16], 2) == [[0, 3, 5], [1, 2, 4]]
+
+
+def test_the_head_of_a_log_says_which_kinds_fill_it(tmp_path):
+    log = LogText().ready()
+    for n in range(20):
+        log.received(f"r-{n}").finish(f"r-{n}")
+    log.text("a plain line")
+    kinds = apart.head_kinds(log.write(tmp_path / "boot.log"))
+    assert kinds == {"boot.start": 1 / 43, "boot.ready": 1 / 43,
+                     "request.received": 20 / 43, "request.finish": 20 / 43}  # fmt: skip
+    assert apart.head_kinds(tmp_path / "missing.log") == {}
 
 
 def test_a_failure_in_a_share_is_raised_in_the_caller():

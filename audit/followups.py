@@ -93,12 +93,12 @@ class Followups:
             subscribe(kind_parts[0][0], self._fn(tuple(kind_parts)))
 
     def _fn(self, parts: tuple[Part, ...]) -> Callable[[dict[str, Any]], None]:
-        def fn(rec: dict[str, Any]) -> None:
+        if self.exact:
+            return lambda rec: self._keep(parts, rec)
+        by_then = self.by_then
+
+        def fn(rec: dict[str, Any]) -> None:  # the hot path: a scalar key, inline
             boot, rank, seq = rec["boot"], rec["rank"], rec["seq"]
-            line = rec.get("where", "?") if boot == TEXT_BOOT else ""
-            if self.exact:
-                self._keep((boot, rank), parts, rec, seq, line)
-                return
             b, r, st = self._at
             if rank != r or boot != b:  # lines of one rank come in runs
                 st = self.ranks.get((boot, rank))
@@ -109,25 +109,42 @@ class Followups:
                 self.disordered = True
                 return
             st.seq = seq
+            opened = st.open
             for s, role, i, field in parts:
                 if s.where and not s.matches(rec):
                     continue
-                if role == STOP:
-                    self._stop((boot, rank), st, seq)
-                    continue
                 k = rec.get(field)
-                if type(k) is str:
-                    self._key((boot, rank), st, seq, role, i, k, line)
-                else:
-                    for k in keys_of(rec, field):
-                        self._key((boot, rank), st, seq, role, i, k, line)
+                if role == STOP or type(k) is not str or boot == TEXT_BOOT:
+                    self._part(rec, st, seq, role, i, field)
+                elif role == WHEN:
+                    opened[k] = [seq, 0, ""]
+                elif (w := opened.get(k)) is not None and w[0] < seq:  # this window, later
+                    if role == THEN:
+                        w[1] |= 1 << i
+                    elif w[1]:  # CLOSE, followed (a `then` in this record came first)
+                        del opened[k]
+                        self.windows += 1
+                        by_then[(w[1] & -w[1]).bit_length() - 1] += 1
+                    else:
+                        del opened[k]
+                        self._settle((boot, rank), k, w, seq)
 
         return fn
 
-    def _keep(
-        self, at: tuple[str, int], parts: tuple[Part, ...], rec: dict, seq: int, line: str
-    ) -> None:
+    def _part(self, rec: dict[str, Any], st: _Rank, seq: int, role: int, i: int, f: str) -> None:
+        """One part of a record the general way: a stop, a list of keys, a text event."""
+        at = (rec["boot"], rec["rank"])
+        if role == STOP:
+            self._stop(at, st, seq)
+            return
+        line = rec.get("where", "?") if at[0] == TEXT_BOOT else ""
+        for k in keys_of(rec, f):
+            self._key(at, st, seq, role, i, k, line)
+
+    def _keep(self, parts: tuple[Part, ...], rec: dict[str, Any]) -> None:
         """The exact way: each part a record plays, kept to be ordered once read."""
+        at, seq = (rec["boot"], rec["rank"]), rec["seq"]
+        line = rec.get("where", "?") if at[0] == TEXT_BOOT else ""
         seen = self.seen[at]
         for s, role, i, field in parts:
             if s.where and not s.matches(rec):

@@ -76,7 +76,10 @@ class ReceiptSel:
     event: TextEvent | None = None
 
     def matches(self, rec: dict[str, Any]) -> bool:
-        return all(p.test(rec) for p in self.where)
+        for p in self.where:  # a loop, not all() of a generator: a call per receipt read
+            if not p.test(rec):
+                return False
+        return True
 
     def describe(self) -> str:
         kind = self.kind if self.event is None else f"{self.kind} line"

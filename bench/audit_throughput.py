@@ -2,7 +2,8 @@
 1 GB, against `grep -c` on the same file in the same run.
 
     .venv/bin/python bench/audit_throughput.py [--gb 1.0] [--runs 3] [--keep DIR | --log LOG]
-        [--audit-cmd CMD] [--baseline CMD [--baseline-name NAME]] [--verdict-out FILE]
+        [--audit-cmd CMD] [--audit-args ARGS] [--baseline CMD [--baseline-name NAME]]
+        [--verdict-out FILE]
 
 The log is a realistic single-rank receipt mix (received, chunked admits, defers, finishes,
 evictions, parks/unparks, retract/requeue, iteration summaries) with a plain text line now and
@@ -14,6 +15,8 @@ the CPU's model and vector flags. ``--audit-cmd`` times another auditor on the s
 this checkout's; ``--baseline`` times one beside it (a copy of an older checkout, run with
 ``python -P`` so that the working directory's packages do not shadow it), alternating, and prints
 the speed ratio and whether the two gave the same verdicts (byte for byte, as ``--json``).
+``--audit-args`` adds flags to the auditor timed (not the baseline), e.g. ``--jobs 1``: one
+reading process (by default a log this big is read by one per core).
 """
 
 from __future__ import annotations
@@ -149,6 +152,7 @@ def main() -> None:
     ap.add_argument("--log", help="read this log instead of generating one")
     ap.add_argument("--runs", type=int, default=3, help="runs of each tool, alternating")
     ap.add_argument("--audit-cmd", help="the auditor to time (default: this checkout's)")
+    ap.add_argument("--audit-args", default="", help="flags added to the auditor timed")
     ap.add_argument("--baseline", help="another auditor to time beside it, named as below")
     ap.add_argument("--baseline-name", default="baseline", help="the baseline's name in the table")
     ap.add_argument("--verdict-out", help="write the last run's `audit verdict --json` here")
@@ -181,7 +185,7 @@ def main() -> None:
         for _ in range(args.runs):
             grep.append(run(["grep", "-c", '"event":"admission.park"', str(log)]))
             for name, cmd in auditors.items():
-                runs[name].append(run([*cmd, "verdict", str(log), "--json"]))
+                runs[name].append(run(verdict(cmd, log, args.audit_args, name)))
                 if runs[name][-1].code not in (0, 1, 2):
                     sys.exit(
                         f"{name} failed ({runs[name][-1].code}): {runs[name][-1].err.decode()}"
@@ -193,7 +197,7 @@ def main() -> None:
             Path(args.verdict_out).write_bytes(aud[-1].out)
         report(log.stat().st_size / 1e6, grep, runs, orjson.loads(aud[-1].out))
         if args.rss_head > 0:
-            rss_growth(log, d / "head.jsonl", args.rss_head, auditors, runs)
+            rss_growth(log, d / "head.jsonl", args.rss_head, auditors, runs, args.audit_args)
         if args.baseline:
             same = {r.out for rs in runs.values() for r in rs} == {aud[-1].out}
             print(f"verdicts of {args.baseline_name} and audit verdict, every run: "
@@ -205,8 +209,24 @@ def main() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def verdict(cmd: list[str], log: Path, extra: str, name: str) -> list[str]:
+    """``audit verdict LOG --json`` by ``cmd``; the auditor timed with ``--audit-args``."""
+    return [
+        *cmd,
+        "verdict",
+        str(log),
+        "--json",
+        *(shlex.split(extra) if name == "audit verdict" else []),
+    ]
+
+
 def rss_growth(
-    log: Path, head: Path, frac: float, auditors: dict[str, list[str]], runs: dict[str, list[Run]]
+    log: Path,
+    head: Path,
+    frac: float,
+    auditors: dict[str, list[str]],
+    runs: dict[str, list[Run]],
+    extra: str,
 ) -> None:
     """Peak RSS on the log's first lines against the whole log's: what the auditor holds per
     GB read (flat: about nothing)."""
@@ -219,7 +239,7 @@ def rss_growth(
             dst.write(chunk)
     mb, whole = head.stat().st_size / 1e6, log.stat().st_size / 1e6
     for name, cmd in auditors.items():
-        small = run([*cmd, "verdict", str(head), "--json"])
+        small = run(verdict(cmd, head, extra, name))
         big = max(r.rss_mb for r in runs[name])
         per_gb = (big - small.rss_mb) / (whole - mb) * 1000
         print(f"peak RSS of {name}: {small.rss_mb:.0f} MB on the first {mb:.0f} MB, {big:.0f} MB "

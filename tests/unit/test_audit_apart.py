@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from audit import apart
+from audit.reader import head_receipts
 from audit.spec import load_spec, shipped
 from audit.verdict import evaluate
 from tests.unit.audit_logs import LogText
@@ -44,15 +45,23 @@ def test_shares_are_even_by_cost_and_hold_every_spec_once():
     assert apart.share_out([0.45, 0.35, 0.25, 0.21, 0.21, 0.16], 2) == [[0, 3, 5], [1, 2, 4]]
 
 
-def test_the_head_of_a_log_says_which_kinds_fill_it(tmp_path):
+def test_the_head_of_a_log_gives_the_receipts_its_claims_would_get(tmp_path):
     log = LogText().ready()
     for n in range(20):
         log.received(f"r-{n}").finish(f"r-{n}")
-    log.text("a plain line")
-    kinds = apart.head_kinds(log.write(tmp_path / "boot.log"))
-    assert kinds == {"boot.start": 1 / 43, "boot.ready": 1 / 43,
-                     "request.received": 20 / 43, "request.finish": 20 / 43}  # fmt: skip
-    assert apart.head_kinds(tmp_path / "missing.log") == {}
+    log.text("a plain line").r("request.finish", rid="r-x")  # without its required fields
+    path = log.write(tmp_path / "boot.log")
+    got = head_receipts(path, 1 << 20)
+    assert [r["event"] for r in got[:4]] == [
+        "boot.start",
+        "boot.ready",
+        "request.received",
+        "request.finish",
+    ]
+    assert len(got) == 42 and all(r.get("rid") != "r-x" for r in got)
+    cut = len(str(log).splitlines()[0]) + 10  # the first line whole, the second cut
+    assert [r["event"] for r in head_receipts(path, cut)] == ["boot.start"]
+    assert head_receipts(tmp_path / "missing.log", 1 << 20) == []
 
 
 def test_a_failure_in_a_share_is_raised_in_the_caller():

@@ -66,3 +66,13 @@ def test_without_plotly_the_report_says_which_extra_to_install_69(tmp_path):
     assert not out.exists()
     # the rest of the auditor does not need it
     assert audit("summary", str(tmp_path / "q.jsonl"), prelude=hide).returncode == 0
+
+
+def test_a_verdict_read_by_two_processes_prints_what_one_prints(tmp_path):
+    log = str(busy_log(tmp_path / "busy.jsonl"))
+    one = audit("verdict", log, "--json", "--jobs", "1")
+    two = audit("verdict", log, "--json", "--jobs", "2")  # forks whatever the log's size
+    assert (one.returncode, one.stdout) == (two.returncode, two.stdout)
+    assert one.returncode in (0, 1, 2) and '"specs"' in one.stdout, one.stderr
+    bad = audit("verdict", log, "--jobs", "-1")
+    assert bad.returncode == 64 and "Invalid value for '--jobs'" in bad.stderr

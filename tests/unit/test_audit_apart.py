@@ -1,16 +1,20 @@
 """A verdict read in several processes, each for a share of the windows, is the verdict read in
-one: the same report, the specs in their order; a share's failure is raised in the caller."""
+one: the same report, the specs in their order; a share's failure is raised in the caller.
+
+What forks runs in a process of its own (``fresh``): this one may hold other tests' threads, and
+the auditor does not fork a process with threads running."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
+import orjson
 import pytest
 
 from audit import apart
 from audit.reader import head_receipts
-from audit.spec import load_spec, shipped
-from audit.verdict import evaluate
 from tests.unit.audit_logs import LogText
 
 
@@ -23,14 +27,29 @@ def a_log(tmp_path):
     return log.write(tmp_path / "boot.log")
 
 
+def fresh(code: str) -> object:
+    """What ``code`` prints (as JSON), run in a new interpreter with one thread."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return orjson.loads(r.stdout)
+
+
 @pytest.mark.parametrize("only_applicable", [True, False])
 def test_the_specs_shared_among_processes_give_the_report_of_one(tmp_path, only_applicable):
-    specs = [load_spec(p) for p in shipped()]
-    logs = [a_log(tmp_path)]
-    assert apart.jobs_for(3, logs, len(specs)) == 3  # the shares do run apart here
-    one = evaluate(specs, logs, only_applicable=only_applicable).as_dict()
-    three = evaluate(specs, logs, only_applicable=only_applicable, jobs=3).as_dict()
-    assert three == one
+    log = a_log(tmp_path)
+    one, three, jobs = fresh(
+        "import orjson\n"
+        "from audit import apart\n"
+        "from audit.spec import load_spec, shipped\n"
+        "from audit.verdict import evaluate\n"
+        "specs = [load_spec(p) for p in shipped()]\n"
+        f"logs, only = [{str(log)!r}], {only_applicable}\n"
+        "jobs = apart.jobs_for(3, logs, len(specs))\n"  # the shares do run apart
+        "one = evaluate(specs, logs, only_applicable=only).as_dict()\n"
+        "three = evaluate(specs, logs, only_applicable=only, jobs=3).as_dict()\n"
+        "print(orjson.dumps([one, three, jobs]).decode())\n"
+    )
+    assert jobs == 3 and three == one
     assert one["verdict"] == "FAIL" and (one["not_applicable"] != []) == only_applicable
 
 
@@ -65,18 +84,25 @@ def test_the_head_of_a_log_gives_the_receipts_its_claims_would_get(tmp_path):
 
 
 def test_a_failure_in_a_share_is_raised_in_the_caller():
-    def bad() -> int:
-        raise ValueError("share two broke")
-
-    assert apart.run([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]
-    with pytest.raises(ValueError, match="share two broke"):
-        apart.run([lambda: 1, bad])
+    got = fresh(
+        "import orjson\n"
+        "from audit import apart\n"
+        "def bad():\n"
+        "    raise ValueError('share two broke')\n"
+        "out = [apart.run([lambda: 1, lambda: 2, lambda: 3])]\n"
+        "try:\n"
+        "    apart.run([lambda: 1, bad])\n"
+        "except ValueError as e:\n"
+        "    out.append(str(e))\n"
+        "print(orjson.dumps(out).decode())\n"
+    )
+    assert got == [[1, 2, 3], "share two broke"]
 
 
 def test_small_logs_and_threaded_callers_read_in_one_process(tmp_path):
     logs = [a_log(tmp_path)]
     assert apart.jobs_for(0, logs, 12) == 1  # under MIN_BYTES: the fork costs what it saves
-    assert apart.jobs_for(4, logs, 1) == 1 and apart.jobs_for(4, logs, 3) == 3
+    assert apart.jobs_for(4, logs, 1) == 1  # one share: nothing to fork for
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()

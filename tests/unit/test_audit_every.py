@@ -280,3 +280,14 @@ def test_a_live_window_judges_the_windows_read_the_exact_way(tmp_path):
     v = evaluate([parse(ENDS)], [log.write(tmp_path / "a.log")], live=True).specs[0].claims[0]
     assert v.status == "UNDECIDED" and v.numbers["open_keys"] == ["r-2 (rank 0)"], v.why
     assert (v.numbers["keys"], v.numbers["failed"], v.numbers["open"]) == (2, 0, 1)
+
+
+def test_a_when_again_before_the_window_closed_opens_it_again_from_there(tmp_path):
+    parked = (
+        'kind = "every"\nwhen = { kind = "admission.park" }\nthen = { kind = "admission.unpark" }\n'
+    )
+    log = LogText().ready().received("r-1").park("r-1").r("admission.unpark", rid="r-1", tokens=4)
+    log.park("r-1").finish("r-1").stop()  # parked again at seq 6, never unparked: ended at 7
+    v = decide(tmp_path, parked, log)
+    assert v.status == "FAIL" and v.numbers["keys"] == 1, v.why
+    assert "admission.park at seq 6, its window closed at seq 7" in v.why

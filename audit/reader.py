@@ -118,16 +118,17 @@ def _too_deep(line: bytes, obj: dict[str, Any]) -> bool:
     return False
 
 
-def _blocks(fh: Any, path: Path) -> Iterator[tuple[list[bytes], int, bool]]:
-    """A file's lines, a block at a time, without their newlines: (lines, their bytes, cut);
-    ``cut`` marks the last block, of one line that had no newline. A read error before the first
-    line is UnreadableLog; after it (a gzip stream cut short) ``([], 0, True)`` ends the file and
-    the partial line before the error is dropped, as reading line by line drops it."""
+def _blocks(fh: Any, path: Path, upto: int | None) -> Iterator[tuple[list[bytes], int, bool]]:
+    """A file's lines (its first ``upto`` bytes, where given), a block at a time, without their
+    newlines: (lines, their bytes, cut); ``cut`` marks the last block, of one line that had no
+    newline. A read error before the first line is UnreadableLog; after it (a gzip stream cut
+    short) ``([], 0, True)`` ends the file and the partial line before the error is dropped, as
+    reading line by line drops it."""
     head: list[bytes] = []  # the start of a line whose newline has not come yet, in pieces
-    held, seen = 0, False
-    while True:
+    held, seen, left = 0, False, upto
+    while left is None or left > 0:
         try:
-            data = fh.read1(_BLOCK)
+            data = fh.read1(_BLOCK if left is None else min(_BLOCK, left))
         except (OSError, EOFError, zlib.error) as e:  # zlib's errors are not OSErrors
             if not seen:
                 raise UnreadableLog(f"{path}: {e}") from e
@@ -135,6 +136,8 @@ def _blocks(fh: Any, path: Path) -> Iterator[tuple[list[bytes], int, bool]]:
             return
         if not data:
             break
+        if left is not None:
+            left -= len(data)
         lines = data.split(b"\n")
         tail = lines.pop()
         if lines:
@@ -273,31 +276,37 @@ def scan(
     stats: ReadStats | None = None,
     *,
     routes: Routes | None = None,
+    upto: Sequence[int] | None = None,
+    sizes: list[int] | None = None,
 ) -> ReadStats:
     """Read every log once, in the order given; hand each valid receipt of a known kind to
     ``on_receipt`` (or, with ``routes``, to each callable its kind lists, in order) and each text
-    line to ``on_text``. Raises UnreadableLog for a file that cannot be opened or is not a
-    readable gzip stream."""
+    line to ``on_text``. With ``upto``, the i-th log is read no further than its i-th number of
+    bytes (a growing log read again as far as before); ``sizes`` gets the bytes read of each.
+    Raises UnreadableLog for a file that cannot be opened or is not a readable gzip stream."""
     stats = stats or ReadStats()
     run = _Pass(stats, _routes(on_receipt, routes), on_text)
-    for p in paths:
+    for i, p in enumerate(paths):
         path = Path(p)
         if path.is_dir():
             raise UnreadableLog(f"{path}: is a directory")
         stats.files += 1
-        lineno = 0
+        lineno = read = 0
         with _open(path) as fh:
             try:
-                for lines, size, cut in _blocks(fh, path):
+                for lines, size, cut in _blocks(fh, path, None if upto is None else upto[i]):
                     if not lines:  # a gzip stream cut short: what came is kept
                         stats.truncated += 1
                         continue
                     stats.lines += len(lines)
                     stats.bytes += size
+                    read += size
                     run.block(lines, lineno, path.name, cut)
                     lineno += len(lines)
             finally:
                 run.end_file()
+        if sizes is not None:
+            sizes.append(read)
     stats.settle()
     return stats
 

@@ -161,11 +161,11 @@ def evaluate(
     the logs are a running server's, judged as a window that ends at their last line
     (``audit.live``; the control log, a finished run, is read as ever). Claims keep no more than
     what these logs can need (``Bus.exact``); where that proves too little, the logs are read
-    again keeping everything. With ``jobs`` other than 1 (0: as many as the cores, for a big
+    again, as far as they were read, keeping everything (a pipe is read that way at once). With ``jobs`` other than 1 (0: as many as the cores, for a big
     log), the specs are shared among processes that each read the logs (``_apart``)."""
-    # a live window grows, and a pipe reads once: neither can be read again
-    exact = exact or live or not all(Path(p).is_file() for p in logs)
-    if not exact and (n := apart.jobs_for(jobs, logs, len(specs))) > 1:
+    # a pipe reads once: it cannot be read again (a live log can: as far as it was read)
+    exact = exact or not all(Path(p).is_file() for p in logs)
+    if not exact and not live and (n := apart.jobs_for(jobs, logs, len(specs))) > 1:
         return _apart(specs, logs, control, only_applicable, n)
     return _evaluate(specs, logs, control, only_applicable, live, exact)[0]
 
@@ -191,15 +191,18 @@ def _evaluate(
     only_applicable: bool,
     live: bool,
     exact: bool,
+    upto: list[int] | None = None,
 ) -> tuple[Report, list[Outcome]]:
-    """``evaluate`` in this process: the report, and each spec's outcome in the specs' order."""
+    """``evaluate`` in this process: the report, and each spec's outcome in the specs' order;
+    with ``upto``, each log read no further than that many bytes."""
     bus = Bus(exact=exact)
     checkers = [[build_checker(c, bus) for c in s.claims] for s in specs]
     applies = [SelCount(s.regime.applies, bus) for s in specs]
     world = WorldSize(bus)  # a boot that says N ranks needs N, whichever rank logs came
     window = WindowEnd(bus) if live else None
     on_text = bus.text if window is None else window.watch(bus.text)
-    stats = scan(logs, on_text=on_text, routes=receivers(bus))
+    sizes: list[int] = []
+    stats = scan(logs, on_text=on_text, routes=receivers(bus), upto=upto, sizes=sizes)
     control_stats = None
     if control is not None:
         cbus = Bus()
@@ -209,7 +212,8 @@ def _evaluate(
         control_stats = scan([control], on_text=cbus.text, routes=receivers(cbus))
     ctx = Context(stats=stats, control_stats=control_stats, live=live)
     if not exact and any(ch.rescan(ctx) for row in checkers for ch in row):
-        return _evaluate(specs, logs, control, only_applicable, live, True)
+        # read again as far as read (a live log has grown since): the same lines, all kept
+        return _evaluate(specs, logs, control, only_applicable, live, True, sizes)
     ranks = max(len(stats.ranks), world.most())
     outcomes = [
         _outcome(spec, row, app, ranks, ctx, only_applicable)

@@ -124,3 +124,28 @@ def test_the_text_report_heads_a_live_verdict_with_the_window_end(tmp_path):
     text = console.export_text()
     head = text.splitlines()[0]
     assert head.startswith("live window:") and "seq 8" in head and "iter 9" in head
+
+
+def test_a_live_log_read_again_is_read_only_as_far_as_the_first_time(tmp_path, monkeypatch):
+    from audit import verdict
+
+    log = LogText().ready().received("r-1").finish("r-1").received("r-2").finish("r-2")
+    lines = str(log).splitlines(keepends=True)  # seq 1..6
+    old, new = tmp_path / "1.log", tmp_path / "2.log"
+    old.write_text("".join(lines[:3]))
+    new.write_text("".join(lines[3:5]))  # r-2 received, not finished yet
+    first = [new.stat().st_size, old.stat().st_size]
+    calls, real = [], verdict.scan
+
+    def growing(logs, **kw):  # the server writes r-2's finish while the window is read
+        stats = real(logs, **kw)
+        calls.append(kw.get("upto"))
+        with new.open("a") as fh:
+            fh.write(lines[5])
+        return stats
+
+    monkeypatch.setattr(verdict, "scan", growing)
+    report = evaluate([resolve("no_request_lost")], [new, old], live=True)
+    assert calls == [None, first]  # newest first: read again, in seq order, as far as before
+    ends = [c for c in report.specs[0].claims if c.claim == "every_request_ends"][0]
+    assert ends.status.value == "UNDECIDED" and ends.numbers["open_keys"] == ["r-2 (rank 0)"]

@@ -139,3 +139,17 @@ def test_arbitrary_lines_never_crash_the_reader_or_the_shipped_specs(
          st_.unknown_kind, st_.malformed, st_.seq_invalid]
     )  # fmt: skip
     assert sum(st_.kinds.values()) == st_.receipts  # every evaluated receipt counted by kind
+
+
+def test_a_log_is_read_no_further_than_asked_and_says_how_far_it_read(tmp_path):
+    a = LogText().ready().received("r-1").finish("r-1").write(tmp_path / "a.log")
+    b = LogText().ready().write(tmp_path / "b.log")
+    whole = [a.stat().st_size, b.stat().st_size]
+    sizes: list[int] = []
+    stats = scan([a, b], sizes=sizes)
+    assert sizes == whole and stats.receipts == 6
+    first = len(a.read_bytes().split(b"\n")[0]) + 1
+    sizes = []
+    stats = scan([a, b], upto=[first + 5, whole[1]], sizes=sizes)  # a's second line cut
+    assert sizes == [first + 5, whole[1]]
+    assert (stats.receipts, stats.truncated) == (3, 1)

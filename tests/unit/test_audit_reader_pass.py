@@ -266,7 +266,7 @@ def test_every_shipped_verdict_is_what_the_line_by_line_loop_and_full_dispatch_g
     new = verdict.evaluate(specs, [p]).as_dict()
     with pytest.MonkeyPatch.context() as mp:  # before: each receipt through Bus.receipt, and
         mp.setattr(verdict, "receivers", lambda bus: bus)  # the wedge detector fed in full
-        mp.setattr(verdict, "scan", lambda logs, on_text, routes: reference_scan(
+        mp.setattr(verdict, "scan", lambda logs, on_text, routes, **_: reference_scan(
             logs, routes.receipt, on_text))  # fmt: skip
         mp.setattr(wedge, "_STARTS", frozenset(schema.CATALOG))
         assert new == verdict.evaluate(specs, [p]).as_dict()

@@ -1,7 +1,8 @@
 """The ``every`` claim kind: each key with a ``when`` record has a ``then`` record later on the
 same (boot, rank), before the key's window closes (at a ``closes`` record of that key, boot.stop,
-or one of the claim's ``stops``). With ``tally``, the verdict says how many keys each ``then``
-closed (each key once, under the first selector in ``then`` that followed it).
+or one of the claim's ``stops``). With ``tally``, the verdict says how many windows each ``then``
+closed (each window once, under the first selector in ``then`` that followed it). The windows
+are ``audit.followups``'s: a key used again after its window closed opens another.
 """
 
 from __future__ import annotations

@@ -43,6 +43,11 @@ def keys_of(rec: dict[str, Any], field: str) -> list[Any]:
     return [k]
 
 
+def first_then(mask: int) -> int:
+    """The first `then` selector (in the spec's order) of those that followed a window."""
+    return (mask & -mask).bit_length() - 1
+
+
 class _Rank:
     """One (boot, rank): its open windows (key -> [when's seq, followed mask, line]) and the
     highest seq read, to tell a record that comes before what was read."""
@@ -95,7 +100,6 @@ class Followups:
     def _fn(self, parts: tuple[Part, ...]) -> Callable[[dict[str, Any]], None]:
         if self.exact:
             return lambda rec: self._keep(parts, rec)
-        by_then = self.by_then
 
         def fn(rec: dict[str, Any]) -> None:  # the hot path: a scalar key, inline
             boot, rank, seq = rec["boot"], rec["rank"], rec["seq"]
@@ -121,11 +125,7 @@ class Followups:
                 elif (w := opened.get(k)) is not None and w[0] < seq:  # this window, later
                     if role == THEN:
                         w[1] |= 1 << i
-                    elif w[1]:  # CLOSE, followed (a `then` in this record came first)
-                        del opened[k]
-                        self.windows += 1
-                        by_then[(w[1] & -w[1]).bit_length() - 1] += 1
-                    else:
+                    else:  # CLOSE: a `then` in this record has already followed it
                         del opened[k]
                         self._settle((boot, rank), k, w, seq)
 
@@ -181,7 +181,7 @@ class Followups:
         followed it, a failure."""
         self.windows += 1
         if w[1]:
-            self.by_then[(w[1] & -w[1]).bit_length() - 1] += 1
+            self.by_then[first_then(w[1])] += 1
             return
         self.failures += 1
         name, seen = self.named(at, k, w)
@@ -201,6 +201,27 @@ class Followups:
         if at[0] == TEXT_BOOT:  # a text line is named by its place in the file
             return f"{self.when_key} {k!r}", w[2]
         return f"{k} (rank {at[1]})", f"seq {w[0]}"
+
+    def summary(self) -> tuple[int, int, list[Failure], list[str], list[int]]:
+        """(windows, failed, the failed kept, open keys named, windows by the first `then` that
+        followed them), the settled ones and those open where the log ends (read the exact way
+        first, where it was)."""
+        if self.seen:
+            self.replay()
+        by_then, open_ = list(self.by_then), []
+        for at, st in self.ranks.items():
+            for k, w in st.open.items():
+                if w[1]:  # followed, not closed yet
+                    by_then[first_then(w[1])] += 1
+                else:
+                    open_.append(self.named(at, k, w)[0])
+        return (
+            self.windows + self.held(),
+            self.failures,
+            self.first_failures(),
+            sorted(open_),
+            by_then,
+        )
 
     def replay(self) -> None:
         """Read the exact way: every record, each (boot, rank)'s in seq order (once)."""

@@ -291,7 +291,7 @@ def scan(
         if path.is_dir():
             raise UnreadableLog(f"{path}: is a directory")
         stats.files += 1
-        lineno = read = 0
+        lineno, before = 0, stats.bytes
         with _open(path) as fh:
             try:
                 for lines, size, cut in _blocks(fh, path, None if upto is None else upto[i]):
@@ -300,13 +300,12 @@ def scan(
                         continue
                     stats.lines += len(lines)
                     stats.bytes += size
-                    read += size
                     run.block(lines, lineno, path.name, cut)
                     lineno += len(lines)
             finally:
                 run.end_file()
         if sizes is not None:
-            sizes.append(read)
+            sizes.append(stats.bytes - before)
     stats.settle()
     return stats
 

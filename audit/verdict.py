@@ -100,9 +100,7 @@ def _costs(specs: list[Spec], log: str | Path) -> list[float]:
     costs = []
     for spec in specs:
         bus = Bus()
-        for c in spec.claims:
-            build_checker(c, bus)
-        SelCount(spec.regime.applies, bus)
+        _subscribe([spec], bus)
         routes = receivers(bus)
         t0 = time.perf_counter()
         try:
@@ -140,10 +138,20 @@ def _apart(
     by_index = dict(zip(shares[0], mine))
     for part, outcomes in zip(shares[1:], theirs):
         by_index.update(zip(part, outcomes))
-    outcomes = [by_index[i] for i in sorted(by_index)]
+    _place(report, [by_index[i] for i in sorted(by_index)])
+    return report
+
+
+def _subscribe(specs: list[Spec], bus: Bus) -> tuple[list[list[Checker]], list[SelCount]]:
+    """Each spec's checkers, and what its regime applies to, subscribed on ``bus``."""
+    checkers = [[build_checker(c, bus) for c in s.claims] for s in specs]
+    return checkers, [SelCount(s.regime.applies, bus) for s in specs]
+
+
+def _place(report: Report, outcomes: list[Outcome]) -> None:
+    """The specs' outcomes into the report: the verdicts, and the specs left out."""
     report.specs = [o for o in outcomes if isinstance(o, SpecVerdict)]
     report.not_applicable = [o for o in outcomes if isinstance(o, tuple)]
-    return report
 
 
 def evaluate(
@@ -161,9 +169,11 @@ def evaluate(
     the logs are a running server's, judged as a window that ends at their last line
     (``audit.live``; the control log, a finished run, is read as ever). Claims keep no more than
     what these logs can need (``Bus.exact``); where that proves too little, the logs are read
-    again, as far as they were read, keeping everything (a pipe is read that way at once). With ``jobs`` other than 1 (0: as many as the cores, for a big
-    log), the specs are shared among processes that each read the logs (``_apart``)."""
-    # a pipe reads once: it cannot be read again (a live log can: as far as it was read)
+    again, as far as they were read, keeping everything (a log that is not a regular file is
+    read that way at once). With ``jobs`` other than 1 (0: as many as the cores, for a big log),
+    the specs are shared among processes that each read the logs (``_apart``)."""
+    # what is not a regular file may read once: it cannot be read again (a live log can: as far
+    # as it was read)
     exact = exact or not all(Path(p).is_file() for p in logs)
     if not exact and not live and (n := apart.jobs_for(jobs, logs, len(specs))) > 1:
         return _apart(specs, logs, control, only_applicable, n)
@@ -196,8 +206,7 @@ def _evaluate(
     """``evaluate`` in this process: the report, and each spec's outcome in the specs' order;
     with ``upto``, each log read no further than that many bytes."""
     bus = Bus(exact=exact)
-    checkers = [[build_checker(c, bus) for c in s.claims] for s in specs]
-    applies = [SelCount(s.regime.applies, bus) for s in specs]
+    checkers, applies = _subscribe(specs, bus)
     world = WorldSize(bus)  # a boot that says N ranks needs N, whichever rank logs came
     window = WindowEnd(bus) if live else None
     on_text = bus.text if window is None else window.watch(bus.text)
@@ -221,11 +230,11 @@ def _evaluate(
     ]
     report = Report(
         logs=[str(p) for p in logs],
-        specs=[o for o in outcomes if isinstance(o, SpecVerdict)],
+        specs=[],
         stats=stats,
         control=None if control is None else str(control),
         control_stats=control_stats,
-        not_applicable=[o for o in outcomes if isinstance(o, tuple)],
         window=window,
     )
+    _place(report, outcomes)
     return report, outcomes

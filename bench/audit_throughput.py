@@ -177,15 +177,15 @@ def main() -> None:
             if args.audit_cmd
             else [sys.executable, "-m", "cli.audit_app"]
         )
-        auditors = {"audit verdict": audit}
+        auditors = {"audit verdict": (audit, shlex.split(args.audit_args))}
         if args.baseline:
-            auditors = {args.baseline_name: shlex.split(args.baseline), **auditors}
+            auditors = {args.baseline_name: (shlex.split(args.baseline), []), **auditors}
         grep: list[Run] = []
         runs: dict[str, list[Run]] = {name: [] for name in auditors}
         for _ in range(args.runs):
             grep.append(run(["grep", "-c", '"event":"admission.park"', str(log)]))
-            for name, cmd in auditors.items():
-                runs[name].append(run(verdict(cmd, log, args.audit_args, name)))
+            for name, auditor in auditors.items():
+                runs[name].append(run(verdict(auditor, log)))
                 if runs[name][-1].code not in (0, 1, 2):
                     sys.exit(
                         f"{name} failed ({runs[name][-1].code}): {runs[name][-1].err.decode()}"
@@ -197,7 +197,7 @@ def main() -> None:
             Path(args.verdict_out).write_bytes(aud[-1].out)
         report(log.stat().st_size / 1e6, grep, runs, orjson.loads(aud[-1].out))
         if args.rss_head > 0:
-            rss_growth(log, d / "head.jsonl", args.rss_head, auditors, runs, args.audit_args)
+            rss_growth(log, d / "head.jsonl", args.rss_head, auditors, runs)
         if args.baseline:
             same = {r.out for rs in runs.values() for r in rs} == {aud[-1].out}
             print(f"verdicts of {args.baseline_name} and audit verdict, every run: "
@@ -209,24 +209,21 @@ def main() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def verdict(cmd: list[str], log: Path, extra: str, name: str) -> list[str]:
-    """``audit verdict LOG --json`` by ``cmd``; the auditor timed with ``--audit-args``."""
-    return [
-        *cmd,
-        "verdict",
-        str(log),
-        "--json",
-        *(shlex.split(extra) if name == "audit verdict" else []),
-    ]
+Auditor = tuple[list[str], list[str]]  # the command, and flags after `verdict LOG --json`
+
+
+def verdict(auditor: Auditor, log: Path) -> list[str]:
+    """``audit verdict LOG --json`` by one auditor, with its flags."""
+    cmd, flags = auditor
+    return [*cmd, "verdict", str(log), "--json", *flags]
 
 
 def rss_growth(
     log: Path,
     head: Path,
     frac: float,
-    auditors: dict[str, list[str]],
+    auditors: dict[str, Auditor],
     runs: dict[str, list[Run]],
-    extra: str,
 ) -> None:
     """Peak RSS on the log's first lines against the whole log's: what the auditor holds per
     GB read (flat: about nothing)."""
@@ -238,8 +235,8 @@ def rss_growth(
                 break
             dst.write(chunk)
     mb, whole = head.stat().st_size / 1e6, log.stat().st_size / 1e6
-    for name, cmd in auditors.items():
-        small = run(verdict(cmd, head, extra, name))
+    for name, auditor in auditors.items():
+        small = run(verdict(auditor, head))
         big = max(r.rss_mb for r in runs[name])
         per_gb = (big - small.rss_mb) / (whole - mb) * 1000
         print(f"peak RSS of {name}: {small.rss_mb:.0f} MB on the first {mb:.0f} MB, {big:.0f} MB "

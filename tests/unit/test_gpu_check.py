@@ -60,6 +60,16 @@ def test_parse_args_defaults_fit_the_time_limit(gc):
     a = gc.parse_args([])
     assert a.budget_s < 8 * 60 and not a.skip_serve and a.json is None
     assert gc.parse_args(["--hbm-gbps", "3000", "--skip-serve"]).hbm_gbps == 3000.0
+    assert a.sections == ["correct", "decode", "serve"] and a.backends == ["triton", "flashinfer"]
+
+
+def test_sections_and_backends_are_chosen_by_name(gc, capsys):
+    a = gc.parse_args(["--sections", "serve, decode", "--backends", "flashinfer"])
+    assert a.sections == ["serve", "decode"] and a.backends == ["flashinfer"]
+    assert gc.parse_args(["--skip-serve"]).sections == ["correct", "decode"]
+    with pytest.raises(SystemExit):
+        gc.parse_args(["--sections", "correct,speed"])
+    assert "--sections: unknown speed" in capsys.readouterr().err
 
 
 def test_a_failing_section_is_a_row_and_the_run_goes_on(gc):

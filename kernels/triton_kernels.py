@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from kernels.triton_softmax import decode_attend, extend_attend, load_tile
+from kernels.triton_softmax import block_attend, load_tile
 
 LOG2E = 1.4426950408889634  # scores are scaled by log2(e) so the kernels can use exp2
 
@@ -85,32 +85,41 @@ def _decode_split_kernel(
     stride_lh,
     GROUP: tl.constexpr,  # query heads per KV head
     HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # GROUP rounded up to what tl.dot takes (16 at least)
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
+    # one program per (request, KV head, piece of the context): the group's query heads read
+    # the piece's keys and values once, as rows of one tile
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    kvh = tl.program_id(1)
     s = tl.program_id(2)
-    kvh = h // GROUP
     row = tl.load(Rows + b).to(tl.int64)
     length = tl.load(Lens + b)
     per_split = tl.cdiv(length, num_splits)
     start = s * per_split
     end = tl.minimum(start + per_split, length)
 
+    offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HEAD_DIM
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d, mask=dmask, other=0.0).to(tl.float32)
-    acc, l_i, m_i = decode_attend(
-        q, Table + row * stride_table, start, end, KPool, VPool, kvh * stride_kh, kvh * stride_vh,
-        stride_kt, stride_vt, offs_d, dmask, qk_scale, BLOCK_D, BLOCK_N,
+    heads = kvh * GROUP + offs_g
+    gdmask = (offs_g < GROUP)[:, None] & dmask[None, :]
+    q = load_tile(Q + b * stride_qb, heads, stride_qh, 0, offs_d, gdmask)
+    acc, l_i, m_i = block_attend(
+        q, offs_g, Table + row * stride_table, start, end, KPool, VPool, kvh * stride_kh,
+        kvh * stride_vh, stride_kt, stride_vt, offs_d, dmask, qk_scale,
+        BLOCK_G, BLOCK_D, BLOCK_N, IEEE, UPCAST, False,
     )  # fmt: skip
     # an empty split (a context shorter than the split count) contributes nothing: lse = -inf
     has = end > start
     lse = tl.where(has, m_i + tl.log2(tl.maximum(l_i, 1e-30)), -float("inf"))
-    out = tl.where(has, acc / tl.maximum(l_i, 1e-30), 0.0)
-    tl.store(PartO + b * stride_ob + h * stride_oh + s * stride_os + offs_d, out, mask=dmask)
-    tl.store(PartLse + b * stride_lb + h * stride_lh + s, lse)
+    out = tl.where(has, acc / tl.maximum(l_i, 1e-30)[:, None], 0.0)
+    dst = PartO + b * stride_ob + heads[:, None] * stride_oh + s * stride_os + offs_d[None, :]
+    tl.store(dst, out, mask=gdmask)
+    tl.store(PartLse + b * stride_lb + heads * stride_lh + s, lse, mask=offs_g < GROUP)
 
 
 @triton.jit
@@ -197,10 +206,10 @@ def _extend_kernel(
     # a block past this request's last query (the grid is sized for the longest) reads nothing
     # and stores nothing; masks rather than an early return, which older compilers refuse
     kv_end = tl.where(mb * BLOCK_M < ext, kv_end, 0)
-    acc, l_i = extend_attend(
-        q, prefix + offs_m, Table + row * stride_table, kv_end, KPool, VPool, kvh * stride_kh,
-        kvh * stride_vh, stride_kt, stride_vt, offs_d, dmask, qk_scale,
-        BLOCK_M, BLOCK_D, BLOCK_N, IEEE, UPCAST,
+    acc, l_i, _ = block_attend(
+        q, prefix + offs_m, Table + row * stride_table, 0, kv_end, KPool, VPool,
+        kvh * stride_kh, kvh * stride_vh, stride_kt, stride_vt, offs_d, dmask, qk_scale,
+        BLOCK_M, BLOCK_D, BLOCK_N, IEEE, UPCAST, True,
     )  # fmt: skip
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     dst = Out + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
@@ -275,8 +284,9 @@ def decode_attention(
     block_n: int = 32,
 ) -> torch.Tensor:
     """One query per request over its whole context, flash-decoding style: each of
-    ``num_splits`` programs per (request, head) reduces a piece of the context to a partial
-    output and its log-sum-exp; a second kernel merges the pieces."""
+    ``num_splits`` programs per (request, KV head) reduces a piece of the context to a partial
+    output and its log-sum-exp for every query head of the KV head's group (the piece's keys and
+    values read once for them all); a second kernel merges the pieces."""
     q = _unit_last(q)
     _check_pool(k_pool, v_pool)
     b, heads, head_dim = q.shape
@@ -286,21 +296,23 @@ def decode_attention(
         part_o = torch.empty(b, heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     if part_lse is None:
         part_lse = torch.empty(b, heads, num_splits, dtype=torch.float32, device=q.device)
-    block_d = _pow2(head_dim)
-    _decode_split_kernel[(b, heads, num_splits)](
+    group = heads // kv_heads
+    _decode_split_kernel[(b, kv_heads, num_splits)](
         q, k_pool, v_pool, table, rows, lens, part_o, part_lse,
         scale * LOG2E, num_splits,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1),
         v_pool.stride(0), v_pool.stride(1), table.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        GROUP=heads // kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, _pow2(group)),
+        BLOCK_D=_block_d(head_dim), BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
+        UPCAST=INTERPRETED and q.dtype != torch.float32,
     )  # fmt: skip
     _decode_reduce_kernel[(b, heads)](
         part_o, part_lse, out, num_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=_pow2(num_splits),
+        HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim), BLOCK_S=_pow2(num_splits),
     )  # fmt: skip
     return out
 

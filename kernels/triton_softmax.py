@@ -2,8 +2,9 @@
 
 A request's context is read block by block through its row of the slot table, each block's
 scores scaled into the log2 domain (``exp2``), and the running max, normalizer and unnormalized
-output carried from block to block. Decode runs the loop for one query, extend for a block of
-queries under the causal rule. Every helper here is ``@triton.jit`` and inlined into the kernel
+output carried from block to block. Extend runs the loop for a block of one head's queries under
+the causal rule; decode for the one query of each head of a KV head's group over a piece of the
+context (the group shares its keys and values: they are read once for all its heads). Every helper here is ``@triton.jit`` and inlined into the kernel
 that calls it, so splitting them out costs the compiled kernels nothing.
 """
 
@@ -45,50 +46,13 @@ def slot_block(TableRow, n0, end, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def decode_attend(
-    q,  # [BLOCK_D] float32, the request's one query at one head
+def block_attend(
+    q,  # [BLOCK_M, BLOCK_D] queries of one request: a block of its new tokens at one head
+    # (extend), or its one new token at each query head of a KV head's group (decode)
+    q_pos,  # [BLOCK_M] absolute position of each query (read only where CAUSAL)
     TableRow,  # the request's row of the slot table
-    start,
-    end,  # context positions [start, end) of this split
-    KPool,
-    VPool,
-    k_off,  # offset of the KV head within a slot of each pool
-    v_off,
-    stride_kt,
-    stride_vt,
-    offs_d,
-    dmask,
-    qk_scale,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Online softmax of one query over ``[start, end)``: ``(acc, l, m)``, the unnormalized
-    output, its normalizer and the running max of the scaled (log2) scores."""
-    m_i = -float("inf")
-    l_i = 0.0
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n, nmask, slots = slot_block(TableRow, n0, end, BLOCK_N)
-        kvmask = nmask[:, None] & dmask[None, :]
-        k = load_tile(KPool, slots, stride_kt, k_off, offs_d, kvmask).to(tl.float32)
-        scores = tl.sum(q[None, :] * k, 1) * qk_scale
-        scores = tl.where(nmask, scores, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new)
-        v = load_tile(VPool, slots, stride_vt, v_off, offs_d, kvmask).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        m_i = m_new
-    return acc, l_i, m_i
-
-
-@triton.jit
-def extend_attend(
-    q,  # [BLOCK_M, BLOCK_D] a block of one request's queries at one head
-    q_pos,  # [BLOCK_M] absolute position of each query
-    TableRow,  # the request's row of the slot table
-    kv_end,  # keys at context positions [0, kv_end)
+    kv_start,
+    kv_end,  # keys at context positions [kv_start, kv_end)
     KPool,
     VPool,
     k_off,  # offset of the KV head within a slot of each pool
@@ -103,18 +67,24 @@ def extend_attend(
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
-    """Online softmax of a block of queries over ``[0, kv_end)``, each query seeing keys at
-    positions up to its own: ``(acc, l)``, the unnormalized output and its normalizer."""
+    """Online softmax of a block of queries over ``[kv_start, kv_end)``, where CAUSAL each query
+    seeing keys at positions up to its own: ``(acc, l, m)``, the unnormalized output, its
+    normalizer and the running max of the scaled (log2) scores. The block's keys are read once
+    for all its queries, and both products are ``tl.dot``s."""
     m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for n0 in range(0, kv_end, BLOCK_N):
+    for n0 in range(kv_start, kv_end, BLOCK_N):
         offs_n, nmask, slots = slot_block(TableRow, n0, kv_end, BLOCK_N)
         kvmask = nmask[:, None] & dmask[None, :]
         k = load_tile(KPool, slots, stride_kt, k_off, offs_d, kvmask).to(q.dtype)
         scores = dot_f32(q, tl.trans(k), IEEE, UPCAST)
-        allowed = (offs_n[None, :] <= q_pos[:, None]) & nmask[None, :]
+        if CAUSAL:
+            allowed = (offs_n[None, :] <= q_pos[:, None]) & nmask[None, :]
+        else:
+            allowed = tl.broadcast_to(nmask[None, :], (BLOCK_M, BLOCK_N))
         scores = tl.where(allowed, scores * qk_scale, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         # rows past the request's end may see no key at all: keep them finite, never stored
@@ -126,4 +96,4 @@ def extend_attend(
         acc = acc * alpha[:, None] + pv
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
-    return acc, l_i
+    return acc, l_i, m_i

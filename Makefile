@@ -28,9 +28,11 @@ setup: $(STAMP)
 # The native CPU ops (kernels/cpu_ops.cpp: decode attention, norm, rotary; cpu_step.cpp: a small
 # decode forward's layers in one call), compiled for this CPU
 # (about 10 s; a no-op once built for it). Without a compiler the engine runs torch's ops and
-# says so in its boot.weights receipt.
+# says so in its boot.weights receipt. Also the auditor's reader loop in C (audit/fastscan.c,
+# about 1 s): without it the auditor reads in Python, slower.
 native: setup
 	@$(BIN)/python -m kernels.cpu_ops build
+	@$(BIN)/python -m audit.native build
 
 # The `audit report` browser test drives Debian's headless Chromium. It is installed once, where
 # apt-get runs as root (about 20 s on a fresh machine), and costs nothing once there. Elsewhere the

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from audit import native
 from audit.readstats import BITMAP_LIMIT, MAX_DEPTH, ReadStats, SeqTrack
 from engine.obs import schema
 
@@ -100,6 +101,7 @@ def _classify(raw: bytes, stats: ReadStats, last: bool) -> tuple[str, Any]:
 
 
 _DEEP_LINE = 2 * MAX_DEPTH  # a shorter line cannot hold the brackets of a deeper receipt
+_STUCK = 8  # lines in a row the compiled loop did not take before the rest go the Python way
 
 
 def _too_deep(line: bytes, obj: dict[str, Any]) -> bool:
@@ -168,8 +170,36 @@ class _Pass:
     def __init__(self, stats: ReadStats, routes: dict[str, Route], on_text: OnText | None):
         self.stats, self.routes, self.on_text = stats, routes, on_text
         self.at: tuple = (None, None, None, 0, 0, -1, [])  # track, boot, rank, lo, hi, iter, counts
+        self.fast = native.fast_run()  # the common case compiled, where it was built
+        self.fast_routes = {k: (tuple(sorted(r[0])), r[1], r[2]) for k, r in routes.items()}
 
     def block(self, lines: list[bytes], lineno: int, name: str, cut: bool) -> None:
+        """The lines of a block: runs of plain receipts of one (boot, rank) in sequence in the
+        compiled loop (``audit.native``), each line it stops at in ``_block``; where it takes
+        none of several lines in a row (a text log, ranks interleaved), the rest in ``_block``."""
+        fast = self.fast
+        if fast is None:
+            return self._block(lines, lineno, name, cut)
+        i, n, stuck, routes, loads = 0, len(lines), 0, self.fast_routes, orjson.loads
+        while i < n:
+            track, boot0, rank0, lo, hi, top_it, counts = self.at
+            if track is not None:
+                j, hi, top_it = fast(
+                    lines, i, routes, boot0, rank0, hi, top_it, counts, loads,
+                    BITMAP_LIMIT, _DEEP_LINE, MAX_DEPTH,
+                )  # fmt: skip
+                self.at = (track, boot0, rank0, lo, hi, top_it, counts)
+                track.lo, track.hi, track.top_iter = lo, hi, top_it
+                if j == n:
+                    return
+                stuck = stuck + 1 if j == i else 0
+                i = j
+            if stuck > _STUCK:
+                return self._block(lines[i:], lineno + i, name, cut)
+            self._block(lines[i : i + 1], lineno + i, name, cut)
+            i += 1
+
+    def _block(self, lines: list[bytes], lineno: int, name: str, cut: bool) -> None:
         routes, loads, bad = self.routes, orjson.loads, orjson.JSONDecodeError
         limit, deep = BITMAP_LIMIT, _DEEP_LINE
         track, boot0, rank0, lo, hi, top_it, counts = self.at

@@ -2,7 +2,8 @@
 the reference, on the reader's own line classifier), every count, example, seq track, receipt and
 text line is the same for any mix of lines, any block size (blocks then split lines anywhere),
 plain or gzip, whole or cut; and every verdict of the shipped specs is the same as with that loop,
-``Bus.receipt`` dispatch and the wedge detector's full feed on every receipt."""
+``Bus.receipt`` dispatch and the wedge detector's full feed on every receipt. Each test reads
+both ways: with the compiled loop (``audit.native``) and with the reader's Python loop alone."""
 
 from __future__ import annotations
 
@@ -14,10 +15,20 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from audit import reader, readstats
+from audit import native, reader, readstats
 from audit.reader import UnreadableLog, scan
 from audit.readstats import BITMAP_LIMIT, ReadStats, SeqTrack
 from engine.obs import schema
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def loop(request, monkeypatch):
+    """Each test twice: the reader with its compiled loop, and with its Python loop alone."""
+    if request.param == "python":
+        monkeypatch.setattr(native, "fast_run", lambda: None)
+    elif native.why_not() is not None:
+        pytest.skip(f"the compiled loop: {native.why_not()}")
+    return request.param
 
 
 def reference_scan(paths, on_receipt=None, on_text=None):
@@ -177,6 +188,7 @@ def test_a_gzip_cut_anywhere_reads_as_before(tmp_path, monkeypatch, cut_at, bloc
     read_both([p])
 
 
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.lists(st.integers(0, 300), max_size=30),
     st.integers(1, 2000),

@@ -1,11 +1,13 @@
 """Reading one log in several processes at once, each for its own share of the windows.
 
-The reader's pass is half of a verdict's time and the claims' callbacks the other half, and the
-windows (specs) do not share what they decide: each of ``jobs`` processes reads the whole log
-for its share of them (``share_out``: by what each costs, as ``audit.verdict`` times it on the
-log's head), and the shares' verdicts are joined in the specs' order. Each process still parses
-every line (sending a parsed line costs what parsing it does), so two cores save about a tenth
-to a fifth of the time and spend twice the CPU.
+The reader's pass and the claims' callbacks each take about half of a verdict's time, and the
+windows (specs) do not share what they decide: each of ``jobs`` processes reads the log for its
+share of them (``share_out``: by what each costs, as ``audit.verdict`` times it on the log's
+head), and the shares' verdicts are joined in the specs' order. The first share reads every
+line and keeps the reading numbers (seq runs, counts, what was malformed); it hands them to the
+others (``Handoff``), which pass over the lines of kinds their windows do not read, unparsed
+(``audit.reader.scan``'s ``skip``), so a window that needs every line (a wedge, text lines)
+stays with the first. Sending a parsed line costs what parsing it does, so none is sent.
 
 Processes are forked (the specs, holding compiled checks, are not sent anywhere) and only where
 that is safe: one thread running, a POSIX system. What a share hands back is pickled through a
@@ -18,6 +20,7 @@ import os
 import pickle
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,28 +40,101 @@ def jobs_for(asked: int, logs: Sequence[str | Path], shares: int) -> int:
     return max(1, min(asked, shares))
 
 
-def share_out(costs: Sequence[float], n: int) -> list[list[int]]:
-    """Indices into ``min(n, len(costs))`` non-empty shares, each in index order, with costs as
-    even as putting each, dearest first, into the cheapest share so far makes them (an empty
-    share is the cheapest)."""
-    shares: list[list[int]] = [[] for _ in range(min(n, len(costs)))]
-    load = [0.0] * len(shares)
+def share_out(
+    costs: Sequence[float],
+    n: int,
+    *,
+    read: float = 0.0,
+    kinds: Sequence[frozenset[str]] | None = None,
+    fraction: Callable[[frozenset[str]], float] | None = None,
+    movable: Sequence[bool] | None = None,
+) -> list[list[int]]:
+    """Indices into at most ``min(n, len(costs))`` shares, each in index order, with costs as
+    even as putting each, dearest first, into the share it makes cheapest makes them. The first
+    share reads the whole log (``read``: what that costs); with ``fraction``, another share
+    reads only the part of it its specs' ``kinds`` are (``fraction(kinds)`` of ``read``), and a
+    spec not ``movable`` (one that needs every line) stays in the first. Without them every
+    share reads alike, so ``read`` drops out; an empty share other than the first is dropped."""
+    m = min(n, len(costs))
+    shares: list[list[int]] = [[] for _ in range(m)]
+    held: list[frozenset[str]] = [frozenset()] * m
+    load = [0.0] * m
+
+    def after(j: int, i: int) -> float:
+        ks = held[j] | (kinds[i] if kinds is not None else frozenset())
+        r = read if j == 0 or fraction is None else read * fraction(ks)
+        return r + load[j] + costs[i]
+
     for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        j = min(range(len(shares)), key=lambda j: (load[j], len(shares[j]), j))
+        options = range(m) if movable is None or movable[i] else range(1)
+        j = min(options, key=lambda j: (after(j, i), len(shares[j]), j))
         shares[j].append(i)
         load[j] += costs[i]
-    return [sorted(x) for x in shares]
+        if kinds is not None:
+            held[j] |= kinds[i]
+    return [sorted(shares[0]), *(sorted(x) for x in shares[1:] if x)]
 
 
-def run(fns: Sequence[Callable[[], T]]) -> list[T]:
+class Handoff:
+    """What the first share's reading hands the other shares (pickled through a pipe each):
+    the reading numbers of the logs, which a share that passed over lines cannot count. Made
+    before the fork; ``run`` closes the ends each process does not use."""
+
+    def __init__(self, others: int) -> None:
+        self.pipes = [os.pipe() for _ in range(others)]
+
+    def in_child(self, k: int) -> None:
+        for j, (r, w) in enumerate(self.pipes):
+            os.close(w)
+            if j != k:
+                os.close(r)
+        self.pipes = [self.pipes[k]]
+
+    def in_parent(self) -> None:
+        for r, _ in self.pipes:
+            os.close(r)
+
+    def send(self, value: Any) -> None:
+        """To every other share, once (the first share, after its reading)."""
+        data = pickle.dumps(value)
+        for _, w in self.pipes:
+            try:
+                with os.fdopen(w, "wb") as fh:
+                    fh.write(data)
+            except BrokenPipeError:  # that share ended already: its own failure says why
+                pass
+        self.pipes = []
+
+    def close(self) -> None:
+        """Nothing sent (the first share failed): the others read an end and fail too."""
+        for _, w in self.pipes:
+            os.close(w)
+        self.pipes = []
+
+    def receive(self) -> Any:
+        """In another share: what the first sent (waiting for it)."""
+        ((r, _),) = self.pipes
+        with os.fdopen(r, "rb") as fh:
+            data = fh.read()
+        if not data:
+            raise RuntimeError("the first reading ended without its reading numbers")
+        return pickle.loads(data)
+
+
+def run(fns: Sequence[Callable[[], T]], handoff: Handoff | None = None) -> list[T]:
     """Each of ``fns`` called in its own process (the first in this one); their results, in
-    order. The first exception of any is raised here."""
+    order. The first exception of any is raised here. With ``handoff``, the first hands the
+    others what they wait for through it."""
     children: list[tuple[int, int]] = []
     try:
-        for fn in fns[1:]:
-            children.append(_fork(fn))
+        for k, fn in enumerate(fns[1:]):
+            children.append(_fork(fn, None if handoff is None else partial(handoff.in_child, k)))
+        if handoff is not None:
+            handoff.in_parent()
         first = fns[0]()
     finally:
+        if handoff is not None:
+            handoff.close()
         got = [_collect(pid, fd) for pid, fd in children]
     for ok, value in got:
         if not ok:
@@ -66,7 +142,7 @@ def run(fns: Sequence[Callable[[], T]]) -> list[T]:
     return [first, *(value for _, value in got)]
 
 
-def _fork(fn: Callable[[], Any]) -> tuple[int, int]:
+def _fork(fn: Callable[[], Any], setup: Callable[[], None] | None) -> tuple[int, int]:
     r, w = os.pipe()
     pid = os.fork()
     if pid:
@@ -75,6 +151,8 @@ def _fork(fn: Callable[[], Any]) -> tuple[int, int]:
     os.close(r)  # the child: its share, pickled into the pipe, then gone without cleanup
     try:
         try:
+            if setup is not None:
+                setup()
             data = pickle.dumps((True, fn()))
         except BaseException as e:  # noqa: BLE001 (handed to the parent to raise)
             try:

@@ -1,8 +1,8 @@
 /* The reader's common case in C: a run of plain receipts of one (boot, rank) whose seqs follow
  * one another (audit/reader.py, _Pass.block, is the whole rule; this is its first branch).
  *
- * run(lines, i, routes, boot, rank, hi, top_iter, counts, loads, limit, deep_line, max_depth)
- *   -> (j, hi, top_iter)
+ * run(lines, i, routes, boot, rank, hi, top_iter, counts, loads, limit, deep_line, max_depth,
+ *     skip, tracking) -> (j, hi, top_iter)
  *
  * From lines[i] on, each line that is a JSON object (parsed by ``loads``: orjson's, as the
  * reader's) with a known kind (``routes``: kind -> (required fields, receivers, index)), a str
@@ -13,9 +13,16 @@
  * line that is anything else stops the run before any of that is done for it: j is its index
  * (len(lines) when every line was taken), and the reader's own loop decides it. An exception
  * raised by a receiver is raised here, as the loop would raise it.
+ *
+ * Not ``tracking`` (a reading whose counts and seqs are not its own to keep: another process
+ * keeps them), a line's boot, rank and seq need only be of their types, nothing is counted, and
+ * a line that starts with "{" and ends with one of ``skip`` (',"event":"K"}' for a kind K no
+ * receiver of this reading wants) is passed over unparsed: were it valid JSON, its last
+ * top-level key would be "event" and K its kind, so no receiver could have wanted it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 
 static PyObject *k_event, *k_boot, *k_rank, *k_seq, *k_v, *k_iter, *one;
 
@@ -60,12 +67,19 @@ static int too_many_brackets(PyObject *line, Py_ssize_t deep_line, Py_ssize_t ma
 }
 
 /* 1: the line is taken (*raise: its int iter, in *iter_out, is above top); 0: stop */
-static int fits(PyObject *obj, PyObject *route, PyObject *boot0, PyObject *rank0, long long hi,
-                long long limit, long long top, int *raise, long long *iter_out) {
+static int fits(PyObject *obj, PyObject *route, int tracking, PyObject *boot0, PyObject *rank0,
+                long long hi, long long limit, long long top, int *raise, long long *iter_out) {
     PyObject *boot = get(obj, k_boot), *rank = get(obj, k_rank), *seq = get(obj, k_seq);
     if (boot == NULL || rank == NULL || seq == NULL || !PyUnicode_CheckExact(boot) ||
         !PyLong_CheckExact(rank) || !PyLong_CheckExact(seq) || !has(obj, k_v))
         return 0;
+    PyObject *required = PyTuple_GET_ITEM(route, 0);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(required); k++)
+        if (!has(obj, PyTuple_GET_ITEM(required, k)))
+            return 0;
+    *raise = 0;
+    if (!tracking)
+        return 1;
     if (!same(boot, boot0) || !same(rank, rank0))
         return 0;
     int overflow = 0;
@@ -76,11 +90,6 @@ static int fits(PyObject *obj, PyObject *route, PyObject *boot0, PyObject *rank0
     }
     if (!(hi != 0 && s == hi + 1 && s < limit))
         return 0;
-    PyObject *required = PyTuple_GET_ITEM(route, 0);
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(required); k++)
-        if (!has(obj, PyTuple_GET_ITEM(required, k)))
-            return 0;
-    *raise = 0;
     PyObject *it = get(obj, k_iter);
     if (it != NULL && PyLong_CheckExact(it)) {
         long long v = PyLong_AsLongLongAndOverflow(it, &overflow);
@@ -96,10 +105,59 @@ static int fits(PyObject *obj, PyObject *route, PyObject *boot0, PyObject *rank0
     return 1;
 }
 
+/* counts[index] += 1; -1 with an exception set where that fails */
+static int count(PyObject *counts, PyObject *index_obj) {
+    Py_ssize_t index = PyLong_AsSsize_t(index_obj);
+    if (index < 0 || index >= PyList_GET_SIZE(counts)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_IndexError, "a route's index is outside counts");
+        return -1;
+    }
+    PyObject *was = PyList_GET_ITEM(counts, index);
+    PyObject *now = PyNumber_Add(was, one);
+    if (now == NULL)
+        return -1;
+    PyList_SET_ITEM(counts, index, now);
+    Py_DECREF(was);
+    return 0;
+}
+
+/* whether line ends with one of the suffixes in skip (a tuple of bytes) */
+static int skipped(PyObject *line, PyObject *skip) {
+    Py_ssize_t n = PyBytes_GET_SIZE(line);
+    const char *p = PyBytes_AS_STRING(line);
+    if (n < 2 || p[n - 1] != '}' || p[n - 2] != '"')
+        return 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(skip); k++) {
+        PyObject *suffix = PyTuple_GET_ITEM(skip, k);
+        Py_ssize_t m = PyBytes_GET_SIZE(suffix);
+        if (m <= n && memcmp(p + n - m, PyBytes_AS_STRING(suffix), (size_t)m) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "run() takes 12 arguments");
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "run() takes 14 arguments");
+        return NULL;
+    }
+    PyObject *skip = args[12];
+    int tracking = PyObject_IsTrue(args[13]);
+    if (tracking < 0)
+        return NULL;
+    if (!PyTuple_CheckExact(skip)) {
+        PyErr_SetString(PyExc_TypeError, "run() takes a tuple of suffixes to skip");
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(skip); k++)
+        if (!PyBytes_CheckExact(PyTuple_GET_ITEM(skip, k))) {
+            PyErr_SetString(PyExc_TypeError, "a suffix to skip is not bytes");
+            return NULL;
+        }
+    if (tracking && PyTuple_GET_SIZE(skip)) {
+        PyErr_SetString(PyExc_ValueError, "a tracking reading skips nothing");
         return NULL;
     }
     PyObject *lines = args[0], *routes = args[2], *boot0 = args[3], *rank0 = args[4];
@@ -126,6 +184,8 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (!PyBytes_CheckExact(line) || PyBytes_GET_SIZE(line) == 0 ||
             PyBytes_AS_STRING(line)[0] != '{')
             break;
+        if (PyTuple_GET_SIZE(skip) && skipped(line, skip))
+            continue;
         PyObject *obj = PyObject_CallOneArg(loads, line);
         if (obj == NULL) {
             PyErr_Clear(); /* the loop parses it again and says what it is */
@@ -136,24 +196,14 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         int raise = 0;
         if (PyDict_CheckExact(obj) && (ev = get(obj, k_event)) != NULL &&
             (route = get(routes, ev)) != NULL && PyTuple_CheckExact(route) &&
-            PyTuple_GET_SIZE(route) == 3 && fits(obj, route, boot0, rank0, hi, limit, top, &raise, &it) &&
+            PyTuple_GET_SIZE(route) == 3 && fits(obj, route, tracking, boot0, rank0, hi, limit, top, &raise, &it) &&
             !too_many_brackets(line, deep_line, max_depth)) {
-            Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(route, 2));
-            if (index < 0 || index >= PyList_GET_SIZE(counts)) {
-                Py_DECREF(obj);
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_IndexError, "a route's index is outside counts");
-                return NULL;
-            }
-            PyObject *was = PyList_GET_ITEM(counts, index);
-            PyObject *now = PyNumber_Add(was, one);
-            if (now == NULL) {
+            if (tracking && count(counts, PyTuple_GET_ITEM(route, 2)) < 0) {
                 Py_DECREF(obj);
                 return NULL;
             }
-            PyList_SET_ITEM(counts, index, now);
-            Py_DECREF(was);
-            hi += 1;
+            if (tracking)
+                hi += 1;
             if (raise)
                 top = it;
             PyObject *fns = PyTuple_GET_ITEM(route, 1);
@@ -177,7 +227,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 static PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "run(lines, i, routes, boot, rank, hi, top_iter, counts, loads, limit, deep_line, "
-     "max_depth) -> (j, hi, top_iter)"},
+     "max_depth, skip, tracking) -> (j, hi, top_iter)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -167,11 +167,18 @@ class _Pass:
     the receipts among them: of a kind the catalog lacks, behind a rank prefix). The (boot,
     rank) of the last receipt, its run of seqs, top iter and counts stay in locals."""
 
-    def __init__(self, stats: ReadStats, routes: dict[str, Route], on_text: OnText | None):
+    def __init__(
+        self,
+        stats: ReadStats,
+        routes: dict[str, Route],
+        on_text: OnText | None,
+        skip: Iterable[str] = (),
+    ):
         self.stats, self.routes, self.on_text = stats, routes, on_text
         self.at: tuple = (None, None, None, 0, 0, -1, [])  # track, boot, rank, lo, hi, iter, counts
         self.fast = native.fast_run()  # the common case compiled, where it was built
         self.fast_routes = {k: (tuple(sorted(r[0])), r[1], r[2]) for k, r in routes.items()}
+        self.skip = tuple(b',"event":"' + k.encode() + b'"}' for k in sorted(skip))
 
     def block(self, lines: list[bytes], lineno: int, name: str, cut: bool) -> None:
         """The lines of a block: runs of plain receipts of one (boot, rank) in sequence in the
@@ -186,7 +193,7 @@ class _Pass:
             if track is not None:
                 j, hi, top_it = fast(
                     lines, i, routes, boot0, rank0, hi, top_it, counts, loads,
-                    BITMAP_LIMIT, _DEEP_LINE, MAX_DEPTH,
+                    BITMAP_LIMIT, _DEEP_LINE, MAX_DEPTH, self.skip, not self.skip,
                 )  # fmt: skip
                 self.at = (track, boot0, rank0, lo, hi, top_it, counts)
                 track.lo, track.hi, track.top_iter = lo, hi, top_it
@@ -308,14 +315,18 @@ def scan(
     routes: Routes | None = None,
     upto: Sequence[int] | None = None,
     sizes: list[int] | None = None,
+    skip: Iterable[str] = (),
 ) -> ReadStats:
     """Read every log once, in the order given; hand each valid receipt of a known kind to
     ``on_receipt`` (or, with ``routes``, to each callable its kind lists, in order) and each text
     line to ``on_text``. With ``upto``, the i-th log is read no further than its i-th number of
     bytes (a growing log read again as far as before); ``sizes`` gets the bytes read of each.
-    Raises UnreadableLog for a file that cannot be opened or is not a readable gzip stream."""
+    ``skip`` names kinds whose receipts no one here wants and whose reading numbers are kept by
+    another reading of the same logs: the compiled loop passes over their lines unparsed, and
+    the numbers this reading returns are not the logs' (counts and seqs go unkept). Raises
+    UnreadableLog for a file that cannot be opened or is not a readable gzip stream."""
     stats = stats or ReadStats()
-    run = _Pass(stats, _routes(on_receipt, routes), on_text)
+    run = _Pass(stats, _routes(on_receipt, routes), on_text, skip)
     for i, p in enumerate(paths):
         path = Path(p)
         if path.is_dir():

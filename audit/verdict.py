@@ -8,12 +8,13 @@ below the checkers; they are re-exported here, where callers have always found t
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from audit import apart
+from audit import apart, native
 from audit.boot_ranks import WorldSize
 from audit.checker import Bus, Checker, Context, SelCount
 from audit.kinds import build_checker
@@ -93,11 +94,23 @@ Outcome = SpecVerdict | tuple[str, str]  # a spec's verdict, or (its name, why i
 HEAD_BYTES = 2 << 20  # the head of a log the shares' costs are timed on
 
 
-def _costs(specs: list[Spec], log: str | Path) -> list[float]:
-    """What each spec's claims cost, timed on the receipts of the log's head (read once): the
-    calls its claims make are most of what a share adds to the reading it repeats."""
+def _wanted(bus: Bus) -> frozenset[str] | None:
+    """The kinds whose receipts someone on ``bus`` gets; None where a receiver needs every line
+    (every receipt's, or text lines)."""
+    if bus.any or any(bus.texts.values()) or any(bus.events.values()):
+        return None
+    return frozenset(k for k, fns in bus.kinds.items() if fns)
+
+
+def _plan(specs: list[Spec], log: str | Path, n: int) -> list[list[int]]:
+    """The specs shared out among ``n`` readings: what each spec's claims cost and what reading
+    the log costs, timed on its head (read once), and which kinds each spec reads (a share
+    other than the first passes over the rest, where the compiled loop runs)."""
     head = head_receipts(log, HEAD_BYTES)
-    costs = []
+    t0 = time.perf_counter()
+    scan([log], upto=[HEAD_BYTES])  # the reading alone, as far as the head
+    read = time.perf_counter() - t0
+    costs, kinds, movable = [], [], []
     for spec in specs:
         bus = Bus()
         _subscribe([spec], bus)
@@ -110,7 +123,18 @@ def _costs(specs: list[Spec], log: str | Path) -> list[float]:
         except Exception:  # noqa: BLE001 (a claim that cannot take the head: as timed so far)
             pass
         costs.append(time.perf_counter() - t0)
-    return costs
+        wanted = _wanted(bus)
+        kinds.append(wanted or frozenset())
+        movable.append(wanted is not None)
+    if native.fast_run() is None:  # no share passes over anything: every one reads it all
+        return apart.share_out(costs, n)
+    by_kind = Counter(rec["event"] for rec in head)
+    total = max(1, len(head))
+
+    def fraction(ks: frozenset[str]) -> float:
+        return sum(by_kind[k] for k in ks) / total
+
+    return apart.share_out(costs, n, read=read, kinds=kinds, fraction=fraction, movable=movable)
 
 
 def _apart(
@@ -120,21 +144,26 @@ def _apart(
     only_applicable: bool,
     n: int,
 ) -> Report:
-    """``evaluate`` in up to ``n`` processes, each for a share of the specs (shared out by
-    ``_costs``, timed on the first log's head); one report, the specs in their order, the
-    reading numbers this process's (every process reads the same)."""
-    shares = apart.share_out(_costs(specs, logs[0]), n)
+    """``evaluate`` in up to ``n`` processes, each for a share of the specs (``_plan``, on the
+    first log's head); one report, the specs in their order, the reading numbers the first
+    share's (which it hands the others: they pass over lines they do not read)."""
+    shares = _plan(specs, logs[0], n)
+    if len(shares) < 2:
+        return _evaluate(specs, logs, control, only_applicable, False, False)[0]
+    handoff = apart.Handoff(len(shares) - 1)
 
-    def share(part: list[int], whole: bool) -> Callable[[], Any]:
+    def share(part: list[int], first: bool) -> Callable[[], Any]:
         def fn() -> Any:
             report, outcomes = _evaluate(
-                [specs[i] for i in part], logs, control, only_applicable, False, False
-            )
-            return (report, outcomes) if whole else outcomes
+                [specs[i] for i in part], logs, control, only_applicable, False, False,
+                send=handoff.send if first else None, receive=None if first else handoff.receive,
+            )  # fmt: skip
+            return (report, outcomes) if first else outcomes
 
         return fn
 
-    (report, mine), *theirs = apart.run([share(p, i == 0) for i, p in enumerate(shares)])
+    shared = [share(p, i == 0) for i, p in enumerate(shares)]
+    (report, mine), *theirs = apart.run(shared, handoff)
     by_index = dict(zip(shares[0], mine))
     for part, outcomes in zip(shares[1:], theirs):
         by_index.update(zip(part, outcomes))
@@ -202,16 +231,27 @@ def _evaluate(
     live: bool,
     exact: bool,
     upto: list[int] | None = None,
+    *,
+    send: Callable[[ReadStats], None] | None = None,
+    receive: Callable[[], ReadStats] | None = None,
 ) -> tuple[Report, list[Outcome]]:
     """``evaluate`` in this process: the report, and each spec's outcome in the specs' order;
-    with ``upto``, each log read no further than that many bytes."""
+    with ``upto``, each log read no further than that many bytes. With ``send``, the reading
+    numbers go there once read; with ``receive``, they come from there (another reading of the
+    same logs), and lines of kinds no claim here reads are passed over."""
     bus = Bus(exact=exact)
     checkers, applies = _subscribe(specs, bus)
     world = WorldSize(bus)  # a boot that says N ranks needs N, whichever rank logs came
     window = WindowEnd(bus) if live else None
     on_text = bus.text if window is None else window.watch(bus.text)
     sizes: list[int] = []
-    stats = scan(logs, on_text=on_text, routes=receivers(bus), upto=upto, sizes=sizes)
+    wanted = None if receive is None else _wanted(bus)
+    skip = () if wanted is None else frozenset(schema.CATALOG) - wanted
+    stats = scan(logs, on_text=on_text, routes=receivers(bus), upto=upto, sizes=sizes, skip=skip)
+    if send is not None:
+        send(stats)
+    if receive is not None:
+        stats = receive()
     control_stats = None
     if control is not None:
         cbus = Bus()
@@ -222,7 +262,8 @@ def _evaluate(
     ctx = Context(stats=stats, control_stats=control_stats, live=live)
     if not exact and any(ch.rescan(ctx) for row in checkers for ch in row):
         # read again as far as read (a live log has grown since): the same lines, all kept
-        return _evaluate(specs, logs, control, only_applicable, live, True, sizes)
+        again = None if receive is None else (lambda: stats)
+        return _evaluate(specs, logs, control, only_applicable, live, True, sizes, receive=again)
     ranks = max(len(stats.ranks), world.most())
     outcomes = [
         _outcome(spec, row, app, ranks, ctx, only_applicable)

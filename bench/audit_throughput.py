@@ -2,7 +2,8 @@
 1 GB, against `grep -c` on the same file in the same run.
 
     .venv/bin/python bench/audit_throughput.py [--gb 1.0] [--runs 3] [--keep DIR | --log LOG]
-        [--audit-cmd CMD] [--audit-args ARGS] [--baseline CMD [--baseline-name NAME]]
+        [--audit-cmd CMD] [--audit-args ARGS]
+        [--baseline CMD [--baseline-name NAME] [--baseline-args ARGS]]
         [--verdict-out FILE]
 
 The log is a realistic single-rank receipt mix (received, chunked admits, defers, finishes,
@@ -16,7 +17,8 @@ this checkout's; ``--baseline`` times one beside it (a copy of an older checkout
 ``python -P`` so that the working directory's packages do not shadow it), alternating, and prints
 the speed ratio and whether the two gave the same verdicts (byte for byte, as ``--json``).
 ``--audit-args`` adds flags to the auditor timed (not the baseline), e.g. ``--jobs 1``: one
-reading process (by default a log this big is read by one per core).
+reading process (by default a log this big is read by one per core); ``--baseline-args`` the same
+for the baseline.
 """
 
 from __future__ import annotations
@@ -155,6 +157,7 @@ def main() -> None:
     ap.add_argument("--audit-args", default="", help="flags added to the auditor timed")
     ap.add_argument("--baseline", help="another auditor to time beside it, named as below")
     ap.add_argument("--baseline-name", default="baseline", help="the baseline's name in the table")
+    ap.add_argument("--baseline-args", default="", help="flags added to the baseline")
     ap.add_argument("--verdict-out", help="write the last run's `audit verdict --json` here")
     ap.add_argument("--rss-head", type=float, default=0.1,
                     help="also run each auditor once on this fraction of the log (its first "
@@ -179,7 +182,10 @@ def main() -> None:
         )
         auditors = {"audit verdict": (audit, shlex.split(args.audit_args))}
         if args.baseline:
-            auditors = {args.baseline_name: (shlex.split(args.baseline), []), **auditors}
+            auditors = {
+                args.baseline_name: (shlex.split(args.baseline), shlex.split(args.baseline_args)),
+                **auditors,
+            }
         grep: list[Run] = []
         runs: dict[str, list[Run]] = {name: [] for name in auditors}
         for _ in range(args.runs):

@@ -111,3 +111,22 @@ def test_small_logs_and_threaded_callers_read_in_one_process(tmp_path):
     finally:
         stop.set()
         t.join()
+
+
+def test_a_share_that_reads_part_of_the_log_is_given_what_the_first_cannot_hold():
+    kinds = [frozenset({"a"}), frozenset({"b"}), frozenset(), frozenset({"a", "b"})]
+    part = {"a": 0.7, "b": 0.1}
+
+    def fraction(ks):
+        return sum(part[k] for k in ks)
+
+    # the first share reads everything (10); the second only what its specs read. Dearest
+    # first: 0 goes second (7 + 3 < 10 + 3), then 1 first (13 < 8 + 6), 2 (it needs every
+    # line) first, 3 second (8 + 4 < 10 + 7)
+    shares = apart.share_out(
+        [3, 3, 3, 1], 2, read=10, kinds=kinds, fraction=fraction, movable=[1, 1, 0, 1]
+    )
+    assert shares == [[1, 2], [0, 3]]
+    assert apart.share_out([3, 3], 2, read=100, kinds=kinds[:2], fraction=fraction,
+                           movable=[1, 1]) == [[], [0, 1]]  # fmt: skip
+    assert apart.share_out([3, 3], 3, movable=[0, 0]) == [[0, 1]]  # an empty other is dropped

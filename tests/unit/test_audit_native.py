@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from audit import native, reader, readstats
 from audit.reader import scan
 from engine.obs import schema
-from tests.unit.test_audit_reader_pass import loop, read_both  # noqa: F401 (a fixture)
+from tests.unit.test_audit_reader_pass import loop, read_both, verdict_log  # noqa: F401 (a fixture)
+from tests.unit.test_audit_reader_pass import step as verdict_step
 
 KINDS = ["request.received", "admission.admit", "admission.defer", "request.finish", "eviction"]
 HOW = ["keep"] * 10 + [
@@ -157,3 +158,55 @@ def test_build_and_status_say_where_it_is(monkeypatch):
     finally:
         monkeypatch.delenv("ATTEST_AUDIT_NATIVE")
         native.why_not.cache_clear()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(verdict_step, max_size=60), st.lists(st.booleans(), min_size=12, max_size=12))
+def test_a_share_that_passes_over_lines_decides_as_the_whole_reading(tmp_path, steps, where):
+    """Shares as ``audit.apart`` runs them, in this process: the first reads every line and
+    hands its reading numbers on; another passes over the lines of kinds its windows do not
+    read (where its windows read no text and not every receipt). Each window's verdict is the
+    one a single reading gives."""
+    from audit import verdict
+    from audit.spec import load_spec, shipped
+
+    p = tmp_path / "a.log"
+    p.write_text(verdict_log(steps) + '{"x": 1, "event":"admission.defer"}\n')
+    specs = [load_spec(s) for s in shipped()]
+    one = verdict._evaluate(specs, [p], None, False, False, False)[1]
+    first = [i for i, s in enumerate(specs) if where[i] or verdict._wanted(_bus(s)) is None]
+    other = [i for i in range(len(specs)) if i not in first]
+    handed: list = []
+    got = dict(
+        zip(
+            first,
+            verdict._evaluate(
+                [specs[i] for i in first], [p], None, False, False, False, send=handed.append
+            )[1],
+        )
+    )
+    got |= dict(
+        zip(
+            other,
+            verdict._evaluate(
+                [specs[i] for i in other], [p], None, False, False, False, receive=lambda: handed[0]
+            )[1],
+        )
+    )
+    assert len(handed) == 1
+    assert [_as_dict(got[i]) for i in range(len(specs))] == [_as_dict(o) for o in one]
+
+
+def _bus(spec):
+    from audit import verdict
+    from audit.checker import Bus
+
+    bus = Bus()
+    verdict._subscribe([spec], bus)
+    return bus
+
+
+def _as_dict(outcome):
+    return outcome if isinstance(outcome, tuple) else outcome.as_dict()

@@ -60,6 +60,11 @@ class Bus:
             self._shared[key] = make()
         return self._shared[key]
 
+    def shared_keys(self) -> frozenset[Any]:
+        """The keys of the state kept once for all who asked (readings planned together share
+        it: ``audit.verdict._plan``)."""
+        return frozenset(self._shared)
+
     def subscribe(self, sel: ReceiptSel, fn: Callable[[dict[str, Any]], None]) -> None:
         """``fn`` gets every record of ``sel``'s kind: receipts, or its text event's events."""
         if sel.event is None:

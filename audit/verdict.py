@@ -103,38 +103,67 @@ def _wanted(bus: Bus) -> frozenset[str] | None:
 
 
 def _plan(specs: list[Spec], log: str | Path, n: int) -> list[list[int]]:
-    """The specs shared out among ``n`` readings: what each spec's claims cost and what reading
+    """The specs shared out among ``n`` readings: what the specs' claims cost and what reading
     the log costs, timed on its head (read once), and which kinds each spec reads (a share
-    other than the first passes over the rest, where the compiled loop runs)."""
+    other than the first passes over the rest, where the compiled loop runs). Specs whose claims
+    keep state once for all on a bus (``Bus.shared``) go together, timed together."""
     head = head_receipts(log, HEAD_BYTES)
     t0 = time.perf_counter()
     scan([log], upto=[HEAD_BYTES])  # the reading alone, as far as the head
     read = time.perf_counter() - t0
+    groups = _together(specs)
     costs, kinds, movable = [], [], []
-    for spec in specs:
+    for group in groups:
         bus = Bus()
-        _subscribe([spec], bus)
-        routes = receivers(bus)
-        t0 = time.perf_counter()
-        try:
-            for rec in head:
-                for fn in routes.get(rec["event"], ()):
-                    fn(rec)
-        except Exception:  # noqa: BLE001 (a claim that cannot take the head: as timed so far)
-            pass
-        costs.append(time.perf_counter() - t0)
+        _subscribe([specs[i] for i in group], bus)
+        costs.append(_timed(receivers(bus), head))
         wanted = _wanted(bus)
         kinds.append(wanted or frozenset())
         movable.append(wanted is not None)
     if native.fast_run() is None:  # no share passes over anything: every one reads it all
-        return apart.share_out(costs, n)
-    by_kind = Counter(rec["event"] for rec in head)
-    total = max(1, len(head))
+        shares = apart.share_out(costs, n)
+    else:
+        by_kind = Counter(rec["event"] for rec in head)
+        total = max(1, len(head))
 
-    def fraction(ks: frozenset[str]) -> float:
-        return sum(by_kind[k] for k in ks) / total
+        def fraction(ks: frozenset[str]) -> float:
+            return sum(by_kind[k] for k in ks) / total
 
-    return apart.share_out(costs, n, read=read, kinds=kinds, fraction=fraction, movable=movable)
+        shares = apart.share_out(
+            costs, n, read=read, kinds=kinds, fraction=fraction, movable=movable
+        )
+    return [sorted(i for g in share for i in groups[g]) for share in shares]
+
+
+def _together(specs: list[Spec]) -> list[list[int]]:
+    """The specs in groups, each group the specs joined by state they would share on a bus."""
+    keys = []
+    for spec in specs:
+        bus = Bus()
+        _subscribe([spec], bus)
+        keys.append(bus.shared_keys())
+    groups: list[tuple[set[int], set[Any]]] = []
+    for i, ks in enumerate(keys):
+        joined = [g for g in groups if g[1] & ks]
+        merged = ({i}, set(ks))
+        for g in joined:
+            merged[0].update(g[0])
+            merged[1].update(g[1])
+            groups.remove(g)
+        groups.append(merged)
+    return sorted(sorted(g[0]) for g in groups)
+
+
+def _timed(routes: dict[str, tuple[Callable[[dict[str, Any]], None], ...]], head: list) -> float:
+    """The seconds ``routes``' receivers take over ``head``'s receipts."""
+    t0 = time.perf_counter()
+    try:
+        for rec in head:
+            for fn in routes.get(rec["event"], ()):
+                fn(rec)
+    except Exception:  # noqa: BLE001 (a claim that cannot take the head: as timed so far)
+        pass
+    return time.perf_counter() - t0
 
 
 def _apart(

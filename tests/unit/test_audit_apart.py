@@ -130,3 +130,16 @@ def test_a_share_that_reads_part_of_the_log_is_given_what_the_first_cannot_hold(
     assert apart.share_out([3, 3], 2, read=100, kinds=kinds[:2], fraction=fraction,
                            movable=[1, 1]) == [[], [0, 1]]  # fmt: skip
     assert apart.share_out([3, 3], 3, movable=[0, 0]) == [[0, 1]]  # an empty other is dropped
+
+
+def test_windows_that_share_state_on_a_bus_are_planned_together():
+    from audit.spec import load_spec, shipped
+    from audit.verdict import _together
+
+    specs = [load_spec(p) for p in shipped()]
+    groups = [[specs[i].name for i in g] for g in _together(specs)]
+    assert sorted(i for g in _together(specs) for i in g) == list(range(len(specs)))
+    # each reads request.received -> request.finish | abort on the same followups
+    together = next(g for g in groups if "no_request_lost" in g)
+    assert {"speculation", "cutover", "phase_flip", "group_agreement"} <= set(together)
+    assert ["boot_health"] in groups  # it shares nothing

@@ -196,7 +196,8 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         int raise = 0;
         if (PyDict_CheckExact(obj) && (ev = get(obj, k_event)) != NULL &&
             (route = get(routes, ev)) != NULL && PyTuple_CheckExact(route) &&
-            PyTuple_GET_SIZE(route) == 3 && fits(obj, route, tracking, boot0, rank0, hi, limit, top, &raise, &it) &&
+            PyTuple_GET_SIZE(route) == 3 &&
+            fits(obj, route, tracking, boot0, rank0, hi, limit, top, &raise, &it) &&
             !too_many_brackets(line, deep_line, max_depth)) {
             if (tracking && count(counts, PyTuple_GET_ITEM(route, 2)) < 0) {
                 Py_DECREF(obj);
@@ -206,15 +207,18 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                 hi += 1;
             if (raise)
                 top = it;
+            Py_INCREF(route); /* held while its receivers run, whatever they do */
             PyObject *fns = PyTuple_GET_ITEM(route, 1);
             for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(fns); k++) {
                 PyObject *r = PyObject_CallOneArg(PyTuple_GET_ITEM(fns, k), obj);
                 if (r == NULL) {
+                    Py_DECREF(route);
                     Py_DECREF(obj);
                     return NULL;
                 }
                 Py_DECREF(r);
             }
+            Py_DECREF(route);
             Py_DECREF(obj);
             continue;
         }

@@ -59,6 +59,8 @@ def _loaded() -> Any:
 def why_not() -> str | None:
     if os.environ.get("ATTEST_AUDIT_NATIVE", "").strip() == "0":
         return "turned off (ATTEST_AUDIT_NATIVE=0)"
+    if not SOURCE.is_file():  # an installed package ships no C source: nothing to build
+        return f"its source {SOURCE.name} is not here"
     path = library_path()
     if not path.exists():
         return f"not built for this source and Python ({path.parent.name}): run `make`"
@@ -71,7 +73,9 @@ def why_not() -> str | None:
 
 def build() -> Path:
     """Compile into ``library_path()`` (a no-op when it is there). Raises what the compiler
-    said when it fails."""
+    said when it fails (OSError where there is no source or no compiler)."""
+    if not SOURCE.is_file():
+        raise FileNotFoundError(f"its source {SOURCE} is not here")
     path = library_path()
     if path.exists():
         return path

@@ -155,8 +155,15 @@ def test_build_and_status_say_where_it_is(monkeypatch):
     native.why_not.cache_clear()
     try:
         assert native.why_not() == "turned off (ATTEST_AUDIT_NATIVE=0)"
-    finally:
         monkeypatch.delenv("ATTEST_AUDIT_NATIVE")
+        # an installed package ships no C source: it reads in Python, and building says why not
+        monkeypatch.setattr(native, "SOURCE", native.SOURCE.with_name("absent.c"))
+        native.why_not.cache_clear()
+        assert native.why_not() == "its source absent.c is not here"
+        with pytest.raises(FileNotFoundError):
+            native.build()
+        assert native.main(["build"]) == 0
+    finally:
         native.why_not.cache_clear()
 
 

@@ -170,19 +170,34 @@ def test_build_and_status_say_where_it_is(monkeypatch):
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(st.lists(verdict_step, max_size=60), st.lists(st.booleans(), min_size=12, max_size=12))
-def test_a_share_that_passes_over_lines_decides_as_the_whole_reading(tmp_path, steps, where):
+@given(
+    st.lists(verdict_step, max_size=60),
+    st.lists(st.booleans(), min_size=12, max_size=12),
+    st.booleans(),
+)
+def test_a_share_that_passes_over_lines_decides_as_the_whole_reading(
+    tmp_path, steps, where, per_rank
+):
     """Shares as ``audit.apart`` runs them, in this process: the first reads every line and
     hands its reading numbers on; another passes over the lines of kinds its windows do not
     read (where its windows read no text and not every receipt). Each window's verdict is the
-    one a single reading gives."""
+    one a single reading gives, from one log or from a log per rank (the second gzipped)."""
+    import gzip
+
     from audit import verdict
     from audit.spec import load_spec, shipped
 
-    p = tmp_path / "a.log"
-    p.write_text(verdict_log(steps) + '{"x": 1, "event":"admission.defer"}\n')
+    text = verdict_log(steps) + '{"x": 1, "event":"admission.defer"}\n'
+    p = [tmp_path / "a.log"]
+    if per_rank:
+        lines = text.splitlines(keepends=True)
+        p[0].write_text("".join(x for x in lines if '"rank": 1' not in x))
+        p.append(tmp_path / "b.log.gz")
+        p[1].write_bytes(gzip.compress("".join(x for x in lines if '"rank": 1' in x).encode()))
+    else:
+        p[0].write_text(text)
     specs = [load_spec(s) for s in shipped()]
-    one = verdict._evaluate(specs, [p], None, False, False, False)[1]
+    one = verdict._evaluate(specs, p, None, False, False, False)[1]
     first = [i for i, s in enumerate(specs) if where[i] or verdict._wanted(_bus(s)) is None]
     other = [i for i in range(len(specs)) if i not in first]
     handed: list = []
@@ -190,7 +205,7 @@ def test_a_share_that_passes_over_lines_decides_as_the_whole_reading(tmp_path, s
         zip(
             first,
             verdict._evaluate(
-                [specs[i] for i in first], [p], None, False, False, False, send=handed.append
+                [specs[i] for i in first], p, None, False, False, False, send=handed.append
             )[1],
         )
     )
@@ -198,7 +213,7 @@ def test_a_share_that_passes_over_lines_decides_as_the_whole_reading(tmp_path, s
         zip(
             other,
             verdict._evaluate(
-                [specs[i] for i in other], [p], None, False, False, False, receive=lambda: handed[0]
+                [specs[i] for i in other], p, None, False, False, False, receive=lambda: handed[0]
             )[1],
         )
     )

@@ -35,10 +35,14 @@ def install_commands(env: str | Path) -> list[list[str]]:
     ]
 
 
+def cmake_flags() -> str:
+    """What llama.cpp's build is given (through CMAKE_ARGS): this CPU less its AMX kernels."""
+    return f"-DCMAKE_C_FLAGS='{NO_AMX}' -DCMAKE_CXX_FLAGS='{NO_AMX}'"
+
+
 def missing_env_message(env: str | Path, why: str) -> str:
-    steps = " && ".join(" ".join(c) for c in install_commands(env)).replace(
-        sys.executable, "python3"
-    )
+    make, pip = (" ".join(c).replace(sys.executable, "python3") for c in install_commands(env))
+    steps = f'{make} && CMAKE_ARGS="{cmake_flags()}" {pip}'
     return (
         f"llama.cpp's environment {env} {why}. Create it once with "
         f"`engine bench --table --install-llamacpp --llamacpp-env {env}` (it compiles llama.cpp: "
@@ -63,7 +67,7 @@ def check_env(env: str | Path) -> str:
 def install(env: str | Path) -> str:
     """Create ``env`` and install llama-cpp-python into it (llama.cpp compiled for this CPU less
     its AMX kernels, ``NO_AMX``); its version once it imports."""
-    flags = f"-DCMAKE_C_FLAGS='{NO_AMX}' -DCMAKE_CXX_FLAGS='{NO_AMX}'"
+    flags = cmake_flags()
     cmake = {**os.environ, "CMAKE_ARGS": f"{os.environ.get('CMAKE_ARGS', '')} {flags}".strip()}
     for cmd in install_commands(env):
         subprocess.run(cmd, check=True, env=cmake)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine.benchmark.llamacpp import PIN, MissingEnv, check_env
+from engine.benchmark.llamacpp import NO_AMX, PIN, MissingEnv, check_env
 from engine.benchmark.method import Prompts, decode_rate, prefill_rate
 from engine.benchmark.table import (
     ArmFigures,
@@ -149,7 +149,9 @@ def test_a_missing_llamacpp_env_says_how_to_create_it(tmp_path):
     msg = str(e.value)
     assert f"{env} is missing (no {env}/bin/python)" in msg
     assert f"engine bench --table --install-llamacpp --llamacpp-env {env}" in msg
-    assert f"python3 -m venv {env} && {env}/bin/pip install {PIN}" in msg
+    # by hand as `install` does it: llama.cpp compiled without its AMX kernels
+    flags = f"-DCMAKE_C_FLAGS='{NO_AMX}' -DCMAKE_CXX_FLAGS='{NO_AMX}'"
+    assert f'python3 -m venv {env} && CMAKE_ARGS="{flags}" {env}/bin/pip install {PIN}' in msg
     assert "--engines attest,transformers" in msg
 
 

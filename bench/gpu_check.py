@@ -3,8 +3,8 @@ GPU, decode attention speed against the bytes it must read, and the default mode
 the GPU. One command, a table at the end; every section is guarded, so a failing one is a row
 in the table, never the end of the run.
 
-    python bench/gpu_check.py [--budget-s 420] [--hbm-gbps N] [--json OUT] [--sections correct,decode,serve]
-                               [--backends triton,flashinfer]
+    python bench/gpu_check.py [--budget-s 420] [--hbm-gbps N] [--json OUT]
+        [--sections correct,decode,serve] [--backends triton,flashinfer]
 
 Run it from the repository root on a CUDA machine with the engine's dependencies installed
 (``pip install -e . --no-deps`` next to the machine's own torch and triton works; the ``dev``

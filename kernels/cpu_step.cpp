@@ -3,8 +3,8 @@
 // torch's packed int8 / int4 products (at::_weight_int8pack_mm, _weight_int4pack_mm_for_cpu)
 // or the integer ones of cpu_int.cpp, whichever the matrices were packed for, the native rope,
 // decode attention and norms of cpu_ops.cpp, torch's SiLU and product. Only the Python between
-// them is gone (at one stream a step runs about 15 ops a layer, each a few
-// microseconds of Python dispatch), so the result has the Python forward's bits.
+// them is gone (at one stream a step runs about 15 ops a layer, each a few microseconds of
+// Python dispatch), so the result has the Python forward's bits.
 
 #include <ATen/ATen.h>
 

@@ -4,8 +4,9 @@ A request's context is read block by block through its row of the slot table, ea
 scores scaled into the log2 domain (``exp2``), and the running max, normalizer and unnormalized
 output carried from block to block. Extend runs the loop for a block of one head's queries under
 the causal rule; decode for the one query of each head of a KV head's group over a piece of the
-context (the group shares its keys and values: they are read once for all its heads). Every helper here is ``@triton.jit`` and inlined into the kernel
-that calls it, so splitting them out costs the compiled kernels nothing.
+context (the group shares its keys and values: they are read once for all its heads). Every
+helper here is ``@triton.jit`` and inlined into the kernel that calls it, so splitting them out
+costs the compiled kernels nothing.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -143,3 +144,30 @@ def test_windows_that_share_state_on_a_bus_are_planned_together():
     together = next(g for g in groups if "no_request_lost" in g)
     assert {"speculation", "cutover", "phase_flip", "group_agreement"} <= set(together)
     assert ["boot_health"] in groups  # it shares nothing
+
+
+def test_the_plan_times_a_warm_reading_of_the_head(tmp_path, monkeypatch):
+    """The first reading in a process pays for what it loads and fills once (the compiled loop,
+    the parser's key cache, the file's pages): timed, it made skipping look dearer to pass up
+    than it is, and the same log got another plan on each call. The reading timed is a second."""
+    from audit import verdict
+    from audit.spec import load_spec, shipped
+
+    log, clock, reads, told = a_log(tmp_path), [0.0], [], {}
+    real = verdict.head_receipts
+
+    def head(path, size):  # the first reading takes 100 "seconds", each other 1
+        clock[0] += 100.0 if not reads else 1.0
+        reads.append(path)
+        return real(path, size)
+
+    def share_out(costs, n, **kw):
+        told.update(kw)
+        return [list(range(len(costs)))]
+
+    monkeypatch.setattr(verdict, "head_receipts", head)
+    monkeypatch.setattr(verdict.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(verdict, "native", SimpleNamespace(fast_run=object))  # plans skipping
+    monkeypatch.setattr(apart, "share_out", share_out)
+    verdict._plan([load_spec(p) for p in shipped()], log, 2)
+    assert told["read"] == 1.0 and len(reads) == 2

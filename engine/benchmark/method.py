@@ -108,17 +108,35 @@ def load_transformers(path: str, dtype: str = "float32"):
     return AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, dtype), **kw).eval()
 
 
-def describe_cpu() -> str:
-    """The CPU: its model, core count and vector and matrix flags (AVX2, AVX-512, VNNI, AMX).
-    This machine kind's CPU varies (AVX-512 one day, AVX2 only the next), so every table is
-    printed with it."""
+def _cpuinfo() -> str | None:
     try:
-        info = Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
+        return None
+
+
+def describe_cpu() -> str:
+    """The CPU: its model (name, and family, model and stepping numbers and clock, which tell
+    apart CPUs of one name), the cores this process may use (of how many, where fewer) and its
+    vector and matrix flags (AVX2, AVX-512, VNNI, AMX). This machine kind's CPU varies
+    (AVX-512 one day, AVX2 only the next), so every table is printed with it."""
+    info = _cpuinfo()
+    if info is None:
         return "unknown CPU"
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")),
-        "?",
+    first = dict(
+        (k.strip(), v.strip())
+        for k, _, v in (ln.partition(":") for ln in info.split("\n\n", 1)[0].splitlines())
     )
+    numbers = " ".join(
+        f"{name} {first[key]}"
+        for name, key in (("family", "cpu family"), ("model", "model"), ("stepping", "stepping"))
+        if key in first
+    )
+    if "cpu MHz" in first:
+        numbers += f", {float(first['cpu MHz']):.0f} MHz"
+    model = first.get("model name", "?") + (f" ({numbers})" if numbers else "")
+    total = os.cpu_count() or 1
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
+    cores = f"{usable} cores" if usable == total else f"{usable} of {total} cores"
     flags = sorted(set(re.findall(r"\b(avx2|avx512[a-z_0-9]*|avx_vnni|amx_[a-z0-9]+)\b", info)))
-    return f"{model}, {os.cpu_count()} cores; flags: {' '.join(flags) or 'no avx2/avx512'}"
+    return f"{model}, {cores}; flags: {' '.join(flags) or 'no avx2/avx512'}"

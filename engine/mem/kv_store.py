@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from itertools import takewhile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -200,12 +201,12 @@ class PageStore(StoreBooks):
             )  # fmt: skip
         return written
 
-    def _room(self, size: int, rid: str | None) -> bool:
+    def _room(self, size: int, rid: str | None, keep: Collection[str] = ()) -> bool:
         """Evict until ``size`` more allocated bytes fit under the cap (by the allocation unit of
-        the filesystem, a guess the write corrects)."""
+        the filesystem, a guess the write corrects); the pages ``keep`` names are passed over."""
         short = self.used + size - self.cap
         if short > 0:
-            self.evict(short, reason="write", rid=rid)
+            self.evict(short, reason="write", rid=rid, keep=keep)
         return self.used + size <= self.cap
 
     def _write_one(self, page: PageIn) -> Entry:
@@ -219,7 +220,7 @@ class PageStore(StoreBooks):
         entry = Entry(page.parent, len(page.tokens), allocated_bytes(st), st.st_size)
         self._add(page.key, entry)
         if self.used > self.cap:  # the filesystem charged more than the guess: pay it back
-            self.evict(self.used - self.cap, reason="write", keep=page.key)
+            self.evict(self.used - self.cap, reason="write", keep=(page.key,))
             if self.used > self.cap:
                 self._delete(page.key)
                 raise OSError(f"no room for {entry.allocated} allocated bytes under the cap")
@@ -230,11 +231,7 @@ class PageStore(StoreBooks):
         corrupt file is reaped). The files are read and checked by a few threads at once (a
         cold read waits on the disk per file). Writes ``store.load``."""
         t0 = time.perf_counter()
-        present = []
-        for key in keys:
-            if key not in self.entries:
-                break
-            present.append(key)
+        present = list(takewhile(self.entries.__contains__, keys))
         out: list[bytes] = []
         error = None
         for key, (payload, err) in zip(present, _readers().map(self._fetch, present)):
@@ -279,16 +276,18 @@ class PageStore(StoreBooks):
         self._forget(key)
         return True
 
-    def evict(self, need: int, reason: str, rid: str | None = None, keep: str | None = None) -> int:
-        """Delete least recently used unpinned pages until ``need`` allocated bytes are freed;
-        a file that will not go is passed over (at most ``skip_budget`` a call) and set aside as
-        stuck. Returns the allocated bytes freed. Writes ``store.evict``."""
+    def evict(
+        self, need: int, reason: str, rid: str | None = None, keep: Collection[str] = ()
+    ) -> int:
+        """Delete least recently used unpinned pages but those ``keep`` names until ``need``
+        allocated bytes are freed; a file that will not go is passed over (at most ``skip_budget``
+        a call) and set aside as stuck. Returns the allocated bytes freed. Writes ``store.evict``."""
         freed = pages = skipped = 0
         error = None
         for key in list(self.lru):
             if freed >= need or skipped > self.skip_budget:
                 break
-            if key == keep:
+            if key in keep:
                 continue
             size = self.entries[key].allocated
             if self._delete(key):
@@ -327,7 +326,7 @@ class PageStore(StoreBooks):
         refused = self._over_budget(cid, tokens, pages + files)
         if refused is not None:
             return refused
-        if not self._room(files, None):
+        if not self._room(files, None, keep=frozenset(keys)):  # its own pages stay
             raise OSError(f"checkpoint {cid}: no room for its files under the store's cap")
         os.sync()  # its pages reach the disk before anything says they are pinned
         write_atomic(pins_path, pins, sync=True)

@@ -104,10 +104,12 @@ def _wanted(bus: Bus) -> frozenset[str] | None:
 
 def _plan(specs: list[Spec], log: str | Path, n: int) -> list[list[int]]:
     """The specs shared out among ``n`` readings: what the specs' claims cost and what reading
-    the log costs, both timed on its head (the reading on a second pass, warm), and which kinds each spec reads (a share
-    other than the first passes over the rest, where the compiled loop runs). Specs whose claims
-    keep state once for all on a bus (``Bus.shared``) go together, timed together."""
-    head_receipts(log, HEAD_BYTES)  # a first reading pays for what it loads once: not timed
+    the log costs, both timed on its head (the reading on a second pass: the first pays once for
+    loading the compiled loop and growing the process's memory, about half as much again), and
+    which kinds each spec reads (a share other than the first passes over the rest, where the
+    compiled loop runs). Specs whose claims keep state once for all on a bus (``Bus.shared``) go
+    together, timed together."""
+    head_receipts(log, HEAD_BYTES)  # cold: not timed (a smaller first reading stays as cold)
     t0 = time.perf_counter()
     head = head_receipts(log, HEAD_BYTES)  # the reader's own pass: its time is the reading's
     read = time.perf_counter() - t0

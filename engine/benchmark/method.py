@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.threads import usable_cpus
+
 Generate = Callable[[list[list[int]], int], float]
 
 
@@ -135,8 +137,7 @@ def describe_cpu() -> str:
     if "cpu MHz" in first:
         numbers += f", {float(first['cpu MHz']):.0f} MHz"
     model = first.get("model name", "?") + (f" ({numbers})" if numbers else "")
-    total = os.cpu_count() or 1
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
+    total, usable = os.cpu_count() or 1, usable_cpus()
     cores = f"{usable} cores" if usable == total else f"{usable} of {total} cores"
     flags = sorted(set(re.findall(r"\b(avx2|avx512[a-z_0-9]*|avx_vnni|amx_[a-z0-9]+)\b", info)))
     return f"{model}, {cores}; flags: {' '.join(flags) or 'no avx2/avx512'}"

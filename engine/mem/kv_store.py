@@ -280,8 +280,8 @@ class PageStore(StoreBooks):
         self, need: int, reason: str, rid: str | None = None, keep: Collection[str] = ()
     ) -> int:
         """Delete least recently used unpinned pages but those ``keep`` names until ``need``
-        allocated bytes are freed; a file that will not go is passed over (at most ``skip_budget``
-        a call) and set aside as stuck. Returns the allocated bytes freed. Writes ``store.evict``."""
+        allocated bytes are freed; a file that will not go is passed over (at most
+        ``skip_budget`` a call) and set aside as stuck. Returns the bytes freed; ``store.evict``."""
         freed = pages = skipped = 0
         error = None
         for key in list(self.lru):

@@ -4,6 +4,7 @@ with two cores and as a 2.1 GHz model 207 with sixteen, of which a run used two 
 
 from __future__ import annotations
 
+from engine import threads
 from engine.benchmark import method
 
 CPUINFO = "".join(
@@ -18,6 +19,7 @@ def test_the_cpu_line_names_the_model_number_and_the_cores_usable(monkeypatch):
     monkeypatch.setattr(method, "_cpuinfo", lambda: CPUINFO)
     monkeypatch.setattr(method.os, "sched_getaffinity", lambda _: {2, 3}, raising=False)
     monkeypatch.setattr(method.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(threads, "_cgroup_quota", lambda: None)  # no CPU quota here
     got = method.describe_cpu()
     assert got == (
         "Intel(R) Xeon(R) Processor (family 6 model 207 stepping 2, 2100 MHz), 2 of 16 cores; "

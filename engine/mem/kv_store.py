@@ -31,7 +31,6 @@ import json
 import os
 import time
 from collections.abc import Callable, Collection, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from itertools import takewhile
 from pathlib import Path
 from typing import NamedTuple
@@ -46,6 +45,7 @@ from engine.mem.store_files import (
     checksum,
     encode_page,
     page_path,
+    page_readers,
     read_header,
     read_page,
     write_atomic,
@@ -175,16 +175,20 @@ class PageStore(StoreBooks):
         """Write the pages not already stored, making room first; a page that finds no room or
         cannot be written is an outcome in the receipt. Returns the pages written."""
         t0 = time.perf_counter()
+        pages = list(pages)
         todo = [p for p in pages if p.key not in self.entries]
+        # a page is read only below its whole chain: the room for it never comes from that chain
+        keep = {p.key for p in pages} | self.stored_above(pages[0].parent if pages else None)
         written = tokens = allocated = apparent = no_room = 0
         error = None
         for page in todo:
             size = _file_size(page)
-            if self.reclaimable < size - (self.cap - self.used) or not self._room(size, rid):
+            beyond = self.reclaimable < size - (self.cap - self.used)
+            if beyond or not self._room(size, rid, keep):
                 no_room += 1
                 continue
             try:
-                entry = self._write_one(page)
+                entry = self._write_one(page, keep)
             except OSError as e:
                 error = f"{type(e).__name__}: {e}"
                 continue
@@ -209,7 +213,7 @@ class PageStore(StoreBooks):
             self.evict(short, reason="write", rid=rid, keep=keep)
         return self.used + size <= self.cap
 
-    def _write_one(self, page: PageIn) -> Entry:
+    def _write_one(self, page: PageIn, keep: Collection[str]) -> Entry:
         path = page_path(self.root, page.key)
         header = PageHeader(
             page.key, page.parent, list(page.tokens), self.identity, len(page.payload),
@@ -220,7 +224,7 @@ class PageStore(StoreBooks):
         entry = Entry(page.parent, len(page.tokens), allocated_bytes(st), st.st_size)
         self._add(page.key, entry)
         if self.used > self.cap:  # the filesystem charged more than the guess: pay it back
-            self.evict(self.used - self.cap, reason="write", keep=(page.key,))
+            self.evict(self.used - self.cap, reason="write", keep=keep)
             if self.used > self.cap:
                 self._delete(page.key)
                 raise OSError(f"no room for {entry.allocated} allocated bytes under the cap")
@@ -234,7 +238,7 @@ class PageStore(StoreBooks):
         present = list(takewhile(self.entries.__contains__, keys))
         out: list[bytes] = []
         error = None
-        for key, (payload, err) in zip(present, _readers().map(self._fetch, present)):
+        for key, (payload, err) in zip(present, page_readers().map(self._fetch, present)):
             if err is not None:
                 error = err
                 self._reap_one(key, "corrupt")
@@ -379,16 +383,6 @@ class PageStore(StoreBooks):
 
     def _paths(self, cid: str) -> tuple[Path, Path]:
         return self.root / "pins" / f"{cid}.json", self.root / "checkpoints" / f"{cid}.json"
-
-
-_READERS: list[ThreadPoolExecutor] = []
-
-
-def _readers() -> ThreadPoolExecutor:
-    """The threads that read pages (file reads and hashing let go of the GIL)."""
-    if not _READERS:
-        _READERS.append(ThreadPoolExecutor(max_workers=8, thread_name_prefix="attest-kv-read"))
-    return _READERS[0]
 
 
 def _file_size(page: PageIn) -> int:

@@ -56,6 +56,15 @@ class StoreBooks:
             "reclaimable": self.reclaimable,
         }  # fmt: skip
 
+    def stored_above(self, key: str | None) -> set[str]:
+        """``key`` and the stored pages above it, up to its chain's head or its first missing
+        page (a page is read only below its whole chain)."""
+        chain: set[str] = set()
+        while key is not None and key in self.entries and key not in chain:
+            chain.add(key)
+            key = self.entries[key].parent
+        return chain
+
     def _add(self, key: str, entry: Entry) -> None:
         old = self.entries.pop(key, None)
         if old is not None:

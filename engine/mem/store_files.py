@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -128,3 +129,13 @@ def read_page(path: Path) -> tuple[PageHeader, bytes]:
     if checksum(payload) != header.checksum:
         raise StoreFileError(f"{path.name}: checksum mismatch")
     return header, payload
+
+
+_READERS: list[ThreadPoolExecutor] = []
+
+
+def page_readers() -> ThreadPoolExecutor:
+    """The threads that read pages (file reads and hashing let go of the GIL)."""
+    if not _READERS:
+        _READERS.append(ThreadPoolExecutor(max_workers=8, thread_name_prefix="attest-kv-read"))
+    return _READERS[0]

@@ -169,6 +169,44 @@ def test_the_room_a_checkpoint_makes_for_its_files_never_evicts_its_own_pages(
     assert ev["freed"] > 0 and ev["pinned_pages"] == 0  # the others paid, before the pin
 
 
+def _full_of(tmp_path: Path, n: int) -> tuple[PageStore, Receipts]:
+    """A store whose cap holds exactly ``n`` pages of ``chain``'s size."""
+    measure, _ = opened(tmp_path / "measure")
+    measure.write(chain(n, start=900), reason="test")
+    rec = Receipts(capture=True)
+    store = PageStore(tmp_path / "store", measure.used, ID, rec)
+    store.scan()
+    return store, rec
+
+
+def test_a_chain_written_into_a_full_store_never_evicts_its_own_head(tmp_path: Path) -> None:
+    """A page is read only below its whole chain (``read`` stops at the first missing key), so
+    the room for a later page of a chain never comes from an earlier one: a chain longer than
+    the store keeps its head, and the pages past what fits are no_room."""
+    store, rec = _full_of(tmp_path, 3)
+    pages = chain(5)
+    assert store.write(pages, reason="test") == 3
+    assert store.read([p.key for p in pages]) == [p.payload for p in pages[:3]]
+    (write,) = rec.of(schema.STORE_WRITE)
+    assert (write["pages"], write["no_room"]) == (3, 2)
+    # asked, and nothing of another chain was there to pay
+    assert [e["pages"] for e in rec.of(schema.STORE_EVICT)] == [0, 0]
+
+
+def test_a_chain_continued_keeps_its_stored_beginning(tmp_path: Path) -> None:
+    """A chain's continuation, written later, pays with other chains' pages, never with the
+    beginning it continues (the least recently used pages in a full store)."""
+    store, rec = _full_of(tmp_path, 4)
+    pages, other = chain(4), chain(2, start=100)
+    store.write(pages[:2], reason="test")
+    store.write(other, reason="test")  # newer than the chain's beginning
+    before = len(rec.of(schema.STORE_EVICT))
+    assert store.write(pages[2:], reason="test") == 2
+    assert store.read([p.key for p in pages]) == [p.payload for p in pages]
+    assert not store.has(other[0].key) and not store.has(other[1].key)
+    assert [e["pages"] for e in rec.of(schema.STORE_EVICT)[before:]] == [1, 1]
+
+
 WRITER = textwrap.dedent(
     """
     import sys

@@ -17,7 +17,6 @@ counted in ``audit.readstats``.
 
 from __future__ import annotations
 
-import gzip
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -28,6 +27,7 @@ import orjson
 
 from audit import native
 from audit.readstats import BITMAP_LIMIT, MAX_DEPTH, ReadStats, SeqTrack
+from audit.streams import UnreadableLog, display_name, open_log
 from engine.obs import schema
 
 TEXT, JSON = "text", "json"  # the named text sources
@@ -36,25 +36,9 @@ _RANK_PREFIX = re.compile(rb"\[[^\]\n]{0,64}\]:?\s*(?=\{)")
 _BLOCK = 1 << 20  # bytes read at a time: lines are split in C, a block at a time
 
 
-class UnreadableLog(Exception):
-    """A log that cannot be opened or decoded at all (sysexits 66)."""
-
-
 OnReceipt = Callable[[dict[str, Any]], None]
 OnText = Callable[[str, str, str], None]  # source, line, where ("file:line")
 Routes = Mapping[str, Sequence[OnReceipt]]  # kind -> who gets its receipts, in order
-
-
-def _open(path: Path):
-    try:
-        fh = path.open("rb")
-        magic = fh.read(2)
-        fh.seek(0)
-    except OSError as e:
-        raise UnreadableLog(f"{path}: {e.strerror or e}") from e
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=fh, mode="rb")
-    return fh
 
 
 def _classify(raw: bytes, stats: ReadStats, last: bool) -> tuple[str, Any]:
@@ -333,7 +317,7 @@ def scan(
             raise UnreadableLog(f"{path}: is a directory")
         stats.files += 1
         lineno, before = 0, stats.bytes
-        with _open(path) as fh:
+        with open_log(path) as fh:
             try:
                 for lines, size, cut in _blocks(fh, path, None if upto is None else upto[i]):
                     if not lines:  # a gzip stream cut short: what came is kept
@@ -341,7 +325,7 @@ def scan(
                         continue
                     stats.lines += len(lines)
                     stats.bytes += size
-                    run.block(lines, lineno, path.name, cut)
+                    run.block(lines, lineno, display_name(path), cut)
                     lineno += len(lines)
             finally:
                 run.end_file()
@@ -356,7 +340,7 @@ def head_receipts(path: str | Path, size: int) -> list[dict[str, Any]]:
     ``scan`` hands them on (nothing where the log cannot be read)."""
     got: list[dict[str, Any]] = []
     try:
-        with _open(Path(path)) as fh:
+        with open_log(Path(path)) as fh:
             lines = fh.read(size).split(b"\n")[:-1]
     except (OSError, EOFError, zlib.error, UnreadableLog):
         return got

@@ -23,6 +23,7 @@ from audit.model import Spec
 from audit.reader import head_receipts, scan
 from audit.readstats import ReadStats
 from audit.status import ClaimVerdict, Status, merge
+from audit.streams import is_file
 from engine.obs import schema
 
 
@@ -234,7 +235,7 @@ def evaluate(
     the specs are shared among processes that each read the logs (``_apart``)."""
     # what is not a regular file may read once: it cannot be read again (a live log can: as far
     # as it was read)
-    exact = exact or not all(Path(p).is_file() for p in logs)
+    exact = exact or not all(is_file(p) for p in logs)
     if not exact and not live and (n := apart.jobs_for(jobs, logs, len(specs))) > 1:
         return _apart(specs, logs, control, only_applicable, n)
     return _evaluate(specs, logs, control, only_applicable, live, exact)[0]

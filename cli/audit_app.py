@@ -35,7 +35,8 @@ UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageE
 
 LOGS_HELP = (
     "boot logs (.jsonl, text, .gz): files, quoted glob patterns ('logs/boot-*.jsonl') or "
-    "directories (their *.jsonl, *.log and *.gz files); rank logs: one file per rank"
+    "directories (their *.jsonl, *.log and *.gz files), or - for the standard input (a pipe: "
+    "read once); rank logs: one file per rank"
 )
 
 app = typer.Typer(

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
+import threading
 
 import pytest
 from hypothesis import given
@@ -153,3 +155,38 @@ def test_a_log_is_read_no_further_than_asked_and_says_how_far_it_read(tmp_path):
     stats = scan([a, b], upto=[first + 5, whole[1]], sizes=sizes)  # a's second line cut
     assert sizes == [first + 5, whole[1]]
     assert (stats.receipts, stats.truncated) == (3, 1)
+
+
+def _fifo(tmp_path, data: bytes):
+    """A FIFO with a writer that writes ``data`` into it and closes it."""
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+
+    def write() -> None:
+        with open(path, "wb") as fh:
+            fh.write(data)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    return path, writer
+
+
+def test_a_fifo_is_read_once_as_the_file_is_and_refused_the_second_time(tmp_path):
+    log = LogText().ready()
+    for i in range(50):
+        log.received(f"r-{i}")
+    data = str(log).encode()
+    (tmp_path / "a.log").write_bytes(data)
+    expected, want, _ = collect([tmp_path / "a.log"])
+    path, writer = _fifo(tmp_path, gzip.compress(data))  # gzip through a pipe, too
+    stats, receipts, _ = collect([path])
+    writer.join(60)
+    assert receipts == want and stats.as_dict() == expected.as_dict()
+    # read again, the stream would be empty: refused at once, without waiting for a writer
+    # (one is there all the same, so that a reading that does not refuse ends, and fails)
+    idle = threading.Thread(target=lambda: open(path, "wb").close(), daemon=True)
+    idle.start()
+    with pytest.raises(UnreadableLog, match="reads once"):
+        scan([path])
+    os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # the idle writer's open returns
+    idle.join(60)

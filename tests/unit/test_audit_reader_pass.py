@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from audit import native, reader, readstats
 from audit.reader import UnreadableLog, scan
 from audit.readstats import BITMAP_LIMIT, ReadStats, SeqTrack
+from audit.streams import open_log
 from engine.obs import schema
 
 
@@ -40,7 +41,7 @@ def reference_scan(paths, on_receipt=None, on_text=None):
             raise UnreadableLog(f"{path}: is a directory")
         stats.files += 1
         lineno = 0
-        with reader._open(path) as fh:
+        with open_log(path) as fh:
             it = iter(fh)
             try:
                 nxt = next(it, None)

@@ -86,6 +86,7 @@ from cli.ranks import (
     worker,
 )
 from engine.config import DEFAULTS, SERVE_STEP_TOKENS
+from engine.obs.stacks import dump_stacks_on_signal
 
 app = typer.Typer(
     help="Attest serving engine. Start with `engine info` to see the model, then "
@@ -365,6 +366,7 @@ def _kv(text: str | None) -> int | list[int] | None:
 
 
 def main() -> None:
+    dump_stacks_on_signal()
     app()
 
 

@@ -33,6 +33,7 @@ from engine.dist.spawn import dies_with_parent, free_port
 from engine.messages import AddRequest
 from engine.model.loader import LoadedModel
 from engine.obs.death import write_boot_failed
+from engine.obs.stacks import dump_stacks_on_signal
 from engine.obs.tracing import Tracing
 from engine.sched.group import GroupSplit, Intake, Line, Op, Relayout
 
@@ -210,6 +211,7 @@ def follower_main(
     it joins, takes rank 0's configuration, builds its shard of the engine and follows."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is rank 0's
     signal.signal(signal.SIGTERM, _interrupt)  # rank 0 died (PDEATHSIG) or we were told
+    dump_stacks_on_signal()
     member, fields = _connect(rank, world, init, timeout_s, device)
     config = EngineConfig.from_kwargs(**fields)
     try:

@@ -43,6 +43,7 @@ from engine.messages import (
     ToScheduler,
 )
 from engine.obs import schema
+from engine.obs.stacks import dump_stacks_on_signal
 from engine.server.stall import StallWatch, write_resume, write_stall
 
 GUIDE_POLL_S = 0.002  # how often an idle loop looks for a finished grammar compile
@@ -65,6 +66,7 @@ def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None
     # Its own process group: a signal to the frontend's whole group (Ctrl-C, `kill -- -PGID`,
     # a supervisor's stop) reaches the frontend, which drains this process in order
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    dump_stacks_on_signal()
     try:
         os.setpgid(0, 0)
     except PermissionError:  # a session leader may not move, and it leads its own group already

@@ -79,6 +79,25 @@ class ServerProc:
         assert len(found) == 1, found
         return found[0]
 
+    def dump_stacks(self) -> None:
+        """Every process of the server (frontend, scheduler, ranks) writes its threads' stacks
+        to the server's output (``SIGUSR1``): where each one waits, for a test that found a
+        hang to say so."""
+        import psutil
+
+        try:
+            procs = [psutil.Process(self.proc.pid)]
+            procs += procs[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for p in procs:  # one at a time: the dumps share one output
+            try:
+                if "resource_tracker" not in " ".join(p.cmdline()):
+                    p.send_signal(signal.SIGUSR1)
+                    time.sleep(0.5)
+            except psutil.Error:
+                pass
+
     def metrics(self) -> dict[str, float]:
         """The /metrics samples, by their full name with labels."""
         out = {}

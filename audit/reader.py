@@ -224,11 +224,11 @@ class _Pass:
                 hi = seq
             else:
                 lo, hi = track.restart(lo, hi, seq)
-            if route is None or not obj.keys() >= route[0]:
+            if route is not None and len(line) > deep and _too_deep(line, obj):
+                self.stats.deep += 1  # not read: whatever else it lacks, this is why
                 self.unfit(route, line, cut)
                 continue
-            if len(line) > deep and _too_deep(line, obj):
-                self.stats.deep += 1
+            if route is None or not obj.keys() >= route[0]:
                 self.unfit(route, line, cut)
                 continue
             counts[route[2]] += 1

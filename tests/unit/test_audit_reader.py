@@ -190,3 +190,18 @@ def test_a_fifo_is_read_once_as_the_file_is_and_refused_the_second_time(tmp_path
         scan([path])
     os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # the idle writer's open returns
     idle.join(60)
+
+
+def test_a_receipt_nested_too_deep_is_counted_deep_even_when_it_lacks_fields_too(tmp_path):
+    """Both at once: the sentence names the depth (it is why the receipt was not read), as for
+    a receipt with all its fields."""
+    deep = json.loads("[" * 257 + "]" * 257)
+    lines = [
+        {"event": "request.received", "v": 1, "boot": "b", "rank": 0, "seq": 1, "rid": deep},
+        {"event": "request.received", "v": 1, "boot": "b", "rank": 0, "seq": 2, "rid": "r-1",
+         "prompt_tokens": 1, "max_new_tokens": 1, "note": deep},
+    ]  # fmt: skip
+    (tmp_path / "a.log").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    stats, receipts, _ = collect([tmp_path / "a.log"])
+    assert receipts == [] and (stats.malformed, stats.deep) == (2, 2)
+    assert "nest a value deeper than 256 levels" in stats.incomplete()[1]

@@ -44,11 +44,10 @@ def open_log(path: Path) -> Any:
         if not stat.S_ISREG(st.st_mode):
             _once(path, (st.st_dev, st.st_ino))  # before opening: a FIFO's open waits for a writer
         fh = os.fdopen(os.dup(0), "rb") if stdin else path.open("rb")
+        magic = fh.read(2)  # as many as come: a stream may end sooner
         if fh.seekable():
-            magic = fh.read(2)
             fh.seek(0)
         else:
-            magic = fh.read(2)  # as many as come: a stream may end sooner
             fh = _Replayed(magic, fh)
     except OSError as e:
         raise UnreadableLog(f"{path}: {e.strerror or e}") from e

@@ -148,27 +148,6 @@ def test_a_checkpoint_over_the_pin_budget_is_refused_with_four_numbers(tmp_path:
     assert all(store.entries[p.key].pins == 1 for p in pages[:2])
 
 
-def test_the_room_a_checkpoint_makes_for_its_files_never_evicts_its_own_pages(
-    tmp_path: Path,
-) -> None:
-    """A full store makes room for a checkpoint's two files by eviction, least recently used
-    first, and the oldest page may be one the checkpoint is about to pin: it stays, and is
-    pinned; the room comes from the others."""
-    pages = chain(4)
-    full, _ = opened(tmp_path / "measure")
-    full.write(pages, reason="test")
-    rec = Receipts(capture=True)
-    store = PageStore(tmp_path / "store", full.used, ID, rec)  # exactly full with the four pages
-    store.scan()
-    assert store.write(pages, reason="test") == 4 and store.used == store.cap
-    cp = store.create_checkpoint("c", [pages[0].key], 2)
-    assert not isinstance(cp, Refused)
-    assert store.has(pages[0].key) and store.entries[pages[0].key].pins == 1
-    assert store.read([pages[0].key]) == [pages[0].payload]
-    (ev,) = rec.of(schema.STORE_EVICT)
-    assert ev["freed"] > 0 and ev["pinned_pages"] == 0  # the others paid, before the pin
-
-
 def _full_of(tmp_path: Path, n: int) -> tuple[PageStore, Receipts]:
     """A store whose cap holds exactly ``n`` pages of ``chain``'s size."""
     measure, _ = opened(tmp_path / "measure")
@@ -177,6 +156,23 @@ def _full_of(tmp_path: Path, n: int) -> tuple[PageStore, Receipts]:
     store = PageStore(tmp_path / "store", measure.used, ID, rec)
     store.scan()
     return store, rec
+
+
+def test_the_room_a_checkpoint_makes_for_its_files_never_evicts_its_own_pages(
+    tmp_path: Path,
+) -> None:
+    """A full store makes room for a checkpoint's two files by eviction, least recently used
+    first, and the oldest page may be one the checkpoint is about to pin: it stays, and is
+    pinned; the room comes from the others."""
+    pages = chain(4)
+    store, rec = _full_of(tmp_path, 4)
+    assert store.write(pages, reason="test") == 4 and store.used == store.cap
+    cp = store.create_checkpoint("c", [pages[0].key], 2)
+    assert not isinstance(cp, Refused)
+    assert store.has(pages[0].key) and store.entries[pages[0].key].pins == 1
+    assert store.read([pages[0].key]) == [pages[0].payload]
+    (ev,) = rec.of(schema.STORE_EVICT)
+    assert ev["freed"] > 0 and ev["pinned_pages"] == 0  # the others paid, before the pin
 
 
 def test_a_chain_written_into_a_full_store_never_evicts_its_own_head(tmp_path: Path) -> None:

@@ -228,10 +228,15 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return Py_BuildValue("(nLL)", i, hi, top);
 }
 
+PyObject *attest_follower(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+int attest_follow_init(void); /* both in fastfollow.c, built into this module */
+
 static PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
      "run(lines, i, routes, boot, rank, hi, top_iter, counts, loads, limit, deep_line, "
      "max_depth, skip, tracking) -> (j, hi, top_iter)"},
+    {"follower", (PyCFunction)(void (*)(void))attest_follower, METH_FASTCALL,
+     "follower(owner, parts, ranks, part, settle, rank_cls, text_boot) -> fn (fastfollow.c)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -247,7 +252,8 @@ PyMODINIT_FUNC PyInit_attest_fastscan(void) {
     k_v = PyUnicode_InternFromString("v");
     k_iter = PyUnicode_InternFromString("iter");
     one = PyLong_FromLong(1);
-    if (!k_event || !k_boot || !k_rank || !k_seq || !k_v || !k_iter || !one)
+    if (!k_event || !k_boot || !k_rank || !k_seq || !k_v || !k_iter || !one ||
+        attest_follow_init() < 0)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -15,6 +15,11 @@ again on an exact bus (``rescan``), which holds every record the windows read an
 
 Claims that read the same records by the same keys share one (``Bus.shared``): a request's
 ending is handled once however many claims wait for it.
+
+Where the compiled loop is built (``audit.native``), a record's receiver is the same rule compiled
+(``audit/fastfollow.c``, ``tests/unit/test_audit_fastfollow.py`` reads records both ways); it
+calls back here for a stop, a key that is not a str, a text line and a window that nothing
+followed.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from audit import native
 from audit.foreign import TEXT_BOOT
 from audit.model import ReceiptSel
 from engine.obs import schema
@@ -100,6 +106,9 @@ class Followups:
     def _fn(self, parts: tuple[Part, ...]) -> Callable[[dict[str, Any]], None]:
         if self.exact:
             return lambda rec: self._keep(parts, rec)
+        if (follower := native.fast_follower()) is not None:  # the same rule, compiled
+            ready = tuple((s.matches if s.where else None, r, i, f, 1 << i) for s, r, i, f in parts)
+            return follower(self, ready, self.ranks, self._part, self._settle, _Rank, TEXT_BOOT)
 
         def fn(rec: dict[str, Any]) -> None:  # the hot path: a scalar key, inline
             boot, rank, seq = rec["boot"], rec["rank"], rec["seq"]

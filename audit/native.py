@@ -6,8 +6,9 @@ loaded where it was built, and the reader's own loop where it was not.
 The C loop takes a run of plain receipts of one (boot, rank) whose seqs follow one another, the
 bulk of a receipt log, and hands any other line back to the reader's loop in Python, which
 decides everything else; both give the same counts, the same records in the same order and the
-same errors (``tests/unit/test_audit_native.py`` reads logs both ways). ``ATTEST_AUDIT_NATIVE=0``
-turns it off. Building needs a C compiler (``cc``) and Python's headers; without them the
+same errors (``tests/unit/test_audit_native.py`` reads logs both ways). The follow-up windows'
+receiver (``audit/fastfollow.c``, the same rule as ``audit.followups``') is built into it.
+``ATTEST_AUDIT_NATIVE=0`` turns both off. Building needs a C compiler (``cc``) and Python's headers; without them the
 auditor reads as before, only slower.
 """
 
@@ -25,23 +26,40 @@ from pathlib import Path
 from typing import Any
 
 NAME = "attest_fastscan"  # the module name the C file initializes (PyInit_attest_fastscan)
-SOURCE = Path(__file__).with_name("fastscan.c")
+SOURCE = Path(__file__).with_name("fastscan.c")  # the module's own; the others built into it:
+WITH = ("fastfollow.c",)  # the follow-up windows' receiver (``fast_follower``)
 ROOT = Path(__file__).resolve().parents[1] / "build" / "audit"
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall")
 
 
 def library_path() -> Path:
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), sys.version.encode(), " ".join(CFLAGS).encode()):
+    sources = [p.read_bytes() for p in _sources()]
+    for part in (*sources, sys.version.encode(), " ".join(CFLAGS).encode()):
         key.update(part + b"\0")
     return ROOT / key.hexdigest()[:16] / f"{NAME}{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+def _sources() -> list[Path]:
+    return [SOURCE, *(SOURCE.with_name(name) for name in WITH)]
+
+
+def _missing() -> Path | None:
+    return next((p for p in _sources() if not p.is_file()), None)
 
 
 @cache
 def fast_run() -> Callable[..., Any] | None:
     """The compiled loop's ``run``, or None (off, not built for this source and Python, or it
     did not load: ``why_not``)."""
-    return None if why_not() else _loaded()
+    return None if why_not() else _loaded().run
+
+
+@cache
+def fast_follower() -> Callable[..., Any] | None:
+    """The compiled ``follower`` (``audit/fastfollow.c``: a follow-up receiver, the same rule as
+    ``audit.followups``'), or None where the compiled loop is not at hand (``why_not``)."""
+    return None if why_not() else _loaded().follower
 
 
 @cache
@@ -52,15 +70,15 @@ def _loaded() -> Any:
         raise ImportError(f"{path} is not a loadable module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.run
+    return module
 
 
 @cache
 def why_not() -> str | None:
     if os.environ.get("ATTEST_AUDIT_NATIVE", "").strip() == "0":
         return "turned off (ATTEST_AUDIT_NATIVE=0)"
-    if not SOURCE.is_file():  # an installed package ships no C source: nothing to build
-        return f"its source {SOURCE.name} is not here"
+    if (gone := _missing()) is not None:  # an installed package ships no C source
+        return f"its source {gone.name} is not here"
     path = library_path()
     if not path.exists():
         return f"not built for this source and Python ({path.parent.name}): run `make`"
@@ -74,8 +92,8 @@ def why_not() -> str | None:
 def build() -> Path:
     """Compile into ``library_path()`` (a no-op when it is there). Raises what the compiler
     said when it fails (OSError where there is no source or no compiler)."""
-    if not SOURCE.is_file():
-        raise FileNotFoundError(f"its source {SOURCE} is not here")
+    if (gone := _missing()) is not None:
+        raise FileNotFoundError(f"its source {gone} is not here")
     path = library_path()
     if path.exists():
         return path
@@ -83,7 +101,7 @@ def build() -> Path:
     cc = os.environ.get("CC", "cc")
     include = sysconfig.get_paths()["include"]
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [cc, *CFLAGS, f"-I{include}", str(SOURCE), "-o", str(tmp)]
+    cmd = [cc, *CFLAGS, f"-I{include}", *map(str, _sources()), "-o", str(tmp)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip()[-2000:]}")

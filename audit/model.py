@@ -6,8 +6,10 @@ builds them from TOML and checks every name against the schema.
 
 from __future__ import annotations
 
+import operator
 import re
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,48 @@ from audit.recipe import Recipe
 
 # the operators a field predicate may use (``Pred.test`` knows each one)
 OPS = ("==", "!=", "<", "<=", ">", ">=", "in", "not_in", "regex", "exists")
+_ORDER = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+
+
+def _test(name: str, op: str, value: Any) -> Callable[[dict[str, Any]], bool]:
+    """Whether a record's field ``name`` passes ``op value``: a missing field is None; an order
+    holds only for a number that is not a bool."""
+    if op == "exists":
+        want = bool(value)
+        return lambda rec: (rec.get(name) is not None) == want
+    if op == "==":
+        return lambda rec: rec.get(name) == value
+    if op == "!=":
+        return lambda rec: rec.get(name) != value
+    if op == "in":
+        return lambda rec: rec.get(name) in value
+    if op == "not_in":
+        return lambda rec: rec.get(name) not in value
+    if op == "regex":
+        return lambda rec: isinstance(v := rec.get(name), str) and value.fullmatch(v) is not None
+    if op not in _ORDER:
+        raise ValueError(f"unknown operator {op!r}")
+    order = _ORDER[op]
+
+    def ordered(rec: dict[str, Any]) -> bool:
+        v = rec.get(name)
+        return type(v) is not bool and isinstance(v, int | float) and order(v, value)
+
+    return ordered
+
+
+def _all(where: tuple[Pred, ...]) -> Callable[[dict[str, Any]], bool]:
+    if len(where) == 1:
+        return where[0].test
+    tests = tuple(p.test for p in where)
+
+    def every(rec: dict[str, Any]) -> bool:
+        for t in tests:  # a loop, not all() of a generator: a call per receipt read
+            if not t(rec):
+                return False
+        return True
+
+    return every
 
 
 @dataclass(slots=True, frozen=True)
@@ -22,29 +66,12 @@ class Pred:
     field: str
     op: str
     value: Any
+    # ``test(rec)``: whether the record's field passes, made once for the operator (a call per
+    # receipt read: no operator is looked up per receipt)
+    test: Callable[[dict[str, Any]], bool] = field(init=False, repr=False, compare=False)
 
-    def test(self, rec: dict[str, Any]) -> bool:
-        if self.op == "exists":
-            return (rec.get(self.field) is not None) == bool(self.value)
-        v = rec.get(self.field)
-        if self.op == "==":
-            return v == self.value
-        if self.op == "!=":
-            return v != self.value
-        if self.op == "in":
-            return v in self.value
-        if self.op == "not_in":
-            return v not in self.value
-        if self.op == "regex":
-            return isinstance(v, str) and self.value.fullmatch(v) is not None
-        if not isinstance(v, int | float) or isinstance(v, bool):
-            return False
-        return {
-            "<": v < self.value,
-            "<=": v <= self.value,
-            ">": v > self.value,
-            ">=": v >= self.value,
-        }[self.op]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "test", _test(self.field, self.op, self.value))
 
     def describe(self) -> str:
         shown = self.value.pattern if self.op == "regex" else self.value
@@ -74,12 +101,12 @@ class ReceiptSel:
     kind: str
     where: tuple[Pred, ...] = ()
     event: TextEvent | None = None
+    # ``matches(rec)``: whether the record passes every ``where`` (a call per receipt read: one
+    # predicate's test is called as it is)
+    matches: Callable[[dict[str, Any]], bool] = field(init=False, repr=False, compare=False)
 
-    def matches(self, rec: dict[str, Any]) -> bool:
-        for p in self.where:  # a loop, not all() of a generator: a call per receipt read
-            if not p.test(rec):
-                return False
-        return True
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "matches", _all(self.where))
 
     def describe(self) -> str:
         kind = self.kind if self.event is None else f"{self.kind} line"

@@ -162,7 +162,7 @@ class SelCount:
                 bus.texts[s.source].append(self._text_fn(s))
             elif isinstance(s, WedgeSel):
                 self.wedges.append((WedgeDetector(s.threshold_s), s.threshold_s))
-                bus.any.append(self.wedges[-1][0].feed)
+                bus.any.append(self.wedges[-1][0].receiver())
 
     @property
     def count(self) -> int:

@@ -230,6 +230,8 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 
 PyObject *attest_follower(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 int attest_follow_init(void); /* both in fastfollow.c, built into this module */
+PyObject *attest_feeder(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+int attest_wedge_init(void); /* both in fastwedge.c, built into this module */
 
 static PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
@@ -237,6 +239,9 @@ static PyMethodDef methods[] = {
      "max_depth, skip, tracking) -> (j, hi, top_iter)"},
     {"follower", (PyCFunction)(void (*)(void))attest_follower, METH_FASTCALL,
      "follower(owner, parts, ranks, part, settle, rank_cls, text_boot) -> fn (fastfollow.c)"},
+    {"feeder", (PyCFunction)(void (*)(void))attest_feeder, METH_FASTCALL,
+     "feeder(detector, rank_type, stood, starts, waits, ends, iteration, feed) -> fn "
+     "(fastwedge.c)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -253,7 +258,7 @@ PyMODINIT_FUNC PyInit_attest_fastscan(void) {
     k_iter = PyUnicode_InternFromString("iter");
     one = PyLong_FromLong(1);
     if (!k_event || !k_boot || !k_rank || !k_seq || !k_v || !k_iter || !one ||
-        attest_follow_init() < 0)
+        attest_follow_init() < 0 || attest_wedge_init() < 0)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -7,8 +7,9 @@ The C loop takes a run of plain receipts of one (boot, rank) whose seqs follow o
 bulk of a receipt log, and hands any other line back to the reader's loop in Python, which
 decides everything else; both give the same counts, the same records in the same order and the
 same errors (``tests/unit/test_audit_native.py`` reads logs both ways). The follow-up windows'
-receiver (``audit/fastfollow.c``, the same rule as ``audit.followups``') is built into it.
-``ATTEST_AUDIT_NATIVE=0`` turns both off. Building needs a C compiler (``cc``) and Python's headers; without them the
+receiver (``audit/fastfollow.c``, the same rule as ``audit.followups``') and the wedge
+detector's common steps (``audit/fastwedge.c``, ``audit.wedge``'s) are built into it.
+``ATTEST_AUDIT_NATIVE=0`` turns them all off. Building needs a C compiler (``cc``) and Python's headers; without them the
 auditor reads as before, only slower.
 """
 
@@ -27,7 +28,8 @@ from typing import Any
 
 NAME = "attest_fastscan"  # the module name the C file initializes (PyInit_attest_fastscan)
 SOURCE = Path(__file__).with_name("fastscan.c")  # the module's own; the others built into it:
-WITH = ("fastfollow.c",)  # the follow-up windows' receiver (``fast_follower``)
+# the follow-up windows' receiver (``fast_follower``), the wedge detector's (``fast_feeder``)
+WITH = ("fastfollow.c", "fastwedge.c")
 ROOT = Path(__file__).resolve().parents[1] / "build" / "audit"
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall")
 
@@ -60,6 +62,13 @@ def fast_follower() -> Callable[..., Any] | None:
     """The compiled ``follower`` (``audit/fastfollow.c``: a follow-up receiver, the same rule as
     ``audit.followups``'), or None where the compiled loop is not at hand (``why_not``)."""
     return None if why_not() else _loaded().follower
+
+
+@cache
+def fast_feeder() -> Callable[..., Any] | None:
+    """The compiled ``feeder`` (``audit/fastwedge.c``: the wedge detector's common steps, every
+    other receipt handed to ``audit.wedge``'s own rule), or None where it is not at hand."""
+    return None if why_not() else _loaded().feeder
 
 
 @cache

@@ -23,13 +23,19 @@ By standing still (any engine that writes them): a ``scheduler.resume`` whose ``
 past the threshold, after a ``scheduler.stall`` that held work (running, waiting or parked) or
 with requests that arrived while it stood, is a wedge from the one to the other: the loop did
 not turn at all, so no receipt could show the time go by.
+
+Where the compiled loop is built (``audit.native``), ``receiver`` takes the common steps compiled
+(``audit/fastwedge.c``) and hands every other receipt to ``feed``: one rule, read both ways in
+``tests/unit/test_audit_fastwedge.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from audit import native
 from engine.obs import schema
 
 PROGRESS_KINDS = frozenset(
@@ -83,10 +89,20 @@ def _held(rec: dict[str, Any]) -> float:
 class WedgeDetector:
     """Feed it every receipt of the log (``feed``); ``found`` lists the wedges."""
 
+    __slots__ = ("threshold_s", "ranks", "_last")  # the compiled steps read ``_last``'s slot
+
     def __init__(self, threshold_s: float) -> None:
         self.threshold_s = threshold_s
         self.ranks: dict[tuple[str, int], _Rank] = {}
         self._last: tuple[Any, Any, _Rank | None] = (None, None, None)  # boot, rank, its state
+
+    def receiver(self) -> Callable[[dict[str, Any]], None]:
+        """``feed``, or where the compiled loop is at hand, the same rule with its common steps
+        compiled (``audit/fastwedge.c``: it hands every other receipt to ``feed``)."""
+        feeder = native.fast_feeder()
+        if feeder is None:
+            return self.feed
+        return feeder(self, _Rank, _STOOD, _STARTS, _WAITS, _ENDS, _ITERATION, self.feed)  # type: ignore[no-any-return]
 
     def feed(self, rec: dict[str, Any]) -> None:
         boot, rank, r = self._last

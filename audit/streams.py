@@ -3,16 +3,22 @@ seek: a pipe, a FIFO, a process substitution, or the standard input, named ``-``
 (``docker logs -t x 2>&1 | audit verdict -``).
 
 A stream is read once: its first bytes, read to tell gzip from text, are handed back before the
-rest. A command that reads its logs twice (``audit report``, ``audit diff``) would read such a
-stream empty the second time and judge nothing as if it were the log: the second opening of the
-same stream is refused instead (``UnreadableLog``, sysexits 66), with what to do.
+rest. A command that reads its logs twice (``audit report``, ``audit diff``) copies each stream
+to a temporary file first (``spooled``: the bytes as they came, gzip or not, under the stream's
+own name, gone when the command is done) and reads that. A second opening of the same stream
+would read it empty and judge nothing as if it were the log: it is refused instead
+(``UnreadableLog``, sysexits 66), with what to do.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +42,8 @@ def display_name(path: Path) -> str:
 
 def open_log(path: Path) -> Any:
     """``path`` opened for ``read1``: gunzipped where it starts as gzip does."""
-    stdin = str(path) == STDIN
     try:
-        if stdin and os.isatty(0):
-            raise UnreadableLog("-: the standard input is a terminal: pipe a log in")
-        st = os.fstat(0) if stdin else os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            _once(path, (st.st_dev, st.st_ino))  # before opening: a FIFO's open waits for a writer
-        fh = os.fdopen(os.dup(0), "rb") if stdin else path.open("rb")
+        fh = _raw(path)
         magic = fh.read(2)  # as many as come: a stream may end sooner
         if fh.seekable():
             fh.seek(0)
@@ -54,6 +54,47 @@ def open_log(path: Path) -> Any:
     if magic == b"\x1f\x8b":
         return gzip.GzipFile(fileobj=fh, mode="rb")
     return fh
+
+
+def _raw(path: Path) -> Any:
+    """``path``'s bytes as they come (a stream's once: ``_once``; stdin not a terminal)."""
+    stdin = str(path) == STDIN
+    if stdin and os.isatty(0):
+        raise UnreadableLog("-: the standard input is a terminal: pipe a log in")
+    st = os.fstat(0) if stdin else os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        _once(path, (st.st_dev, st.st_ino))  # before opening: a FIFO's open waits for a writer
+    return os.fdopen(os.dup(0), "rb") if stdin else path.open("rb")
+
+
+def _is_stream(path: str) -> bool:
+    return path == STDIN or (os.path.exists(path) and not os.path.isfile(path)
+                             and not os.path.isdir(path))  # fmt: skip
+
+
+@contextmanager
+def spooled(paths: list[str]) -> Iterator[list[str]]:
+    """``paths``, each stream among them copied to a temporary file (named as the stream is, so
+    its lines are placed by the same name) for a command that reads its logs twice; the copies
+    are removed when the command is done. A stream that cannot be read is ``UnreadableLog``."""
+    if not any(map(_is_stream, paths)):
+        yield paths
+        return
+    with tempfile.TemporaryDirectory(prefix="audit-spool-") as tmp:
+        out = []
+        for i, p in enumerate(paths):
+            if not _is_stream(p):
+                out.append(p)
+                continue
+            copy = Path(tmp, str(i), display_name(Path(p)))
+            copy.parent.mkdir()
+            try:
+                with _raw(Path(p)) as src, copy.open("wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            except OSError as e:
+                raise UnreadableLog(f"{p}: {e.strerror or e}") from e
+            out.append(str(copy))
+        yield out
 
 
 def _once(path: Path, key: tuple[int, int]) -> None:

@@ -25,6 +25,7 @@ from audit.render import print_report, to_json, to_junit
 from audit.report_data import collect
 from audit.selftest import self_test
 from audit.spec import acceptance_dir, load_spec, resolve, shipped
+from audit.streams import spooled
 from audit.verdict import evaluate
 
 EX_USAGE, EX_NOINPUT, EX_SOFTWARE, EX_CANTCREAT = 64, 66, 70, 73
@@ -236,7 +237,15 @@ def diff(
     as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON"),
 ) -> int:
     """Two boot logs side by side: receipts per kind, verdicts, latency, pool peaks; exit 0."""
-    d = _guard(lambda: compare(a, b, spec))
+
+    def run():
+        with spooled([a, b]) as (read_a, read_b):  # each log is read twice: a stream copied
+            d = compare(read_a, read_b, spec)
+        for side, name in ((d.a, a), (d.b, b)):
+            side.log, side.report.logs = name, [name]
+        return d
+
+    d = _guard(run)
     if as_json:
         print(diff_json(d))
     else:
@@ -265,7 +274,10 @@ def report(
     def run():
         files = expand_logs(logs)
         specs = [resolve(s) for s in spec] if spec else [load_spec(p) for p in shipped()]
-        return collect(files), evaluate(specs, files, only_applicable=not spec)
+        with spooled(files) as read:  # each log is read twice: a stream copied first
+            data, verdicts = collect(read), evaluate(specs, read, only_applicable=not spec)
+        verdicts.logs = files
+        return data, verdicts
 
     data, verdicts = _guard(run)
     try:

@@ -37,10 +37,26 @@ def test_a_log_piped_in_as_minus_is_judged_as_the_file_is(tmp_path: Path) -> Non
     assert zipped.returncode == 0 and _judged(zipped.stdout) == _judged(from_file.stdout)
 
 
-def test_a_command_that_reads_its_logs_twice_refuses_a_stream_with_66(tmp_path: Path) -> None:
-    """`audit diff` reads each log for its verdicts and again for its numbers: a stream would be
-    empty the second time, and its numbers those of nothing."""
+def test_a_command_that_reads_its_logs_twice_spools_a_stream_first(tmp_path: Path) -> None:
+    """`audit diff` and `audit report` read each log for its verdicts and again for its numbers:
+    a stream is copied to a temporary file first and read from there, as the file is."""
     log = case_log(tmp_path, "no_request_lost", "pass")
-    got = _audit(Path(log).read_bytes(), "diff", "-", log)
+    data = Path(log).read_bytes()
+    from_file = _audit(b"", "diff", log, log, "--json")
+    piped = _audit(data, "diff", log, "-", "--json")
+    assert piped.returncode == from_file.returncode == 0, piped.stderr
+    a, b = json.loads(piped.stdout), json.loads(from_file.stdout)
+    assert a["b"].pop("logs") == ["-"] and b["b"].pop("logs") == [log]
+    assert a == b
+    out = tmp_path / "r.html"
+    wrote = _audit(gzip.compress(data), "report", "-", "-o", str(out))
+    assert wrote.returncode == 0, wrote.stderr
+    assert wrote.stdout.decode().startswith("wrote ") and out.stat().st_size > 0
+
+
+def test_one_stream_named_twice_is_refused_with_66(tmp_path: Path) -> None:
+    """Read once: the second naming would be empty, and its numbers those of nothing."""
+    log = case_log(tmp_path, "no_request_lost", "pass")
+    got = _audit(Path(log).read_bytes(), "diff", "-", "-")
     assert got.returncode == 66, got
     assert b"reads once" in got.stderr and b"save the stream to a file" in got.stderr

@@ -8,12 +8,14 @@ import json
 import os
 import random
 import threading
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from audit.reader import UnreadableLog, scan
+from audit.streams import spooled
 from tests.unit.audit_logs import LogText
 
 
@@ -190,6 +192,23 @@ def test_a_fifo_is_read_once_as_the_file_is_and_refused_the_second_time(tmp_path
         scan([path])
     os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # the idle writer's open returns
     idle.join(60)
+
+
+def test_a_stream_spooled_is_copied_once_under_its_name_and_the_copy_removed(tmp_path):
+    """For a command that reads its logs twice: a FIFO's bytes as they came (gzip stays gzip),
+    in a file named as the FIFO, read twice alike; a file passes as it is."""
+    log = LogText().ready()
+    log.received("r-1")
+    (tmp_path / "a.log").write_bytes(str(log).encode())
+    packed = gzip.compress(str(log).encode())
+    path, writer = _fifo(tmp_path, packed)
+    with spooled([str(tmp_path / "a.log"), str(path)]) as (a, copy):
+        assert Path(copy).is_file() and Path(copy).name == path.name  # not the FIFO itself
+        writer.join(60)
+        assert a == str(tmp_path / "a.log")
+        assert Path(copy).read_bytes() == packed
+        assert collect([copy])[1] == collect([copy])[1] == collect([a])[1]
+    assert not Path(copy).exists()
 
 
 def test_a_receipt_nested_too_deep_is_counted_deep_even_when_it_lacks_fields_too(tmp_path):

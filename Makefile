@@ -29,7 +29,8 @@ setup: $(STAMP)
 # decode forward's layers in one call), compiled for this CPU
 # (about 10 s; a no-op once built for it). Without a compiler the engine runs torch's ops and
 # says so in its boot.weights receipt. Also the auditor's reader loop in C (audit/fastscan.c,
-# about 1 s): without it the auditor reads in Python, slower.
+# with audit/fastfollow.c and audit/fastwedge.c, under 1 s): without it the auditor reads in
+# Python, slower.
 native: setup
 	@$(BIN)/python -m kernels.cpu_ops build
 	@$(BIN)/python -m audit.native build

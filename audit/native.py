@@ -9,8 +9,8 @@ decides everything else; both give the same counts, the same records in the same
 same errors (``tests/unit/test_audit_native.py`` reads logs both ways). The follow-up windows'
 receiver (``audit/fastfollow.c``, the same rule as ``audit.followups``') and the wedge
 detector's common steps (``audit/fastwedge.c``, ``audit.wedge``'s) are built into it.
-``ATTEST_AUDIT_NATIVE=0`` turns them all off. Building needs a C compiler (``cc``) and Python's headers; without them the
-auditor reads as before, only slower.
+``ATTEST_AUDIT_NATIVE=0`` turns them all off. Building needs a C compiler (``cc``) and Python's
+headers; without them the auditor reads as before, only slower.
 """
 
 from __future__ import annotations

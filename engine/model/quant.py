@@ -33,7 +33,9 @@ On a CPU with AVX-512 VNNI (and the native ops built) the layer matrices' produc
 (``engine.model.int_vnni``: the same values and scales, activations 8 bits per group of 32
 columns). Measured on an Intel Xeon (BENCHMARKS.md): 3-4x faster per product at 1-16 rows, one
 stream 1.6-1.8x tok/s for int8 and 1.3x for int4, greedy agreement unchanged. More rows keep the
-dense values: from about 8 rows their bfloat16 GEMM is as fast.
+dense values; where their bfloat16 GEMM catches up depends on the CPU (from about 8 rows on that
+Xeon, past 64 on an AMD EPYC), so the layers' bound is measured at load (``engine.model.int_rows``:
+``SMALL_ROWS`` is its floor).
 
 A CPU without bfloat16 units (AVX2 only) emulates bf16 products far slower than fp32, and
 torch's int8/int4 kernels have no fast float32-activation path (580 us for one row, measured):
@@ -81,17 +83,29 @@ class QuantPlan:
     mode: str  # "int8" | "int4"
     dtype: torch.dtype  # the activations' (and the KV pool's) dtype
     small_rows: int  # products up to this many rows take the packed kernel; 0: never
-    path: str  # what runs, in words, for the boot receipt and `engine info`
+    kernel: str  # what runs up to small_rows rows, in words ("": small_rows is 0)
+    beyond: str  # what runs past them, and the rest of the plan, in words
     kv_dtype: torch.dtype = torch.float32  # the KV pool's (decode attention runs in it)
     vnni_rows: int = 0  # int8 matrices' products up to this many rows take the VNNI product
     int_vnni: bool = False  # the layer matrices' few-row products are the native integer ones
+    # the layer matrices' bound measured at load (engine.model.int_rows): per row count, the
+    # seconds of one layer's products in integers and in their dense values; empty: unmeasured
+    int_rows: dict[int, tuple[float, float]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)  # matrices quantised, by kind
     packed_bytes: int = 0
     dense_bytes: int = 0
     seconds: float = 0.0
 
+    @property
+    def path(self) -> str:
+        """What runs, in words, for the boot receipt and `engine info`."""
+        if not self.small_rows:
+            return self.beyond
+        how = " (measured at load)" if self.int_rows else ""
+        return f"{self.kernel} up to {self.small_rows} rows{how}, {self.beyond}"
+
     def fields(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "mode": self.mode, "dtype": str(self.dtype).removeprefix("torch."),
             "path": self.path, "small_rows": self.small_rows, "matrices": dict(self.counts),
             "packed_bytes": self.packed_bytes, "dense_bytes": self.dense_bytes,
@@ -99,6 +113,12 @@ class QuantPlan:
             "kv_dtype": str(self.kv_dtype).removeprefix("torch."), "vnni_rows": self.vnni_rows,
             "int_vnni": self.int_vnni,
         }  # fmt: skip
+        if self.int_rows:  # microseconds, integers then dense, by row count
+            out["int_rows"] = {
+                str(n): [round(a * 1e6, 1), round(b * 1e6, 1)]
+                for n, (a, b) in self.int_rows.items()
+            }
+        return out
 
 
 def plan_quant(
@@ -123,13 +143,13 @@ def plan_quant(
         kernel = (f"{mode} integer products (activations 8 bits per group of 32, AVX-512 VNNI)"
                   if layer_ints else f"{mode} packed kernel")  # fmt: skip
         return QuantPlan(
-            mode, torch.bfloat16, SMALL_ROWS,
-            f"{kernel} up to {SMALL_ROWS} rows, dense bfloat16 beyond "
-            f"(avx512_bf16 present){ints}; {str(kv).removeprefix('torch.')} KV pool",
+            mode, torch.bfloat16, SMALL_ROWS, kernel,
+            f"dense bfloat16 beyond (avx512_bf16 present){ints}; "
+            f"{str(kv).removeprefix('torch.')} KV pool",
             kv_dtype=kv, vnni_rows=vnni, int_vnni=layer_ints,
         )  # fmt: skip
     return QuantPlan(
-        mode, torch.float32, 0,
+        mode, torch.float32, 0, "",
         f"{mode} values dequantised to float32 (no bfloat16 units: packed kernels would be "
         f"slower than exact mode here){ints}", vnni_rows=vnni,
     )  # fmt: skip
@@ -230,6 +250,12 @@ class QuantWeight:
     def dense_bytes(self) -> int:
         return self.dense.numel() * self.dense.element_size()
 
+    @property
+    def integer(self) -> bool:
+        """Whether its few-row products are ``engine.model.int_vnni``'s integer ones."""
+        p = self._packed
+        return p is not None and not isinstance(p, Int8Vnni) and p.dim() == 4
+
     def packed_form(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
         """(values, scales, group) of torch's packed int8 / int4 kernel, as ``packed_matmul``
         passes them; None where that kernel does not run (no packed form, or the VNNI one)."""
@@ -240,7 +266,7 @@ class QuantWeight:
     def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self._packed, Int8Vnni):
             return self.refine_top(x, self._packed.matmul(x))
-        if self._packed.dim() == 4:  # engine.model.int_vnni's layouts (torch's have 2)
+        if self.integer:  # engine.model.int_vnni's layouts (torch's have 2 dimensions)
             op = (
                 torch.ops.attest.int8_vnni_mm
                 if self.mode == "int8"

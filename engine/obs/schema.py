@@ -129,7 +129,9 @@ _CATALOG = (
     Kind(BOOT_WEIGHTS, ("mode", "dtype"),
          "the weights are in place: mode exact (float32), bfloat16, or fast mode's int8 / int4 "
          "with the kernels chosen for this CPU (path, small_rows, vnni_rows, int_vnni: the layer "
-         "matrices' few-row products in integers, kv_dtype) and what "
+         "matrices' few-row products in integers, kv_dtype; int_rows: where small_rows was "
+         "measured at load, per row count the microseconds of one layer's products in "
+         "integers and dense) and what "
          "they take; "
          "on a CPU whether the native ops run (ops native | torch, ops_why) and in fast mode "
          "up to how many rows a decode forward's layers run as one native call (step_rows, 0: "
@@ -137,7 +139,8 @@ _CATALOG = (
          "products take (W @ x.T).T rather than F.linear, measured at load (orient); on a "
          "pipeline stage, which stage and the layers [start, stop) it holds",
          ("path", "small_rows", "vnni_rows", "int_vnni", "matrices", "packed_bytes", "dense_bytes",
-          "quantize_s", "kv_dtype", "ops", "ops_why", "step_rows", "orient", "stage", "layers")),
+          "quantize_s", "kv_dtype", "ops", "ops_why", "step_rows", "orient", "stage", "layers",
+          "int_rows")),
     Kind(BOOT_READY, ("startup_s",),
          "the engine accepts work (served: its HTTP socket is bound and serving)",
          ("host", "port", "engine_s")),

@@ -7,9 +7,9 @@ rest. Where the dense product catches up depends on the CPU, and this machine ki
 changes. On an Intel Xeon with AMX the dense values were about as fast from 8 rows on and faster
 from 16 (one 3072 x 576 product: 45.0 us in integers against 61.7 dense at 8 rows, 91.8 against
 61.3 at 16). On an AMD EPYC with AVX-512 BF16 and no AMX the integer products stayed ahead far
-longer (116 us against 160 at 16 rows). There, int4 decoded 2.04x faster at 8 streams and 1.13x
-at 64 with the integer products taking every row (BENCHMARKS.md). A bound fixed for one CPU is
-wrong on the other.
+longer (116 us against 160 at 16 rows). There, with the bound measured, int4 decoded 2.01x
+faster at 8 streams than with the bound of 4 and 1.35x at 64 (BENCHMARKS.md). A bound fixed for
+one CPU is wrong on the other.
 
 So the model times one layer's four products both ways, its own matrices in their own dtype,
 at each of ``ROWS`` (the dense way as ``engine.model.orient`` chose it). The bound is the last

@@ -16,7 +16,8 @@ It takes a forward when every one of these holds, else the Python layers run:
 * the native CPU ops are built for this CPU and the attention backend is the torch reference's
   native decode path (the kernel the call runs);
 * one rank and one pipeline stage (no collective between the products);
-* at most ``rows`` tokens in the forward (``STEP_ROWS``, the packed kernels' own bound).
+* at most ``rows`` tokens in the forward (``STEP_ROWS``, the packed kernels' least bound; a
+  bound fixed lower by ``ATTEST_INT_ROWS`` turns the call off).
 
 Exact mode keeps its Python layers: its products are float32 GEMMs whose one-row orientation
 (``engine.model.llama.linear``) and torch's norm are what give transformers' bits, and at one
@@ -46,8 +47,10 @@ def why_not(model: Any) -> str | None:
     (None: they can run as one native call)."""
     if os.environ.get("ATTEST_NATIVE_STEP", "").strip() == "0":
         return "turned off (ATTEST_NATIVE_STEP=0)"
-    if model.quant is None or model.quant.small_rows < STEP_ROWS:
+    if model.quant is None or not model.quant.small_rows:
         return "not fast mode with packed kernels"
+    if model.quant.small_rows < STEP_ROWS:  # fixed by ATTEST_INT_ROWS
+        return f"the packed kernels' bound ({model.quant.small_rows} rows) is under its {STEP_ROWS}"
     if model.device.type != "cpu" or not cpu_ops.load():
         return f"native CPU ops not in use: {cpu_ops.why_not() or 'not a CPU'}"
     if getattr(model.backend, "decode", None) != "native":

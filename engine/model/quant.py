@@ -34,8 +34,8 @@ On a CPU with AVX-512 VNNI (and the native ops built) the layer matrices' produc
 columns). Measured on an Intel Xeon (BENCHMARKS.md): 3-4x faster per product at 1-16 rows, one
 stream 1.6-1.8x tok/s for int8 and 1.3x for int4, greedy agreement unchanged. More rows keep the
 dense values; where their bfloat16 GEMM catches up depends on the CPU (from about 8 rows on that
-Xeon, past 64 on an AMD EPYC), so the layers' bound is measured at load (``engine.model.int_rows``:
-``SMALL_ROWS`` is its floor).
+Xeon; on an AMD EPYC the load measured 16 to 256 rows, by mode and boot), so the layers' bound
+is measured at load (``engine.model.int_rows``: ``SMALL_ROWS`` is its floor).
 
 A CPU without bfloat16 units (AVX2 only) emulates bf16 products far slower than fp32, and
 torch's int8/int4 kernels have no fast float32-activation path (580 us for one row, measured):

@@ -176,3 +176,22 @@ def test_the_bound_stays_where_a_rank_or_matrix_could_compute_a_row_another_way(
     assert {w.small_rows for layer in m.layers for w in layer.values()} == {SMALL_ROWS}
     widen(model(), MATRICES, _dense)  # the same, on one rank and stage, in integers throughout
     assert plan.small_rows == 16
+
+
+@needs_ints
+def test_a_bound_fixed_under_the_native_steps_rows_turns_the_step_off_and_says_why(
+    tiny_model_dir, monkeypatch
+):
+    """The one native call computes up to ``STEP_ROWS`` rows in integers; with a lower bound the
+    Python layers would compute some of those rows from the dense values, so it does not run."""
+    from engine.model.native_step import STEP_ROWS, why_not
+
+    monkeypatch.setenv("ATTEST_INT_ROWS", str(STEP_ROWS - 2))
+    llm = LLM(model=tiny_model_dir, kv_tokens=4096, quant="int4", receipts=False)
+    model = llm.core.model
+    assert model.native_step is None
+    assert (
+        why_not(model)
+        == f"the packed kernels' bound ({STEP_ROWS - 2} rows) is under its {STEP_ROWS}"
+    )
+    llm.close()

@@ -169,10 +169,12 @@ def test_sigterm_under_heavy_load_drains_within_its_bound_with_receipts(model, t
         leaver = Client(srv.base, longer, stream=True, leave=leave)
         assert all(c.first.wait(300) for c in [*longs[::2], leaver]), "the load never started"
         shorts = [Client(srv.base, medium, stream=i % 2 == 0) for i in range(12)]
-        deadline = time.monotonic() + 120  # most requests are in the scheduler
+        # every request is in the server before the stop: on a busy machine a client thread
+        # that had not connected yet was refused (the socket closes when the drain begins),
+        # which is right for the server and no test of its drain
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            m = srv.metrics()
-            if m["attest:num_requests_running"] + m["attest:num_requests_waiting"] >= 20:
+            if log.read_bytes().count(b'"request.received"') >= len(longs) + 1 + len(shorts):
                 break
             time.sleep(0.05)
         # it hangs up once the drain has begun (its receipt is written), not after a pause that

@@ -55,6 +55,7 @@ StallOpt = Annotated[
 ReadTimeoutOpt = Annotated[float, typer.Option(help=HELP["read_timeout"])]
 ClientConnOpt = Annotated[int, typer.Option(help=HELP["max_client_connections"])]
 RequestTimeoutOpt = Annotated[float, typer.Option(help=HELP["request_timeout"])]
+LoopStallOpt = Annotated[float, typer.Option(help=HELP["loop_stall_timeout"])]
 CutoverTimeoutOpt = Annotated[float, typer.Option(help=HELP["cutover_timeout"])]
 GrammarTimeoutOpt = Annotated[float, typer.Option(help=HELP["grammar_timeout"])]
 PolicyOpt = Annotated[str, typer.Option(help=HELP["scheduling_policy"])]

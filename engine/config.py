@@ -200,9 +200,17 @@ class ServerSection(_Section):
         "Seconds from a request's arrival to its last token, then it is aborted (504); "
         "0: no deadline.",
     )
+    loop_stall_timeout: float = _knob(
+        2.0,
+        "Seconds the HTTP process's event loop may stand without a turn before it writes "
+        "frontend.stall (boot_health FAILs such a boot); /health reports the loop's lag.",
+    )
 
     def validate(self) -> None:
         need(seconds(self.read_timeout), self, "read_timeout", "a number of seconds > 0")
+        need(
+            seconds(self.loop_stall_timeout), self, "loop_stall_timeout", "a number of seconds > 0"
+        )
         need(
             is_int(self.max_client_connections, 0),
             self, "max_client_connections", "an integer >= 0 (0: no cap)",

@@ -1,7 +1,7 @@
 """Every message between the frontend process and the scheduler process, as frozen dataclasses.
 
 The frontend sends ``PrepareGuide`` (a constrained request's grammar, before the request),
-``AddRequest``, ``AbortRequest``, ``Notice``, ``Cutover``, ``CancelCutover``, ``Serving`` (once,
+``AddRequest``, ``AbortRequest``, ``Notice``, ``Record`` (a receipt of its own), ``Cutover``, ``CancelCutover``, ``Serving`` (once,
 when its HTTP socket serves) and ``Stop``; the scheduler process answers with ``Ready`` (once,
 at boot), ``GuideReady``, ``Outputs`` (a step's outputs with the pool snapshot taken after that
 step), ``Heartbeat`` (at least every ``HEARTBEAT_S`` while its loop turns, busy or idle),
@@ -172,6 +172,15 @@ class Notice:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    """A receipt of the frontend's own (a kind of ``schema.FRONTEND_KINDS``), written to the one
+    boot log by the scheduler process with ``process: "frontend"``."""
+
+    kind: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Cutover:
     """A live change of serving configuration (``engine/cutover.py``): ``kind`` weights (from
     ``path``), pool (to ``kv_tokens``) or layout (a group's ranks to ``tp`` x ``pp``), ``mode``
@@ -312,6 +321,7 @@ ToScheduler = (
     AddRequest
     | AbortRequest
     | Notice
+    | Record
     | Cutover
     | CancelCutover
     | PrepareGuide

@@ -105,9 +105,32 @@ def _spec_metrics(spec: SpecCounts) -> Iterator[Metric]:
     yield c
 
 
+class _LoopCollector:
+    """The HTTP process's event loop as its watch measures it: (stalls, lag of the last turn)."""
+
+    def __init__(self, read: Callable[[], tuple[int, float]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        stalls, lag = self._read()
+        yield CounterMetricFamily(
+            "attest:frontend_loop_stalls", "Times the HTTP process's event loop stood past "
+            "--loop-stall-timeout (each a frontend.stall receipt).", value=stalls,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "attest:frontend_loop_lag_seconds", "How late the HTTP process's event loop's last "
+            "turn came.", value=lag,
+        )  # fmt: skip
+
+
 class ServerMetrics:
-    def __init__(self, snapshot: Callable[[], PoolSnapshot]) -> None:
-        """``snapshot``: the scheduler's latest pool snapshot (``EngineDriver.stats``)."""
+    def __init__(
+        self,
+        snapshot: Callable[[], PoolSnapshot],
+        loop: Callable[[], tuple[int, float]] = lambda: (0, 0.0),
+    ) -> None:
+        """``snapshot``: the scheduler's latest pool snapshot (``EngineDriver.stats``);
+        ``loop``: the HTTP loop's stalls and lag (``LoopWatch``)."""
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.prompt_tokens = Counter("attest:prompt_tokens", "Prompt tokens prefilled.", registry=r)
@@ -145,7 +168,14 @@ class ServerMetrics:
             "attest:cutover_last_pause_seconds", "Seconds the last cutover that ended held new "
             "work from starting, by kind.", ["kind"], registry=r,
         )  # fmt: skip
+        self.rejections = Counter(
+            "attest:http_rejections", "Requests the HTTP frontend answered with an error (each "
+            "a request.rejected receipt), by route template, status and the request field "
+            "named (none; other: a name no request body has).", ["route", "status", "field"],
+            registry=r,
+        )  # fmt: skip
         r.register(_EngineCollector(snapshot))
+        r.register(_LoopCollector(loop))
 
     def cutover(self, fields: dict) -> None:
         """Count a cutover that ended (its ``cutover.end`` fields)."""
@@ -153,6 +183,9 @@ class ServerMetrics:
         self.cutovers.labels(kind, str(fields.get("outcome"))).inc()
         if fields.get("outcome") == "ok":
             self.cutover_pause.labels(kind).set(float(fields.get("pause_s") or 0.0))
+
+    def rejected(self, route: str, status: int, field: str) -> None:
+        self.rejections.labels(route, str(status), field).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

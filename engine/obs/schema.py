@@ -118,6 +118,12 @@ GRAMMAR_COMPILE = "grammar.compile"
 SPEC_CUT = "spec.cut"
 SPEC_OFF = "spec.off"
 SPEC_ON = "spec.on"
+# The HTTP process's own decisions, sent over the pipe and written by the scheduler process into
+# the one boot log with ``process: "frontend"`` (engine/server/frontdoor.py, loop_watch.py).
+REQUEST_REJECTED = "request.rejected"
+FRONTEND_STALL = "frontend.stall"
+FRONTEND_RESUME = "frontend.resume"
+FRONTEND_KINDS = frozenset({REQUEST_REJECTED, FRONTEND_STALL, FRONTEND_RESUME})
 
 _CATALOG = (
     Kind(BOOT_START, ("config",), "the engine starts; its whole configuration",
@@ -320,6 +326,21 @@ _CATALOG = (
     Kind(SPEC_ON, ("scope",),
          "drafting again: a request's pause is over (rid), or the batch narrowed (decoding)",
          ("rid", "decoding", "max_batch")),
+    Kind(REQUEST_REJECTED, ("method", "route", "status", "reason"),
+         "the HTTP frontend answered a request with an error before or instead of serving it "
+         "(every status from 400 up but 499, a client that left): route is the route's template "
+         "(unmatched: no route), reason the message the client was told, field the request "
+         "field it names; a 500 (an unhandled exception) carries the traceback's text, which "
+         "the client never sees",
+         ("path", "field", "traceback", "process")),
+    Kind(FRONTEND_STALL, ("since", "limit_s"),
+         "the HTTP frontend's event loop did not turn for longer than its limit "
+         "(--loop-stall-timeout): written by a watching thread while it stands, with the wall "
+         "time of its last turn (since) and where the loop's thread was (stack)",
+         ("stack", "process")),
+    Kind(FRONTEND_RESUME, ("stalled_s",),
+         "the HTTP frontend's event loop turns again after standing stalled_s seconds",
+         ("process",)),
 )  # fmt: skip
 
 CATALOG: dict[str, Kind] = {k.name: k for k in _CATALOG}

@@ -16,7 +16,9 @@ from engine.obs.metrics import CONTENT_TYPE, ServerMetrics
 from engine.server import admin, checkpoints, openapi, tokenize
 from engine.server.driver import EngineDriver
 from engine.server.errors import check_model
+from engine.server.frontdoor import FrontDoor
 from engine.server.limits import MAX_BODY_BYTES, HttpLimits
+from engine.server.loop_watch import LoopWatch
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from engine.server.responses import error_response, install_error_handlers
 from engine.server.service import CompletionService
@@ -26,10 +28,12 @@ VERSION = "0.1.0"
 GUARDED = frozenset({"v1", "admin", "tokenize", "detokenize", "tokenizer_info"})
 
 
-def health(driver: EngineDriver) -> Response:
-    """200 with the pool's gauges, the scheduler process's pid and its heartbeat's age while
-    serving; 503 naming why not: dead, stopping, or silent past ``driver.stall_s`` (stalled)."""
-    beat = {"scheduler_pid": driver.pid, "heartbeat_age_s": round(driver.heartbeat_age(), 3)}
+def health(driver: EngineDriver, watch: LoopWatch) -> Response:
+    """200 with the pool's gauges, the scheduler process's pid and its heartbeat's age, and this
+    process's event loop (its lag and stalls) while serving; 503 naming why not: dead, stopping,
+    or silent past ``driver.stall_s`` (stalled)."""
+    beat = {"scheduler_pid": driver.pid, "heartbeat_age_s": round(driver.heartbeat_age(), 3),
+            **watch.health()}  # fmt: skip
     if driver.dead:
         return error_response(f"scheduler is not running: {driver.dead}", 503)
     if driver.stopping:
@@ -69,18 +73,40 @@ def serve_head(app: FastAPI) -> None:
                               response_class=route.response_class, include_in_schema=False)  # fmt: skip
 
 
+def mount_models(app: FastAPI, driver: EngineDriver, served_name: str) -> None:
+    """The version and the one model served (``/version``, ``/v1/models``)."""
+
+    @app.get("/version")
+    async def _version() -> dict[str, str]:
+        return {"version": VERSION}
+
+    @app.get("/v1/models")
+    async def _models() -> dict[str, Any]:
+        return model_list(driver, served_name)
+
+    @app.get("/v1/models/{model:path}")
+    async def _model(model: str) -> dict[str, Any]:
+        check_model(model, served_name)
+        return model_card(driver, served_name)
+
+
 def create_app(
     driver: EngineDriver,
     served_model_name: str,
     api_key: str | None = None,
     tracing: tr.Tracing = tr.DISABLED,
     limits: HttpLimits | None = None,
-) -> FastAPI:
-    """The HTTP app over a started driver (the scheduler process is already up). ``limits``:
-    the body's time and size, the request deadline (defaults: ``HttpLimits()``)."""
-    app = FastAPI(title="Attest", version=VERSION, responses=openapi.ERRORS)
-    metrics = ServerMetrics(driver.stats)
-    service = CompletionService(driver, metrics, served_model_name, tracing, limits or HttpLimits())
+) -> FrontDoor:
+    """The HTTP app over a started driver (the scheduler process is already up), every error it
+    answers on the record (``FrontDoor``). ``limits``: the body's time and size, the request
+    deadline, the loop's stall limit (defaults: ``HttpLimits()``)."""
+    limits = limits or HttpLimits()
+    watch = LoopWatch(limits.loop_stall_timeout, driver)
+    app = FastAPI(
+        title="Attest", version=VERSION, responses=openapi.ERRORS, lifespan=watch.lifespan
+    )
+    metrics = ServerMetrics(driver.stats, lambda: (watch.stalls, watch.lag_s))
+    service = CompletionService(driver, metrics, served_model_name, tracing, limits)
 
     @app.middleware("http")
     async def _guard(request: Request, call_next: Any) -> Response:
@@ -96,26 +122,14 @@ def create_app(
 
     @app.get("/health")
     async def _health() -> Response:
-        return health(driver)
+        return health(driver, watch)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def _metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/version")
-    async def _version() -> dict[str, str]:
-        return {"version": VERSION}
-
-    @app.get("/v1/models")
-    async def _models() -> dict[str, Any]:
-        return model_list(driver, served_model_name)
-
-    @app.get("/v1/models/{model:path}")
-    async def _model(model: str) -> dict[str, Any]:
-        check_model(model, served_model_name)
-        return model_card(driver, served_model_name)
-
-    admin.mount(app, driver, metrics, limits or HttpLimits())
+    mount_models(app, driver, served_model_name)
+    admin.mount(app, driver, metrics, limits)
     app.post("/v1/completions", **openapi.body(CompletionRequest, streams=True))(
         service.completions
     )
@@ -126,6 +140,6 @@ def create_app(
     checkpoints.mount(app, service)
     serve_head(app)
     bodies = [CompletionRequest, ChatCompletionRequest, *tokenize.BODIES, *checkpoints.BODIES]
-    openapi.publish(app, bodies,
-                    served_model_name, driver.vocab_size)  # fmt: skip
-    return app
+    openapi.publish(app, bodies, served_model_name, driver.vocab_size)
+    fields = frozenset(name for body in bodies for name in body.model_fields)
+    return FrontDoor(app, driver, metrics, fields)

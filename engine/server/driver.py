@@ -44,6 +44,7 @@ from engine.messages import (
     PoolSnapshot,
     PrepareGuide,
     Ready,
+    Record,
     Rejected,
     Serving,
     Stop,
@@ -247,20 +248,25 @@ class EngineDriver:
                 )
             )
 
-    def notice(self, key: str, text: str, **fields: Any) -> None:
-        """Say something once in the boot log (the scheduler process writes it). Never raises."""
+    def _tell(self, msg: ToScheduler) -> None:
+        """Send what needs no answer; never raises, and nothing once the scheduler is dead."""
         if not self.dead:
             try:
-                self._send(Notice(key=key, text=text, fields=fields))
+                self._send(msg)
             except Exception:
                 pass
 
+    def notice(self, key: str, text: str, **fields: Any) -> None:
+        """Say something once in the boot log (the scheduler process writes it)."""
+        self._tell(Notice(key=key, text=text, fields=fields))
+
+    def record(self, kind: str, **fields: Any) -> None:
+        """Write a receipt of the frontend's own (``schema.FRONTEND_KINDS``) to the one boot
+        log (the scheduler process writes it; once it is dead, its boot.stop ends the log)."""
+        self._tell(Record(kind=kind, fields=fields))
+
     def abort(self, rid: str, reason: str = "client_disconnect") -> None:
-        if not self.dead:
-            try:
-                self._send(AbortRequest(rid=rid, reason=reason))
-            except Exception:
-                pass
+        self._tell(AbortRequest(rid=rid, reason=reason))
 
     def cutover(
         self,

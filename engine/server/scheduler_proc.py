@@ -36,6 +36,7 @@ from engine.messages import (
     Outputs,
     PrepareGuide,
     Ready,
+    Record,
     Rejected,
     Serving,
     Stop,
@@ -201,6 +202,8 @@ def _handle(core: Any, conn: Any, msg: ToScheduler, pending: Any) -> None:
             sched.grammars.prepare(guide, ticket)
         case Notice(key=key, text=text, fields=fields):  # written to the one boot log
             core.receipts.notice(key, text, **fields)
+        case Record(kind=kind, fields=fields) if kind in schema.FRONTEND_KINDS:
+            core.receipts.emit(kind, **{**fields, "process": "frontend"})
         case Serving(host=host, port=port):
             core.ready(host=host, port=port)
         case CheckpointOp():

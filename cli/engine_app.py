@@ -22,6 +22,8 @@ from cli.checkpoint import checkpoint
 from cli.clients import client_env
 from cli.cutover import cutover
 from cli.options import (
+    AllowedHostsOpt,
+    AllowedOriginsOpt,
     ApiKeyOpt,
     BackendOpt,
     CheckInvariantsOpt,
@@ -219,6 +221,8 @@ def serve(
     read_timeout: ReadTimeoutOpt = DEFAULTS["read_timeout"],
     max_client_connections: ClientConnOpt = DEFAULTS["max_client_connections"],
     request_timeout: RequestTimeoutOpt = DEFAULTS["request_timeout"],
+    allowed_hosts: AllowedHostsOpt = "",
+    allowed_origins: AllowedOriginsOpt = "",
     cutover_timeout: CutoverTimeoutOpt = DEFAULTS["cutover_timeout"],
     grammar_timeout: GrammarTimeoutOpt = DEFAULTS["grammar_timeout"],
     scheduling_policy: PolicyOpt = DEFAULTS["scheduling_policy"],
@@ -236,8 +240,7 @@ def serve(
     phase_dwell: PhaseDwellOpt = DEFAULTS["phase_dwell"],
     phase_interval: PhaseIntervalOpt = DEFAULTS["phase_interval"],
 ) -> None:
-    """Serve the OpenAI-compatible API (/v1/*, /health, /metrics); SIGTERM or Ctrl-C stops it in
-    order (exit 0). A port, pid file or boot log a live process holds is refused (exit 75)."""
+    """Serve the OpenAI API until SIGTERM or Ctrl-C (exit 0); a held port or boot log: exit 75."""
     raise typer.Exit(_serve(locals() | {"log_file": log_file or default_log_file()}))
 
 

@@ -22,71 +22,24 @@ from cli.checkpoint import checkpoint
 from cli.clients import client_env
 from cli.cutover import cutover
 from cli.options import (
-    ApiKeyOpt,
     BackendOpt,
-    CheckInvariantsOpt,
-    ChunkTokensOpt,
-    ClientConnOpt,
-    ConsoleReceiptsOpt,
-    CutoverTimeoutOpt,
     DeviceOpt,
-    DrainOpt,
     DtypeOpt,
-    GrammarTimeoutOpt,
-    HostKvOpt,
-    HostOpt,
-    IterationIntervalOpt,
-    KvFractionOpt,
-    LogFileOpt,
-    LoopStallOpt,
-    MaxLenOpt,
-    MaxRunningOpt,
     ModelOpt,
-    OnOff,
-    OtlpOpt,
-    PageSizeOpt,
-    PidFileOpt,
-    PolicyOpt,
-    PrefixCacheOpt,
     QuantOpt,
-    ReadTimeoutOpt,
-    ReceiptsOpt,
-    ReliefLadderOpt,
-    RequestTimeoutOpt,
-    SeedOpt,
-    ServedNameOpt,
-    SpecTokensOpt,
-    SpeculativeOpt,
-    StallOpt,
-    StepTokensOpt,
-    StoreBytesOpt,
-    StoreDirOpt,
-    StorePinOpt,
-    StoreWriteOpt,
-    ThreadsOpt,
-    ThrottleOpt,
     config_of,
 )
 from cli.options import (
     fail as _fail,
 )
 from cli.ranks import (
-    DistInitOpt,
-    FloorOpt,
-    GroupCheckOpt,
-    GroupTimeoutOpt,
     KvOpt,
-    PhaseDwellOpt,
-    PhaseEnterOpt,
-    PhaseExitOpt,
-    PhaseIntervalOpt,
-    PhasePolicyOpt,
-    PpOpt,
     TpOpt,
     kv_tokens,
     worker,
 )
-from engine.config import DEFAULTS, SERVE_STEP_TOKENS
+from cli.serve_options import SERVE, with_options
+from engine.config import DEFAULTS
 from engine.obs.stacks import dump_stacks_on_signal
 
 app = typer.Typer(
@@ -181,66 +134,10 @@ def info(
 
 
 @app.command()
-def serve(
-    model: ModelOpt = DEFAULTS["model"],
-    host: HostOpt = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
-    served_model_name: ServedNameOpt = None,
-    api_key: ApiKeyOpt = None,
-    dtype: DtypeOpt = DEFAULTS["dtype"],
-    quant: QuantOpt = DEFAULTS["quant"],
-    kv_tokens: KvOpt = DEFAULTS["kv_tokens"],
-    kv_memory_fraction: KvFractionOpt = DEFAULTS["kv_memory_fraction"],
-    page_size: PageSizeOpt = DEFAULTS["page_size"],
-    log_file: LogFileOpt = DEFAULTS["log_file"],
-    max_running: MaxRunningOpt = DEFAULTS["max_running"],
-    chunk_tokens: ChunkTokensOpt = DEFAULTS["chunk_tokens"],
-    step_tokens: StepTokensOpt = SERVE_STEP_TOKENS,  # serve's own (offline: no step budget)
-    max_model_len: MaxLenOpt = DEFAULTS["max_model_len"],
-    prefix_cache: PrefixCacheOpt = DEFAULTS["prefix_cache"],
-    host_kv_tokens: HostKvOpt = DEFAULTS["host_kv_tokens"],
-    kv_store_dir: StoreDirOpt = DEFAULTS["kv_store_dir"],
-    kv_store_bytes: StoreBytesOpt = DEFAULTS["kv_store_bytes"],
-    kv_store_pin_bytes: StorePinOpt = DEFAULTS["kv_store_pin_bytes"],
-    kv_store_write: StoreWriteOpt = DEFAULTS["kv_store_write"],
-    relief_ladder: ReliefLadderOpt = OnOff.of(DEFAULTS["relief_ladder"]),
-    relief_throttle_iterations: ThrottleOpt = DEFAULTS["relief_throttle_iterations"],
-    attention_backend: BackendOpt = DEFAULTS["attention_backend"],
-    device: DeviceOpt = DEFAULTS["device"],
-    threads: ThreadsOpt = DEFAULTS["threads"],
-    seed: SeedOpt = DEFAULTS["seed"],
-    iteration_receipt_interval: IterationIntervalOpt = DEFAULTS["iteration_receipt_interval"],
-    receipts: ReceiptsOpt = DEFAULTS["receipts"],
-    console_receipts: ConsoleReceiptsOpt = DEFAULTS["console_receipts"],
-    check_invariants: CheckInvariantsOpt = DEFAULTS["check_invariants"],
-    otlp_endpoint: OtlpOpt = DEFAULTS["otlp_endpoint"],
-    pid_file: PidFileOpt = None,
-    drain_timeout: DrainOpt = 0.0,
-    stall_timeout: StallOpt = 10.0,
-    read_timeout: ReadTimeoutOpt = DEFAULTS["read_timeout"],
-    max_client_connections: ClientConnOpt = DEFAULTS["max_client_connections"],
-    request_timeout: RequestTimeoutOpt = DEFAULTS["request_timeout"],
-    loop_stall_timeout: LoopStallOpt = DEFAULTS["loop_stall_timeout"],
-    cutover_timeout: CutoverTimeoutOpt = DEFAULTS["cutover_timeout"],
-    grammar_timeout: GrammarTimeoutOpt = DEFAULTS["grammar_timeout"],
-    scheduling_policy: PolicyOpt = DEFAULTS["scheduling_policy"],
-    speculative: SpeculativeOpt = DEFAULTS["speculative"],
-    spec_tokens: SpecTokensOpt = DEFAULTS["spec_tokens"],
-    tp: TpOpt = DEFAULTS["tp"],
-    pp: PpOpt = DEFAULTS["pp"],
-    dist_init: DistInitOpt = DEFAULTS["dist_init"],
-    group_check_interval: GroupCheckOpt = DEFAULTS["group_check_interval"],
-    group_timeout: GroupTimeoutOpt = DEFAULTS["group_timeout"],
-    published_floor: FloorOpt = DEFAULTS["published_floor"],
-    phase_policy: PhasePolicyOpt = DEFAULTS["phase_policy"],
-    phase_enter_pp: PhaseEnterOpt = DEFAULTS["phase_enter_pp"],
-    phase_exit_pp: PhaseExitOpt = DEFAULTS["phase_exit_pp"],
-    phase_dwell: PhaseDwellOpt = DEFAULTS["phase_dwell"],
-    phase_interval: PhaseIntervalOpt = DEFAULTS["phase_interval"],
-) -> None:
-    """Serve the OpenAI-compatible API (/v1/*, /health, /metrics); SIGTERM or Ctrl-C stops it in
-    order (exit 0). A port, pid file or boot log a live process holds is refused (exit 75)."""
-    raise typer.Exit(_serve(locals() | {"log_file": log_file or default_log_file()}))
+@with_options(SERVE)
+def serve(**options: Any) -> None:
+    """Serve the OpenAI API until SIGTERM or Ctrl-C (exit 0); a held port or boot log: exit 75."""
+    raise typer.Exit(_serve(options | {"log_file": options["log_file"] or default_log_file()}))
 
 
 def _serve(o: dict[str, Any]) -> int:

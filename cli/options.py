@@ -27,14 +27,23 @@ BackendOpt = Annotated[str, typer.Option("--attention-backend", help=HELP["atten
 DeviceOpt = Annotated[str, typer.Option("--device", help=HELP["device"])]
 
 # serve's longer options, named here so that its signature reads one option a line
-HostOpt = Annotated[str, typer.Option(help="Address to bind; loopback unless you mean otherwise.")]
+HostOpt = Annotated[
+    str,
+    typer.Option(
+        help="Address to bind; loopback unless you mean otherwise. A Host of it is served; a DNS "
+        "name clients use for it needs --allowed-hosts."
+    ),
+]
 ServedNameOpt = Annotated[
     str | None, typer.Option(help="Model id clients send. Default: the file's name.")
 ]
 ApiKeyOpt = Annotated[
     str | None,
     typer.Option(
-        help="Require `Authorization: Bearer KEY` on /v1/* and /admin/*.", envvar="ATTEST_API_KEY"
+        help="Require `Authorization: Bearer KEY` on every route but /health: the API, /admin, "
+        "/docs, /openapi.json and /metrics too (a Prometheus scrape sends it with "
+        "`authorization: {credentials: KEY}`).",
+        envvar="ATTEST_API_KEY",
     ),
 ]
 PidFileOpt = Annotated[
@@ -56,6 +65,8 @@ ReadTimeoutOpt = Annotated[float, typer.Option(help=HELP["read_timeout"])]
 ClientConnOpt = Annotated[int, typer.Option(help=HELP["max_client_connections"])]
 RequestTimeoutOpt = Annotated[float, typer.Option(help=HELP["request_timeout"])]
 LoopStallOpt = Annotated[float, typer.Option(help=HELP["loop_stall_timeout"])]
+AllowedHostsOpt = Annotated[str, typer.Option(help=HELP["allowed_hosts"])]
+AllowedOriginsOpt = Annotated[str, typer.Option(help=HELP["allowed_origins"])]
 CutoverTimeoutOpt = Annotated[float, typer.Option(help=HELP["cutover_timeout"])]
 GrammarTimeoutOpt = Annotated[float, typer.Option(help=HELP["grammar_timeout"])]
 PolicyOpt = Annotated[str, typer.Option(help=HELP["scheduling_policy"])]
@@ -102,7 +113,8 @@ OtlpOpt = Annotated[str | None, typer.Option(help=HELP["otlp_endpoint"])]
 def config_of(options: Mapping[str, Any]) -> EngineConfig:
     """The engine's configuration from a command's options, those named as its fields, with
     the command line's spellings undone: --kv-tokens's commas, 0 for no step budget and no
-    deadline, on/off for the relief ladder. A bad value is a ValueError naming it."""
+    deadline, on/off for the relief ladder, the commas of the allowed hosts and origins. A bad
+    value is a ValueError naming it."""
     from cli.ranks import kv_tokens
 
     kw = {name: value for name, value in options.items() if name in SECTION_OF}
@@ -111,6 +123,9 @@ def config_of(options: Mapping[str, Any]) -> EngineConfig:
     for name in ("step_tokens", "request_timeout"):
         if name in kw:
             kw[name] = kw[name] or None
+    for name in ("allowed_hosts", "allowed_origins"):
+        if isinstance(kw.get(name), str):
+            kw[name] = tuple(x.strip() for x in kw[name].split(",") if x.strip())
     if "relief_ladder" in kw:
         kw["relief_ladder"] = kw["relief_ladder"] == OnOff.on
     return EngineConfig.from_kwargs(**kw)

@@ -15,6 +15,7 @@ from engine.config_group import GroupSection
 from engine.config_rules import (
     _knob,
     _Section,
+    entries,
     http_url,
     int_or_none,
     is_int,
@@ -23,6 +24,7 @@ from engine.config_rules import (
     seconds,
 )
 from engine.config_store import StoreSection
+from engine.netloc import parse_host, parse_origin
 
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("int8", "int4")  # fast mode's weight formats (engine/model/quant.py)
@@ -187,7 +189,8 @@ class SchedulerSection(_Section):
 
 @dataclass(frozen=True, slots=True)
 class ServerSection(_Section):
-    """The HTTP frontend's limits (engine/server/limits.py)."""
+    """The HTTP frontend's limits (engine/server/limits.py) and whom it answers
+    (engine/server/origin.py)."""
 
     read_timeout: float = _knob(
         30.0, "Seconds a client may take to send a request's headers, then its body."
@@ -205,6 +208,17 @@ class ServerSection(_Section):
         "Seconds the HTTP process's event loop may stand without a turn before it writes "
         "frontend.stall (boot_health FAILs such a boot); /health reports the loop's lag.",
     )
+    allowed_hosts: tuple[str, ...] = _knob(
+        (),
+        "Host names served besides this server's own (localhost, the loopback addresses, the "
+        "bind address, the machine's name), comma-separated: NAME or NAME:PORT; '*': any Host "
+        "(the DNS-rebinding check off). Another Host is refused (403).",
+    )
+    allowed_origins: tuple[str, ...] = _knob(
+        (),
+        "Origins whose web pages may call the server (CORS), comma-separated, e.g. "
+        "http://localhost:3000; '*': any. A request from another origin's page is refused (403).",
+    )
 
     def validate(self) -> None:
         need(seconds(self.read_timeout), self, "read_timeout", "a number of seconds > 0")
@@ -218,6 +232,14 @@ class ServerSection(_Section):
         need(
             self.request_timeout is None or seconds(self.request_timeout),
             self, "request_timeout", "None or a number of seconds > 0",
+        )  # fmt: skip
+        need(
+            entries(self.allowed_hosts, parse_host), self, "allowed_hosts",
+            "a tuple of '*' or hosts (NAME or NAME:PORT; an IPv6 address in brackets)",
+        )  # fmt: skip
+        need(
+            entries(self.allowed_origins, parse_origin), self, "allowed_origins",
+            "a tuple of '*' or origins (scheme://host[:port], no path)",
         )  # fmt: skip
 
 

@@ -58,5 +58,12 @@ def http_url(v: Any) -> bool:
     return u.scheme in ("http", "https") and bool(u.hostname)
 
 
+def entries(v: Any, valid: Any) -> bool:
+    """A tuple of strings, each ``*`` or one ``valid`` parses (``netloc.parse_host``...)."""
+    if not isinstance(v, tuple):
+        return False
+    return all(isinstance(x, str) and (x == "*" or valid(x) is not None) for x in v)
+
+
 def seconds(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")

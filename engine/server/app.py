@@ -4,6 +4,7 @@ app's document; the completion routes are ``service.CompletionService``'s."""
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -13,7 +14,7 @@ from fastapi.routing import APIRoute
 
 from engine.obs import tracing as tr
 from engine.obs.metrics import CONTENT_TYPE, ServerMetrics
-from engine.server import admin, checkpoints, openapi, tokenize
+from engine.server import admin, checkpoints, openapi, origin, tokenize
 from engine.server.driver import EngineDriver
 from engine.server.errors import check_model
 from engine.server.frontdoor import FrontDoor
@@ -24,8 +25,8 @@ from engine.server.responses import error_response, install_error_handlers
 from engine.server.service import CompletionService
 
 VERSION = "0.1.0"
-# the routes an API key guards: the API's, the operator's, and the tokenizer's (it costs work)
-GUARDED = frozenset({"v1", "admin", "tokenize", "detokenize", "tokenizer_info"})
+# the one route an API key leaves open: a load balancer's and a supervisor's probe
+OPEN = frozenset({"/health"})
 
 
 def health(driver: EngineDriver, watch: LoopWatch) -> Response:
@@ -90,16 +91,37 @@ def mount_models(app: FastAPI, driver: EngineDriver, served_name: str) -> None:
         return model_card(driver, served_name)
 
 
+def guard(api_key: str | None) -> Callable[[Request, Any], Awaitable[Response]]:
+    """The middleware that checks what every route needs: the API key (on every route but
+    /health), a declared size within the limit (413), a state-changing body declared JSON
+    (415, ``origin.body_refusal``)."""
+
+    async def _guard(request: Request, call_next: Any) -> Response:
+        if api_key and request.url.path not in OPEN:
+            if not authorized(request.headers.get("authorization", ""), api_key):
+                return error_response("invalid or missing API key", 401)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            return error_response(f"request body exceeds {MAX_BODY_BYTES} bytes", 413)
+        if (no := origin.body_refusal(request.method, request.headers)) is not None:
+            return error_response(no.message, no.status)
+        return await call_next(request)
+
+    return _guard
+
+
 def create_app(
     driver: EngineDriver,
     served_model_name: str,
     api_key: str | None = None,
     tracing: tr.Tracing = tr.DISABLED,
     limits: HttpLimits | None = None,
+    bind_host: str | None = None,
 ) -> FrontDoor:
     """The HTTP app over a started driver (the scheduler process is already up), every error it
     answers on the record (``FrontDoor``). ``limits``: the body's time and size, the request
-    deadline, the loop's stall limit (defaults: ``HttpLimits()``)."""
+    deadline, the hosts and origins served, the loop's stall limit (defaults: ``HttpLimits()``);
+    ``bind_host``: the address or name the server was bound to."""
     limits = limits or HttpLimits()
     watch = LoopWatch(limits.loop_stall_timeout, driver)
     app = FastAPI(
@@ -108,15 +130,9 @@ def create_app(
     metrics = ServerMetrics(driver.stats, lambda: (watch.stalls, watch.lag_s))
     service = CompletionService(driver, metrics, served_model_name, tracing, limits)
 
-    @app.middleware("http")
-    async def _guard(request: Request, call_next: Any) -> Response:
-        if api_key and request.url.path.split("/", 2)[1] in GUARDED:
-            if not authorized(request.headers.get("authorization", ""), api_key):
-                return error_response("invalid or missing API key", 401)
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            return error_response(f"request body exceeds {MAX_BODY_BYTES} bytes", 413)
-        return await call_next(request)
+    app.middleware("http")(guard(api_key))
+    policy = origin.BrowserPolicy.of(limits.allowed_hosts, limits.allowed_origins, bind_host)
+    origin.install(app, policy)  # in front of the guard: Host, Origin, CORS
 
     install_error_handlers(app)
 

@@ -107,7 +107,7 @@ def serve(
     try:
         stale = asdict(claims.stale) if claims.stale else None
         launch = Launch(argv=list(sys.argv), stale_pid=stale, stall_s=stall_timeout)
-        return _serve(cfg, claims.sock, served_model_name, api_key, launch, drain_timeout,
+        return _serve(cfg, claims.sock, host, served_model_name, api_key, launch, drain_timeout,
                       stall_timeout)  # fmt: skip
     finally:
         claims.release()
@@ -116,6 +116,7 @@ def serve(
 def _serve(
     cfg: EngineConfig,
     sock: socket.socket,
+    host: str,
     served_model_name: str | None,
     api_key: str | None,
     launch: Launch,
@@ -145,7 +146,7 @@ def _serve(
     try:
         tracing = _tracing(cfg, driver)
         server.append(
-            _server(cfg, driver, sock, served_model_name, api_key, tracing, drain_timeout)
+            _server(cfg, driver, sock, host, served_model_name, api_key, tracing, drain_timeout)
         )
         if not driver.dead:  # it may have died while we were printing (the reader said so)
             server[0].run(sockets=[sock])
@@ -204,17 +205,22 @@ def _server(
     cfg: EngineConfig,
     driver: EngineDriver,
     sock: socket.socket,
+    bind_host: str,
     served_model_name: str | None,
     api_key: str | None,
     tracing: Tracing,
     drain_timeout: float,
 ) -> _Server:
-    """The HTTP server over ``sock`` (the banner printed), not started yet."""
+    """The HTTP server over ``sock`` (the banner printed), not started yet; ``bind_host``: the
+    --host it was bound to, a Host the server answers to (as is the address it names)."""
     host, port = sock.getsockname()[:2]
     name = served_model_name or Path(driver.info.model).stem
-    _banner(driver, cfg, name, f"http://{host}:{port}/v1")
+    shown = f"[{host}]" if ":" in host else host
+    _banner(driver, cfg, name, f"http://{shown}:{port}/v1")
     limits = HttpLimits.of(cfg)
-    app = create_app(driver, name, api_key=api_key, tracing=tracing, limits=limits)
+    app = create_app(
+        driver, name, api_key=api_key, tracing=tracing, limits=limits, bind_host=bind_host
+    )
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning",
         timeout_graceful_shutdown=int(drain_timeout + SHUTDOWN_MARGIN_S),

@@ -31,13 +31,14 @@ class ErrorResponse(BaseModel):
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": what}
     for status, what in (
-        (400, "the request asks for something invalid or unsupported (error.param names it)"),
-        (401, "a missing or wrong API key"),
+        (400, "the request asks for something invalid (error.param names it), or its Host"),
+        (401, "a missing or wrong API key (every route but /health needs it, if one is set)"),
+        (403, "a Host not naming this server, or a web page of an origin not allowed"),
         (404, "no such route, or no such model"),
         (405, "the route does not take this method"),
         (408, "the request's headers or body did not arrive in time"),
         (413, "the body is over the limit"),
-        (415, "the body is in a Content-Encoding other than identity"),
+        (415, "the body is not declared JSON, or is in a Content-Encoding but identity"),
         (429, "too many open connections from this address"),
         (503, "the scheduler is not running or the server is stopping"),
         (504, "the request ran past its deadline and was aborted"),

@@ -35,6 +35,8 @@ class ServerProc:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_file = log_file
+        # the key /metrics needs, where the server has one
+        self.key = args[args.index("--api-key") + 1] if "--api-key" in args else None
         cmd = [sys.executable, "-m", "cli.engine_app", "serve", "--port", str(self.port),
                "--log-file", str(log_file), *args]  # fmt: skip
         self.proc = subprocess.Popen(
@@ -101,7 +103,8 @@ class ServerProc:
     def metrics(self) -> dict[str, float]:
         """The /metrics samples, by their full name with labels."""
         out = {}
-        for line in httpx.get(self.base + "/metrics", timeout=60).text.splitlines():
+        auth = {"authorization": f"Bearer {self.key}"} if self.key else {}
+        for line in httpx.get(self.base + "/metrics", headers=auth, timeout=60).text.splitlines():
             if line and not line.startswith("#"):
                 name, value = line.rsplit(" ", 1)
                 out[name] = float(value)

@@ -104,7 +104,7 @@ def test_a_pool_cutover_under_streaming_load_finishes_every_stream(srv):
         t.join(120)
     assert got == {p: (200, "length") for p in prompts}
     assert httpx.get(srv.base + "/health", timeout=60).json()["kv_total"] == POOL
-    metrics = httpx.get(srv.base + "/metrics", timeout=60).text
+    metrics = httpx.get(srv.base + "/metrics", headers=AUTH, timeout=60).text
     assert 'attest:cutovers_total{kind="pool",outcome="ok"} 2.0' in metrics
     assert 'attest:cutover_last_pause_seconds{kind="pool"}' in metrics
 

@@ -294,12 +294,13 @@ def test_n_choices_are_separate_requests_with_one_usage(server):
 @pytest.mark.parametrize("declared", [True, False])
 def test_a_body_over_the_limit_is_413(server, declared):
     big = b'{"prompt": "' + b"a" * (4 * 1024 * 1024 + 10) + b'"}'
+    json_body = {"content-type": "application/json"}
     if declared:
-        r = server.post(
-            "/v1/completions", content=big, headers={"content-type": "application/json"}
-        )
+        r = server.post("/v1/completions", content=big, headers=json_body)
     else:  # chunked: no content-length to reject up front
-        r = server.post("/v1/completions", content=iter([big[:1000], big[1000:]]))
+        r = server.post(
+            "/v1/completions", content=iter([big[:1000], big[1000:]]), headers=json_body
+        )
     assert r.status_code == 413
     assert "exceeds" in r.json()["error"]["message"]
     assert server.get("/health").json()["kv_used"] == 0

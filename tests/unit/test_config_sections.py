@@ -36,7 +36,8 @@ RECEIPT_KEYS = {
     "grammar_timeout",
     "speculative", "spec_tokens",
     "iteration_receipt_interval", "check_invariants", "receipts", "log_file", "console_receipts",
-    "device", "otlp_endpoint", "read_timeout", "max_client_connections", "request_timeout", "loop_stall_timeout", "tp",
+    "device", "otlp_endpoint", "read_timeout", "max_client_connections", "request_timeout", "loop_stall_timeout",
+    "allowed_hosts", "allowed_origins", "tp",
     "pp", "dist_init", "group_timeout", "group_check_interval", "published_floor", "phase_policy",
     "phase_enter_pp", "phase_exit_pp", "phase_dwell", "phase_interval",
 }  # fmt: skip
@@ -52,12 +53,17 @@ OTHERS = {
     "relief_throttle_iterations": 2, "iteration_receipt_interval": 0, "check_invariants": True,
     "receipts": False, "log_file": "b.jsonl", "console_receipts": True, "device": "cpu",
     "otlp_endpoint": "http://127.0.0.1:4318", "read_timeout": 3.0, "max_client_connections": 0,
-    "request_timeout": None, "loop_stall_timeout": 3.5, "tp": 2, "pp": 3, "dist_init": "env", "group_timeout": 4.0,
+    "request_timeout": None, "loop_stall_timeout": 3.5, "tp": 2, "pp": 3, "dist_init": "env",
+    "group_timeout": 4.0,
+    "allowed_hosts": ("llm.example", "*"), "allowed_origins": ("http://localhost:3000",),
     "group_check_interval": 1, "published_floor": False, "phase_policy": "auto",
     "phase_enter_pp": 900, "phase_exit_pp": 90, "phase_dwell": 5, "phase_interval": 2, "cutover_timeout": 9.0,
     "grammar_timeout": 2.5, "scheduling_policy": "priority", "speculative": "ngram",
     "spec_tokens": 3,
 }  # fmt: skip
+
+HOSTS_RULE = "a tuple of '*' or hosts (NAME or NAME:PORT; an IPv6 address in brackets)"
+ORIGINS_RULE = "a tuple of '*' or origins (scheme://host[:port], no path)"
 
 
 @pytest.mark.parametrize(
@@ -74,6 +80,9 @@ OTHERS = {
         (ServerSection, "read_timeout", 0, "a number of seconds > 0"),
         (ServerSection, "request_timeout", 0, "None or a number of seconds > 0"),
         (ServerSection, "loop_stall_timeout", 0, "a number of seconds > 0"),
+        (ServerSection, "allowed_hosts", ("x@y",), HOSTS_RULE),
+        (ServerSection, "allowed_hosts", "localhost", HOSTS_RULE),
+        (ServerSection, "allowed_origins", ("http://a/",), ORIGINS_RULE),
         (GroupSection, "tp", 0, "an integer >= 1"),
         (GroupSection, "pp", 0, "an integer >= 1"),
         (GroupSection, "phase_policy", "always", "off or auto"),
@@ -166,6 +175,16 @@ def test_the_other_commands_share_the_configs_defaults(command):
     own = {"kv_tokens": "8192", "seed": None}
     got = _defaults(command)
     assert got and got == {k: own.get(k, DEFAULTS[k]) for k in got}
+
+
+def test_serve_reads_the_allowed_hosts_and_origins_comma_separated():
+    from cli.options import config_of
+
+    got = config_of({"allowed_hosts": " llm.example, [::1]:8000,", "allowed_origins": "*"})
+    assert got.server.allowed_hosts == ("llm.example", "[::1]:8000")
+    assert got.server.allowed_origins == ("*",)
+    with pytest.raises(ValueError, match=r"^allowed_origins must be .*, got \('null',\)"):
+        config_of({"allowed_origins": "null"})
 
 
 def test_a_flat_value_where_a_section_belongs_says_to_use_from_kwargs():

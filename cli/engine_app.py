@@ -33,6 +33,8 @@ from cli.options import (
     DrainOpt,
     DtypeOpt,
     GrammarTimeoutOpt,
+    GrammarWaitingOpt,
+    GrammarWorkersOpt,
     HostKvOpt,
     HostOpt,
     IterationIntervalOpt,
@@ -221,6 +223,8 @@ def serve(
     request_timeout: RequestTimeoutOpt = DEFAULTS["request_timeout"],
     cutover_timeout: CutoverTimeoutOpt = DEFAULTS["cutover_timeout"],
     grammar_timeout: GrammarTimeoutOpt = DEFAULTS["grammar_timeout"],
+    grammar_workers: GrammarWorkersOpt = DEFAULTS["grammar_workers"],
+    grammar_waiting: GrammarWaitingOpt = DEFAULTS["grammar_waiting"],
     scheduling_policy: PolicyOpt = DEFAULTS["scheduling_policy"],
     speculative: SpeculativeOpt = DEFAULTS["speculative"],
     spec_tokens: SpecTokensOpt = DEFAULTS["spec_tokens"],
@@ -236,8 +240,7 @@ def serve(
     phase_dwell: PhaseDwellOpt = DEFAULTS["phase_dwell"],
     phase_interval: PhaseIntervalOpt = DEFAULTS["phase_interval"],
 ) -> None:
-    """Serve the OpenAI-compatible API (/v1/*, /health, /metrics); SIGTERM or Ctrl-C stops it in
-    order (exit 0). A port, pid file or boot log a live process holds is refused (exit 75)."""
+    """Serve the OpenAI API (/v1/*, /health, /metrics); SIGTERM stops it (exit 0); port held: 75."""
     raise typer.Exit(_serve(locals() | {"log_file": log_file or default_log_file()}))
 
 

@@ -57,6 +57,8 @@ ClientConnOpt = Annotated[int, typer.Option(help=HELP["max_client_connections"])
 RequestTimeoutOpt = Annotated[float, typer.Option(help=HELP["request_timeout"])]
 CutoverTimeoutOpt = Annotated[float, typer.Option(help=HELP["cutover_timeout"])]
 GrammarTimeoutOpt = Annotated[float, typer.Option(help=HELP["grammar_timeout"])]
+GrammarWorkersOpt = Annotated[int, typer.Option(help=HELP["grammar_workers"])]
+GrammarWaitingOpt = Annotated[int, typer.Option(help=HELP["grammar_waiting"])]
 PolicyOpt = Annotated[str, typer.Option(help=HELP["scheduling_policy"])]
 SpeculativeOpt = Annotated[str, typer.Option(help=HELP["speculative"])]
 SpecTokensOpt = Annotated[int, typer.Option(help=HELP["spec_tokens"])]

@@ -168,7 +168,21 @@ class SchedulerSection(_Section):
     grammar_timeout: float = _knob(
         10.0,
         "Seconds a request's grammar (response_format) may take to compile; past them the "
-        "request is refused (400) and so is that grammar from then on.",
+        "request is refused (400) and so is that grammar from then on; its worker process "
+        "is ended then.",
+    )
+    # 2: this machine's two cores; more compiles at once only share them, and each worker
+    # process holds xgrammar (and the torch it imports) in memory
+    grammar_workers: int = _knob(
+        2,
+        "Grammars that compile at once, each in a worker process of its own (ended when it "
+        "passes --grammar-timeout, its CPU free again).",
+    )
+    grammar_waiting: int = _knob(
+        8,
+        "Grammars that may wait for a free compile worker (each compile ends by "
+        "--grammar-timeout, so the line moves); with the line full a request is refused "
+        "(503 with Retry-After).",
     )
 
     def validate(self) -> None:
@@ -179,6 +193,8 @@ class SchedulerSection(_Section):
         need(isinstance(self.check_invariants, bool), self, "check_invariants", "a boolean")
         need(seconds(self.cutover_timeout), self, "cutover_timeout", "a number of seconds > 0")
         need(seconds(self.grammar_timeout), self, "grammar_timeout", "a number of seconds > 0")
+        need(is_int(self.grammar_workers, 1), self, "grammar_workers", "an integer >= 1")
+        need(is_int(self.grammar_waiting, 0), self, "grammar_waiting", "an integer >= 0")
         need(self.scheduling_policy in POLICIES, self, "scheduling_policy", " or ".join(POLICIES))
         need(self.speculative in SPECULATIVE, self, "speculative", " or ".join(SPECULATIVE))
         need(is_int(self.spec_tokens, 1) and self.spec_tokens <= 16, self, "spec_tokens",
@@ -200,6 +216,12 @@ class ServerSection(_Section):
         "Seconds from a request's arrival to its last token, then it is aborted (504); "
         "0: no deadline.",
     )
+    check_timeout: float = _knob(
+        10.0,
+        "Seconds a request's checks off the event loop (its schema, grammar and tools, the "
+        "chat template, tokenizing) may take, in a worker thread; past them it is refused "
+        "(503 with Retry-After: the server is too busy to check it).",
+    )
 
     def validate(self) -> None:
         need(seconds(self.read_timeout), self, "read_timeout", "a number of seconds > 0")
@@ -211,6 +233,7 @@ class ServerSection(_Section):
             self.request_timeout is None or seconds(self.request_timeout),
             self, "request_timeout", "None or a number of seconds > 0",
         )  # fmt: skip
+        need(seconds(self.check_timeout), self, "check_timeout", "a number of seconds > 0")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,9 @@ shows xgrammar ignoring it), and a guide that silently does not guide answers a 
 What a guide may hold is bounded (``MAX_GUIDE_BYTES``), measured on its JSON text before anything
 else reads it: the checks' cost grows with the schema, and the server runs them off its event
 loop within a deadline, so the bound is what keeps their worst case short (BENCHMARKS.md). The
-meta-schema check is ``jsonschema_rs`` (Rust) rather than ``jsonschema``: a 1 MB schema took
-``jsonschema`` 2.5 s on this machine, and ``jsonschema_rs`` under 30 ms.
+meta-schema check is ``jsonschema_rs`` (Rust) rather than ``jsonschema``: a 0.71 MB schema of
+10,000 properties took ``jsonschema`` 2.5 s on this machine (85,000 empty subschemas: 29 s), and
+``jsonschema_rs`` under 30 ms at 1 MB.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from engine.config_group import GroupSection
 from engine.config_rules import (
     _knob,
     _Section,
-    entries,
     http_url,
     int_or_none,
     is_int,
@@ -23,8 +22,8 @@ from engine.config_rules import (
     per_rank,
     seconds,
 )
+from engine.config_server import ServerSection
 from engine.config_store import StoreSection
-from engine.netloc import parse_host, parse_origin
 
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("int8", "int4")  # fast mode's weight formats (engine/model/quant.py)
@@ -170,7 +169,21 @@ class SchedulerSection(_Section):
     grammar_timeout: float = _knob(
         10.0,
         "Seconds a request's grammar (response_format) may take to compile; past them the "
-        "request is refused (400) and so is that grammar from then on.",
+        "request is refused (400) and so is that grammar from then on; its worker process "
+        "is ended then.",
+    )
+    # 2: this machine's two cores; more compiles at once only share them, and each worker
+    # process holds xgrammar (and the torch it imports) in memory
+    grammar_workers: int = _knob(
+        2,
+        "Grammars that compile at once, each in a worker process of its own (ended when it "
+        "passes --grammar-timeout, its CPU free again).",
+    )
+    grammar_waiting: int = _knob(
+        8,
+        "Grammars that may wait for a free compile worker (each compile ends by "
+        "--grammar-timeout, so the line moves); with the line full a request is refused "
+        "(503 with Retry-After).",
     )
 
     def validate(self) -> None:
@@ -181,66 +194,12 @@ class SchedulerSection(_Section):
         need(isinstance(self.check_invariants, bool), self, "check_invariants", "a boolean")
         need(seconds(self.cutover_timeout), self, "cutover_timeout", "a number of seconds > 0")
         need(seconds(self.grammar_timeout), self, "grammar_timeout", "a number of seconds > 0")
+        need(is_int(self.grammar_workers, 1), self, "grammar_workers", "an integer >= 1")
+        need(is_int(self.grammar_waiting, 0), self, "grammar_waiting", "an integer >= 0")
         need(self.scheduling_policy in POLICIES, self, "scheduling_policy", " or ".join(POLICIES))
         need(self.speculative in SPECULATIVE, self, "speculative", " or ".join(SPECULATIVE))
         need(is_int(self.spec_tokens, 1) and self.spec_tokens <= 16, self, "spec_tokens",
              "an integer in [1, 16]")  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class ServerSection(_Section):
-    """The HTTP frontend's limits (engine/server/limits.py) and whom it answers
-    (engine/server/origin.py)."""
-
-    read_timeout: float = _knob(
-        30.0, "Seconds a client may take to send a request's headers, then its body."
-    )
-    max_client_connections: int = _knob(
-        128, "Connections one client address may hold open at once; 0: no cap."
-    )
-    request_timeout: float | None = _knob(
-        600.0,
-        "Seconds from a request's arrival to its last token, then it is aborted (504); "
-        "0: no deadline.",
-    )
-    loop_stall_timeout: float = _knob(
-        2.0,
-        "Seconds the HTTP process's event loop may stand without a turn before it writes "
-        "frontend.stall (boot_health FAILs such a boot); /health reports the loop's lag.",
-    )
-    allowed_hosts: tuple[str, ...] = _knob(
-        (),
-        "Host names served besides this server's own (localhost, the loopback addresses, the "
-        "bind address, the machine's name), comma-separated: NAME or NAME:PORT; '*': any Host "
-        "(the DNS-rebinding check off). Another Host is refused (403).",
-    )
-    allowed_origins: tuple[str, ...] = _knob(
-        (),
-        "Origins whose web pages may call the server (CORS), comma-separated, e.g. "
-        "http://localhost:3000; '*': any. A request from another origin's page is refused (403).",
-    )
-
-    def validate(self) -> None:
-        need(seconds(self.read_timeout), self, "read_timeout", "a number of seconds > 0")
-        need(
-            seconds(self.loop_stall_timeout), self, "loop_stall_timeout", "a number of seconds > 0"
-        )
-        need(
-            is_int(self.max_client_connections, 0),
-            self, "max_client_connections", "an integer >= 0 (0: no cap)",
-        )  # fmt: skip
-        need(
-            self.request_timeout is None or seconds(self.request_timeout),
-            self, "request_timeout", "None or a number of seconds > 0",
-        )  # fmt: skip
-        need(
-            entries(self.allowed_hosts, parse_host), self, "allowed_hosts",
-            "a tuple of '*' or hosts (NAME or NAME:PORT; an IPv6 address in brackets)",
-        )  # fmt: skip
-        need(
-            entries(self.allowed_origins, parse_origin), self, "allowed_origins",
-            "a tuple of '*' or origins (scheme://host[:port], no path)",
-        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -345,6 +345,7 @@ class EngineCore:
         self._stopped = True
         self.cutovers.halt(reason)  # every cutover.begin has its end before boot.stop
         sched = self.scheduler
+        sched.grammars.close()  # no compile worker outlives the boot
         ended = [o for rid in list(sched.requests) if (o := sched.abort(rid, reason=reason))]
         if sched.cache.keeper is not None:  # what is cached outlives the boot
             sched.cache.keeper.flush(sched.cache)

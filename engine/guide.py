@@ -2,23 +2,37 @@
 
 Torch-free and xgrammar-free: the HTTP process builds guides and refuses what cannot be honoured
 before anything reaches the scheduler. A JSON schema is checked against the JSON Schema
-meta-schema (``jsonschema``), and refused when it uses an assertion keyword the grammar cannot
-enforce: xgrammar compiles such a schema without a word and then lets through output the schema
-forbids (``uniqueItems``, ``not``, ``if``/``then``, ...; each one is pinned by a test that shows
-xgrammar ignoring it), and a guide that silently does not guide answers a different question.
+2020-12 meta-schema (``jsonschema_rs``), and refused when it uses an assertion keyword the grammar
+cannot enforce: xgrammar compiles such a schema without a word and then lets through output the
+schema forbids (``uniqueItems``, ``not``, ``if``/``then``, ...; each one is pinned by a test that
+shows xgrammar ignoring it), and a guide that silently does not guide answers a different question.
+
+What a guide may hold is bounded (``MAX_GUIDE_BYTES``), measured on its JSON text before anything
+else reads it: the checks' cost grows with the schema, and the server runs them off its event
+loop within a deadline, so the bound is what keeps their worst case short (BENCHMARKS.md). The
+meta-schema check is ``jsonschema_rs`` (Rust) rather than ``jsonschema``: a 0.71 MB schema of
+10,000 properties took ``jsonschema`` 2.5 s on this machine (85,000 empty subschemas: 29 s), and
+``jsonschema_rs`` under 30 ms at 1 MB.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import orjson
 
 KINDS = ("json_object", "json_schema", "regex", "choice", "grammar", "tagged_json")
 JSON_KINDS = ("json_object", "json_schema")
+# The most a schema, a regex, a grammar or a list of choices may hold, as JSON text (a regex or
+# grammar: its UTF-8 bytes); a chat's tools together too. The checks of a schema of this size
+# take at most about 0.3 s here, in the worst shape measured (110,000 empty subschemas; bench/
+# schema_in_flight.py, BENCHMARKS.md), and a plain 1 MB schema of 14,000 properties 0.05 s.
+MAX_GUIDE_BYTES = 1 << 20
 
 # Assertion keywords xgrammar 0.2 compiles but does not enforce (tests/unit/test_grammar_spec.py
 # shows each one ignored). Annotations (title, description, default, examples, ...) and unknown
@@ -64,19 +78,55 @@ class Guide:
         return hashlib.sha256(text).hexdigest()[:16]
 
 
+def bounded(text: bytes | str, param: str, what: str) -> None:
+    """A GuideError naming the bound when ``text`` (JSON text, or a regex or grammar) holds more
+    than ``MAX_GUIDE_BYTES``."""
+    size = len(text.encode() if isinstance(text, str) else text)
+    if size > MAX_GUIDE_BYTES:
+        raise GuideError(
+            f"{param}: the {what} is {size} bytes; this server takes at most {MAX_GUIDE_BYTES} "
+            f"bytes ({MAX_GUIDE_BYTES >> 20} MiB) of {what}",
+            param,
+        )
+
+
+@cache
+def _meta_validator() -> Any:
+    """The 2020-12 meta-schema as a validator, built once (whatever ``$schema`` a schema names,
+    as the grammar reads every schema alike)."""
+    import jsonschema_rs
+    from jsonschema import Draft202012Validator
+
+    return jsonschema_rs.Draft202012Validator(Draft202012Validator.META_SCHEMA)
+
+
 def json_schema_guide(schema: Any, strict: bool, param: str) -> Guide:
     """A json_schema guide, or a GuideError naming the place in ``param``'s schema that is
-    invalid or asks for what the grammar cannot enforce."""
+    too large, invalid or asks for what the grammar cannot enforce."""
     if not isinstance(schema, dict):
         raise GuideError(f"{param} must be a JSON object (a JSON schema)", param)
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
+    text = orjson.dumps(schema)  # the key order is the schema's: it orders the output
+    bounded(text, param, "JSON schema")
+    import jsonschema_rs
 
     try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as e:
-        where = ".".join([param, *map(str, e.absolute_path)])
+        _meta_validator().validate(schema)
+    except jsonschema_rs.ValidationError as e:
+        where = ".".join([param, *map(str, e.instance_path)])
         raise GuideError(f"{where}: not a valid JSON schema: {e.message}", where) from None
+    if _MARKS.search(text) is not None:  # most schemas name none of them: no walk
+        _check_keywords(schema, param)
+    return Guide("json_schema", text.decode(), strict)
+
+
+# A key the walk refuses or reads, as it appears in the schema's JSON text.
+_MARKS = re.compile(
+    rb'"(?:' + b"|".join(re.escape(k.encode()) for k in (*UNENFORCED, "allOf", "$ref")) + rb')":'
+)
+
+
+def _check_keywords(schema: dict[str, Any], param: str) -> None:
+    """A GuideError naming the first subschema that asks for what the grammar cannot hold."""
     for path, node in subschemas(schema, param):
         found = sorted(UNENFORCED & node.keys())
         if found:
@@ -97,8 +147,6 @@ def json_schema_guide(schema: Any, strict: bool, param: str) -> Guide:
                 f"{ref!r}",
                 f"{path}.$ref",
             )
-    # the key order is the schema's: properties are written in the order it gives them
-    return Guide("json_schema", orjson.dumps(schema).decode(), strict)
 
 
 def subschemas(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -127,7 +175,9 @@ def choice_guide(choices: Any, param: str) -> Guide:
         or not all(isinstance(c, str) and c for c in choices)
     ):
         raise GuideError(f"{param} must be a non-empty list of non-empty strings", param)
-    return Guide("choice", orjson.dumps(choices).decode())
+    text = orjson.dumps(choices)
+    bounded(text, param, "choices")
+    return Guide("choice", text.decode())
 
 
 def text_guide(kind: str, text: Any, param: str) -> Guide:
@@ -135,4 +185,5 @@ def text_guide(kind: str, text: Any, param: str) -> Guide:
     compiler's to say."""
     if not isinstance(text, str) or not text:
         raise GuideError(f"{param} must be a non-empty string", param)
+    bounded(text, param, kind)
     return Guide(kind, text)

@@ -207,10 +207,13 @@ class PrepareGuide:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GuideReady:
-    """The guide compiled (``error`` None), or why it did not (a 400 for the client)."""
+    """The guide compiled (``error`` None), or why it did not: ``status`` 400 (it does not
+    compile, or not in time) or 503 (no compile worker was free: ``retry_after`` seconds)."""
 
     ticket: int
     error: str | None = None
+    status: int = 400
+    retry_after: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

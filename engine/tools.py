@@ -15,13 +15,12 @@ before a request is submitted (a ``GuideError`` naming the field).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from engine.guide import Guide, GuideError, json_schema_guide, subschemas
+from engine.guide import Guide, GuideError, bounded, json_schema_guide, subschemas
 
 CHOICES = ("none", "auto", "required")
 _EMPTY = {"type": "object", "properties": {}}  # a function that takes no arguments
@@ -37,7 +36,8 @@ class Tool:
 def tools_of(tools: list[Any]) -> list[Tool]:
     """The request's tools (``{"type": "function", "function": {...}}`` each, as the request
     schema has checked their shape); a GuideError naming a duplicate name or a parameters
-    schema that cannot be held to."""
+    schema that cannot be held to, or tools that together pass the bound on a guide."""
+    bounded(orjson.dumps(tools), "tools", "tools' definitions")
     out: list[Tool] = []
     seen: set[str] = set()
     for i, t in enumerate(tools):
@@ -85,7 +85,7 @@ def _call_schema(i: int, tool: Tool) -> dict[str, Any]:
 def _moved(params: dict[str, Any], i: int) -> dict[str, Any]:
     """``params`` with each reference inside it (``#``, ``#/...``) made to point at its new
     place, ``#/$defs/t<i>``."""
-    moved = copy.deepcopy(params)
+    moved = orjson.loads(orjson.dumps(params))  # a deep copy, ten times faster than copy's
     for _, node in subschemas(moved, ""):
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):

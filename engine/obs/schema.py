@@ -115,6 +115,7 @@ NOTICE = "notice"
 SCHEDULER_STALL = "scheduler.stall"
 SCHEDULER_RESUME = "scheduler.resume"
 GRAMMAR_COMPILE = "grammar.compile"
+GRAMMAR_WORKER = "grammar.worker"
 SPEC_CUT = "spec.cut"
 SPEC_OFF = "spec.off"
 SPEC_ON = "spec.on"
@@ -307,9 +308,16 @@ _CATALOG = (
     Kind(GRAMMAR_COMPILE, ("guide", "kind", "cache", "outcome"),
          "a constrained request's grammar (guide: its digest; kind json_object, json_schema, "
          "regex, choice, grammar or tagged_json, a tool-calling model's blocks) was compiled (cache miss, with ms) or found compiled (hit): "
-         "outcome ok, invalid, timeout (refused after the time limit) or error; site prepare "
+         "outcome ok, invalid, timeout (refused after the time limit; worker: the pid of the "
+         "compile worker killed then), error, or busy (no compile worker free: refused as load, "
+         "503, with the compiles running and waiting and retry_after_s); site prepare "
          "(before the request was submitted) or add (as it was added)",
-         ("ms", "error", "site")),
+         ("ms", "error", "site", "worker", "running", "waiting", "retry_after_s")),
+    Kind(GRAMMAR_WORKER, ("pid", "action"),
+         "a grammar compile worker process: started (ready to compile, ms after its spawn), "
+         "killed (its compile of guide passed limit_s: the process ended, its CPU free), died "
+         "(it ended by itself, exit_code) or stopped (the engine stops)",
+         ("ms", "guide", "limit_s", "exit_code")),
     Kind(SPEC_CUT, ("rid", "want", "got", "spare"),
          "a request's drafts cut to what the step's spare pages fund (speculative decoding "
          "never makes room for drafts; got 0: it decodes one token as usual), or to the rows "

@@ -96,7 +96,7 @@ class Scheduler:
         self.iterations = IterationLog(self)
         self.generated = 0  # tokens sampled since boot: progress the iteration receipt counts
         vocab = runner.model.cfg.vocab_size
-        self.grammars = Grammars(tokenizer, vocab, receipts, config.scheduler.grammar_timeout)
+        self.grammars = Grammars.of(tokenizer, vocab, receipts, config.scheduler)
         self.masks = Masks(vocab)
         self.spec = speculator(config.scheduler, allocator, receipts, self.masks, runner.model)
         torch.manual_seed(config.scheduler.seed)

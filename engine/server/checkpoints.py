@@ -53,14 +53,14 @@ async def _tokens(service: CompletionService, req: CheckpointCreate) -> list[int
         service.check_chars(sum(len(str(m.get("content") or "")) for m in messages), "messages")
         try:
             messages = history(normalize_messages(messages), tok.knows_tools)
-            return await asyncio.to_thread(tok.encode_chat, messages, False, False)
+            return await service.off_loop(tok.encode_chat, messages, False, False)
         except ChatTemplateError as e:
             raise ProtocolError(str(e), "messages") from e
         except GuideError as e:
             raise ProtocolError(str(e), e.param) from e
     if isinstance(req.prompt, str):
         service.check_chars(len(req.prompt), "prompt")
-        return await asyncio.to_thread(tok.encode, req.prompt, True)
+        return await service.off_loop(tok.encode, req.prompt, True)
     ids = list(req.prompt or [])
     if (bad := next((t for t in ids if t >= limits.vocab_size), None)) is not None:
         raise ProtocolError(f"prompt: token id {bad} is outside the vocabulary", "prompt")

@@ -297,7 +297,7 @@ class EngineDriver:
         return self._ask(lambda ticket: CheckpointOp(op=op, ticket=ticket, tokens=tokens, id=cid))
 
     def prepare_guide(self, guide: Guide) -> concurrent.futures.Future:
-        """Have ``guide`` compiled; the future holds None once it has, else why it did not."""
+        """Have ``guide`` compiled; the future holds its ``GuideReady``."""
         return self._ask(lambda ticket: PrepareGuide(guide=guide, ticket=ticket))
 
     def _ask(self, message: Callable[[int], ToScheduler]) -> concurrent.futures.Future:
@@ -377,8 +377,8 @@ class EngineDriver:
                 if snap is not None:  # the pool as the cutover left it, before the answer
                     self._snapshot = snap
                 self._answer(ticket, dict(fields))
-            case GuideReady(ticket=ticket, error=error):
-                self._answer(ticket, error)
+            case GuideReady(ticket=ticket):
+                self._answer(ticket, msg)
             case CheckpointDone(ticket=ticket, status=status, body=body):
                 self._answer(ticket, (status, dict(body)))
             case Stopped(reason=reason):

@@ -3,6 +3,7 @@ message a schema's validation error becomes, and OpenAI's error object every err
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, get_args
 
 import orjson
@@ -10,12 +11,17 @@ from pydantic import BaseModel, ValidationError
 
 
 class ProtocolError(ValueError):
-    """A request that is well-formed JSON but asks for something invalid: HTTP 400."""
+    """A request that is well-formed JSON but asks for something invalid: HTTP 400 (or
+    ``status``), with ``headers`` on the answer (a 503's ``Retry-After``)."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+    def __init__(
+        self, message: str, param: str | None = None, status: int = 400,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(message)
         self.param = param
         self.status = status
+        self.headers = dict(headers or {})
 
 
 def json_object(body: bytes) -> dict[str, Any]:

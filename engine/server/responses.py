@@ -42,8 +42,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ProtocolError)
     async def _protocol(_: Request, e: ProtocolError) -> Response:
         # a 415 says which encoding is accepted (RFC 9110 12.5.3)
-        headers = {"accept-encoding": "identity"} if e.status == 415 else None
-        return error_response(str(e), e.status, e.param, headers)
+        headers = {"accept-encoding": "identity"} if e.status == 415 else {}
+        return error_response(str(e), e.status, e.param, {**e.headers, **headers})
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, e: HTTPException) -> Response:

@@ -144,8 +144,9 @@ def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
                     _handle(core, conn, msg, pending)
             if stall is not None:
                 write_resume(core.receipts, stall, arrived)
-            for ticket, error in sched.grammars.poll():
-                conn.send(GuideReady(ticket=ticket, error=error))
+            for a in sched.grammars.poll():
+                conn.send(GuideReady(ticket=a.ticket, error=a.error, status=a.status,
+                                     retry_after=a.retry_after))  # fmt: skip
             if tickets and (fields := core.cutovers.advance()) is not None:
                 _answer(core, conn, tickets.pop(), fields)
             if drain is not None and (not sched.has_work() or time.monotonic() >= drain.deadline):

@@ -2,9 +2,17 @@
 its response (parse, prompt checks, tokenizing, the job in the scheduler, the response).
 
 Nothing a request sends can hold the event loop: the body is read within a time limit, a prompt
-too long for the context is refused on its character count before any tokenizing, and the
-tokenizer runs in a worker thread (``tokenizers`` releases the GIL while it encodes), so a
-4 MB prompt costs its own client a 400 and nobody else a stall.
+too long for the context is refused on its character count before any tokenizing, and the work
+that grows with what a request sends (its tools' and schema's checks, the chat template, the
+tokenizer) runs in a worker thread within ``--check-timeout`` (``off_loop``), over guides bounded
+in size (``engine.guide.MAX_GUIDE_BYTES``, checked before anything parses them further), so a
+1 MB schema or a 4 MB prompt costs its own client its wait and nobody else a stall.
+
+A thread, not a process: with the size bound the worst check measured is about 0.3 s
+(BENCHMARKS.md), so a worker that cannot be killed still ends soon; the tokenizer releases the
+GIL, and the schema's meta-schema check is Rust, so what holds the GIL is short slices of the
+keyword walk and the template, which the loop shares every 5 ms (``sys.getswitchinterval``). A
+process would add the schema's pickling both ways and a process of memory to every check.
 """
 
 from __future__ import annotations
@@ -13,8 +21,8 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
@@ -44,6 +52,7 @@ from engine.server.responses import completion_body, error_response, stream
 from engine.tools import ToolPlan, history, plan_of
 
 DEFAULT_MAX_TOKENS = 256
+T = TypeVar("T")
 
 
 async def parse(
@@ -114,7 +123,7 @@ class CompletionService:
         tok = self.driver.tokenizer
         if isinstance(prompt, str):
             self.check_chars(len(prompt), "prompt")
-            ids = await asyncio.to_thread(tok.encode, prompt, req.add_special_tokens)
+            ids = await self.off_loop(tok.encode, prompt, req.add_special_tokens)
         else:
             ids = list(prompt)
         whole = len(ids)
@@ -129,23 +138,43 @@ class CompletionService:
         t0 = time.time_ns()
         req = await parse(request, ChatCompletionRequest, self.served_name, self.http)
         self.check_chars(chat_chars(req), "messages")
+        plan, ids = await self.off_loop(self.chat_prompt, req)
+        ids = req.truncated(ids, self.limits.max_context)
+        self.check_prompt(ids)
+        return await self.run(ids, req, "chat", request, t0, tools=plan)
+
+    def chat_prompt(self, req: ChatCompletionRequest) -> tuple[ToolPlan | None, list[int]]:
+        """The chat's tools as a plan (their schemas checked) and its prompt: the template
+        rendered and tokenized. Its cost grows with what the request sends: ``off_loop``."""
         tok = self.driver.tokenizer
         plan = tool_plan(req, tok.knows_tools)
         try:
             messages = normalize_messages([m.model_dump(exclude_none=True) for m in req.messages])
             # an earlier turn's calls are kept even when this one sends no tools
             messages = plan.messages(messages) if plan else history(messages, tok.knows_tools)
-            ids = await asyncio.to_thread(
-                tok.encode_chat, messages, req.add_generation_prompt, req.add_special_tokens,
+            ids = tok.encode_chat(
+                messages, req.add_generation_prompt, req.add_special_tokens,
                 plan.template_tools() if plan is not None else None,
             )  # fmt: skip
         except ChatTemplateError as e:
             raise ProtocolError(str(e), "messages") from e
         except GuideError as e:
             raise ProtocolError(str(e), e.param) from e
-        ids = req.truncated(ids, self.limits.max_context)
-        self.check_prompt(ids)
-        return await self.run(ids, req, "chat", request, t0, tools=plan)
+        return plan, ids
+
+    async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` in a worker thread, the event loop free meanwhile; past
+        ``--check-timeout`` a 503 (the threads are busy: the work is bounded in size, so only
+        load makes it that slow), and the thread ends by itself."""
+        limit = self.http.check_timeout
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(work, *args), limit)
+        except TimeoutError:
+            raise ProtocolError(
+                f"the request's checks did not finish within {limit:g} s (--check-timeout): "
+                "the server is busy, try again",
+                None, 503, {"retry-after": "1"},
+            ) from None  # fmt: skip
 
     def check_prompt(self, ids: list[int]) -> None:
         try:
@@ -170,7 +199,9 @@ class CompletionService:
                 "--scheduling-policy priority; 0, the default, asks for nothing)",
                 "priority",
             )
-        guide, param = guide_of(req.response_format, req.structured_outputs, tools)
+        guide, param = await self.off_loop(
+            guide_of, req.response_format, req.structured_outputs, tools
+        )
         params = sampling_params(req, len(ids), limits, DEFAULT_MAX_TOKENS, guide)
         if guide is not None:  # compiled before anything is submitted: a 400 on a stream too
             await self.prepare(guide, param)
@@ -196,14 +227,16 @@ class CompletionService:
         return await self.collect(job, kind, meta, request, echo, writer, tools)
 
     async def prepare(self, guide: Guide, param: str) -> None:
-        """Have the scheduler process compile ``guide``; a ProtocolError (400) when it does not
-        compile, or not within its time limit; a 503 when the scheduler cannot answer."""
+        """Have the scheduler process compile ``guide``; a ProtocolError when it does not
+        compile, or not within its time limit (400), or no compile worker is free (503 with
+        Retry-After); a 503 when the scheduler cannot answer."""
         try:
-            error = await asyncio.wrap_future(self.driver.prepare_guide(guide))
+            ready = await asyncio.wrap_future(self.driver.prepare_guide(guide))
         except RuntimeError as e:  # stopping or dead
             raise ProtocolError(str(e), status=503) from e
-        if error is not None:
-            raise ProtocolError(f"{param}: {error}", param)
+        if ready.error is not None:
+            later = {} if ready.retry_after is None else {"retry-after": str(ready.retry_after)}
+            raise ProtocolError(f"{param}: {ready.error}", param, ready.status, later)
 
     async def collect(
         self, job: Job, kind: str, meta: dict[str, Any], request: Request, echo: str,

@@ -12,7 +12,6 @@ on its characters first, as the completion routes refuse it.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -71,7 +70,7 @@ async def tokenize(service: CompletionService, request: Request) -> dict[str, An
         service.check_chars(sum(len(str(m.get("content") or "")) for m in messages), "messages")
         try:
             messages = history(normalize_messages(messages), tok.knows_tools)
-            ids = await asyncio.to_thread(
+            ids = await service.off_loop(
                 tok.encode_chat, messages, req.add_generation_prompt, req.add_special_tokens
             )
         except ChatTemplateError as e:
@@ -81,7 +80,7 @@ async def tokenize(service: CompletionService, request: Request) -> dict[str, An
     else:
         req = validated(data, TokenizePrompt, service.served_name)
         service.check_chars(len(req.prompt), "prompt")
-        ids = await asyncio.to_thread(tok.encode, req.prompt, req.add_special_tokens)
+        ids = await service.off_loop(tok.encode, req.prompt, req.add_special_tokens)
     strs = [tok.token_text(i) for i in ids] if req.return_token_strs else None
     return {"count": len(ids), "max_model_len": service.limits.max_context, "tokens": ids,
             "token_strs": strs}  # fmt: skip

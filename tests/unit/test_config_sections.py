@@ -33,12 +33,12 @@ RECEIPT_KEYS = {
     "kv_store_dir", "kv_store_bytes", "kv_store_pin_bytes", "kv_store_write",
     "cutover_timeout",
     "scheduling_policy",
-    "grammar_timeout",
+    "grammar_timeout", "grammar_workers", "grammar_waiting",
     "speculative", "spec_tokens",
     "iteration_receipt_interval", "check_invariants", "receipts", "log_file", "console_receipts",
-    "device", "otlp_endpoint", "read_timeout", "max_client_connections", "request_timeout", "loop_stall_timeout",
-    "allowed_hosts", "allowed_origins", "tp",
-    "pp", "dist_init", "group_timeout", "group_check_interval", "published_floor", "phase_policy",
+    "device", "otlp_endpoint", "read_timeout", "max_client_connections", "request_timeout",
+    "loop_stall_timeout", "allowed_hosts", "allowed_origins", "check_timeout",
+    "tp", "pp", "dist_init", "group_timeout", "group_check_interval", "published_floor", "phase_policy",
     "phase_enter_pp", "phase_exit_pp", "phase_dwell", "phase_interval",
 }  # fmt: skip
 
@@ -58,8 +58,8 @@ OTHERS = {
     "allowed_hosts": ("llm.example", "*"), "allowed_origins": ("http://localhost:3000",),
     "group_check_interval": 1, "published_floor": False, "phase_policy": "auto",
     "phase_enter_pp": 900, "phase_exit_pp": 90, "phase_dwell": 5, "phase_interval": 2, "cutover_timeout": 9.0,
-    "grammar_timeout": 2.5, "scheduling_policy": "priority", "speculative": "ngram",
-    "spec_tokens": 3,
+    "grammar_timeout": 2.5, "grammar_workers": 1, "grammar_waiting": 0, "check_timeout": 4.0,
+    "scheduling_policy": "priority", "speculative": "ngram", "spec_tokens": 3,
 }  # fmt: skip
 
 HOSTS_RULE = "a tuple of '*' or hosts (NAME or NAME:PORT; an IPv6 address in brackets)"
@@ -83,6 +83,9 @@ ORIGINS_RULE = "a tuple of '*' or origins (scheme://host[:port], no path)"
         (ServerSection, "allowed_hosts", ("x@y",), HOSTS_RULE),
         (ServerSection, "allowed_hosts", "localhost", HOSTS_RULE),
         (ServerSection, "allowed_origins", ("http://a/",), ORIGINS_RULE),
+        (ServerSection, "check_timeout", 0, "a number of seconds > 0"),
+        (SchedulerSection, "grammar_workers", 0, "an integer >= 1"),
+        (SchedulerSection, "grammar_waiting", -1, "an integer >= 0"),
         (GroupSection, "tp", 0, "an integer >= 1"),
         (GroupSection, "pp", 0, "an integer >= 1"),
         (GroupSection, "phase_policy", "always", "off or auto"),

@@ -1,6 +1,6 @@
 """The grammars of an engine over a tiny byte-level vocabulary: compiled once and cached by the
-guide, prepared off the loop and answered by ``poll`` (ok, invalid, or refused once past the
-time limit, and from then on at once), each with a ``grammar.compile`` receipt. And the two
+guide, a guide that does not compile remembered within the cache's bound (the server's compiles
+in worker processes are tests/integration/test_grammar_workers.py's). And the two
 xgrammar 0.2.9 behaviours the engine works around, pinned so an upgrade that changes them says
 so: the JSON Schema keywords it compiles but does not enforce (engine/guide.py refuses them),
 and a length-bounded string that lets a raw control byte through (JSON guides ban those
@@ -9,14 +9,12 @@ tokens)."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 import xgrammar as xgr
 
-from engine.grammar import compiler as compiler_module
-from engine.grammar.compiler import Grammars, token_info
+from engine.grammar.build import token_info
+from engine.grammar.compiler import Grammars
 from engine.guide import UNENFORCED, Guide, json_schema_guide, text_guide
 from engine.model.tokenizer import Tokenizer
 from engine.obs.receipts import Receipts
@@ -92,36 +90,6 @@ def test_a_bounded_string_lets_a_control_byte_through_and_json_guides_ban_it(gra
     assert grammars.guided(text_guide("regex", "a+", "r")).banned is None  # not JSON
 
 
-def test_prepared_guides_are_compiled_once_and_answered_by_poll(grammars):
-    guide = json_schema_guide({"type": "integer"}, False, "s")
-    grammars.prepare(guide, 1)
-    grammars.prepare(guide, 2)  # the same compile answers both
-    answers = wait_answers(grammars)
-    assert sorted(answers) == [(1, None), (2, None)]
-    grammars.prepare(guide, 3)
-    assert grammars.poll() == [(3, None)]  # cached: answered at once
-    assert grammars.compiled(guide) is grammars.compiled(guide)
-    receipts = grammars.receipts.of("grammar.compile")
-    assert [(r["cache"], r["outcome"], r["site"]) for r in receipts] == [
-        ("miss", "ok", "prepare"), ("hit", "ok", "prepare")
-    ]  # fmt: skip
-    assert receipts[0]["guide"] == guide.digest and receipts[0]["ms"] >= 0
-
-
-def test_a_guide_that_does_not_compile_is_refused_with_its_reason_and_remembered(grammars):
-    bad = text_guide("regex", "a(b", "r")
-    grammars.prepare(bad, 1)
-    [(ticket, error)] = wait_answers(grammars)
-    assert ticket == 1 and error.startswith("the regex does not compile: ")
-    assert "parenthesis" in error and ".cc:" not in error  # xgrammar's words, not its source
-    grammars.prepare(bad, 2)
-    assert grammars.poll() == [(2, error)]
-    with pytest.raises(ValueError, match="does not compile"):
-        grammars.compiled(bad)
-    outcomes = [(r["cache"], r["outcome"]) for r in grammars.receipts.of("grammar.compile")]
-    assert outcomes == [("miss", "invalid"), ("hit", "invalid")]
-
-
 def test_refused_guides_are_remembered_within_the_caches_bound(grammars, monkeypatch):
     """A client sending ever new schemas that do not compile cannot grow what is remembered."""
     monkeypatch.setattr("engine.grammar.compiler.CACHE_ENTRIES", 2)
@@ -130,49 +98,3 @@ def test_refused_guides_are_remembered_within_the_caches_bound(grammars, monkeyp
         with pytest.raises(ValueError, match="does not compile"):
             grammars.compiled(guide)
     assert list(grammars._refused) == bad[1:]
-
-
-def test_a_compile_past_the_time_limit_is_refused_and_stays_refused(tokenizer, monkeypatch):
-    """A deadline test: the compile is held on an event (never done by itself), the limit is
-    0.2 s, and the poll is asked until it answers (at most 30 s)."""
-    grammars = Grammars(tokenizer, VOCAB, Receipts(capture=True), timeout_s=0.2)
-    release = threading.Event()
-    monkeypatch.setattr(grammars, "_compile", lambda guide: release.wait(60))
-    guide = text_guide("regex", "a+", "r")
-    grammars.prepare(guide, 7)
-    [(ticket, error)] = wait_answers(grammars)
-    release.set()
-    assert ticket == 7 and "did not compile within 0.2 s" in error
-    grammars.prepare(guide, 8)
-    assert grammars.poll() == [(8, error)]
-    [timeout, hit] = grammars.receipts.of("grammar.compile")
-    assert (timeout["outcome"], timeout["cache"], hit["cache"]) == ("timeout", "miss", "hit")
-
-
-def wait_answers(grammars, limit_s: float = 30.0) -> list:
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        if answers := grammars.poll():
-            return answers
-        time.sleep(0.01)
-    raise AssertionError("no answer")
-
-
-def test_the_time_limit_counts_from_a_ready_compiler_not_its_one_time_build(tokenizer, monkeypatch):
-    """A deadline test: the vocabulary table xgrammar builds once per boot (seconds for the
-    default model on a busy machine) is held past the 0.2 s limit; the grammar compiles in
-    far less once it is built, and is not refused for the build's time."""
-    build = threading.Event()
-    real = compiler_module.token_info
-
-    def slow_info(*args):
-        build.wait(60)
-        return real(*args)
-
-    monkeypatch.setattr(compiler_module, "token_info", slow_info)
-    grammars = Grammars(tokenizer, VOCAB, Receipts(capture=True), timeout_s=0.2)
-    grammars.prepare(text_guide("regex", "a+", "r"), 7)
-    time.sleep(0.6)
-    assert grammars.poll() == []  # past the limit, but the compiler is not built yet
-    build.set()
-    assert wait_answers(grammars) == [(7, None)]

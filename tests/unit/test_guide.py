@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.guide import (
+    MAX_GUIDE_BYTES,
     UNENFORCED,
     Guide,
     GuideError,
@@ -14,6 +15,7 @@ from engine.guide import (
     json_schema_guide,
     text_guide,
 )
+from engine.tools import plan_of
 
 P = "response_format.json_schema.schema"
 
@@ -82,3 +84,25 @@ def test_choices_regexes_and_grammars_must_be_non_empty_strings():
         text_guide("regex", "", "r")
     with pytest.raises(ValueError, match="guide kind"):
         Guide("yaml")
+
+
+def test_a_guide_over_the_bound_is_refused_naming_the_bound_before_any_check():
+    """Measured on its JSON text before anything reads it further: an invalid schema that is
+    too large is refused for its size."""
+    big = {"type": "object", "properties": {f"p{i:06d}": {"type": "strin"} for i in range(40_000)}}
+    e = refused(big)
+    assert e.param == P and f"at most {MAX_GUIDE_BYTES} bytes" in str(e)
+    for bad in (lambda: text_guide("regex", "a" * (MAX_GUIDE_BYTES + 1), "r"),
+                lambda: choice_guide(["x" * MAX_GUIDE_BYTES], "c")):  # fmt: skip
+        with pytest.raises(GuideError, match=f"at most {MAX_GUIDE_BYTES} bytes"):
+            bad()
+    assert text_guide("regex", "a" * MAX_GUIDE_BYTES, "r").spec  # at the bound: taken
+
+
+def test_tools_over_the_bound_together_are_refused_naming_the_bound():
+    tool = {"type": "function", "function": {"name": "f", "description": "d" * 400_000}}
+    tools = [{**tool, "function": {**tool["function"], "name": f"f{i}"}} for i in range(3)]
+    with pytest.raises(GuideError, match=f"at most {MAX_GUIDE_BYTES} bytes") as e:
+        plan_of(tools, "auto", True, native=False)
+    assert e.value.param == "tools"
+    assert plan_of(tools[:2], "auto", True, native=False).guide is not None

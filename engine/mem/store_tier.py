@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,7 @@ class StoreTier:
         layer = kv.layers[0].k
         self.page_shape = (len(kv.layers), 2, self.block, *layer.shape[1:])
         self.dtype = kv.dtype
+        self.page_bytes = math.prod(self.page_shape) * layer.element_size()  # a page's payload
 
     def retire(self, reason: str) -> None:
         """Off from now on (another model's KV would be computed): nothing read or written;
@@ -260,7 +262,8 @@ class StoreTier:
         if short > 0:
             cache.evict(short, reason="load", rid=rid)
         n = min(n, (cache.allocator.available_size() + skip) // b)
-        payloads = self.store.read(keys[start : start + n], rid=rid) if n > 0 else []
+        got = keys[start : start + n]
+        payloads = self.store.read(got, rid=rid, size=self.page_bytes) if n > 0 else []
         new = len(payloads) * b - skip
         slots = cache.allocator.alloc(new) if new > 0 else None
         if slots is None:

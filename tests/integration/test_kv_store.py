@@ -77,7 +77,7 @@ def test_another_models_store_is_read_by_nobody_and_says_why(tiny_model_dir, tmp
     other.close()
 
 
-def test_a_corrupt_page_is_reaped_and_the_prompt_computed(tiny_model_dir, tmp_path):
+def test_a_corrupt_page_is_set_aside_and_the_prompt_computed(tiny_model_dir, tmp_path):
     history = prompts(300, 1, 64)[0]
     llm = stored(tmp_path, tiny_model_dir, kv_tokens=1024)
     want = llm.generate([history + [5, 6]], GREEDY)[0].token_ids
@@ -92,7 +92,9 @@ def test_a_corrupt_page_is_reaped_and_the_prompt_computed(tiny_model_dir, tmp_pa
     assert again.generate([history + [5, 6]], GREEDY)[0].token_ids == want
     (load,) = [x for x in again.core.receipts.of("store.load") if x["asked"]]
     assert load["pages"] == 2 and "checksum" in load["error"]
-    assert [x["reason"] for x in again.core.receipts.of("store.reap")] == ["corrupt"]
+    (q,) = again.core.receipts.of("store.quarantine")
+    assert (q["path"], q["reason"]) == (str(path.relative_to(store.root)), "checksum")
+    assert (store.root / q["moved_to"]).read_bytes() == bytes(data)  # moved, never deleted
     again.close()
 
 
@@ -250,11 +252,12 @@ def test_a_load_that_begins_inside_a_store_page_copies_only_its_tail(tiny_model_
 def test_a_full_disk_fails_writes_as_outcomes_and_serving_goes_on(
     tiny_model_dir, tmp_path, monkeypatch
 ):
-    """Every page write fails (ENOSPC): eviction still pays, each write says so in its
-    receipt, and every request is answered with the tokens of a run without a store."""
+    """Every page write fails (ENOSPC, after the eviction it makes and its one retry):
+    eviction still pays, each write says the disk is full in its receipt, and every request is
+    answered with the tokens of a run without a store."""
     import errno
 
-    from engine.mem import kv_store
+    from engine.mem.store_fs import StoreFS
 
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -263,11 +266,13 @@ def test_a_full_disk_fails_writes_as_outcomes_and_serving_goes_on(
     plain = LLM(model=tiny_model_dir, kv_tokens=4096, prefix_cache=False)
     want = [o.token_ids for o in plain.generate(first + others + first, GREEDY)]
     llm = stored(tmp_path, tiny_model_dir, kv_tokens=256)
-    monkeypatch.setattr(kv_store, "write_atomic", full)
+    monkeypatch.setattr(StoreFS, "write_atomic", full)
     got = [llm.generate([p], GREEDY)[0].token_ids for p in first + others + first]
     assert got == want
     writes = llm.core.receipts.of("store.write")
-    assert writes and all(w["pages"] == 0 and "No space left" in w["error"] for w in writes)
+    assert writes and all(
+        w["pages"] == 0 and "disk under the store is full" in w["error"] for w in writes
+    )
     assert llm.core.scheduler.cache.keeper.store.entries == {}  # no page half-counted
     llm.close()
 

@@ -8,9 +8,14 @@ refused over the pin budget with want, held, budget, overshoot). Branches share:
 a conversation that extends another pins only its new pages. ``Pending`` carries the server's
 checkpoints from their prefill request to their answer, in the scheduler's process.
 
+A checkpoint is listed ``complete`` when its manifest is written and every page it pins is in
+the store (``missing`` counts those that are not: a page set aside when it failed its checksum,
+until the prompt is computed and its page written again).
+
 Errors are ``CheckpointError`` with the HTTP status a client gets: 400 (no store, an id that
 cannot name a file, a prompt under one page), 404 (no such checkpoint), 409 (over the pin budget,
-with the four numbers), 507 (the store could not hold the prompt's pages).
+with the four numbers), 500 (its files could not be removed: ``checkpoint.delete_failed``), 507
+(the store could not hold the prompt's pages).
 """
 
 from __future__ import annotations
@@ -91,20 +96,26 @@ def create(core: Any, tokens: list[int], cid: str | None = None) -> dict[str, An
     return describe(made)
 
 
-def describe(cp: Any) -> dict[str, Any]:
+def describe(cp: Any, missing: int = 0) -> dict[str, Any]:
+    """A checkpoint for its client; ``missing``: its pages not in the store (then incomplete)."""
     return {"id": cp.id, "object": "checkpoint", "tokens": cp.tokens, "pages": len(cp.keys),
             "pinned_bytes": cp.pinned_bytes, "shared_bytes": cp.shared_bytes,
-            "created": int(cp.created), "complete": cp.complete}  # fmt: skip
+            "created": int(cp.created), "complete": cp.complete and not missing,
+            "missing": missing}  # fmt: skip
 
 
 def listing(core: Any) -> dict[str, Any]:
     store = _keeper(core).store
-    data = [describe(cp) for cp in sorted(store.checkpoints.values(), key=lambda c: c.created)]
+    cps = sorted(store.checkpoints.values(), key=lambda c: c.created)
+    data = [describe(cp, store.missing(cp)) for cp in cps]
     return {"object": "list", "data": data, "capacity": store.capacity()}
 
 
 def delete(core: Any, cid: str) -> dict[str, Any]:
-    cp = _keeper(core).store.delete_checkpoint(cid)
+    try:
+        cp = _keeper(core).store.delete_checkpoint(cid)
+    except OSError as e:  # its files would not go (checkpoint.delete_failed says which)
+        raise CheckpointError(500, f"the checkpoint's files could not be removed: {e}") from e
     if cp is None:
         raise CheckpointError(404, f"no checkpoint {cid}")
     return {"id": cid, "object": "checkpoint.deleted", "deleted": True}

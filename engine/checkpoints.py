@@ -15,7 +15,8 @@ until the prompt is computed and its page written again).
 Errors are ``CheckpointError`` with the HTTP status a client gets: 400 (no store, an id that
 cannot name a file, a prompt under one page), 404 (no such checkpoint), 409 (over the pin budget,
 with the four numbers), 500 (its files could not be removed: ``checkpoint.delete_failed``), 507
-(the store could not hold the prompt's pages).
+(the store could not hold the prompt's pages or its files: no room under its cap, or a full disk,
+said as such, with the store's numbers and the disk's free bytes).
 """
 
 from __future__ import annotations
@@ -79,15 +80,19 @@ def create(core: Any, tokens: list[int], cid: str | None = None) -> dict[str, An
     keeper.keep_path(cache, end)
     keys = keeper.page_keys(tokens[:n])
     missing = sum(1 for k in keys if not store.has(k))
-    if missing:
+    numbers = {**store.capacity(), "disk_free": store.disk_free()}
+    if missing:  # why the last page the store was asked for is not there: the cap, the disk
+        why = store.short or "their KV was not in memory to write"
         raise CheckpointError(
-            507, f"{missing} of the prompt's {len(keys)} pages are not in the store (no room "
-            "under its cap, or not computed)", **store.capacity(),
+            507, f"{missing} of the prompt's {len(keys)} pages are not in the store: {why}",
+            **numbers,
         )  # fmt: skip
     try:
         made = store.create_checkpoint(cid, keys, n)
     except OSError as e:
-        raise CheckpointError(507, f"the checkpoint's files could not be written: {e}") from e
+        raise CheckpointError(
+            507, f"the checkpoint's files could not be written: {e}", **numbers
+        ) from e
     if isinstance(made, Refused):
         raise CheckpointError(
             409, f"checkpoint {cid} would pin {made.want} more bytes on {made.held} pinned, over "

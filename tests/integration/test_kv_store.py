@@ -350,3 +350,28 @@ def test_a_store_load_under_a_host_part_not_loaded_is_refused_loudly(tiny_model_
     with pytest.raises(ValueError, match="host"):
         cache.keeper.load(cache, tokens, short, 64, None)
     llm.close()
+
+
+def test_a_checkpoint_on_a_full_disk_is_refused_as_a_full_disk(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """Every store write fails with ENOSPC (after the room eviction makes and one retry): the
+    checkpoint's 507 says the disk is full, with its free bytes, never "no room under its cap"
+    (the cap had room)."""
+    import errno
+
+    from engine.checkpoints import CheckpointError
+    from engine.mem.store_fs import StoreFS
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=1024)
+    monkeypatch.setattr(StoreFS, "write_atomic", full)
+    with pytest.raises(CheckpointError) as e:
+        llm.checkpoint(prompts(300, 1, 64)[0], id="c")
+    assert e.value.status == 507
+    message = str(e.value)
+    assert "disk under the store is full" in message and "cap" not in message, message
+    assert e.value.fields["used"] < e.value.fields["cap"] and "disk_free" in e.value.fields
+    llm.close()

@@ -168,3 +168,13 @@ def test_a_checkpoint_flushes_its_own_files_and_folders_and_never_the_host(
     for d in ("pins", "checkpoints"):  # flushed under its temporary name, before its rename
         assert any(f.startswith(str(tmp_path / d / "c.json.")) for f in flushed)
     assert str(page_path(tmp_path, pages[2].key)) not in flushed  # not this checkpoint's
+
+
+def test_a_page_the_cap_cannot_take_is_said_as_the_cap_not_the_disk(tmp_path: Path) -> None:
+    store, _ = opened(tmp_path, pin_budget=1 << 20)
+    pages = chain(3, size=200_000)
+    store.write(pages, reason="test")
+    store.create_checkpoint("c", [p.key for p in pages if store.has(p.key)], 6)
+    assert store.write(chain(2, size=300_000, start=40), reason="test") == 1  # one fits
+    assert store.short is not None and store.short.startswith("no room under its cap")
+    assert f"of {store.cap} bytes used" in store.short

@@ -12,9 +12,10 @@ A checkpoint is listed ``complete`` when its manifest is written and every page 
 the store (``missing`` counts those that are not: a page set aside when it failed its checksum,
 until the prompt is computed and its page written again).
 
-Errors are ``CheckpointError`` with the HTTP status a client gets: 400 (no store, an id that
+Errors are ``CheckpointError`` with the HTTP status a client gets: 400 (no store asked for, an id that
 cannot name a file, a prompt under one page), 404 (no such checkpoint), 409 (over the pin budget,
-with the four numbers), 500 (its files could not be removed: ``checkpoint.delete_failed``), 507
+with the four numbers), 500 (its files could not be removed: ``checkpoint.delete_failed``), 503
+(a store asked for with ``--kv-store-dir`` that it could not use: the directory and why), 507
 (the store could not hold the prompt's pages or its files: no room under its cap, or a full disk,
 said as such, with the store's numbers and the disk's free bytes).
 """
@@ -45,11 +46,12 @@ class CheckpointError(Exception):
 
 def _keeper(core: Any) -> Any:
     keeper = core.scheduler.cache.keeper
-    if keeper is None:
-        raise CheckpointError(
-            400, "this engine has no durable KV store (start it with --kv-store-dir)"
-        )
-    return keeper
+    if keeper is not None:
+        return keeper
+    if core.store_off is not None:  # asked for, and not there: the server's state, not the ask
+        d = core.config.store.kv_store_dir
+        raise CheckpointError(503, f"the durable KV store at {d} is off: {core.store_off}")
+    raise CheckpointError(400, "this engine has no durable KV store (start it with --kv-store-dir)")
 
 
 def check_id(cid: str | None) -> str:

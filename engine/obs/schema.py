@@ -214,8 +214,10 @@ _CATALOG = (
          "a node whose spill failed (spill_failed)",
          ("nodes", "need", "host_free")),
     Kind(STORE_SIZED, ("path",),
-         "the durable KV store was opened ('configured': a directory and a cap were given) or is "
-         "off, with the reason (no directory; another model's store; a directory it cannot write)",
+         "the durable KV store was opened ('configured': a directory and a cap were given), is "
+         "'off' (no directory given; more than one rank; no prefix cache) or 'unusable' (a "
+         "directory given that it cannot make, write or claim: another model's store, a "
+         "STORE.json it did not write), with the reason (kept: /health's store_off)",
          ("dir", "cap", "pin_budget", "reason", "identity")),
     Kind(STORE_SCAN, ("files", "pages", "allocated", "apparent", "reaped"),
          "the store's index rebuilt from its files at boot; reaped: files removed, by reason "

@@ -142,3 +142,24 @@ def test_an_undeletable_checkpoint_is_an_answer_and_a_failed_checksum_uncomplete
     srv.stop()
     (q,) = [x for x in log(tmp_path / "two.jsonl") if x["event"] == "store.quarantine"]
     assert q["reason"] == "checksum" and q["checkpoints"] == ["keep"]
+
+
+def test_a_store_directory_it_cannot_use_is_said_by_health_and_by_checkpoints(tmp_path, model_dir):
+    """--kv-store-dir names a directory the engine cannot make (a file is in the way): the
+    server serves without a store, and says why at boot (store.sized unusable), in /health
+    (store_off) and on /v1/checkpoints (503 naming the directory and the reason), never "start
+    it with --kv-store-dir"."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    where = str(blocker / "store")
+    srv = ServerProc(tmp_path / "boot.jsonl", "--model", model_dir, "--kv-tokens", "1024",
+                     "--kv-store-dir", where)  # fmt: skip
+    health = httpx.get(srv.base + "/health", timeout=30).json()
+    assert "cannot use" in health["store_off"] and where in health["store_off"]
+    r = httpx.get(srv.base + "/v1/checkpoints", timeout=30)
+    assert r.status_code == 503, r.text
+    message = r.json()["error"]["message"]
+    assert where in message and "cannot use" in message and "start it with" not in message
+    srv.stop()
+    (sized,) = [x for x in log(tmp_path / "boot.jsonl") if x["event"] == "store.sized"]
+    assert sized["path"] == "unusable" and sized["dir"] == where and "cannot use" in sized["reason"]

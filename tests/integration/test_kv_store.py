@@ -72,7 +72,7 @@ def test_another_models_store_is_read_by_nobody_and_says_why(tiny_model_dir, tmp
     llm.close()
     other = stored(tmp_path, tiny_model_dir, kv_tokens=1024, page_size=4)  # other KV pages
     (sized,) = other.core.receipts.of("store.sized")
-    assert sized["path"] == "off" and "another model" in sized["reason"]
+    assert sized["path"] == "unusable" and "another model" in sized["reason"]
     assert other.core.receipts.of("store.scan") == []
     other.close()
 
@@ -284,9 +284,37 @@ def test_a_store_directory_that_cannot_be_made_is_said_and_the_engine_serves(
     blocker.write_text("not a directory")
     llm = LLM(model=tiny_model_dir, kv_tokens=512, kv_store_dir=str(blocker / "store"))
     (sized,) = llm.core.receipts.of("store.sized")
-    assert sized["path"] == "off" and "cannot use" in sized["reason"]
+    assert sized["path"] == "unusable" and "cannot use" in sized["reason"]
     assert llm.core.scheduler.cache.keeper is None
     assert llm.generate(prompts(300, 1, 20), GREEDY)[0].token_ids
+    llm.close()
+
+
+def test_an_unwritable_store_directory_is_said_at_boot_and_by_the_checkpoints(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """The directory exists but nothing can be written in it (EACCES, as a read-only mount or
+    another user's directory answers; root is not stopped by a mode): store.sized unusable with
+    the reason, kept for /health (EngineInfo.store_off) and answered by the checkpoints (503
+    naming the directory and the reason, not "start it with --kv-store-dir")."""
+    import errno
+
+    from engine.checkpoints import CheckpointError
+    from engine.mem.store_fs import StoreFS
+
+    def denied(*_a, **_k):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(StoreFS, "write_atomic", denied)
+    where = tmp_path / "store"
+    llm = LLM(model=tiny_model_dir, kv_tokens=512, kv_store_dir=str(where))
+    (sized,) = llm.core.receipts.of("store.sized")
+    assert sized["path"] == "unusable" and "PermissionError" in sized["reason"]
+    assert llm.core.info().store_off == sized["reason"]
+    with pytest.raises(CheckpointError) as e:
+        llm.checkpoints()
+    assert e.value.status == 503 and str(where) in str(e.value)
+    assert "Permission denied" in str(e.value) and "start it with" not in str(e.value)
     llm.close()
 
 

@@ -119,9 +119,9 @@ class StoreFS:
     ) -> os.stat_result:
         """Write ``data`` to ``rel`` through a temporary name in its folder and a rename, so the
         name holds the whole file or the one before it (a process killed mid-write leaves a
-        ``*.tmp`` file). ``sync``: the file and then its folder are flushed to the disk, so it
-        also outlives a power loss. Returns the file's ``lstat``. Raises OSError (the
-        temporary file is removed)."""
+        ``*.tmp`` file). ``sync``: the file and then its folder and those above it (one may
+        have been made for it) are flushed to the disk, so it also outlives a power loss.
+        Returns the file's ``lstat``. Raises OSError (the temporary file is removed)."""
         head, name = _split(rel)
         tmp = f"{name}.{os.getpid()}{TMP}"
         with self.folder(head, make=True) as d:
@@ -144,9 +144,10 @@ class StoreFS:
                 except OSError:
                     pass
                 raise
-            if sync:
-                os.fsync(d)
-            return os.stat(name, dir_fd=d, follow_symlinks=False)
+            st = os.stat(name, dir_fd=d, follow_symlinks=False)
+        if sync:
+            self.sync_folders([head])
+        return st
 
     def unlink(self, rel: str) -> None:
         """Remove the name ``rel`` (a link itself, never what it points to); gone already is
@@ -174,15 +175,22 @@ class StoreFS:
     def sync(self, files: Iterable[str]) -> None:
         """Flush ``files`` to the disk, then every folder that holds them and the folders above
         those up to the root (a file's name is durable once its folder is). Raises OSError."""
-        folders: set[str] = {""}
+        heads = []
         for rel in files:
             with self.open(rel) as (fh, _):
                 os.fsync(fh.fileno())
-            head = _split(rel)[0]
+            heads.append(_split(rel)[0])
+        self.sync_folders(heads)
+
+    def sync_folders(self, rels: Iterable[str]) -> None:
+        """Flush the folders ``rels`` and every folder above them up to the root, deepest
+        first, each once. Raises OSError."""
+        folders: set[str] = {""}
+        for head in rels:
             while head:
                 folders.add(head)
                 head = _split(head)[0]
-        for rel in sorted(folders, key=len, reverse=True):  # deepest first
+        for rel in sorted(folders, key=len, reverse=True):
             with self.folder(rel) as d:
                 os.fsync(d)
 

@@ -12,7 +12,7 @@ What it keeps (``store_files`` says how a file is laid out, ``store_fs`` how it 
 * **eviction**: least recently used first, over unpinned pages only (pinning takes a page out of
   the LRU order; unpinning puts it back as the coldest), so a store whose pages are all pinned
   has nothing to walk and says the space is not there. A file that cannot be deleted is passed
-  over (at most ``skip_budget`` in one call), counted in the receipt and set aside as ``stuck``:
+  over (at most ``skip_budget`` in one call), counted in the receipt and marked ``stuck``:
   no longer reclaimable, never walked again. ``reclaimable = used - pinned - stuck``: what
   eviction can actually free (law 1). A full disk (``ENOSPC``) makes room as a full cap does:
   eviction, then the write once more; still full, the write's error says so with the numbers;
@@ -343,7 +343,7 @@ class PageStore(CheckpointStore):
     ) -> int:
         """Delete least recently used unpinned pages but those ``keep`` names until ``need``
         allocated bytes are freed; a file that will not go is passed over (at most
-        ``skip_budget`` a call) and set aside as stuck. Returns the bytes freed; ``store.evict``."""
+        ``skip_budget`` a call) and marked stuck. Returns the bytes freed; ``store.evict``."""
         freed = pages = skipped = 0
         error = None
         for key in list(self.lru):

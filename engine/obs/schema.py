@@ -234,8 +234,8 @@ _CATALOG = (
          ("rid", "seconds", "error")),
     Kind(STORE_EVICT, ("reason", "asked", "freed", "pages", "skipped"),
          "least recently used unpinned pages deleted for allocated bytes asked (reason write, "
-         "disk_full: the filesystem said ENOSPC, ...); skipped: files that would not go (set "
-         "aside, no longer reclaimable)",
+         "disk_full: the filesystem said ENOSPC, ...); skipped: files that would not go (marked "
+         "stuck, left in place, no longer reclaimable)",
          ("pinned_pages", "rid", "error") + _STORE),
     Kind(STORE_REAP, ("reason", "files", "allocated", "apparent"),
          "files the store wrote and has no use for, removed (partial, foreign, orphan_pin, "

@@ -40,6 +40,7 @@ from typing import NamedTuple
 from engine.mem.store_books import Entry
 from engine.mem.store_files import (
     PAGE_EXT,
+    ChecksumMismatch,
     PageHeader,
     StoreFileError,
     allocated_bytes,
@@ -308,11 +309,10 @@ class PageStore(CheckpointStore):
                 payload = read_payload(fh, header, rel)
             if size is not None and len(payload) != size:
                 raise StoreFileError(f"{rel}: a payload of {len(payload)} bytes, a page is {size}")
+        except ChecksumMismatch as e:
+            return b"", ("checksum", f"ChecksumMismatch: {e}")
         except StoreFileError as e:
-            return b"", (
-                "checksum" if "checksum" in str(e) else "malformed",
-                f"StoreFileError: {e}",
-            )
+            return b"", ("malformed", f"StoreFileError: {e}")
         except NotAStoreFile as e:
             return b"", ("wrong_type", f"NotAStoreFile: {e}")
         except FileNotFoundError as e:

@@ -40,6 +40,10 @@ class StoreFileError(Exception):
     """A file that is not a complete, intact page of this store (the reason in words)."""
 
 
+class ChecksumMismatch(StoreFileError):
+    """A page whose payload is not the one its header's checksum names."""
+
+
 class PageHeader(NamedTuple):
     key: str
     parent: str | None
@@ -142,7 +146,7 @@ def read_payload(fh: BinaryIO, header: PageHeader, where: str) -> bytes:
     """The payload after ``read_header``, checked against its checksum; StoreFileError."""
     payload = fh.read(header.payload)
     if checksum(payload) != header.checksum:
-        raise StoreFileError(f"{where}: checksum mismatch")
+        raise ChecksumMismatch(f"{where}: checksum mismatch")
     return payload
 
 

@@ -8,9 +8,16 @@ refused over the pin budget with want, held, budget, overshoot). Branches share:
 a conversation that extends another pins only its new pages. ``Pending`` carries the server's
 checkpoints from their prefill request to their answer, in the scheduler's process.
 
-Errors are ``CheckpointError`` with the HTTP status a client gets: 400 (no store, an id that
+A checkpoint is listed ``complete`` when its manifest is written and every page it pins is in
+the store (``missing`` counts those that are not: a page set aside when it failed its checksum,
+until the prompt is computed and its page written again).
+
+Errors are ``CheckpointError`` with the HTTP status a client gets: 400 (no store asked for, an id that
 cannot name a file, a prompt under one page), 404 (no such checkpoint), 409 (over the pin budget,
-with the four numbers), 507 (the store could not hold the prompt's pages).
+with the four numbers), 500 (its files could not be removed: ``checkpoint.delete_failed``), 503
+(a store asked for with ``--kv-store-dir`` that it could not use: the directory and why), 507
+(the store could not hold the prompt's pages or its files: no room under its cap, or a full disk,
+said as such, with the store's numbers and the disk's free bytes).
 """
 
 from __future__ import annotations
@@ -39,11 +46,12 @@ class CheckpointError(Exception):
 
 def _keeper(core: Any) -> Any:
     keeper = core.scheduler.cache.keeper
-    if keeper is None:
-        raise CheckpointError(
-            400, "this engine has no durable KV store (start it with --kv-store-dir)"
-        )
-    return keeper
+    if keeper is not None:
+        return keeper
+    if core.store_off is not None:  # asked for, and not there: the server's state, not the ask
+        d = core.config.store.kv_store_dir
+        raise CheckpointError(503, f"the durable KV store at {d} is off: {core.store_off}")
+    raise CheckpointError(400, "this engine has no durable KV store (start it with --kv-store-dir)")
 
 
 def check_id(cid: str | None) -> str:
@@ -74,15 +82,19 @@ def create(core: Any, tokens: list[int], cid: str | None = None) -> dict[str, An
     keeper.keep_path(cache, end)
     keys = keeper.page_keys(tokens[:n])
     missing = sum(1 for k in keys if not store.has(k))
-    if missing:
+    numbers = {**store.capacity(), "disk_free": store.disk_free()}
+    if missing:  # why the last page the store was asked for is not there: the cap, the disk
+        why = store.short or "their KV was not in memory to write"
         raise CheckpointError(
-            507, f"{missing} of the prompt's {len(keys)} pages are not in the store (no room "
-            "under its cap, or not computed)", **store.capacity(),
+            507, f"{missing} of the prompt's {len(keys)} pages are not in the store: {why}",
+            **numbers,
         )  # fmt: skip
     try:
         made = store.create_checkpoint(cid, keys, n)
     except OSError as e:
-        raise CheckpointError(507, f"the checkpoint's files could not be written: {e}") from e
+        raise CheckpointError(
+            507, f"the checkpoint's files could not be written: {e}", **numbers
+        ) from e
     if isinstance(made, Refused):
         raise CheckpointError(
             409, f"checkpoint {cid} would pin {made.want} more bytes on {made.held} pinned, over "
@@ -91,20 +103,26 @@ def create(core: Any, tokens: list[int], cid: str | None = None) -> dict[str, An
     return describe(made)
 
 
-def describe(cp: Any) -> dict[str, Any]:
+def describe(cp: Any, missing: int = 0) -> dict[str, Any]:
+    """A checkpoint for its client; ``missing``: its pages not in the store (then incomplete)."""
     return {"id": cp.id, "object": "checkpoint", "tokens": cp.tokens, "pages": len(cp.keys),
             "pinned_bytes": cp.pinned_bytes, "shared_bytes": cp.shared_bytes,
-            "created": int(cp.created), "complete": cp.complete}  # fmt: skip
+            "created": int(cp.created), "complete": cp.complete and not missing,
+            "missing": missing}  # fmt: skip
 
 
 def listing(core: Any) -> dict[str, Any]:
     store = _keeper(core).store
-    data = [describe(cp) for cp in sorted(store.checkpoints.values(), key=lambda c: c.created)]
+    cps = sorted(store.checkpoints.values(), key=lambda c: c.created)
+    data = [describe(cp, store.missing(cp)) for cp in cps]
     return {"object": "list", "data": data, "capacity": store.capacity()}
 
 
 def delete(core: Any, cid: str) -> dict[str, Any]:
-    cp = _keeper(core).store.delete_checkpoint(cid)
+    try:
+        cp = _keeper(core).store.delete_checkpoint(cid)
+    except OSError as e:  # its files would not go (checkpoint.delete_failed says which)
+        raise CheckpointError(500, f"the checkpoint's files could not be removed: {e}") from e
     if cp is None:
         raise CheckpointError(404, f"no checkpoint {cid}")
     return {"id": cid, "object": "checkpoint.deleted", "deleted": True}

@@ -175,9 +175,9 @@ class EngineCore:
             c.memory.prefix_cache, receipts,
         )  # fmt: skip
         tier = (lambda cache: HostTier(cache, self.kv, host, receipts)) if host else None
-        store = open_store(
+        store, self.store_off = open_store(
             c.store, c.memory.prefix_cache, c.group.world, self._identity(), receipts
-        )
+        )  # store_off: why a --kv-store-dir given is not used (/health, /v1/checkpoints)
         ps, write = self.allocator.page_size, c.store.kv_store_write
         keeper = StoreTier(store, self.kv, ps, write) if store else None
         cache = RadixCache(

@@ -39,4 +39,5 @@ def engine_info(core: Any) -> EngineInfo:
         weights=weights["mode"],
         weights_path=core.quant.path if core.quant else "",
         ops=" ".join(x for x in (weights.get("ops", ""), weights.get("ops_why") or "") if x),
+        store_off=core.store_off,
     )

@@ -81,6 +81,8 @@ class PoolSnapshot:
     spec: SpecCounts | None = None  # with speculative decoding on
     # with a durable KV store: its cap, used, pinned and reclaimable allocated bytes
     store: Mapping[str, int] | None = None
+    # a --kv-store-dir given that the store does not use, and why (EngineInfo's, for /health)
+    store_off: str | None = None
 
     @property
     def token_usage(self) -> float:
@@ -92,8 +94,9 @@ class PoolSnapshot:
         d = asdict(self)
         for counter in ("receipts", "new_token_ratio", *self.progress()):
             del d[counter]
-        if self.store is None:
-            del d["store"]
+        for optional in ("store", "store_off"):
+            if d[optional] is None:
+                del d[optional]
         return d
 
     def progress(self) -> dict[str, int]:
@@ -136,6 +139,7 @@ class EngineInfo:
     weights: str = "exact"  # exact (float32), bfloat16, or fast mode's int8 / int4
     weights_path: str = ""  # fast mode: which kernels run, in words (engine/model/quant.py)
     ops: str = ""  # on a CPU: native (kernels/cpu_ops.cpp) or torch, with why when torch
+    store_off: str | None = None  # a --kv-store-dir given that the store does not use: why
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

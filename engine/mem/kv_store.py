@@ -1,28 +1,30 @@
 """PageStore: the durable KV store, one file per page under a directory, below the host tier.
 
-What it keeps (``store_files`` says how a file is laid out):
+What it keeps (``store_files`` says how a file is laid out, ``store_fs`` how it is touched):
 
 * **the ledger in allocated bytes**: ``used`` is the sum of ``max(st_blocks*512, st_size)`` over
-  every file the store owns (pages and checkpoint files), measured with ``os.stat`` after each
+  every file the store owns (pages and checkpoint files), measured with ``lstat`` after each
   write, so the ledger and the evictor count the same unit; ``used`` never exceeds the cap;
-* **pins**: a checkpoint pins the pages it references; a page's pin count is the number of
-  checkpoints that list it, so branches share a prefix and unpinning one holder leaves its
-  sibling's pages pinned. Pins are durable: a checkpoint is a pins file (written first, listing its
-  pages) and a manifest (written last); the next boot counts pins from the files. A pins file
-  without a manifest is a checkpoint being written, or an **orphan** (its writer died): it is
-  reaped once older than ``orphan_age_s``. A checkpoint whose new pinned bytes would cross the pin
-  budget is refused with four numbers (want, held, budget, overshoot) and changes nothing;
+* **pins** (``store_pins``): a checkpoint pins the pages it references; a key's pin count is the
+  number of checkpoints that list it, whether its page is there or not (a page lost and written
+  again is pinned at once). Branches share a prefix; unpinning one holder leaves its sibling's
+  pages pinned. A checkpoint with a page missing is listed incomplete (``missing``);
 * **eviction**: least recently used first, over unpinned pages only (pinning takes a page out of
   the LRU order; unpinning puts it back as the coldest), so a store whose pages are all pinned
   has nothing to walk and says the space is not there. A file that cannot be deleted is passed
-  over (at most ``skip_budget`` in one call), counted in the receipt and set aside as ``stuck``:
+  over (at most ``skip_budget`` in one call), counted in the receipt and marked ``stuck``:
   no longer reclaimable, never walked again. ``reclaimable = used - pinned - stuck``: what
-  eviction can actually free (law 1);
+  eviction can actually free (law 1). A full disk (``ENOSPC``) makes room as a full cap does:
+  eviction, then the write once more; still full, the write's error says so with the numbers;
 * **the index**, rebuilt at boot from the files' headers (``scan``): partial files (``*.tmp``)
-  and corrupt ones are reaped, each move a receipt.
+  and pages another model wrote are reaped; anything at a name of the store's layout that is
+  not what the store writes there (a link, a FIFO, a malformed header or JSON) is set aside into
+  ``quarantine/``, never fatal; each move a receipt. A page that fails its checksum when it is
+  loaded is set aside the same way.
 
 Every move is a receipt: ``store.write``, ``store.load``, ``store.evict``, ``store.reap``,
-``store.scan``, ``checkpoint.create``, ``checkpoint.delete``, ``checkpoint.refuse``.
+``store.quarantine``, ``store.scan``, ``checkpoint.create``, ``checkpoint.delete``,
+``checkpoint.delete_failed``, ``checkpoint.refuse``.
 """
 
 from __future__ import annotations
@@ -35,21 +37,23 @@ from itertools import takewhile
 from pathlib import Path
 from typing import NamedTuple
 
-from engine.mem.store_books import Entry, StoreBooks
+from engine.mem.store_books import Entry
 from engine.mem.store_files import (
     PAGE_EXT,
-    TMP,
+    ChecksumMismatch,
     PageHeader,
     StoreFileError,
     allocated_bytes,
     checksum,
     encode_page,
-    page_path,
+    load_json,
     page_readers,
+    page_rel,
     read_header,
-    read_page,
-    write_atomic,
+    read_payload,
 )
+from engine.mem.store_fs import TMP, NotAStoreFile, StoreFS, is_store_file
+from engine.mem.store_pins import FULL, CheckpointStore, Refused, Undeletable
 from engine.mem.store_scan import Checkpoint, Scanned, scan_store
 from engine.obs import schema
 from engine.obs.receipts import Receipts
@@ -66,16 +70,7 @@ class PageIn(NamedTuple):
     payload: bytes | memoryview
 
 
-class Refused(NamedTuple):
-    """A checkpoint the pin budget cannot hold: the four numbers, in allocated bytes."""
-
-    want: int
-    held: int
-    budget: int
-    overshoot: int
-
-
-class PageStore(StoreBooks):
+class PageStore(CheckpointStore):
     def __init__(
         self,
         root: Path,
@@ -89,82 +84,110 @@ class PageStore(StoreBooks):
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.root, self.identity = Path(root), identity
+        self.fs = StoreFS(self.root)
         self.pin_budget = cap_bytes if pin_budget is None else pin_budget
         self.receipts, self.skip_budget, self.orphan_age_s = receipts, skip_budget, orphan_age_s
         self.clock = clock
-        StoreBooks.__init__(self, cap_bytes)
+        CheckpointStore.__init__(self, cap_bytes)
         self._unit = 4096  # the filesystem's allocation unit, read when the store is scanned
+        self.short: str | None = None  # why the last page asked for is not stored (None: it is)
 
     # -- boot ---------------------------------------------------------------------------------
 
     def claim(self) -> str | None:
         """Make the directory this model's store (``STORE.json`` names its identity); returns
-        why it cannot be: another model's store, or a directory it cannot write."""
-        path = self.root / IDENTITY_FILE
+        why it cannot be: another model's store, a ``STORE.json`` the store did not write, or a
+        directory it cannot write."""
         try:
-            if path.exists():
-                held = json.loads(path.read_bytes()).get("identity")
-                if held != self.identity:
-                    return f"{self.root} holds another model's store (identity {held})"
-            write_atomic(path, json.dumps({"identity": self.identity}).encode())
-        except (OSError, ValueError, AttributeError) as e:
+            try:
+                held = load_json(self.fs.read(IDENTITY_FILE, 1 << 16), IDENTITY_FILE)
+            except FileNotFoundError:
+                held = {"identity": self.identity}
+            if not isinstance(held, dict) or held.get("identity") != self.identity:
+                who = held.get("identity") if isinstance(held, dict) else held
+                return f"{self.root} holds another model's store (identity {who})"
+            self.fs.write_atomic(IDENTITY_FILE, json.dumps({"identity": self.identity}).encode())
+        except (OSError, StoreFileError) as e:
             return f"cannot use {self.root}: {type(e).__name__}: {e}"
         return None
 
     def scan(self) -> Scanned:
-        """Rebuild the index from the files: pages by their headers (partial and corrupt files,
-        and pages another model wrote, reaped), checkpoints and their pins (orphans older than
-        ``orphan_age_s`` reaped). Writes ``store.scan``."""
+        """Rebuild the index from the files: pages by their headers (partial files and pages
+        another model wrote reaped, what the store did not write as it is set aside),
+        checkpoints and their pins (orphans older than ``orphan_age_s`` reaped). Writes
+        ``store.scan``."""
         self.entries.clear()
         self.lru.clear()
         self.stuck.clear()
         self.checkpoints.clear()
+        self.pins.clear()
         self.meta.clear()
         self.used = self.pinned = 0
         self.root.mkdir(parents=True, exist_ok=True)
         self._unit = max(512, os.statvfs(self.root).f_frsize)
-        found = scan_store(self.root, self.identity, self.clock(), self.orphan_age_s)
-        for key, header, st, _ in sorted(found.pages, key=lambda p: p[3]):  # oldest first
+        found = scan_store(self.fs, self.identity, self.clock(), self.orphan_age_s)
+        for key, header, st in sorted(found.pages, key=lambda p: p[2].st_mtime):  # oldest first
             self._add(
                 key, Entry(header.parent, len(header.tokens), allocated_bytes(st), st.st_size)
             )
         for path, size in found.meta.items():
             self._meta(path, size)
-        ident = self.root / IDENTITY_FILE
-        if ident.exists():
-            self._meta(ident, allocated_bytes(os.stat(ident)))
+        self._count_identity()
         for cp in found.checkpoints:
             self._pin(cp)
-            missing = sum(1 for k in set(cp.keys) if k not in self.entries)
             self.receipts.emit(
                 schema.CHECKPOINT_FOUND, id=cp.id, tokens=cp.tokens, pages=len(cp.keys),
-                missing=missing, complete=cp.complete,
+                missing=self.missing(cp), complete=cp.complete,
             )  # fmt: skip
         for reason, paths in found.reaped.items():
             self._reap(reason, paths)
+        for aside in found.aside:
+            self._set_aside(*aside)
         self.receipts.emit(
             schema.STORE_SCAN, files=found.files, pages=len(self.entries),
             checkpoints=len(self.checkpoints), allocated=self.used, apparent=found.apparent,
-            reaped={r: len(p) for r, p in found.reaped.items()}, seconds=round(found.seconds, 6),
-            **self.capacity(),
+            reaped={r: len(p) for r, p in found.reaped.items()}, set_aside=len(found.aside),
+            seconds=round(found.seconds, 6), **self.capacity(),
         )  # fmt: skip
         return found
 
-    def _reap(self, reason: str, paths: list[tuple[Path, int, int]]) -> None:
-        """Delete files the scan found unusable; one that will not go is said, not fatal."""
+    def _count_identity(self) -> None:
+        try:
+            st = self.fs.lstat(IDENTITY_FILE)
+        except OSError:
+            return
+        if is_store_file(st):
+            self._meta(IDENTITY_FILE, allocated_bytes(st))
+
+    def _reap(self, reason: str, paths: list[tuple[str, int, int]]) -> None:
+        """Delete files the scan found to be the store's own and of no use; one that will not
+        go is said, not fatal."""
         if not paths:
             return
         failed: list[str] = []
         for path, _, _ in paths:
             try:
-                path.unlink(missing_ok=True)
+                self.fs.unlink(path)
             except OSError as e:
-                failed.append(f"{path.name}: {e}")
+                failed.append(f"{path}: {e}")
         self.receipts.emit(
             schema.STORE_REAP, reason=reason, files=len(paths),
             allocated=sum(a for _, a, _ in paths), apparent=sum(s for _, _, s in paths),
             **({"failed": len(failed), "error": failed[0]} if failed else {}),
         )  # fmt: skip
+
+    def _set_aside(self, path: str, reason: str, detail: str, **fields: object) -> None:
+        """Move ``path`` into ``quarantine/`` (a move, never a delete; what cannot be moved is
+        left where it is, never read); ``store.quarantine`` either way."""
+        try:
+            fields["moved_to"] = self.fs.set_aside(path)
+        except FileNotFoundError:
+            return  # gone meanwhile: nothing to set aside
+        except OSError as e:
+            fields["error"] = f"{type(e).__name__}: {e.strerror or e}"
+        self.receipts.emit(
+            schema.STORE_QUARANTINE, path=path, reason=reason, detail=detail, **fields
+        )
 
     # -- pages --------------------------------------------------------------------------------
 
@@ -186,12 +209,14 @@ class PageStore(StoreBooks):
             beyond = self.reclaimable < size - (self.cap - self.used)
             if beyond or not self._room(size, rid, keep):
                 no_room += 1
+                self.short = f"no room under its cap ({self.used} of {self.cap} bytes used, {self.pinned} pinned)"
                 continue
             try:
-                entry = self._write_one(page, keep)
+                entry = self._write_one(page, keep, rid)
             except OSError as e:
-                error = f"{type(e).__name__}: {e}"
+                error = self.short = f"{type(e).__name__}: {e}"
                 continue
+            self.short = None
             written += 1
             tokens += entry.tokens
             allocated += entry.allocated
@@ -213,14 +238,29 @@ class PageStore(StoreBooks):
             self.evict(short, reason="write", rid=rid, keep=keep)
         return self.used + size <= self.cap
 
-    def _write_one(self, page: PageIn, keep: Collection[str]) -> Entry:
-        path = page_path(self.root, page.key)
+    def _write_one(self, page: PageIn, keep: Collection[str], rid: str | None) -> Entry:
         header = PageHeader(
             page.key, page.parent, list(page.tokens), self.identity, len(page.payload),
             checksum(page.payload),
         )  # fmt: skip
-        write_atomic(path, encode_page(header, page.payload))
-        st = os.stat(path)
+        data, rel = encode_page(header, page.payload), page_rel(page.key)
+        try:
+            st = self.fs.write_atomic(rel, data)
+        except OSError as e:
+            if e.errno not in FULL:
+                raise
+            # a full disk makes room as a full cap does: eviction, then the write once more
+            size = self._charged(_file_size(page))
+            freed = self.evict(size, reason="disk_full", rid=rid, keep=keep)
+            try:
+                st = self.fs.write_atomic(rel, data)
+            except OSError as again:
+                if again.errno not in FULL:
+                    raise
+                raise OSError(
+                    again.errno, f"the disk under the store is full ({self.disk_free()} bytes "
+                    f"free, the page needs {size}; eviction freed {freed})",
+                ) from again  # fmt: skip
         entry = Entry(page.parent, len(page.tokens), allocated_bytes(st), st.st_size)
         self._add(page.key, entry)
         if self.used > self.cap:  # the filesystem charged more than the guess: pay it back
@@ -230,18 +270,20 @@ class PageStore(StoreBooks):
                 raise OSError(f"no room for {entry.allocated} allocated bytes under the cap")
         return entry
 
-    def read(self, keys: list[str], rid: str | None = None) -> list[bytes]:
-        """The payloads of ``keys``, in order, up to the first that is missing or corrupt (a
-        corrupt file is reaped). The files are read and checked by a few threads at once (a
-        cold read waits on the disk per file). Writes ``store.load``."""
+    def read(self, keys: list[str], rid: str | None = None, size: int | None = None) -> list[bytes]:
+        """The payloads of ``keys``, in order, up to the first that is missing, corrupt or not
+        ``size`` bytes (such a file is set aside, ``store.quarantine``). The files are read and
+        checked by a few threads at once (a cold read waits on the disk per file). Writes
+        ``store.load``."""
         t0 = time.perf_counter()
         present = list(takewhile(self.entries.__contains__, keys))
         out: list[bytes] = []
         error = None
-        for key, (payload, err) in zip(present, page_readers().map(self._fetch, present)):
-            if err is not None:
-                error = err
-                self._reap_one(key, "corrupt")
+        fetch = lambda key: self._fetch(key, size)  # noqa: E731
+        for key, (payload, bad) in zip(present, page_readers().map(fetch, present)):
+            if bad is not None:
+                error = f"{bad[1]}"
+                self._lose(key, *bad)
                 break
             out.append(payload)
             if key in self.lru:
@@ -255,26 +297,42 @@ class PageStore(StoreBooks):
         )  # fmt: skip
         return out
 
-    def _fetch(self, key: str) -> tuple[bytes, str | None]:
-        """One page's payload, checked; or why not (a reader thread's work: no books touched)."""
-        path = page_path(self.root, key)
+    def _fetch(self, key: str, size: int | None) -> tuple[bytes, tuple[str, str] | None]:
+        """One page's payload, checked; or (reason, why) not (a reader thread's work: no books
+        touched)."""
+        rel = page_rel(key)
         try:
-            header, payload = read_page(path)
-            if header.key != key or header.identity != self.identity:
-                raise StoreFileError(f"{path.name}: names another page or model")
-        except (OSError, StoreFileError) as e:
-            return b"", f"{type(e).__name__}: {e}"
+            with self.fs.open(rel) as (fh, st):
+                header = read_header(fh, st.st_size, rel)
+                if header.key != key or header.identity != self.identity:
+                    raise StoreFileError(f"{rel}: names another page or model")
+                payload = read_payload(fh, header, rel)
+            if size is not None and len(payload) != size:
+                raise StoreFileError(f"{rel}: a payload of {len(payload)} bytes, a page is {size}")
+        except ChecksumMismatch as e:
+            return b"", ("checksum", f"ChecksumMismatch: {e}")
+        except StoreFileError as e:
+            return b"", ("malformed", f"StoreFileError: {e}")
+        except NotAStoreFile as e:
+            return b"", ("wrong_type", f"NotAStoreFile: {e}")
+        except FileNotFoundError as e:
+            return b"", ("gone", f"FileNotFoundError: {e}")
+        except OSError as e:
+            return b"", ("unreadable", f"{type(e).__name__}: {e}")
         return payload, None
 
-    def _reap_one(self, key: str, reason: str) -> None:
-        entry = self.entries[key]
-        path = page_path(self.root, key)
+    def _lose(self, key: str, reason: str, why: str) -> None:
+        """A page that could not be loaded leaves the index; its file is set aside (gone: there
+        is none). The checkpoints that pin it keep their pins (it is pinned again once written
+        again) and are listed incomplete meanwhile."""
         self._forget(key)
-        self._reap(reason, [(path, entry.allocated, entry.apparent)])
+        if reason != "gone":
+            held = sorted(cp.id for cp in self.checkpoints.values() if key in cp.keys)
+            self._set_aside(page_rel(key), reason, why, checkpoints=held)
 
     def _delete(self, key: str) -> bool:
         try:
-            page_path(self.root, key).unlink(missing_ok=True)
+            self.fs.unlink(page_rel(key))
         except OSError:
             return False
         self._forget(key)
@@ -285,7 +343,7 @@ class PageStore(StoreBooks):
     ) -> int:
         """Delete least recently used unpinned pages but those ``keep`` names until ``need``
         allocated bytes are freed; a file that will not go is passed over (at most
-        ``skip_budget`` a call) and set aside as stuck. Returns the bytes freed; ``store.evict``."""
+        ``skip_budget`` a call) and marked stuck. Returns the bytes freed; ``store.evict``."""
         freed = pages = skipped = 0
         error = None
         for key in list(self.lru):
@@ -299,7 +357,7 @@ class PageStore(StoreBooks):
                 pages += 1
                 continue
             skipped += 1
-            error = f"{page_path(self.root, key).name} could not be deleted"
+            error = f"{page_rel(key)} could not be deleted"
             self.lru.pop(key)
             self.stuck.add(key)
         self.receipts.emit(
@@ -309,85 +367,10 @@ class PageStore(StoreBooks):
         )  # fmt: skip
         return freed
 
-    # -- checkpoints --------------------------------------------------------------------------
-
-    def create_checkpoint(self, cid: str, keys: list[str], tokens: int) -> Checkpoint | Refused:
-        """Pin ``keys`` (pages in the store) under ``cid``: the pins file first, the manifest
-        last. ``want`` counts the pages nothing pins yet and the checkpoint's own two files (as
-        the filesystem will charge them). Over the pin budget: refused with the four numbers,
-        nothing changed. Raises ValueError for pages not in the store, OSError for files that
-        cannot be written or have no room (the checkpoint is then not made)."""
-        missing = [k for k in keys if k not in self.entries]
-        if missing or cid in self.checkpoints:
-            why = f"{len(missing)} pages not in the store" if missing else "the id exists"
-            raise ValueError(f"checkpoint {cid}: {why}")
-        pages, shared = self.pin_numbers(keys)
-        cp = Checkpoint(cid, tuple(keys), tokens, pages, shared, self.clock())
-        pins_path, manifest_path = self._paths(cid)
-        pins = json.dumps({"id": cid, "keys": keys}).encode()
-        manifest = json.dumps(cp._asdict()).encode()
-        files = self._charged(len(pins)) + self._charged(len(manifest))
-        refused = self._over_budget(cid, tokens, pages + files)
-        if refused is not None:
-            return refused
-        if not self._room(files, None, keep=frozenset(keys)):  # its own pages stay
-            raise OSError(f"checkpoint {cid}: no room for its files under the store's cap")
-        os.sync()  # its pages reach the disk before anything says they are pinned
-        write_atomic(pins_path, pins, sync=True)
-        self._meta(pins_path, allocated_bytes(os.stat(pins_path)))
-        self._pin(cp)
-        try:
-            write_atomic(manifest_path, manifest, sync=True)
-        except OSError:
-            self.delete_checkpoint(cid, say=False)
-            raise
-        self._meta(manifest_path, allocated_bytes(os.stat(manifest_path)))
-        self.receipts.emit(
-            schema.CHECKPOINT_CREATE, id=cid, tokens=tokens, pages=len(keys),
-            pinned_bytes=pages, shared_bytes=shared, file_bytes=files, **self.capacity(),
-        )  # fmt: skip
-        return cp
-
-    def _over_budget(self, cid: str, tokens: int, want: int) -> Refused | None:
-        overshoot = self.pinned + want - self.pin_budget
-        if overshoot <= 0:
-            return None
-        refused = Refused(want, self.pinned, self.pin_budget, overshoot)
-        self.receipts.emit(schema.CHECKPOINT_REFUSE, id=cid, tokens=tokens, **refused._asdict())
-        return refused
-
-    def _charged(self, size: int) -> int:
-        """What the filesystem under the store will charge for a file of ``size`` bytes: whole
-        blocks of its allocation unit, at least one."""
-        unit = self._unit
-        return max(1, -(-size // unit)) * unit
-
-    def delete_checkpoint(self, cid: str, say: bool = True) -> Checkpoint | None:
-        """Remove the manifest first, then the pins: a crash between leaves an orphan, reaped."""
-        cp = self.checkpoints.get(cid)
-        if cp is None:
-            return None
-        pins, manifest = self._paths(cid)
-        manifest.unlink(missing_ok=True)
-        self._meta(manifest, None)
-        self._unpin(cp)
-        pins.unlink(missing_ok=True)
-        self._meta(pins, None)
-        if not say:
-            return cp
-        self.receipts.emit(
-            schema.CHECKPOINT_DELETE, id=cid, tokens=cp.tokens, pages=len(cp.keys),
-            **self.capacity(),
-        )  # fmt: skip
-        return cp
-
-    def _paths(self, cid: str) -> tuple[Path, Path]:
-        return self.root / "pins" / f"{cid}.json", self.root / "checkpoints" / f"{cid}.json"
-
 
 def _file_size(page: PageIn) -> int:
     """A page file's size before it is written (the header's length estimated generously)."""
     return len(page.payload) + 200 + 24 * len(page.tokens) + len(PAGE_EXT) + len(TMP)
 
 
-__all__ = ["Checkpoint", "Entry", "PageIn", "PageStore", "Refused", "read_header"]
+__all__ = ["Checkpoint", "Entry", "PageIn", "PageStore", "Refused", "Undeletable"]

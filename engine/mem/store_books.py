@@ -4,7 +4,9 @@
 checkpoint pins and the checkpoint files themselves (never reclaimable); ``stuck`` the pages
 eviction could not delete. ``reclaimable = used - pinned - stuck``: what eviction can actually
 free (law 1). Unpinned pages that are not stuck sit in ``lru``, least recently used first: the
-only pages eviction walks. A page's pin count is the number of checkpoints listing it.
+only pages eviction walks. A key's pin count is the number of checkpoints listing it, kept
+whether its page is stored or not: a pinned page lost (set aside when it failed its checksum)
+and written again is pinned again at once, never evictable meanwhile.
 ``kv_store.PageStore`` keeps these books as it moves files.
 """
 
@@ -13,7 +15,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from engine.mem.store_scan import Checkpoint
 
@@ -36,7 +37,8 @@ class StoreBooks:
         self.lru: OrderedDict[str, None] = OrderedDict()  # unpinned, not stuck; oldest first
         self.stuck: set[str] = set()  # page files eviction could not delete
         self.checkpoints: dict[str, Checkpoint] = {}
-        self.meta: dict[Path, int] = {}  # checkpoint files and their allocated bytes
+        self.pins: dict[str, int] = {}  # key -> checkpoints listing it (its page stored or not)
+        self.meta: dict[str, int] = {}  # checkpoint files (relative paths): allocated bytes
         self.used = self.pinned = 0
 
     # -- the ledger ---------------------------------------------------------------------------
@@ -65,13 +67,17 @@ class StoreBooks:
             key = self.entries[key].parent
         return chain
 
+    def missing(self, cp: Checkpoint) -> int:
+        """The pages ``cp`` pins that are not in the store."""
+        return sum(1 for k in set(cp.keys) if k not in self.entries)
+
     def _add(self, key: str, entry: Entry) -> None:
         old = self.entries.pop(key, None)
         if old is not None:
             self.used -= old.allocated
-            entry.pins = old.pins
             if old.pins:
                 self.pinned -= old.allocated
+        entry.pins = self.pins.get(key, 0)
         self.entries[key] = entry
         self.used += entry.allocated
         if entry.pins:
@@ -89,7 +95,7 @@ class StoreBooks:
         self.lru.pop(key, None)
         self.stuck.discard(key)
 
-    def _meta(self, path: Path, size: int | None) -> None:
+    def _meta(self, path: str, size: int | None) -> None:
         """A checkpoint file now holds ``size`` allocated bytes (None: gone). They are used and
         never reclaimable, so they count as pinned."""
         old = self.meta.pop(path, 0)
@@ -102,6 +108,7 @@ class StoreBooks:
 
     def _pin(self, cp: Checkpoint) -> None:
         for key in dict.fromkeys(cp.keys):
+            self.pins[key] = self.pins.get(key, 0) + 1
             entry = self.entries.get(key)
             if entry is None:
                 continue
@@ -114,6 +121,10 @@ class StoreBooks:
 
     def _unpin(self, cp: Checkpoint) -> None:
         for key in dict.fromkeys(cp.keys):
+            if self.pins[key] > 1:
+                self.pins[key] -= 1
+            else:
+                del self.pins[key]
             entry = self.entries.get(key)
             if entry is None:
                 continue

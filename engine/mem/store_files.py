@@ -9,8 +9,10 @@ it, so the store's index can be rebuilt from the files alone:
 The header names the page's key, its parent's key (the page before it in the prefix; None for a
 prompt's first page), its tokens, the identity of the model that wrote it, the payload's length
 and its checksum (BLAKE2b). Files fan out in two levels of subdirectories by key, never one flat
-directory. Everything is written to a temporary name in the same directory, flushed, and renamed:
-a partial write is a ``*.tmp`` file that the next scan reaps.
+directory. Everything is written to a temporary name in the same directory and renamed
+(``store_fs.StoreFS.write_atomic``): a partial write is a ``*.tmp`` file that the next scan reaps.
+A header is checked field by field (types, its key against its tokens, its length against the
+file's): a file that fails is malformed, set aside by whoever read it, never fatal.
 
 Bytes are charged as allocated, ``max(st_blocks * 512, st_size)``: what the filesystem actually
 holds for the file, which for small files can be many times what they contain.
@@ -21,20 +23,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 MAGIC = b"ATTESTKV1\n"
-TMP = ".tmp"
 PAGE_EXT = ".kv"
 _LEN = struct.Struct("<I")
 MAX_HEADER = 1 << 20  # a longer header is not one this store wrote
+HEX32 = re.compile(r"[0-9a-f]{32}")  # a key or a checksum
 
 
 class StoreFileError(Exception):
     """A file that is not a complete, intact page of this store (the reason in words)."""
+
+
+class ChecksumMismatch(StoreFileError):
+    """A page whose payload is not the one its header's checksum names."""
 
 
 class PageHeader(NamedTuple):
@@ -64,29 +71,13 @@ def page_key(parent: str | None, tokens: list[int], identity: str) -> str:
     return h.hexdigest()
 
 
+def page_rel(key: str) -> str:
+    """A page's file, relative to the store's root."""
+    return f"pages/{key[:2]}/{key[2:4]}/{key}{PAGE_EXT}"
+
+
 def page_path(root: Path, key: str) -> Path:
-    return root / "pages" / key[:2] / key[2:4] / (key + PAGE_EXT)
-
-
-def write_atomic(path: Path, data: bytes | list[bytes | memoryview], sync: bool = False) -> None:
-    """Write ``data`` to ``path`` through a temporary name in the same directory and a rename, so
-    the name holds the whole file or the one before it (a process killed mid-write leaves a
-    ``*.tmp`` file). ``sync``: flushed to the disk before the rename, so it also outlives a power
-    loss (a page without it that a power loss tears fails its checksum and is reaped). Raises
-    OSError (the temporary file is removed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}{TMP}")
-    try:
-        with open(tmp, "wb") as fh:
-            for part in [data] if isinstance(data, bytes) else data:
-                fh.write(part)
-            if sync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    return root / page_rel(key)
 
 
 def encode_page(header: PageHeader, payload: bytes | memoryview) -> list[bytes | memoryview]:
@@ -94,41 +85,69 @@ def encode_page(header: PageHeader, payload: bytes | memoryview) -> list[bytes |
     return [MAGIC, _LEN.pack(len(head)), head, payload]
 
 
-def _header(fh: Any, size: int, where: Path) -> PageHeader:
+def load_json(raw: bytes, what: str) -> Any:
+    """JSON the store wrote; StoreFileError for anything that does not parse (deep nesting
+    included: the parser's recursion limit is an answer here, not a crash)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise StoreFileError(f"{what}: unreadable JSON ({type(e).__name__})") from e
+
+
+def is_key(v: object) -> bool:
+    return isinstance(v, str) and HEX32.fullmatch(v) is not None
+
+
+def _is_count(v: object) -> bool:
+    return type(v) is int and v >= 0
+
+
+def check_header(data: object, where: str) -> PageHeader:
+    """The header a page's JSON describes, every field of the type the store writes and its
+    key the key of its tokens; StoreFileError naming what is wrong."""
+    if not isinstance(data, dict) or sorted(data) != sorted(PageHeader._fields):
+        got = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise StoreFileError(f"{where}: a header of {got}, not {list(PageHeader._fields)}")
+    h = PageHeader(**data)
+    tokens_ok = isinstance(h.tokens, list) and all(
+        type(t) is int and -(2**63) <= t < 2**63 for t in h.tokens
+    )
+    for ok, field in (
+        (is_key(h.key), "key"), (h.parent is None or is_key(h.parent), "parent"),
+        (tokens_ok and len(h.tokens) > 0, "tokens"), (isinstance(h.identity, str), "identity"),
+        (_is_count(h.payload), "payload"), (is_key(h.checksum), "checksum"),
+    ):  # fmt: skip
+        if not ok:
+            raise StoreFileError(f"{where}: header field {field} is not what the store writes")
+    if page_key(h.parent, h.tokens, h.identity) != h.key:
+        raise StoreFileError(f"{where}: its key is not the key of its {len(h.tokens)} tokens")
+    return h
+
+
+def read_header(fh: BinaryIO, size: int, where: str) -> PageHeader:
+    """The header of the page file open in ``fh`` (``size`` bytes long), checked against the
+    file's length (a partial file fails); raises StoreFileError or OSError."""
     if fh.read(len(MAGIC)) != MAGIC:
-        raise StoreFileError(f"{where.name}: not a page of this store (no magic)")
+        raise StoreFileError(f"{where}: not a page of this store (no magic)")
     raw = fh.read(_LEN.size)
     if len(raw) != _LEN.size:
-        raise StoreFileError(f"{where.name}: cut short in its header")
+        raise StoreFileError(f"{where}: cut short in its header")
     (n,) = _LEN.unpack(raw)
     if n > MAX_HEADER:
-        raise StoreFileError(f"{where.name}: a header of {n} bytes")
-    try:
-        header = PageHeader(**json.loads(fh.read(n)))
-    except (ValueError, TypeError) as e:
-        raise StoreFileError(f"{where.name}: unreadable header ({e})") from e
+        raise StoreFileError(f"{where}: a header of {n} bytes")
+    header = check_header(load_json(fh.read(n), where), where)
     body = size - len(MAGIC) - _LEN.size - n
     if body != header.payload:
-        raise StoreFileError(f"{where.name}: payload of {body} bytes, header says {header.payload}")
+        raise StoreFileError(f"{where}: payload of {body} bytes, header says {header.payload}")
     return header
 
 
-def read_header(path: Path) -> PageHeader:
-    """The header of a page file, checked against the file's length (a partial file fails);
-    raises StoreFileError or OSError."""
-    with open(path, "rb") as fh:
-        return _header(fh, os.fstat(fh.fileno()).st_size, path)
-
-
-def read_page(path: Path) -> tuple[PageHeader, bytes]:
-    """A page file's header and payload, the payload checked against its checksum; raises
-    StoreFileError or OSError."""
-    with open(path, "rb") as fh:
-        header = _header(fh, os.fstat(fh.fileno()).st_size, path)
-        payload = fh.read(header.payload)
+def read_payload(fh: BinaryIO, header: PageHeader, where: str) -> bytes:
+    """The payload after ``read_header``, checked against its checksum; StoreFileError."""
+    payload = fh.read(header.payload)
     if checksum(payload) != header.checksum:
-        raise StoreFileError(f"{path.name}: checksum mismatch")
-    return header, payload
+        raise ChecksumMismatch(f"{where}: checksum mismatch")
+    return payload
 
 
 _READERS: list[ThreadPoolExecutor] = []

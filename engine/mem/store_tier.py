@@ -9,16 +9,20 @@ round's budget funds), which join the radix cache as if computed. A page is the 
 (``--page-size``): every layer's K and V for its slots, in the pool's dtype.
 
 ``open_store`` opens the store at boot (``store.sized`` says whether and why not): one rank, a
-prefix cache, a directory it can write that no other model's store holds.
+prefix cache, a directory it can write that no other model's store holds. A directory given that
+the store cannot use (or will not: more than one rank, no prefix cache) is ``unusable`` (or
+``off``) with the reason, which the engine keeps (``Opened.off``): ``/health`` says it
+(``store_off``) and ``/v1/checkpoints`` answers 503 with it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -46,42 +50,48 @@ def model_identity(path: str, described: dict[str, Any]) -> str:
     return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
 
 
+class Opened(NamedTuple):
+    """The store at boot: ``store`` (None: off) and, where a directory was given all the same,
+    why it is off (``off``)."""
+
+    store: PageStore | None
+    off: str | None
+
+
 def open_store(
     memory: Any, prefix_cache: bool, tp: int, identity: str, receipts: Receipts
-) -> PageStore | None:
-    """The store ``memory`` (the config's store section) asks for, scanned; None when off, with
-    ``store.sized`` naming why."""
+) -> Opened:
+    """The store ``memory`` (the config's store section) asks for, scanned; ``store.sized``
+    says whether, and why not: ``off`` (none asked, or more than one rank, or no prefix
+    cache), ``unusable`` (a directory given that it cannot make, write or claim)."""
     d = memory.kv_store_dir
     why = None
-    if d is None:
-        why = "no kv_store_dir"
-    elif tp > 1:
+    if tp > 1:
         why = "more than one rank (the store holds one rank's pages)"
     elif not prefix_cache:
         why = "no prefix cache"
-    store = None
-    if why is None:
-        root = Path(d)
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            free = shutil.disk_usage(root).free
-        except OSError as e:
-            free, why = 0, f"cannot use {root}: {e}"
-        cap = memory.kv_store_bytes or min(DEFAULT_CAP, free // 4)
-        pins = cap // 2 if memory.kv_store_pin_bytes is None else memory.kv_store_pin_bytes
-        if why is None:
-            store = PageStore(root, cap, identity, receipts, pin_budget=pins)
-            why = store.claim()
+    if d is None or why is not None:
+        receipts.emit(schema.STORE_SIZED, path="off", reason=why or "no kv_store_dir", dir=d)
+        return Opened(None, why)
+    root = Path(d)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(root).free
+    except OSError as e:
+        free, why = 0, f"cannot use {root}: {type(e).__name__}: {e}"
+    cap = memory.kv_store_bytes or min(DEFAULT_CAP, free // 4)
+    pins = cap // 2 if memory.kv_store_pin_bytes is None else memory.kv_store_pin_bytes
+    store = PageStore(root, cap, identity, receipts, pin_budget=pins)
+    why = why or store.claim()
     if why is not None:
-        receipts.emit(schema.STORE_SIZED, path="off", reason=why, dir=d)
-        return None
-    assert store is not None
+        receipts.emit(schema.STORE_SIZED, path="unusable", reason=why, dir=d)
+        return Opened(None, why)
     receipts.emit(
         schema.STORE_SIZED, path="configured", dir=d, cap=store.cap, pin_budget=store.pin_budget,
         identity=identity,
     )  # fmt: skip
     store.scan()
-    return store
+    return Opened(store, None)
 
 
 class StoreTier:
@@ -98,6 +108,7 @@ class StoreTier:
         layer = kv.layers[0].k
         self.page_shape = (len(kv.layers), 2, self.block, *layer.shape[1:])
         self.dtype = kv.dtype
+        self.page_bytes = math.prod(self.page_shape) * layer.element_size()  # a page's payload
 
     def retire(self, reason: str) -> None:
         """Off from now on (another model's KV would be computed): nothing read or written;
@@ -260,7 +271,8 @@ class StoreTier:
         if short > 0:
             cache.evict(short, reason="load", rid=rid)
         n = min(n, (cache.allocator.available_size() + skip) // b)
-        payloads = self.store.read(keys[start : start + n], rid=rid) if n > 0 else []
+        got = keys[start : start + n]
+        payloads = self.store.read(got, rid=rid, size=self.page_bytes) if n > 0 else []
         new = len(payloads) * b - skip
         slots = cache.allocator.alloc(new) if new > 0 else None
         if slots is None:

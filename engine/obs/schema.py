@@ -97,10 +97,12 @@ STORE_WRITE = "store.write"
 STORE_LOAD = "store.load"
 STORE_EVICT = "store.evict"
 STORE_REAP = "store.reap"
+STORE_QUARANTINE = "store.quarantine"
 CHECKPOINT_CREATE = "checkpoint.create"
 CHECKPOINT_DELETE = "checkpoint.delete"
 CHECKPOINT_REFUSE = "checkpoint.refuse"
 CHECKPOINT_FOUND = "checkpoint.found"
+CHECKPOINT_DELETE_FAILED = "checkpoint.delete_failed"
 RETRACT = "retract"
 CUTOVER_BEGIN = "cutover.begin"
 CUTOVER_CARRY = "cutover.carry"
@@ -219,28 +221,41 @@ _CATALOG = (
          "a node whose spill failed (spill_failed)",
          ("nodes", "need", "host_free")),
     Kind(STORE_SIZED, ("path",),
-         "the durable KV store was opened ('configured': a directory and a cap were given) or is "
-         "off, with the reason (no directory; another model's store; a directory it cannot write)",
+         "the durable KV store was opened ('configured': a directory and a cap were given), is "
+         "'off' (no directory given; more than one rank; no prefix cache) or 'unusable' (a "
+         "directory given that it cannot make, write or claim: another model's store, a "
+         "STORE.json it did not write), with the reason (kept: /health's store_off)",
          ("dir", "cap", "pin_budget", "reason", "identity")),
     Kind(STORE_SCAN, ("files", "pages", "allocated", "apparent", "reaped"),
          "the store's index rebuilt from its files at boot; reaped: files removed, by reason "
-         "(partial, corrupt, foreign, orphan_pin, orphan_manifest)",
-         ("checkpoints", "seconds") + _STORE),
+         "(partial, foreign, orphan_pin, orphan_manifest); set_aside: names moved to "
+         "quarantine/ (each its store.quarantine)",
+         ("checkpoints", "set_aside", "seconds") + _STORE),
     Kind(STORE_WRITE, ("reason", "pages", "tokens", "allocated", "apparent"),
          "pages written to the store (reason: what dropped them from memory above it); no_room: "
          "pages the cap could not take, error: a write that failed (an outcome, serving goes on)",
          ("no_room", "rid", "seconds", "error") + _STORE),
     Kind(STORE_LOAD, ("pages", "asked", "tokens", "bytes"),
          "a prefix's pages read from the store into device pages instead of recomputed; a "
-         "corrupt page ends the load there (error) and is reaped",
+         "corrupt page ends the load there (error) and is set aside (store.quarantine)",
          ("rid", "seconds", "error")),
     Kind(STORE_EVICT, ("reason", "asked", "freed", "pages", "skipped"),
-         "least recently used unpinned pages deleted for allocated bytes asked; skipped: files "
-         "that would not go (set aside, no longer reclaimable)",
+         "least recently used unpinned pages deleted for allocated bytes asked (reason write, "
+         "disk_full: the filesystem said ENOSPC, ...); skipped: files that would not go (marked "
+         "stuck, left in place, no longer reclaimable)",
          ("pinned_pages", "rid", "error") + _STORE),
     Kind(STORE_REAP, ("reason", "files", "allocated", "apparent"),
-         "store files removed as unusable (partial, corrupt, foreign, orphan_pin, "
+         "files the store wrote and has no use for, removed (partial, foreign, orphan_pin, "
          "orphan_manifest)", ("failed", "error")),
+    Kind(STORE_QUARANTINE, ("path", "reason", "detail"),
+         "something at a name of the store's layout that the store did not write as it is, set "
+         "aside: moved (moved_to) into quarantine/ under the store's root, never read, never "
+         "deleted (error: it could not be moved and is left where it is, never read). path is "
+         "relative to the root; reason wrong_type (a link, FIFO, socket, device, a folder for a "
+         "file or a file for a folder), malformed (a header or JSON not as the store writes "
+         "it), checksum (a page's payload, found when loaded), unreadable (an I/O error); "
+         "checkpoints: those pinning a page set aside when loaded (incomplete from then on)",
+         ("moved_to", "error", "checkpoints")),
     Kind(CHECKPOINT_CREATE, ("id", "tokens", "pages", "pinned_bytes", "shared_bytes"),
          "a conversation checkpoint pinned its pages (pinned_bytes: pages newly pinned; "
          "shared_bytes: pinned already by another checkpoint; file_bytes: its own two files, "
@@ -251,6 +266,10 @@ _CATALOG = (
          "a checkpoint the boot's scan found in the store, with its pages missing from it (a "
          "pinned page lost) and whether its manifest was written (false: being written, or an "
          "orphan younger than the orphan age)"),
+    Kind(CHECKPOINT_DELETE_FAILED, ("id", "path", "error"),
+         "a checkpoint's file (path, relative to the store's root) could not be removed: the "
+         "delete is answered with an error; with its manifest still there nothing changed, "
+         "past it the checkpoint is incomplete and its pins hold"),
     Kind(CHECKPOINT_REFUSE, ("id", "want", "held", "budget", "overshoot"),
          "a checkpoint refused: its new pinned bytes (want) on top of those pinned (held) "
          "would cross the pin budget by overshoot; nothing changed", ("tokens",)),

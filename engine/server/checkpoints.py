@@ -4,9 +4,11 @@ chat, rendered without a generation prompt, so the next turn's prompt begins wit
 computed again), its pages are written to the durable store and pinned; the answer is
 ``{"id", "tokens", "pinned_bytes", "shared_bytes", ...}``. ``GET /v1/checkpoints`` lists them
 with the store's numbers (``used``, ``pinned``, ``reclaimable``: allocated bytes);
-``DELETE /v1/checkpoints/{id}`` unpins one. Errors: 400 (a malformed body; no store), 404 (no
+``DELETE /v1/checkpoints/{id}`` unpins one. A checkpoint is ``complete`` when its manifest is
+written and no page it pins is ``missing``. Errors: 400 (a malformed body; no store), 404 (no
 such checkpoint), 409 (over the pin budget: ``want``, ``held``, ``budget``, ``overshoot`` beside
-the error; or the id exists), 503 (the scheduler is stopping), 507 (no room in the store).
+the error; or the id exists), 500 (its files could not be removed), 503 (the scheduler is
+stopping), 507 (no room in the store).
 The work is the scheduler's (``engine/checkpoints.py``); this side only tokenizes and asks.
 """
 

@@ -72,12 +72,12 @@ def test_another_models_store_is_read_by_nobody_and_says_why(tiny_model_dir, tmp
     llm.close()
     other = stored(tmp_path, tiny_model_dir, kv_tokens=1024, page_size=4)  # other KV pages
     (sized,) = other.core.receipts.of("store.sized")
-    assert sized["path"] == "off" and "another model" in sized["reason"]
+    assert sized["path"] == "unusable" and "another model" in sized["reason"]
     assert other.core.receipts.of("store.scan") == []
     other.close()
 
 
-def test_a_corrupt_page_is_reaped_and_the_prompt_computed(tiny_model_dir, tmp_path):
+def test_a_corrupt_page_is_set_aside_and_the_prompt_computed(tiny_model_dir, tmp_path):
     history = prompts(300, 1, 64)[0]
     llm = stored(tmp_path, tiny_model_dir, kv_tokens=1024)
     want = llm.generate([history + [5, 6]], GREEDY)[0].token_ids
@@ -92,7 +92,9 @@ def test_a_corrupt_page_is_reaped_and_the_prompt_computed(tiny_model_dir, tmp_pa
     assert again.generate([history + [5, 6]], GREEDY)[0].token_ids == want
     (load,) = [x for x in again.core.receipts.of("store.load") if x["asked"]]
     assert load["pages"] == 2 and "checksum" in load["error"]
-    assert [x["reason"] for x in again.core.receipts.of("store.reap")] == ["corrupt"]
+    (q,) = again.core.receipts.of("store.quarantine")
+    assert (q["path"], q["reason"]) == (str(path.relative_to(store.root)), "checksum")
+    assert (store.root / q["moved_to"]).read_bytes() == bytes(data)  # moved, never deleted
     again.close()
 
 
@@ -250,11 +252,12 @@ def test_a_load_that_begins_inside_a_store_page_copies_only_its_tail(tiny_model_
 def test_a_full_disk_fails_writes_as_outcomes_and_serving_goes_on(
     tiny_model_dir, tmp_path, monkeypatch
 ):
-    """Every page write fails (ENOSPC): eviction still pays, each write says so in its
-    receipt, and every request is answered with the tokens of a run without a store."""
+    """Every page write fails (ENOSPC, after the eviction it makes and its one retry):
+    eviction still pays, each write says the disk is full in its receipt, and every request is
+    answered with the tokens of a run without a store."""
     import errno
 
-    from engine.mem import kv_store
+    from engine.mem.store_fs import StoreFS
 
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -263,11 +266,13 @@ def test_a_full_disk_fails_writes_as_outcomes_and_serving_goes_on(
     plain = LLM(model=tiny_model_dir, kv_tokens=4096, prefix_cache=False)
     want = [o.token_ids for o in plain.generate(first + others + first, GREEDY)]
     llm = stored(tmp_path, tiny_model_dir, kv_tokens=256)
-    monkeypatch.setattr(kv_store, "write_atomic", full)
+    monkeypatch.setattr(StoreFS, "write_atomic", full)
     got = [llm.generate([p], GREEDY)[0].token_ids for p in first + others + first]
     assert got == want
     writes = llm.core.receipts.of("store.write")
-    assert writes and all(w["pages"] == 0 and "No space left" in w["error"] for w in writes)
+    assert writes and all(
+        w["pages"] == 0 and "disk under the store is full" in w["error"] for w in writes
+    )
     assert llm.core.scheduler.cache.keeper.store.entries == {}  # no page half-counted
     llm.close()
 
@@ -279,9 +284,37 @@ def test_a_store_directory_that_cannot_be_made_is_said_and_the_engine_serves(
     blocker.write_text("not a directory")
     llm = LLM(model=tiny_model_dir, kv_tokens=512, kv_store_dir=str(blocker / "store"))
     (sized,) = llm.core.receipts.of("store.sized")
-    assert sized["path"] == "off" and "cannot use" in sized["reason"]
+    assert sized["path"] == "unusable" and "cannot use" in sized["reason"]
     assert llm.core.scheduler.cache.keeper is None
     assert llm.generate(prompts(300, 1, 20), GREEDY)[0].token_ids
+    llm.close()
+
+
+def test_an_unwritable_store_directory_is_said_at_boot_and_by_the_checkpoints(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """The directory exists but nothing can be written in it (EACCES, as a read-only mount or
+    another user's directory answers; root is not stopped by a mode): store.sized unusable with
+    the reason, kept for /health (EngineInfo.store_off) and answered by the checkpoints (503
+    naming the directory and the reason, not "start it with --kv-store-dir")."""
+    import errno
+
+    from engine.checkpoints import CheckpointError
+    from engine.mem.store_fs import StoreFS
+
+    def denied(*_a, **_k):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(StoreFS, "write_atomic", denied)
+    where = tmp_path / "store"
+    llm = LLM(model=tiny_model_dir, kv_tokens=512, kv_store_dir=str(where))
+    (sized,) = llm.core.receipts.of("store.sized")
+    assert sized["path"] == "unusable" and "PermissionError" in sized["reason"]
+    assert llm.core.info().store_off == sized["reason"]
+    with pytest.raises(CheckpointError) as e:
+        llm.checkpoints()
+    assert e.value.status == 503 and str(where) in str(e.value)
+    assert "Permission denied" in str(e.value) and "start it with" not in str(e.value)
     llm.close()
 
 
@@ -344,4 +377,29 @@ def test_a_store_load_under_a_host_part_not_loaded_is_refused_loudly(tiny_model_
     short = MatchResult(match.slots, match.node, 8, match.node)
     with pytest.raises(ValueError, match="host"):
         cache.keeper.load(cache, tokens, short, 64, None)
+    llm.close()
+
+
+def test_a_checkpoint_on_a_full_disk_is_refused_as_a_full_disk(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """Every store write fails with ENOSPC (after the room eviction makes and one retry): the
+    checkpoint's 507 says the disk is full, with its free bytes, never "no room under its cap"
+    (the cap had room)."""
+    import errno
+
+    from engine.checkpoints import CheckpointError
+    from engine.mem.store_fs import StoreFS
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    llm = stored(tmp_path, tiny_model_dir, kv_tokens=1024)
+    monkeypatch.setattr(StoreFS, "write_atomic", full)
+    with pytest.raises(CheckpointError) as e:
+        llm.checkpoint(prompts(300, 1, 64)[0], id="c")
+    assert e.value.status == 507
+    message = str(e.value)
+    assert "disk under the store is full" in message and "cap" not in message, message
+    assert e.value.fields["used"] < e.value.fields["cap"] and "disk_free" in e.value.fields
     llm.close()

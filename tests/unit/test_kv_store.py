@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from engine.mem.kv_store import PageIn, PageStore, Refused
-from engine.mem.store_files import page_key, page_path
+from engine.mem.store_files import page_key, page_path, page_rel
+from engine.mem.store_fs import StoreFS
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 
@@ -39,7 +40,9 @@ def chain(n: int, size: int = 3000, identity: str = ID, start: int = 0) -> list[
     return pages
 
 
-def test_scan_keeps_whole_pages_and_reaps_partial_corrupt_and_foreign_files(tmp_path: Path) -> None:
+def test_scan_keeps_whole_pages_reaps_partial_and_foreign_files_and_sets_corrupt_ones_aside(
+    tmp_path: Path,
+) -> None:
     store, _ = opened(tmp_path)
     pages = chain(4)
     store.write(pages, reason="test")
@@ -48,7 +51,8 @@ def test_scan_keeps_whole_pages_and_reaps_partial_corrupt_and_foreign_files(tmp_
     other.write([foreign], reason="test")
     os.renames(page_path(tmp_path / "elsewhere", foreign.key), page_path(tmp_path, foreign.key))
     cut = page_path(tmp_path, pages[1].key)
-    cut.write_bytes(cut.read_bytes()[:-10])  # a page cut short
+    short = cut.read_bytes()[:-10]
+    cut.write_bytes(short)  # a page cut short
     bad = page_path(tmp_path, pages[2].key)
     data = bytearray(bad.read_bytes())
     data[-1] ^= 0xFF  # a flipped payload byte: the header reads, the checksum will not
@@ -56,16 +60,21 @@ def test_scan_keeps_whole_pages_and_reaps_partial_corrupt_and_foreign_files(tmp_
     (page_path(tmp_path, pages[3].key).parent / "x.kv.123.tmp").write_bytes(b"half")
     again, rec = opened(tmp_path)
     (scan,) = rec.of(schema.STORE_SCAN)
-    assert scan["reaped"] == {"corrupt": 1, "foreign": 1, "partial": 1}
+    assert scan["reaped"] == {"foreign": 1, "partial": 1} and scan["set_aside"] == 1
+    (q,) = rec.of(schema.STORE_QUARANTINE)
+    assert q["path"] == f"pages/{pages[1].key[:2]}/{pages[1].key[2:4]}/{pages[1].key}.kv"
+    assert q["reason"] == "malformed" and "payload of" in q["detail"]
+    assert (tmp_path / q["moved_to"]).read_bytes() == short  # moved whole, never deleted
     assert sorted(again.entries) == sorted([pages[0].key, pages[2].key, pages[3].key])
     assert not page_path(tmp_path, pages[1].key).exists()
-    # the flipped byte is found when the page is read: it is reaped, and nothing past it is read
+    # the flipped byte is found when the page is read: it is set aside, and nothing past it read
     assert again.read([p.key for p in pages[:3]]) == [pages[0].payload]  # stops where p1 is gone
     assert again.read([p.key for p in pages[2:]]) == []
     load = rec.of(schema.STORE_LOAD)[-1]
     assert load["pages"] == 0 and load["asked"] == 2 and "checksum" in load["error"]
     assert not again.has(pages[2].key)
-    assert again.used == sum(e.allocated for e in again.entries.values())
+    assert rec.of(schema.STORE_QUARANTINE)[-1]["reason"] == "checksum"
+    assert again.used == sum(e.allocated for e in again.entries.values()) + sum(again.meta.values())
 
 
 def test_an_orphan_pin_is_reaped_only_once_old(tmp_path: Path) -> None:
@@ -95,15 +104,15 @@ def test_a_file_that_will_not_delete_is_set_aside_and_eviction_goes_on(
     store, rec = opened(tmp_path, skip_budget=2)
     pages = chain(6)
     store.write(pages, reason="test")
-    stuck = {page_path(tmp_path, p.key) for p in pages[:3]}
-    real = Path.unlink
+    stuck = {page_rel(p.key) for p in pages[:3]}
+    real = StoreFS.unlink
 
-    def unlink(self: Path, missing_ok: bool = False) -> None:
-        if self in stuck:
-            raise PermissionError(13, "Operation not permitted", str(self))
-        real(self, missing_ok=missing_ok)
+    def unlink(self: StoreFS, rel: str) -> None:
+        if rel in stuck:
+            raise PermissionError(13, "Operation not permitted", rel)
+        real(self, rel)
 
-    monkeypatch.setattr(Path, "unlink", unlink)
+    monkeypatch.setattr(StoreFS, "unlink", unlink)
     promised = store.reclaimable
     freed = store.evict(promised, reason="test")
     (ev,) = rec.of(schema.STORE_EVICT)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.messages import PoolSnapshot
-from engine.obs import schema
+from engine.obs import computed, schema
 from engine.sched.request import State
 
 
@@ -67,7 +67,7 @@ def snapshot_of(sched: Any) -> PoolSnapshot:
         kv_cached=cache.total_size(), kv_evictable=mem.evictable(),
         kv_free=mem.available(), kv_staged=mem.staged(), kv_total=mem.capacity,
         new_token_ratio=sched.ratio.value, receipts=dict(sched.receipts.counts),
-        **schema.progress(sched.generated, sched.receipts.counts),
+        **computed.progress(sched.generated, sched.receipts.counts),
         spec=sched.spec.counts() if sched.spec is not None else None,
         store=cache.keeper.store.capacity() if cache.keeper is not None else None,
     )  # fmt: skip

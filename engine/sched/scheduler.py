@@ -36,7 +36,7 @@ from engine.mem.radix import RadixCache
 from engine.mem.req_table import ReqToTokenPool
 from engine.messages import AbortRequest, AddRequest, PoolSnapshot, StepOutput
 from engine.model.tokenizer import Tokenizer
-from engine.obs import schema
+from engine.obs import computed, schema
 from engine.obs.receipts import Receipts
 from engine.prompt import check_param_ids, check_prompt
 from engine.runner import BatchEntry, ModelRunner
@@ -263,7 +263,7 @@ class Scheduler:
         """The batch's digest (drafts counted), written every iteration, compared every K."""
         entries = [(r.rid, 1 + len(drafts.get(r.rid, ()))) for r in decode]
         entries += [(r.rid, n) for r, n in chunks]
-        digest = schema.batch_digest(entries)
+        digest = computed.batch_digest(entries)
         self.iterations.write(digest)
         self.group.agree(self.receipts.iter, digest)
 

@@ -74,6 +74,9 @@ class PoolSnapshot:
     kv_total: int = 0
     new_token_ratio: float = 0.0
     receipts: Mapping[str, int] = field(default_factory=dict)  # decisions since boot, by kind
+    # of those receipts, by kind: written to the boot log, and not (its disk full, say)
+    receipts_written: Mapping[str, int] = field(default_factory=dict)
+    receipts_failed: Mapping[str, int] = field(default_factory=dict)
     # progress since boot, the iteration receipt's counters (schema.PROGRESS; counters, not gauges)
     tokens_generated: int = 0  # tokens sampled
     admissions: int = 0  # admission.admit receipts
@@ -92,7 +95,8 @@ class PoolSnapshot:
     def gauges(self) -> dict[str, int]:
         """The counts /health reports (everything but the counters and the ratio)."""
         d = asdict(self)
-        for counter in ("receipts", "new_token_ratio", *self.progress()):
+        counters = ("receipts", "receipts_written", "receipts_failed", "new_token_ratio")
+        for counter in (*counters, *self.progress()):
             del d[counter]
         for optional in ("store", "store_off"):
             if d[optional] is None:

@@ -3,7 +3,10 @@
 Two sources: the frontend times what a client sees (time to first token, inter-token latency,
 end-to-end) and counts tokens; the scheduler's snapshot, sent with every step, gives the gauges
 (running, waiting, parked, KV use) and the decision counters, which are the receipt counts
-themselves, so /metrics and the boot log cannot disagree about how many parks there were.
+themselves, so /metrics and the boot log cannot disagree about how many parks there were. A
+receipt the boot log could not take (its disk full) is a decision still made: the decision
+counters count it, ``attest:receipts_total`` counts only the receipts written and
+``attest:receipts_failed_total`` the others, so the two can be told apart.
 
 prometheus_client is used for the exposition format (escaping, histogram buckets, content
 type) rather than writing that format again; its registry is per app, never the global one.
@@ -82,10 +85,15 @@ class _EngineCollector:
             for state, value in s.store.items():
                 g.add_metric([state], value)
             yield g
-        c = CounterMetricFamily("attest:receipts", "Receipts written, by kind.", labels=["kind"])
-        for kind in sorted(counts):
-            c.add_metric([kind], counts[kind])
-        yield c
+        for name, help_, by_kind in (
+            ("attest:receipts", "Receipts written, by kind.", s.receipts_written),
+            ("attest:receipts_failed", "Receipts that could not be written (the boot log's "
+             "disk full, say), by kind.", s.receipts_failed),
+        ):  # fmt: skip
+            c = CounterMetricFamily(name, help_, labels=["kind"])
+            for kind in sorted(by_kind):
+                c.add_metric([kind], by_kind[kind])
+            yield c
 
 
 def _spec_metrics(spec: SpecCounts) -> Iterator[Metric]:

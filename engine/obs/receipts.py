@@ -1,7 +1,9 @@
 """Receipt emitters: one JSON line per decision, written through structlog with orjson.
 
 ``Receipts.emit`` never raises into its caller: a failing sink is reported once on stderr and
-counted, and the engine goes on. Every receipt carries the common fields of the schema.
+counted, and the engine goes on. Every receipt carries the common fields of the schema. What was
+decided (``counts``), what was written (``written``) and what could not be (``failed``, a full
+disk say) are counted apart, by kind.
 """
 
 from __future__ import annotations
@@ -28,13 +30,22 @@ def new_boot_id() -> str:
 
 
 class _LineWriter:
-    """A structlog logger that writes rendered bytes as one line each."""
+    """A structlog logger that writes rendered bytes as one line each, whole or not at all as
+    far as the sink lets it: a file is written unbuffered, so a line that failed (ENOSPC) is
+    not held in a buffer to reach the log later, and one cut by a full disk is ended before
+    the next line is written."""
 
     def __init__(self, fh: IO[bytes]) -> None:
         self._fh = fh
+        self._cut = False  # a line was written in part
 
     def msg(self, message: bytes) -> None:
-        self._fh.write(message + b"\n")
+        data = memoryview((b"\n" if self._cut else b"") + message + b"\n")
+        while data:  # a raw write may take part of it, then fail
+            n = self._fh.write(data)
+            if n:
+                self._cut = bytes(data[n - 1 : n]) != b"\n"
+            data = data[n:]
         self._fh.flush()
 
     info = msg
@@ -72,7 +83,9 @@ class Receipts:
         limit = CAPTURE_LIMIT if capture is True else int(capture)
         self.records: deque[dict[str, Any]] | None = deque(maxlen=limit) if capture else None
         self.failures = 0
-        self.counts: Counter[str] = Counter()  # receipts per kind since boot
+        self.counts: Counter[str] = Counter()  # receipts emitted per kind since boot: decisions
+        self.written: Counter[str] = Counter()  # of them, those every sink took
+        self.failed: Counter[str] = Counter()  # of them, those that could not be written
         self._once: set[str] = set()
         self._lock = threading.Lock()
         # tracing's hook (``RequestTraces.on_receipt``): sees every receipt, written or not
@@ -82,7 +95,7 @@ class Receipts:
         if path is not None:
             p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)
-            self._file = p.open("ab")
+            self._file = p.open("ab", buffering=0)
             self.path: Path | None = p
         else:
             self.path = None
@@ -106,7 +119,8 @@ class Receipts:
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one receipt. Never raises. A receipt that fails still consumed its ``seq``, so
-        the log shows the loss as a gap. Every kind is counted, written or not (for metrics)."""
+        the log shows the loss as a gap. Every kind is counted in ``counts``, and in ``written``
+        or ``failed`` (none of them with receipts off)."""
         self.counts[event] += 1
         if self.tap is not None:
             self._tap(event, fields)
@@ -130,7 +144,9 @@ class Receipts:
                     self.records.append({"event": event, **record})
                 for log in self._loggers:
                     log.info(event, **record)
+                self.written[event] += 1
         except Exception as e:  # an emitter must never take down what it observes
+            self.failed[event] += 1
             self.failures += 1
             if self.failures == 1:
                 print(f"attest: receipt emitter failed ({type(e).__name__}: {e}); "
@@ -173,7 +189,11 @@ class Receipts:
         return [r for r in self.records or [] if r["event"] == event]
 
     def close(self) -> None:
+        """Close the boot log. Never raises (nothing is buffered to fail on a full disk)."""
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError as e:
+                print(f"attest: closing the boot log failed ({e})", file=sys.stderr)
             self._file = None
             self._loggers = []

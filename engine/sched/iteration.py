@@ -67,6 +67,8 @@ def snapshot_of(sched: Any) -> PoolSnapshot:
         kv_cached=cache.total_size(), kv_evictable=mem.evictable(),
         kv_free=mem.available(), kv_staged=mem.staged(), kv_total=mem.capacity,
         new_token_ratio=sched.ratio.value, receipts=dict(sched.receipts.counts),
+        receipts_written=dict(sched.receipts.written),
+        receipts_failed=dict(sched.receipts.failed),
         **computed.progress(sched.generated, sched.receipts.counts),
         spec=sched.spec.counts() if sched.spec is not None else None,
         store=cache.keeper.store.capacity() if cache.keeper is not None else None,

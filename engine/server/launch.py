@@ -38,7 +38,7 @@ from engine.obs.tracing import Tracing, setup_tracing
 from engine.server.app import create_app
 from engine.server.boot_guard import claim
 from engine.server.driver import EngineDriver
-from engine.server.limits import HttpLimits, protocol_class
+from engine.server.limits import HttpLimits, http_options
 
 EXIT_SCHEDULER_DIED = 1
 EXIT_BOOT_FAILED = 2  # the engine could not be built (a bad option's code: a bad --tp, say)
@@ -224,7 +224,7 @@ def _server(
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning",
         timeout_graceful_shutdown=int(drain_timeout + SHUTDOWN_MARGIN_S),
-        http=protocol_class(limits),  # header timeout, connections per client address
+        **http_options(limits),  # head bounds and timeout, connections per client address
     )  # fmt: skip
     return _Server(config, driver, sock)
 

@@ -5,7 +5,8 @@ sends 20 holds its connection forever) and caps connections only for the whole s
 first two live here: the body read in ``read_body``, the rest in ``protocol_class``, uvicorn's
 HTTP/1.1 protocol with a header timer and a count of connections per address. Two bodies are
 refused unread: one framed both by Content-Length and by Transfer-Encoding (``_one_framing``),
-and one in a Content-Encoding (``refuse_encoded``).
+and one in a Content-Encoding (``refuse_encoded``). A head past its bounds (``head_bounds``) is
+refused before it is parsed, and a chunk size past the body's bound as it arrives.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from dataclasses import asdict, dataclass
+from http import HTTPStatus
 from typing import Any, ClassVar
 
 import h11
@@ -21,18 +23,25 @@ from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from engine.config import EngineConfig, ServerSection
+from engine.server import head_bounds as hb
 from engine.server.errors import ProtocolError, error_body
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 LINGER_S = 5.0  # the most a refused body's rest is read and dropped after the answer
+# a chunk size no body can have: nginx's bound (a signed 64-bit length), malformed past it
+CHUNK_SIZE_LIMIT = 2**63
+REFUSED = "attest.refused"  # the scope's key that tells the app the protocol refused its request
 
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits(ServerSection):
-    """The server section's limits (declared, defaulted and checked there) and the most a
-    request body may hold."""
+    """The server section's limits (declared, defaulted and checked there), the most a request
+    body may hold, and a request head's bounds (``head_bounds``)."""
 
     max_body_bytes: int = MAX_BODY_BYTES
+    max_head_bytes: int = hb.MAX_HEAD_BYTES
+    max_line_bytes: int = hb.MAX_LINE_BYTES
+    max_header_fields: int = hb.MAX_HEADER_FIELDS
 
     @classmethod
     def of(cls, cfg: EngineConfig) -> HttpLimits:
@@ -44,7 +53,10 @@ class ClientGone(Exception):
 
 
 def went_away(request: Request, what: str) -> None:
-    """One line on stderr for a client that left: an ordinary event, not a crash."""
+    """One line on stderr for a client that left: an ordinary event, not a crash. A connection
+    the protocol closed on a refusal (``GuardedH11Protocol._refuse``) did not leave: no line."""
+    if request.scope.get(REFUSED):
+        return
     client = request.client
     who = f"{client.host}:{client.port}" if client else "a client"
     print(f"attest: {who} went away {what} ({request.method} {request.url.path}); "
@@ -134,20 +146,24 @@ class LingeringTransport:
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol with a header timer and a cap on the connections one client
-    address holds open; each server has its own subclass (``protocol_class``)."""
+    """uvicorn's HTTP/1.1 protocol with a header timer, bounds on a request's head and on its
+    chunk sizes, and a cap on the connections one client address holds open; each server has
+    its own subclass (``protocol_class``)."""
 
     open_by_host: ClassVar[dict[str, int]]  # this server's open connections, by address
     cap: ClassVar[int]  # 0: no cap
     header_timeout: ClassVar[float]
+    http_limits: ClassVar[HttpLimits]
     _host = ""
     _timer: asyncio.TimerHandle | None = None
     _armed_at: Any = None
     _heard = False  # bytes arrived since the timer was armed
+    _refused = False  # the protocol answered and closes: what the client still sends is dropped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         linger = min(LINGER_S, self.header_timeout)
-        super().connection_made(LingeringTransport(transport, self._sending_body, linger))  # type: ignore[arg-type]
+        self._meter = self._new_meter()
+        super().connection_made(LingeringTransport(transport, self._still_sending, linger))  # type: ignore[arg-type]
         self._host = self.client[0] if self.client else ""
         open_by_host, cap = self.open_by_host, self.cap
         open_by_host[self._host] = open_by_host.get(self._host, 0) + 1
@@ -168,17 +184,67 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
+        # the next request's head is measured from its first byte, those that came pipelined
+        # behind this one too (h11 holds them and parses them as the next cycle begins)
+        self._meter = self._new_meter()
+        if self.conn.their_state is h11.DONE:
+            self._measure(self.conn.trailing_data[0])
         super().on_response_complete()
         self._arm()  # the next request's headers get the same time
 
     def data_received(self, data: bytes) -> None:
-        if self.transport.lingering:  # the rest of a refused body: dropped
+        if self.transport.lingering:  # the rest of a refused request: dropped
             return
         self._heard = True
+        if self.conn.their_state is h11.IDLE and self._measure(data):
+            return
         super().data_received(data)
+        self._check_chunk()
 
-    def _sending_body(self) -> bool:
-        return self.conn.their_state is h11.SEND_BODY
+    def _new_meter(self) -> hb.HeadMeter:
+        lim = self.http_limits
+        return hb.HeadMeter(lim.max_head_bytes, lim.max_line_bytes, lim.max_header_fields)
+
+    def _measure(self, data: bytes) -> bool:
+        """Refuse the head ``data`` belongs to where it is past a bound (before h11 parses it)."""
+        fault = self._meter.feed(data)
+        if fault is not None:
+            self._refuse(fault.status, fault.message)
+        return fault is not None
+
+    def _check_chunk(self) -> None:
+        """A chunk whose size says the body cannot be taken is refused as its size arrives; h11
+        would wait for its bytes until the read timeout (408). A request answered already (its
+        body is read on to keep the connection) gets no second answer: its connection closes."""
+        left = _chunk_left(self.conn)
+        if self.transport.is_closing() or left <= self.http_limits.max_body_bytes:
+            return
+        if left >= CHUNK_SIZE_LIMIT:
+            status = 400
+            message = (
+                f"malformed HTTP request: chunk size 0x{left:x} is more than any body can "
+                f"have (at most 0x{CHUNK_SIZE_LIMIT - 1:x})"
+            )
+        else:
+            status = 413
+            message = (
+                f"request body exceeds {self.http_limits.max_body_bytes} bytes: a chunk "
+                f"declares {left} bytes more"
+            )
+        self._refuse(status, message, answer=not self.cycle.response_started)
+
+    def _refuse(self, status: int, message: str, answer: bool = True) -> None:
+        """Answer ``status`` and close; a request the app was reading is told it was refused
+        (``REFUSED``), so its end is not taken for a client that left."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.scope[REFUSED] = status
+        self._refused = True
+        if answer:
+            self.transport.write(raw_error(status, HTTPStatus(status).phrase, message))
+        self.transport.close()
+
+    def _still_sending(self) -> bool:
+        return self._refused or self.conn.their_state is h11.SEND_BODY
 
     def _arm(self) -> None:
         if self._timer is not None:
@@ -195,8 +261,14 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        self.transport.write(raw_error(400, "Bad Request", f"malformed HTTP request: {msg}"))
-        self.transport.close()
+        self._refuse(400, f"malformed HTTP request: {msg}")
+
+
+def _chunk_left(conn: h11.Connection) -> int:
+    """The bytes the chunk h11 is reading still declares (0 outside a chunked body). h11 reads
+    a chunk size of any length and exposes neither it nor a bound on it, so this reads its
+    reader's count (h11 0.14 to 0.16; tests/e2e/test_protocol_bounds.py fails if it moves)."""
+    return getattr(getattr(conn, "_reader", None), "_bytes_in_chunk", 0)
 
 
 def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
@@ -206,8 +278,19 @@ def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
     class ServerH11Protocol(GuardedH11Protocol):
         open_by_host = {}
         cap, header_timeout = limits.max_client_connections, limits.read_timeout
+        http_limits = limits
 
     return ServerH11Protocol
+
+
+def http_options(limits: HttpLimits) -> dict[str, Any]:
+    """``uvicorn.Config``'s HTTP/1.1 options for one server: its protocol, and h11's own bound
+    on a head still incomplete set past the head's bound, which the protocol measures first
+    (h11's 16 KiB would refuse a head of 16 to 32 KiB with a 400)."""
+    return {
+        "http": protocol_class(limits),
+        "h11_max_incomplete_event_size": 2 * limits.max_head_bytes,
+    }
 
 
 _TWO_FRAMINGS = (

@@ -36,6 +36,7 @@ from engine.server.errors import ProtocolError, shown
 
 MAX_N = 16  # choices per request; each is its own request in the scheduler, sharing the prefix
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
+ID_DIGITS = 20  # more than any vocabulary's token id has (2**64 has 20)
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +309,23 @@ def refuse_unbuilt(data: dict[str, Any], model: type[BaseModel]) -> dict[str, An
     return kept
 
 
+def bias_by_id(logit_bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """``logit_bias`` by token id. A key of more digits than any vocabulary's id has is refused
+    by its length before ``int`` reads it: Python reads at most 4,300 digits into an int, a
+    ValueError past them (an id is checked against the vocabulary with ``stop_token_ids``)."""
+    out = {}
+    for key, bias in (logit_bias or {}).items():
+        digits = key.lstrip("0") or "0"  # zeros in front spell the same id
+        if len(digits) > ID_DIGITS:
+            raise ProtocolError(
+                f"logit_bias: a key of {len(key)} digits is not a token id of the vocabulary "
+                f"(0..{vocab_size - 1}); each key is a token id",
+                "logit_bias",
+            )
+        out[int(digits)] = bias
+    return out or None
+
+
 def sampling_params(
     req: _Common, prompt_len: int, limits: ModelLimits, default_max: int, guide: Guide | None = None
 ) -> SamplingParams:
@@ -322,7 +340,7 @@ def sampling_params(
         )  # fmt: skip
     except PromptError as e:
         raise ProtocolError(str(e), e.param) from e
-    bias = {int(t): b for t, b in (req.logit_bias or {}).items()} or None
+    bias = bias_by_id(req.logit_bias, limits.vocab_size)
     try:
         check_param_ids(req.stop_token_ids, bias, vocab_size=limits.vocab_size)
     except PromptError as e:

@@ -28,6 +28,8 @@ def test_gauges_and_counters_come_from_the_latest_snapshot():
             running=3, parked=1, waiting=2, kv_used=30, kv_cached=20, kv_evictable=12,
             kv_free=50, kv_total=100,
             receipts={schema.ADMISSION_PARK: 4, schema.REQUEUE: 1, schema.EVICTION: 7},
+            receipts_written={schema.ADMISSION_PARK: 3, schema.REQUEUE: 1, schema.EVICTION: 7},
+            receipts_failed={schema.ADMISSION_PARK: 1},
         )
     )  # fmt: skip
     s = _samples(m)  # read at scrape time: the new snapshot, not the one at construction
@@ -44,7 +46,10 @@ def test_gauges_and_counters_come_from_the_latest_snapshot():
     }
     assert s["attest:parks_total"] == 4 and s["attest:retractions_total"] == 1
     assert s["attest:evictions_total"] == 7 and s["attest:oom_total"] == 0
-    assert s[f'attest:receipts_total{{kind="{schema.ADMISSION_PARK}"}}'] == 4
+    # a park whose receipt the log could not take is a park still: counted apart, not lost
+    assert s[f'attest:receipts_total{{kind="{schema.ADMISSION_PARK}"}}'] == 3
+    assert s[f'attest:receipts_failed_total{{kind="{schema.ADMISSION_PARK}"}}'] == 1
+    assert not any(k.startswith("attest:receipts_failed_total") for k in idle)
 
 
 def test_speculation_counters_under_vllms_names_only_when_it_is_on():

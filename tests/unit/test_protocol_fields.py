@@ -136,6 +136,8 @@ def test_penalties_bias_and_seed_reach_the_sampler():
                  "logit_bias": {"7": -100, "3": 2.5}, "seed": -5})  # fmt: skip
     assert (p.presence_penalty, p.frequency_penalty, p.seed) == (0.5, -1, -5)
     assert p.logit_bias == {7: -100, 3: 2.5}
+    # leading zeros do not make a key long: it is the id it spells
+    assert _params({"prompt": "x", "logit_bias": {"0" * 5000 + "7": 1}}).logit_bias == {7: 1}
 
 
 def test_vllms_output_fields_reach_the_request():
@@ -160,6 +162,17 @@ def test_vllms_output_fields_reach_the_request():
     [
         ({"prompt": "x", "stop_token_ids": [50]}, "stop_token_ids", "token id 50 is outside"),
         ({"prompt": "x", "logit_bias": {"99": 1}}, "logit_bias", "token id 99 is outside"),
+        # more digits than Python reads into an int (4,300): a 400, never int()'s ValueError
+        (
+            {"prompt": "x", "logit_bias": {"9" * 5000: 1}},
+            "logit_bias",
+            "a key of 5000 digits is not a token id of the vocabulary (0..49)",
+        ),
+        (
+            {"prompt": "x", "logit_bias": {"1" + "0" * 20: 1}},
+            "logit_bias",
+            "a key of 21 digits is not a token id",
+        ),
         ({"prompt": "x", "max_tokens": 91}, "max_tokens", "context limit of 100"),
         ({"prompt": "x", "min_tokens": 20, "max_tokens": 5}, "min_tokens", "max_tokens=5"),
     ],

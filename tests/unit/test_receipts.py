@@ -3,6 +3,7 @@ write one JSON line per receipt with the common fields, and stay importable with
 
 from __future__ import annotations
 
+import errno
 import io
 import subprocess
 import sys
@@ -108,3 +109,69 @@ def test_obs_modules_do_not_import_torch(module):
     code = f"import {module}, sys; assert 'torch' not in sys.modules, 'torch was imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+class FullDisk(io.RawIOBase):
+    """A raw file on a disk with ``room`` bytes left: a write takes what fits and then fails
+    with ENOSPC, as write(2) does; ``free`` makes room again."""
+
+    def __init__(self, room: int) -> None:
+        self.data, self.room = bytearray(), room
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        if self.room == 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = min(len(b), self.room)
+        self.data += bytes(b[:n])
+        self.room -= n
+        return n
+
+    def free(self, room: int) -> None:
+        self.room = room
+
+
+def test_a_receipt_that_could_not_be_written_is_counted_apart_and_never_written_later(capsys):
+    disk = FullDisk(room=0)
+    r = Receipts(stream=disk, boot="b-full")
+    r.emit(schema.NOTICE, text="lost")
+    r.emit(schema.REQUEST_FINISH, rid="a", reason="stop", output_tokens=1)
+    assert r.failed == {schema.NOTICE: 1, schema.REQUEST_FINISH: 1} and r.written == {}
+    assert r.counts == {schema.NOTICE: 1, schema.REQUEST_FINISH: 1}  # the decisions: all made
+    disk.free(40)  # room for part of a line: the rest fails, a cut line
+    r.emit(schema.NOTICE, text="cut")
+    disk.free(10_000)
+    r.emit(schema.NOTICE, text="kept")
+    r.close()
+    assert r.failed == {schema.NOTICE: 2, schema.REQUEST_FINISH: 1}
+    assert r.written == {schema.NOTICE: 1}
+    lines = bytes(disk.data).split(b"\n")
+    assert len(lines[0]) == 40 and lines[-1] == b""  # the cut line, then the kept one whole
+    kept = orjson.loads(lines[1])
+    assert (kept["text"], kept["seq"]) == ("kept", 4)  # the lost ones left their seq gap
+    assert b"lost" not in disk.data  # a failed receipt never reaches the log afterwards
+    assert capsys.readouterr().err.count("No space left on device") == 1
+
+
+def test_a_boot_log_on_a_full_disk_counts_its_failures_and_holds_nothing_back(capsys):
+    r = Receipts("/dev/full", boot="b-dev-full")  # every write(2) there fails with ENOSPC
+    r.emit(schema.NOTICE, text="x")
+    r.close()  # a buffered file would hold the failed line and try it again here
+    assert r.failed == {schema.NOTICE: 1} and r.written == {} and r.failures == 1
+    err = capsys.readouterr().err
+    assert err.count("No space left on device") == 1 and "closing" not in err, err
+
+
+def test_a_boot_log_that_fails_to_close_says_so_and_does_not_raise(tmp_path, capsys):
+    class Unclosable(io.RawIOBase):
+        def close(self) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+    r = Receipts(tmp_path / "boot.jsonl")
+    r.emit(schema.NOTICE, text="x")
+    r._file.close()
+    r._file = Unclosable()  # a file system that fails the close (NFS reports its errors here)
+    r.close()  # must not raise into a shutdown
+    assert "closing the boot log failed" in capsys.readouterr().err

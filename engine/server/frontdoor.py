@@ -7,7 +7,9 @@ traceback goes into the receipt (and on stderr, as before), never to the client.
 sees every path that answers an error (the middleware's refusals, the error handlers, a route
 returning an error, a crash), so none can be left off the record by being written elsewhere.
 A client that went away (499) is not a refusal; a stream that fails after its 200 has started
-is recorded as the 500 it is.
+is recorded as the 500 it is. What the HTTP protocol refuses before the app sees a request (a
+head past its bounds, headers too slow, two framings, a client over its connection cap) is
+recorded the same way through ``refused``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ REASON_CHARS = 500  # the message a client was told, about this long at most in 
 PATH_CHARS = 200  # a raw path in a receipt (an unmatched route's path is the client's text)
 TRACEBACK_CHARS = 6000  # a traceback's last characters (where the error is)
 UNMATCHED = "unmatched"  # the route of a request that matched none (its 404)
+UNPARSED = "unparsed"  # the route of a request refused before its request line was read
 GONE = 499  # a client that went away: nobody was refused
 
 Scope = MutableMapping[str, Any]
@@ -126,6 +129,12 @@ class FrontDoor:
         if seen.status >= 400 and seen.status != GONE:
             self._rejected(scope, seen.status, *told(seen.body, seen.status), None)
 
+    def refused(self, method: str, path: str, status: int, reason: str) -> None:
+        """The record of a refusal the HTTP protocol answered itself, before the app saw the
+        request (``limits.GuardedH11Protocol``): ``path`` "" where its line was not read."""
+        scope = {"type": "http", "method": method, "path": path, "root_path": ""}
+        self._rejected(scope, status, reason, None, None)
+
     def _rejected(
         self, scope: Scope, status: int, reason: str, param: str | None, trace: str | None
     ) -> None:
@@ -147,6 +156,8 @@ class FrontDoor:
     def _route(self, scope: Scope) -> str:
         """The template of the route the request matched (refused before routing: the one it
         would have), else ``unmatched``."""
+        if not scope.get("path"):
+            return UNPARSED
         route = scope.get("route")
         if route is None:
             for r in self.app.routes:

@@ -224,7 +224,7 @@ def _server(
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning",
         timeout_graceful_shutdown=int(drain_timeout + SHUTDOWN_MARGIN_S),
-        **http_options(limits),  # head bounds and timeout, connections per client address
+        **http_options(limits, app.refused),  # head bounds and timeout, connections per client address
     )  # fmt: skip
     return _Server(config, driver, sock)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
 from typing import Any, ClassVar
@@ -145,15 +146,25 @@ class LingeringTransport:
         return self.lingering or self._transport.is_closing()
 
 
+# The record of a refusal the protocol answers itself, before the app sees the request (method
+# and path as far as they were read, "" before; the status; the message): FrontDoor.refused.
+Refused = Callable[[str, str, int, str], None]
+
+
+def unrecorded(method: str, path: str, status: int, message: str) -> None:
+    """No record of the protocol's refusals (a protocol used without an app's front door)."""
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol with a header timer, bounds on a request's head and on its
     chunk sizes, and a cap on the connections one client address holds open; each server has
-    its own subclass (``protocol_class``)."""
+    its own subclass (``protocol_class``). Each refusal it answers is recorded (``on_refused``)."""
 
     open_by_host: ClassVar[dict[str, int]]  # this server's open connections, by address
     cap: ClassVar[int]  # 0: no cap
     header_timeout: ClassVar[float]
     http_limits: ClassVar[HttpLimits]
+    on_refused: ClassVar[Refused]
     _host = ""
     _timer: asyncio.TimerHandle | None = None
     _armed_at: Any = None
@@ -168,9 +179,9 @@ class GuardedH11Protocol(H11Protocol):
         open_by_host, cap = self.open_by_host, self.cap
         open_by_host[self._host] = open_by_host.get(self._host, 0) + 1
         if cap and open_by_host[self._host] > cap:
-            self.app = _over_cap(self._host, cap)  # its request is answered 429, then closed
+            self.app = _over_cap(self._host, cap, self.on_refused)  # 429, then closed
         else:
-            self.app = _one_framing(self.app)
+            self.app = _one_framing(self.app, self.on_refused)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -209,7 +220,7 @@ class GuardedH11Protocol(H11Protocol):
         """Refuse the head ``data`` belongs to where it is past a bound (before h11 parses it)."""
         fault = self._meter.feed(data)
         if fault is not None:
-            self._refuse(fault.status, fault.message)
+            self._refuse(fault.status, fault.message, parsed=False)
         return fault is not None
 
     def _check_chunk(self) -> None:
@@ -233,15 +244,25 @@ class GuardedH11Protocol(H11Protocol):
             )
         self._refuse(status, message, answer=not self.cycle.response_started)
 
-    def _refuse(self, status: int, message: str, answer: bool = True) -> None:
+    def _refuse(self, status: int, message: str, answer: bool = True, parsed: bool = True) -> None:
         """Answer ``status`` and close; a request the app was reading is told it was refused
-        (``REFUSED``), so its end is not taken for a client that left."""
-        if self.cycle is not None and not self.cycle.response_complete:
+        (``REFUSED``), so its end is not taken for a client that left. ``parsed``: the refused
+        request's line was read (its method and path go on the record)."""
+        reading = self.cycle is not None and not self.cycle.response_complete
+        if reading:
             self.scope[REFUSED] = status
         self._refused = True
         if answer:
             self.transport.write(raw_error(status, HTTPStatus(status).phrase, message))
         self.transport.close()
+        said = self.scope if parsed and reading else {}
+        self._record(said.get("method", ""), said.get("path", ""), status, message)
+
+    def _record(self, method: str, path: str, status: int, message: str) -> None:
+        try:
+            self.on_refused(method, path, status, message)
+        except Exception:  # the record of an answer never changes the answer
+            pass
 
     def _still_sending(self) -> bool:
         return self._refused or self.conn.their_state is h11.SEND_BODY
@@ -258,10 +279,11 @@ class GuardedH11Protocol(H11Protocol):
             if self._heard:  # an idle connection is closed without a word, as keep-alive's
                 message = f"request headers not received within {self.header_timeout:g} s"
                 self.transport.write(raw_error(408, "Request Timeout", message))
+                self._record("", "", 408, message)
             self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        self._refuse(400, f"malformed HTTP request: {msg}")
+        self._refuse(400, f"malformed HTTP request: {msg}", parsed=False)
 
 
 def _chunk_left(conn: h11.Connection) -> int:
@@ -271,24 +293,26 @@ def _chunk_left(conn: h11.Connection) -> int:
     return getattr(getattr(conn, "_reader", None), "_bytes_in_chunk", 0)
 
 
-def protocol_class(limits: HttpLimits) -> type[H11Protocol]:
+def protocol_class(limits: HttpLimits, record: Refused = unrecorded) -> type[H11Protocol]:
     """uvicorn's HTTP/1.1 protocol (``uvicorn.Config(http=...)``) for one server, with its own
-    count of open connections per client address."""
+    count of open connections per client address and its own record of refusals."""
 
     class ServerH11Protocol(GuardedH11Protocol):
         open_by_host = {}
         cap, header_timeout = limits.max_client_connections, limits.read_timeout
         http_limits = limits
+        on_refused = staticmethod(record)
 
     return ServerH11Protocol
 
 
-def http_options(limits: HttpLimits) -> dict[str, Any]:
-    """``uvicorn.Config``'s HTTP/1.1 options for one server: its protocol, and h11's own bound
-    on a head still incomplete set past the head's bound, which the protocol measures first
-    (h11's 16 KiB would refuse a head of 16 to 32 KiB with a 400)."""
+def http_options(limits: HttpLimits, on_refused: Refused = unrecorded) -> dict[str, Any]:
+    """``uvicorn.Config``'s HTTP/1.1 options for one server: its protocol (``on_refused``: the
+    record of what it refuses itself), and h11's own bound on a head still incomplete set past
+    the head's bound, which the protocol measures first (h11's 16 KiB would refuse a head of 16
+    to 32 KiB with a 400)."""
     return {
-        "http": protocol_class(limits),
+        "http": protocol_class(limits, on_refused),
         "h11_max_incomplete_event_size": 2 * limits.max_head_bytes,
     }
 
@@ -299,7 +323,7 @@ _TWO_FRAMINGS = (
 )
 
 
-def _one_framing(app: Any) -> Any:
+def _one_framing(app: Any, on_refused: Refused) -> Any:
     """``app`` behind a refusal of the request-smuggling shape: a body framed both by length and
     by chunks. h11 would read it chunked, and a proxy in front may have read it by its length,
     so where one request ends and the next begins is in dispute: 400, and the connection closes
@@ -309,6 +333,7 @@ def _one_framing(app: Any) -> Any:
         names = {name for name, _ in scope.get("headers", ())}
         if scope["type"] == "http" and {b"content-length", b"transfer-encoding"} <= names:
             await _answer(send, 400, _TWO_FRAMINGS)
+            on_refused(scope["method"], scope["path"], 400, _TWO_FRAMINGS)
             return
         await app(scope, receive, send)
 
@@ -324,11 +349,13 @@ async def _answer(send: Any, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _over_cap(host: str, cap: int) -> Any:
+def _over_cap(host: str, cap: int, on_refused: Refused) -> Any:
     message = (f"too many open connections from {host}: at most {cap} at once "
                "(--max-client-connections); close some and retry")  # fmt: skip
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await _answer(send, 429, message)
+        if scope["type"] == "http":
+            on_refused(scope["method"], scope["path"], 429, message)
 
     return app

@@ -15,6 +15,7 @@ import pytest
 
 from engine.obs import schema
 from tests.e2e.audit_cli import audit
+from tests.e2e.http_raw import exchange, head
 from tests.e2e.server_proc import ServerProc
 
 # a limit any turn of the loop that parses a large body stands past (the test is of the wiring
@@ -84,6 +85,21 @@ def test_each_refusal_is_a_receipt_in_the_boot_log_and_a_count_in_metrics(door):
     assert by_status[(404, None)]["route"] == "unmatched"
     assert "not valid JSON" in by_status[(400, None)]["reason"]
     # /metrics counts what the log holds, status by status
+    assert _rejections(door.metrics()) == Counter(r["status"] for r in got)
+
+
+def test_what_the_protocol_refuses_before_the_app_is_on_the_record_too(door):
+    fat = head("/v1/completions", 2, "X-Fat: " + "a" * 40_000 + "\r\n") + b"{}"
+    two = head("/v1/chat/completions", 2, "Transfer-Encoding: chunked\r\n") + b"0\r\n\r\n"
+    assert exchange(door.port, fat)[0] == 431
+    assert exchange(door.port, two)[0] == 400
+    got = _wait_for(door.log_file, schema.REQUEST_REJECTED, 6)
+    by_status = {
+        r["status"]: r for r in got if r["status"] == 431 or "Transfer-Encoding" in r["reason"]
+    }
+    assert by_status[431]["route"] == "unparsed" and "exceeds" in by_status[431]["reason"]
+    assert by_status[400]["route"] == "/v1/chat/completions"
+    assert by_status[400]["method"] == "POST"
     assert _rejections(door.metrics()) == Counter(r["status"] for r in got)
 
 

@@ -197,3 +197,15 @@ def test_a_stall_too_short_for_the_thread_to_see_is_written_when_the_loop_turns_
     assert stall["stack"] == "" and stall["limit_s"] == 0.05
     (resume,) = rec.of(schema.FRONTEND_RESUME)
     assert resume["stalled_s"] >= 0.25 and watch.stalls == 1
+
+
+def test_a_refusal_the_protocol_answered_itself_is_recorded_by_what_was_read_of_it():
+    rec = _Records()
+    door = _app(rec)
+    door.refused("", "", 431, "request head exceeds 32768 bytes")
+    door.refused("POST", "/v1/things/7", 400, "two framings")
+    got = rec.of(schema.REQUEST_REJECTED)
+    assert [(r["route"], r["method"], r["status"]) for r in got] == [
+        ("unparsed", "", 431), ("/v1/things/{tid}", "POST", 400),
+    ]  # fmt: skip
+    assert rec.counted == [("unparsed", 431, "none"), ("/v1/things/{tid}", 400, "none")]

@@ -53,7 +53,9 @@ from engine.messages import (
 )
 from engine.obs.death import how_it_ended
 from engine.server.scheduler_proc import scheduler_main
-from engine.server.submission import SchedulerDied, Submission
+from engine.server.submission import SchedulerDied, StartStopped, Submission
+
+START_POLL_S = 0.1  # how often a start that waits for Ready looks for a stop asked meanwhile
 
 
 class EngineDriver:
@@ -108,14 +110,21 @@ class EngineDriver:
         self._reader = threading.Thread(target=self._read, name="attest-ipc-reader", daemon=True)
         self._writer = threading.Thread(target=self._write, name="attest-ipc-writer", daemon=True)
 
-    def start(self, timeout: float = 600) -> None:
+    def start(self, timeout: float = 600, stop: Callable[[], str | None] = lambda: None) -> None:
         """Start the scheduler process and wait until its engine is built. A RuntimeError
-        saying why where it is not; the process has exited by then (it writes no more)."""
+        saying why where it is not; the process has exited by then (it writes no more).
+        ``stop``: a stop asked meanwhile (its reason, else None) ends the process at once and
+        raises StartStopped (a model may take minutes to load, or never load)."""
         self._proc.start()
         self._child.close()
-        if not self._conn.poll(timeout):
-            self._end_unready()
-            raise RuntimeError(f"scheduler process did not become ready in {timeout:.0f} s")
+        deadline = time.monotonic() + timeout
+        while not self._conn.poll(START_POLL_S):
+            if (reason := stop()) is not None:
+                self._end_unready(grace=0)
+                raise StartStopped(reason)
+            if time.monotonic() >= deadline:
+                self._end_unready()
+                raise RuntimeError(f"scheduler process did not become ready in {timeout:.0f} s")
         try:
             msg = self._conn.recv()
         except EOFError:  # it died while building the engine (killed, out of memory)

@@ -11,7 +11,8 @@ said on stderr, not raised into the exit path.
 A boot that fails before it serves (its engine could not be built) would leave a log that only
 began. The process about to exit writes ``boot.stop`` ``boot_failed`` with its exit code and
 message, ending the boot that the failed engine began: the one whose ``boot.start`` names that
-engine's pid (the file may hold earlier boots).
+engine's pid (the file may hold earlier boots). A boot stopped by a signal while its engine was
+being built is ended the same way, in order (``write_boot_stopped``).
 """
 
 from __future__ import annotations
@@ -109,6 +110,18 @@ def write_boot_failed(path: str | Path | None, pid: int | None, exit_code: int, 
     ``boot_failed``, ``exit_code`` (what the failed boot's process exits with) and ``error``
     (its message). False, writing nothing, where no ``boot.start`` of that process is in the
     log's tail (it failed before it wrote one: nothing began) or that boot has ended already."""
+    return _end_boot(path, pid, schema.BOOT_FAILED, exit_code=exit_code,
+                     error=clip_words(error, ERROR_CHARS))  # fmt: skip
+
+
+def write_boot_stopped(path: str | Path | None, pid: int | None, reason: str) -> bool:
+    """End the boot that process ``pid`` began with an orderly ``boot.stop`` (``reason``, one of
+    ``schema.ORDERLY_STOPS``): a stop asked while its engine was being built, which had nothing
+    in flight yet. False, writing nothing, as ``write_boot_failed``."""
+    return _end_boot(path, pid, reason)
+
+
+def _end_boot(path: str | Path | None, pid: int | None, reason: str, **fields: Any) -> bool:
     if path is None or pid is None:
         return False
     p = Path(path)
@@ -122,8 +135,7 @@ def write_boot_failed(path: str | Path | None, pid: int | None, exit_code: int, 
         if any(r.get("event") == schema.BOOT_STOP for r in own):
             return False
         receipts = _after(p, max(own, key=lambda r: r["seq"]))
-        receipts.emit(schema.BOOT_STOP, reason=schema.BOOT_FAILED, in_flight=0,
-                      exit_code=exit_code, error=clip_words(error, ERROR_CHARS))  # fmt: skip
+        receipts.emit(schema.BOOT_STOP, reason=reason, in_flight=0, **fields)
         receipts.close()
         return receipts.failures == 0
     except Exception as e:  # the exit path goes on: the operator still sees the error on stderr

@@ -40,13 +40,22 @@ class _LineWriter:
         self._cut = False  # a line was written in part
 
     def msg(self, message: bytes) -> None:
-        data = memoryview((b"\n" if self._cut else b"") + message + b"\n")
-        while data:  # a raw write may take part of it, then fail
-            n = self._fh.write(data)
-            if n:
-                self._cut = bytes(data[n - 1 : n]) != b"\n"
-            data = data[n:]
+        line = b"\n" + message + b"\n" if self._cut else message + b"\n"
+        n = self._fh.write(line)
+        if n != len(line):
+            self._rest(memoryview(line), n)
+        self._cut = False  # all of it is down (a write that failed raised)
         self._fh.flush()
+
+    def _rest(self, line: memoryview, n: int) -> None:
+        """A raw write took part of the line: the rest, until it is all down or a write fails."""
+        while True:
+            if n:
+                self._cut = line[n - 1] != ord("\n")
+            line = line[n:]
+            if not line:
+                return
+            n = self._fh.write(line)
 
     info = msg
 

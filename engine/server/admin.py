@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from engine.messages import CancelCutover, Cutover
 from engine.obs.metrics import ServerMetrics
 from engine.server.driver import EngineDriver
 from engine.server.errors import ProtocolError, error_body, json_object
@@ -65,7 +66,8 @@ async def cutover(
 ) -> Response:
     try:
         ask = parse_cutover(await read_body(request, limits))
-        fut = driver.cutover(**ask)
+        ask["promises"] = ask.get("promises") or "refuse"
+        fut = driver.ask(lambda ticket: Cutover(ticket=ticket, **ask))
     except ProtocolError as e:
         return error_response(str(e), e.status, e.param)
     except RuntimeError as e:
@@ -75,7 +77,7 @@ async def cutover(
 
 async def cancel(cid: str, driver: EngineDriver, metrics: ServerMetrics) -> Response:
     try:
-        fut = driver.cancel_cutover(cid)
+        fut = driver.ask(lambda ticket: CancelCutover(id=cid, ticket=ticket))
     except RuntimeError as e:
         return error_response(str(e), 503)
     return await _answer(fut, metrics, counted=False)

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
 from engine.guide import GuideError
+from engine.messages import CheckpointOp
 from engine.model.chat import ChatTemplateError, normalize_messages
 from engine.server import openapi
 from engine.server.errors import ProtocolError, error_body, json_object
@@ -71,7 +72,7 @@ async def _tokens(service: CompletionService, req: CheckpointCreate) -> list[int
 
 async def _ask(service: CompletionService, op: str, **kw: Any) -> Response:
     try:
-        fut = service.driver.checkpoint(op, **kw)
+        fut = service.driver.ask(lambda ticket: CheckpointOp(op=op, ticket=ticket, **kw))
         status, body = await asyncio.wrap_future(fut)
     except RuntimeError as e:  # the scheduler is stopping or gone
         return error_response(str(e), 503)
@@ -88,7 +89,7 @@ async def create(service: CompletionService, request: Request) -> Response:
     ids = await _tokens(service, req)
     if not ids:
         raise ProtocolError("the prompt is empty", "prompt")
-    return await _ask(service, "create", tokens=ids, cid=req.id)
+    return await _ask(service, "create", tokens=ids, id=req.id)
 
 
 def mount(app: FastAPI, service: CompletionService) -> None:
@@ -99,7 +100,7 @@ def mount(app: FastAPI, service: CompletionService) -> None:
         return await _ask(service, "list")
 
     async def _delete(cid: str) -> Response:
-        return await _ask(service, "delete", cid=cid)
+        return await _ask(service, "delete", id=cid)
 
     app.post("/v1/checkpoints", **openapi.body(CheckpointCreate))(_create)
     app.get("/v1/checkpoints")(_list)

@@ -26,14 +26,10 @@ from dataclasses import replace
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.guide import Guide
 from engine.messages import (
     AbortRequest,
     AddRequest,
-    CancelCutover,
     CheckpointDone,
-    CheckpointOp,
-    Cutover,
     CutoverDone,
     Dead,
     EngineInfo,
@@ -43,7 +39,6 @@ from engine.messages import (
     Notice,
     Outputs,
     PoolSnapshot,
-    PrepareGuide,
     Ready,
     Record,
     Rejected,
@@ -55,7 +50,9 @@ from engine.messages import (
 )
 from engine.obs.death import how_it_ended
 from engine.server.scheduler_proc import scheduler_main
-from engine.server.submission import SchedulerDied, Submission
+from engine.server.submission import SchedulerDied, StartStopped, Submission
+
+START_POLL_S = 0.1  # how often a start that waits for Ready looks for a stop asked meanwhile
 
 
 class EngineDriver:
@@ -110,14 +107,21 @@ class EngineDriver:
         self._reader = threading.Thread(target=self._read, name="attest-ipc-reader", daemon=True)
         self._writer = threading.Thread(target=self._write, name="attest-ipc-writer", daemon=True)
 
-    def start(self, timeout: float = 600) -> None:
+    def start(self, timeout: float = 600, stop: Callable[[], str | None] = lambda: None) -> None:
         """Start the scheduler process and wait until its engine is built. A RuntimeError
-        saying why where it is not; the process has exited by then (it writes no more)."""
+        saying why where it is not; the process has exited by then (it writes no more).
+        ``stop``: a stop asked meanwhile (its reason, else None) ends the process at once and
+        raises StartStopped (a model may take minutes to load, or never load)."""
         self._proc.start()
         self._child.close()
-        if not self._conn.poll(timeout):
-            self._end_unready()
-            raise RuntimeError(f"scheduler process did not become ready in {timeout:.0f} s")
+        deadline = time.monotonic() + timeout
+        while not self._conn.poll(START_POLL_S):
+            if (reason := stop()) is not None:
+                self._end_unready(grace=0)
+                raise StartStopped(reason)
+            if time.monotonic() >= deadline:
+                self._end_unready()
+                raise RuntimeError(f"scheduler process did not become ready in {timeout:.0f} s")
         try:
             msg = self._conn.recv()
         except EOFError:  # it died while building the engine (killed, out of memory)
@@ -269,41 +273,11 @@ class EngineDriver:
     def abort(self, rid: str, reason: str = "client_disconnect") -> None:
         self._tell(AbortRequest(rid=rid, reason=reason))
 
-    def cutover(
-        self,
-        kind: str,
-        mode: str,
-        path: str | None,
-        kv_tokens: int | None,
-        promises: str | None = None,
-        tp: int | None = None,
-        pp: int | None = None,
-    ) -> concurrent.futures.Future:
-        """Ask for a cutover; the future holds its ``cutover.end`` fields once it has ended (a
-        RuntimeError when the scheduler stops or dies first)."""
-        return self._ask(lambda ticket: Cutover(
-            kind=kind, mode=mode, path=path, kv_tokens=kv_tokens,
-            promises=promises or "refuse", tp=tp, pp=pp, ticket=ticket,
-        ))  # fmt: skip
-
-    def cancel_cutover(self, cid: str) -> concurrent.futures.Future:
-        """Cancel the cutover ``cid`` under way; the future holds its ``cutover.end`` fields
-        (status 200), or a 404's when no such cutover is under way."""
-        return self._ask(lambda ticket: CancelCutover(id=cid, ticket=ticket))
-
-    def checkpoint(
-        self, op: str, tokens: list[int] | None = None, cid: str | None = None
-    ) -> concurrent.futures.Future:
-        """A checkpoint operation (create, list, delete); the future holds (status, body)."""
-        return self._ask(lambda ticket: CheckpointOp(op=op, ticket=ticket, tokens=tokens, id=cid))
-
-    def prepare_guide(self, guide: Guide) -> concurrent.futures.Future:
-        """Have ``guide`` compiled; the future holds its ``GuideReady``."""
-        return self._ask(lambda ticket: PrepareGuide(guide=guide, ticket=ticket))
-
-    def _ask(self, message: Callable[[int], ToScheduler]) -> concurrent.futures.Future:
-        """Send the message made for a new ticket; its answer (``CutoverDone``, ``GuideReady``)
-        fills the future."""
+    def ask(self, message: Callable[[int], ToScheduler]) -> concurrent.futures.Future:
+        """Send the message made for a new ticket (a ``Cutover``, ``CancelCutover``,
+        ``CheckpointOp``, ``PrepareGuide``); its answer fills the future: a cutover's end fields,
+        a checkpoint's (status, body), a ``GuideReady`` (a RuntimeError when the scheduler stops
+        or dies first, or is not serving now)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._send_lock:
             with self._subs_lock:

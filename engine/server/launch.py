@@ -6,7 +6,9 @@ Lifecycle, as the server promises it:
   here and handed to uvicorn, so ``boot.ready`` (written when uvicorn serves) means serving.
 - SIGTERM / SIGINT: stop accepting; what is in flight may finish for up to ``drain_timeout``
   seconds (``boot.drain``), the rest is aborted (each with a receipt); ``boot.stop``; exit 0.
-  A second SIGINT forces the exit.
+  A second SIGINT forces the exit. Before the server serves (the model loading, the HTTP
+  server being set up) the signal is noted (``EarlyStop``) and the start stops in order at its
+  next step: ``boot.stop`` with the signal's reason, exit 0, no scheduler process left behind.
 - The scheduler process dies: in-flight and new requests get a 503 naming the reason, the
   frontend ends each in the boot log and writes ``boot.stop`` with the signal, and exits 1.
 - The scheduler process stops turning (frozen, stopped): ``/health`` says so past
@@ -22,6 +24,8 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
@@ -33,12 +37,13 @@ from engine.clip import clip_words
 from engine.config import EngineConfig
 from engine.messages import Launch
 from engine.obs import schema
-from engine.obs.death import ERROR_CHARS, write_boot_failed, write_death
+from engine.obs.death import ERROR_CHARS, write_boot_failed, write_boot_stopped, write_death
 from engine.obs.tracing import Tracing, setup_tracing
 from engine.server.app import create_app
 from engine.server.boot_guard import claim
 from engine.server.driver import EngineDriver
 from engine.server.limits import HttpLimits, http_options
+from engine.server.submission import StartStopped
 
 EXIT_SCHEDULER_DIED = 1
 EXIT_BOOT_FAILED = 2  # the engine could not be built (a bad option's code: a bad --tp, say)
@@ -53,15 +58,51 @@ class BootFailed(RuntimeError):
     code = EXIT_BOOT_FAILED
 
 
+class EarlyStop:
+    """SIGTERM / SIGINT before uvicorn takes the signals over (``caught``): the first is noted,
+    and the start-up stops in order where it next looks (``EngineDriver.start``'s wait,
+    ``_Server.startup``). Python's own handling would end the process there and then (143, or
+    a KeyboardInterrupt), writing no ``boot.stop`` and leaving the scheduler process behind."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def note(self, sig: int, frame: FrameType | None) -> None:
+        if self.signal is None:
+            self.signal = sig
+
+    def reason(self) -> str | None:
+        """The noted signal's name as a ``boot.stop`` reason (``sigterm``), or None."""
+        return None if self.signal is None else signal.Signals(self.signal).name.lower()
+
+    @contextmanager
+    def caught(self) -> Iterator[EarlyStop]:
+        """Note the signals while this lasts (from the main thread only, as Python allows)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        before = {sig: signal.signal(sig, self.note) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
+
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, driver: EngineDriver, sock: socket.socket) -> None:
+    def __init__(
+        self, config: uvicorn.Config, driver: EngineDriver, sock: socket.socket, early: EarlyStop
+    ) -> None:
         super().__init__(config)
         self.driver = driver
         self.sock = sock
+        self.early = early
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if self.started:  # serving now: only now is the boot ready
+        if self.early.signal is not None:  # noted before uvicorn took the signals over
+            self.handle_exit(self.early.signal, None)
+        elif self.started:  # serving now: only now is the boot ready
             host, port = self.sock.getsockname()[:2]
             self.driver.serving(host, port)
 
@@ -107,8 +148,21 @@ def serve(
     try:
         stale = asdict(claims.stale) if claims.stale else None
         launch = Launch(argv=list(sys.argv), stale_pid=stale, stall_s=stall_timeout)
-        return _serve(cfg, claims.sock, host, served_model_name, api_key, launch, drain_timeout,
-                      stall_timeout)  # fmt: skip
+        with EarlyStop().caught() as early:
+            return _serve(
+                cfg,
+                claims.sock,
+                host,
+                served_model_name,
+                api_key,
+                launch,
+                drain_timeout,
+                stall_timeout,
+                early,
+            )
+    except StartStopped as e:
+        print(f"attest: {e}; stopped in order", file=sys.stderr, flush=True)
+        return 0
     finally:
         claims.release()
 
@@ -122,6 +176,7 @@ def _serve(
     launch: Launch,
     drain_timeout: float,
     stall_timeout: float,
+    early: EarlyStop,
 ) -> int:
     status = {"code": 0}
     server: list[_Server] = []
@@ -140,13 +195,15 @@ def _serve(
     driver = EngineDriver(
         cfg, on_dead=on_dead, launch=launch, drain_s=drain_timeout, stall_s=stall_timeout
     )
-    _start(driver, cfg)  # the scheduler process builds the engine
+    _start(driver, cfg, early)  # the scheduler process builds the engine
     tracing: Tracing | None = None
     ending: dict[str, Any] = {}  # how the scheduler ends a boot that never served
     try:
         tracing = _tracing(cfg, driver)
         server.append(
-            _server(cfg, driver, sock, host, served_model_name, api_key, tracing, drain_timeout)
+            _server(
+                cfg, driver, sock, host, served_model_name, api_key, tracing, drain_timeout, early
+            )
         )
         if not driver.dead:  # it may have died while we were printing (the reader said so)
             server[0].run(sockets=[sock])
@@ -171,12 +228,16 @@ def _serve(
             tracing.shutdown()  # bounded: a dead collector must not hold up the exit
 
 
-def _start(driver: EngineDriver, cfg: EngineConfig) -> None:
+def _start(driver: EngineDriver, cfg: EngineConfig, early: EarlyStop) -> None:
     """Start the scheduler process. Where its engine cannot be built, the boot it began ends
     in its log with ``boot.stop`` ``boot_failed``, the exit code and why, and BootFailed says
-    why (what ``engine serve`` prints before it exits with that code)."""
+    why (what ``engine serve`` prints before it exits with that code). Where a stop signal
+    came first, the boot ends with ``boot.stop`` naming it, and StartStopped says so."""
     try:
-        driver.start()
+        driver.start(stop=early.reason)
+    except StartStopped as e:
+        write_boot_stopped(cfg.observability.log_file, driver.pid, e.reason)
+        raise
     except RuntimeError as e:
         write_boot_failed(cfg.observability.log_file, driver.pid, EXIT_BOOT_FAILED, str(e))
         raise BootFailed(str(e)) from None
@@ -210,6 +271,7 @@ def _server(
     api_key: str | None,
     tracing: Tracing,
     drain_timeout: float,
+    early: EarlyStop,
 ) -> _Server:
     """The HTTP server over ``sock`` (the banner printed), not started yet; ``bind_host``: the
     --host it was bound to, a Host the server answers to (as is the address it names)."""
@@ -226,7 +288,7 @@ def _server(
         timeout_graceful_shutdown=int(drain_timeout + SHUTDOWN_MARGIN_S),
         **http_options(limits, app.refused),  # head bounds and timeout, connections per client address
     )  # fmt: skip
-    return _Server(config, driver, sock)
+    return _Server(config, driver, sock, early)
 
 
 def _audit_target(cfg: EngineConfig) -> str:

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from engine.guide import Guide, GuideError
-from engine.messages import TokenLogprobs
+from engine.messages import PrepareGuide, TokenLogprobs
 from engine.model.chat import ChatTemplateError, normalize_messages
 from engine.obs import tracing as tr
 from engine.obs.metrics import ServerMetrics
@@ -231,7 +231,8 @@ class CompletionService:
         compile, or not within its time limit (400), or no compile worker is free (503 with
         Retry-After); a 503 when the scheduler cannot answer."""
         try:
-            ready = await asyncio.wrap_future(self.driver.prepare_guide(guide))
+            asked = self.driver.ask(lambda ticket: PrepareGuide(guide=guide, ticket=ticket))
+            ready = await asyncio.wrap_future(asked)
         except RuntimeError as e:  # stopping or dead
             raise ProtocolError(str(e), status=503) from e
         if ready.error is not None:

@@ -1,4 +1,5 @@
-"""What the frontend hands the driver for one request, and the error a dying scheduler raises."""
+"""What the frontend hands the driver for one request, the error a dying scheduler raises, and
+the one a start stopped before the engine was built raises."""
 
 from __future__ import annotations
 
@@ -24,3 +25,13 @@ class SchedulerDied(RuntimeError):
     def __init__(self, reason: str, said: str) -> None:
         super().__init__(reason)
         self.said = said
+
+
+class StartStopped(Exception):
+    """A stop was asked (``reason``: the signal's name) while the scheduler process built its
+    engine; the process was ended (it reads no message before it is ready, and nothing was in
+    flight)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"stopped by {reason} while the engine was being built")
+        self.reason = reason

@@ -144,13 +144,14 @@ def test_a_receipt_that_could_not_be_written_is_counted_apart_and_never_written_
     r.emit(schema.NOTICE, text="cut")
     disk.free(10_000)
     r.emit(schema.NOTICE, text="kept")
+    r.emit(schema.NOTICE, text="next")
     r.close()
     assert r.failed == {schema.NOTICE: 2, schema.REQUEST_FINISH: 1}
-    assert r.written == {schema.NOTICE: 1}
+    assert r.written == {schema.NOTICE: 2}
     lines = bytes(disk.data).split(b"\n")
-    assert len(lines[0]) == 40 and lines[-1] == b""  # the cut line, then the kept one whole
-    kept = orjson.loads(lines[1])
-    assert (kept["text"], kept["seq"]) == ("kept", 4)  # the lost ones left their seq gap
+    assert len(lines[0]) == 40 and lines[-1] == b""  # the cut line, then the kept ones whole
+    kept = [orjson.loads(line) for line in lines[1:-1]]
+    assert [(k["text"], k["seq"]) for k in kept] == [("kept", 4), ("next", 5)]  # seq gaps
     assert b"lost" not in disk.data  # a failed receipt never reaches the log afterwards
     assert capsys.readouterr().err.count("No space left on device") == 1
 

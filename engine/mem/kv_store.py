@@ -53,7 +53,7 @@ from engine.mem.store_files import (
     read_payload,
 )
 from engine.mem.store_fs import TMP, NotAStoreFile, StoreFS, is_store_file
-from engine.mem.store_pins import FULL, CheckpointStore, Refused, Undeletable
+from engine.mem.store_pins import CheckpointStore, Refused, Undeletable
 from engine.mem.store_scan import Checkpoint, Scanned, scan_store
 from engine.obs import schema
 from engine.obs.receipts import Receipts
@@ -244,23 +244,7 @@ class PageStore(CheckpointStore):
             checksum(page.payload),
         )  # fmt: skip
         data, rel = encode_page(header, page.payload), page_rel(page.key)
-        try:
-            st = self.fs.write_atomic(rel, data)
-        except OSError as e:
-            if e.errno not in FULL:
-                raise
-            # a full disk makes room as a full cap does: eviction, then the write once more
-            size = self._charged(_file_size(page))
-            freed = self.evict(size, reason="disk_full", rid=rid, keep=keep)
-            try:
-                st = self.fs.write_atomic(rel, data)
-            except OSError as again:
-                if again.errno not in FULL:
-                    raise
-                raise OSError(
-                    again.errno, f"the disk under the store is full ({self.disk_free()} bytes "
-                    f"free, the page needs {size}; eviction freed {freed})",
-                ) from again  # fmt: skip
+        st = self.write_room(rel, data, self._charged(_file_size(page)), keep, rid)
         entry = Entry(page.parent, len(page.tokens), allocated_bytes(st), st.st_size)
         self._add(page.key, entry)
         if self.used > self.cap:  # the filesystem charged more than the guess: pay it back

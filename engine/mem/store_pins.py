@@ -110,24 +110,31 @@ class CheckpointStore(StoreBooks):
         return cp
 
     def _write(self, rel: str, data: bytes, keep: Collection[str]) -> os.stat_result:
-        """A checkpoint's file written and flushed; on a full disk, room made by eviction (as a
-        full cap makes it, sparing ``keep``) and the write tried once more."""
+        """A checkpoint's file written and flushed (room made on a full disk, ``write_room``)."""
+        return self.write_room(rel, data, self._charged(len(data)), keep, sync=True)
+
+    def write_room(
+        self, rel: str, data: bytes | list, need: int, keep: Collection[str],
+        rid: str | None = None, sync: bool = False,
+    ) -> os.stat_result:  # fmt: skip
+        """``data`` written at ``rel``; on a full disk (or quota), room made as a full cap
+        makes it (eviction of ``need`` bytes, sparing ``keep``) and the write tried once more;
+        still full, an OSError that says so with the disk's free bytes."""
         try:
-            return self.fs.write_atomic(rel, data, sync=True)
+            return self.fs.write_atomic(rel, data, sync=sync)
         except OSError as e:
             if e.errno not in FULL:
                 raise
-            need = self._charged(len(data))
-            self.evict(need, reason="disk_full", keep=keep)
-            try:
-                return self.fs.write_atomic(rel, data, sync=True)
-            except OSError as again:
-                if again.errno not in FULL:
-                    raise
-                raise OSError(
-                    again.errno, f"the disk under the store is full ({self.disk_free()} bytes "
-                    f"free, {rel} needs {need}, after eviction)",
-                ) from again  # fmt: skip
+        freed = self.evict(need, reason="disk_full", rid=rid, keep=keep)
+        try:
+            return self.fs.write_atomic(rel, data, sync=sync)
+        except OSError as again:
+            if again.errno not in FULL:
+                raise
+            raise OSError(
+                again.errno, f"the disk under the store is full ({self.disk_free()} bytes free, "
+                f"{rel} needs {need}; eviction freed {freed})",
+            ) from again  # fmt: skip
 
     def _over_budget(self, cid: str, tokens: int, want: int) -> Refused | None:
         overshoot = self.pinned + want - self.pin_budget

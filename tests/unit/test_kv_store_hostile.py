@@ -16,29 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.mem.kv_store import PageIn, PageStore
+from engine.mem.kv_store import PageStore
 from engine.mem.store_files import MAGIC, page_key, page_path
 from engine.obs import schema
 from engine.obs.receipts import Receipts
+from tests.unit.test_kv_store import ID, chain, opened
 
-ID = "model-a"
 OLD = time.time() - 10 * 86400  # older than any orphan age
-
-
-def opened(root: Path, identity: str = ID, **kw: object) -> tuple[PageStore, Receipts]:
-    rec = Receipts(capture=True)
-    store = PageStore(root, 1 << 20, identity, rec, **kw)  # type: ignore[arg-type]
-    store.scan()
-    return store, rec
-
-
-def chain(n: int, size: int = 3000, identity: str = ID, start: int = 0) -> list[PageIn]:
-    pages, parent = [], None
-    for i in range(start, start + n):
-        key = page_key(parent, [i, i + 1], identity)
-        pages.append(PageIn(key, parent, [i, i + 1], bytes([i % 251]) * size))
-        parent = key
-    return pages
 
 
 def raw_page(header: object, payload: bytes = b"x" * 64) -> bytes:

@@ -53,6 +53,7 @@ def boot_health(tmp_path, log: LogText) -> dict[str, tuple[str, str | None]]:
 def test_boot_health_over_a_cut_log_with_work_in_flight_is_undecided(tmp_path):
     got = boot_health(tmp_path, LogText().ready().received("r-1"))
     assert got["stopped_in_order"] == ("UNDECIDED", "in_flight_at_end")
+    assert got.pop("no_store_set_aside") == ("N/A", "not_applicable")  # no store was opened
     assert {v[0] for v in got.values()} == {"PASS", "UNDECIDED"}
 
 
@@ -90,6 +91,7 @@ def test_a_boot_that_failed_before_serving_fails_boot_health_naming_its_cause(tm
 
 def test_a_boot_that_only_began_stays_undecided(tmp_path):
     got = boot_health(tmp_path, LogText().r("boot.start", config={}))  # it may be booting still
+    assert got.pop("no_store_set_aside")[0] == "N/A"  # it opened no store (yet): out of the verdict
     assert {v for v, _ in got.values()} == {"UNDECIDED"}
 
 

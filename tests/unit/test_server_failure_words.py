@@ -28,6 +28,7 @@ from engine.server.app import health
 from engine.server.driver import EngineDriver
 from engine.server.job import Job, JobFailed
 from engine.server.limits import HttpLimits
+from engine.server.loop_watch import LoopWatch
 from engine.server.responses import error_response, install_error_handlers, stream
 from engine.server.scheduler_proc import _serve_loop
 
@@ -70,7 +71,8 @@ async def _bodies(driver: EngineDriver) -> list[str]:
     events = [x async for x in stream(waiting[1], "text", {}, False)]
     messages.append(orjson.loads(events[-2][6:])["error"]["message"])
     reader.join(10)
-    messages.append(orjson.loads(health(driver).body)["error"]["message"])
+    watch = LoopWatch(2.0, driver)
+    messages.append(orjson.loads(health(driver, watch).body)["error"]["message"])
     late = Job(driver, metrics, "cmpl-c", [1, 2], params, 1, time.time_ns())
     try:
         late.submit()
@@ -98,7 +100,7 @@ def test_a_cutover_that_failed_answers_500_without_the_exception_text(capsys):
     fields = {"outcome": "failed", "status": 500, "reason": f"RuntimeError: {GLOO}", "id": 3}
     done: Future = Future()
     done.set_result(fields)
-    driver = SimpleNamespace(cutover=lambda **ask: done)
+    driver = SimpleNamespace(ask=lambda message: done)
     metrics = SimpleNamespace(cutover=lambda fields: None)
     body = b'{"kind": "pool", "mode": "drain", "kv_tokens": 512}'
 

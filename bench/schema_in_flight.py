@@ -30,8 +30,13 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cpuinfo import describe  # noqa: E402  (bench/cpuinfo.py, beside this script)
 
-STREAM = {"prompt": [1000 + i for i in range(20)], "max_tokens": 3000, "ignore_eos": True,
-          "stream": True, "temperature": 0}  # fmt: skip
+STREAM = {
+    "prompt": [1000 + i for i in range(20)],
+    "max_tokens": 3000,
+    "ignore_eos": True,
+    "stream": True,
+    "temperature": 0,
+}
 
 
 def refused_at_its_checks(tag: int) -> dict:
@@ -41,8 +46,12 @@ def refused_at_its_checks(tag: int) -> dict:
 
 
 def slow_to_compile(tag: int) -> dict:
-    return {"type": "object", "properties": {
-        f"f{tag}_{i:06d}": {"type": "string", "description": "a field"} for i in range(14_000)}}  # fmt: skip
+    return {
+        "type": "object",
+        "properties": {
+            f"f{tag}_{i:06d}": {"type": "string", "description": "a field"} for i in range(14_000)
+        },
+    }
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -77,11 +86,18 @@ def arm(base: str, kind: str, seconds: float) -> dict[str, float]:
             while not stop.is_set():
                 tag += 1
                 make = refused_at_its_checks if kind == "checks" else slow_to_compile
-                body = {"prompt": [1000, 1001], "max_tokens": 4, "response_format": {
-                    "type": "json_schema", "json_schema": {"name": "s", "schema": make(tag)}}}  # fmt: skip
+                body = {
+                    "prompt": [1000, 1001],
+                    "max_tokens": 4,
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "s", "schema": make(tag)},
+                    },
+                }
                 content = orjson.dumps(body)
-                r = client.post("/v1/completions", content=content,
-                                headers={"content-type": "application/json"})  # fmt: skip
+                r = client.post(
+                    "/v1/completions", content=content, headers={"content-type": "application/json"}
+                )
                 schemas.append(r.status_code)
 
     threads = [threading.Thread(target=stream, daemon=True)]
@@ -102,10 +118,16 @@ def arm(base: str, kind: str, seconds: float) -> dict[str, float]:
     measured = list(gaps)
     for t in threads:
         t.join(600)
-    return {"health_p50": pct(health, 0.5), "health_p99": pct(health, 0.99),
-            "health_max": max(health), "gap_p50": pct(measured, 0.5),
-            "gap_p99": pct(measured, 0.99), "gap_max": max(measured),
-            "schemas": len(schemas), "statuses": sorted(set(schemas))}  # fmt: skip
+    return {
+        "health_p50": pct(health, 0.5),
+        "health_p99": pct(health, 0.99),
+        "health_max": max(health),
+        "gap_p50": pct(measured, 0.5),
+        "gap_p99": pct(measured, 0.99),
+        "gap_max": max(measured),
+        "schemas": len(schemas),
+        "statuses": sorted(set(schemas)),
+    }
 
 
 def main() -> None:
@@ -117,8 +139,15 @@ def main() -> None:
 
     Path("logs").mkdir(exist_ok=True)
     load_before = os.getloadavg()[0]
-    srv = ServerProc(Path("logs") / "bench-schema-in-flight.jsonl", "--kv-tokens", "4096",
-                     "--speculative", "off", "--iteration-receipt-interval", "0")  # fmt: skip
+    srv = ServerProc(
+        Path("logs") / "bench-schema-in-flight.jsonl",
+        "--kv-tokens",
+        "4096",
+        "--speculative",
+        "off",
+        "--iteration-receipt-interval",
+        "0",
+    )
     kinds = ["none", "checks", "compile"]
     rows: dict[str, list[dict]] = {k: [] for k in kinds}
     try:
@@ -129,16 +158,20 @@ def main() -> None:
     finally:
         srv.stop()
     print(describe())
-    print(f"load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f}; default "
-          f"model, one stream, /health every 50 ms for {args.seconds:g} s per arm; median of "
-          f"{args.runs} runs")  # fmt: skip
+    print(
+        f"load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f}; default "
+        f"model, one stream, /health every 50 ms for {args.seconds:g} s per arm; median of "
+        f"{args.runs} runs"
+    )
     print(
         "| in flight | /health p50 ms | p99 ms | max ms | stream gap p50 ms | p99 ms | max ms "
         "| schemas answered (status) | health p99, gap p99 vs none |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    med = {k: {m: statistics.median(x[m] for x in v) for m in v[0] if m != "statuses"}
-           for k, v in rows.items()}  # fmt: skip
+    med = {
+        k: {m: statistics.median(x[m] for x in v) for m in v[0] if m != "statuses"}
+        for k, v in rows.items()
+    }
     base = med["none"]
     for kind in kinds:
         m = med[kind]

@@ -105,10 +105,17 @@ def create(core: Any, tokens: list[int], cid: str | None = None) -> dict[str, An
 
 def describe(cp: Any, missing: int = 0) -> dict[str, Any]:
     """A checkpoint for its client; ``missing``: its pages not in the store (then incomplete)."""
-    return {"id": cp.id, "object": "checkpoint", "tokens": cp.tokens, "pages": len(cp.keys),
-            "pinned_bytes": cp.pinned_bytes, "shared_bytes": cp.shared_bytes,
-            "created": int(cp.created), "complete": cp.complete and not missing,
-            "missing": missing}  # fmt: skip
+    return {
+        "id": cp.id,
+        "object": "checkpoint",
+        "tokens": cp.tokens,
+        "pages": len(cp.keys),
+        "pinned_bytes": cp.pinned_bytes,
+        "shared_bytes": cp.shared_bytes,
+        "created": int(cp.created),
+        "complete": cp.complete and not missing,
+        "missing": missing,
+    }
 
 
 def listing(core: Any) -> dict[str, Any]:

@@ -56,18 +56,26 @@ class ServerSection(_Section):
         )
         need(
             is_int(self.max_client_connections, 0),
-            self, "max_client_connections", "an integer >= 0 (0: no cap)",
-        )  # fmt: skip
+            self,
+            "max_client_connections",
+            "an integer >= 0 (0: no cap)",
+        )
         need(
             self.request_timeout is None or seconds(self.request_timeout),
-            self, "request_timeout", "None or a number of seconds > 0",
-        )  # fmt: skip
+            self,
+            "request_timeout",
+            "None or a number of seconds > 0",
+        )
         need(
-            entries(self.allowed_hosts, parse_host), self, "allowed_hosts",
+            entries(self.allowed_hosts, parse_host),
+            self,
+            "allowed_hosts",
             "a tuple of '*' or hosts (NAME or NAME:PORT; an IPv6 address in brackets)",
-        )  # fmt: skip
+        )
         need(
-            entries(self.allowed_origins, parse_origin), self, "allowed_origins",
+            entries(self.allowed_origins, parse_origin),
+            self,
+            "allowed_origins",
             "a tuple of '*' or origins (scheme://host[:port], no path)",
-        )  # fmt: skip
+        )
         need(seconds(self.check_timeout), self, "check_timeout", "a number of seconds > 0")

@@ -71,9 +71,11 @@ def tagged_ebnf(guide: Guide) -> str:
     import xgrammar as xgr
 
     spec = orjson.loads(guide.spec)
-    inner = str(xgr.Grammar.from_json_schema(
-        orjson.dumps(spec["schema"]).decode(), strict_mode=guide.strict, any_whitespace=False
-    ))  # fmt: skip
+    inner = str(
+        xgr.Grammar.from_json_schema(
+            orjson.dumps(spec["schema"]).decode(), strict_mode=guide.strict, any_whitespace=False
+        )
+    )
     # the schema's start rule renamed; the others (root_...) are its own and keep their names
     inner = re.sub(r"^root ::=", "tagged_value ::=", inner, count=1, flags=re.MULTILINE)
     block = (

@@ -67,9 +67,14 @@ class _Compile:
 
 class Grammars:
     def __init__(
-        self, tokenizer: Tokenizer, vocab_size: int, receipts: Receipts, timeout_s: float,
-        workers: int = 2, waiting: int = 8,
-    ) -> None:  # fmt: skip
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        receipts: Receipts,
+        timeout_s: float,
+        workers: int = 2,
+        waiting: int = 8,
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.receipts = receipts
@@ -94,8 +99,14 @@ class Grammars:
         cls, tokenizer: Tokenizer, vocab_size: int, receipts: Receipts, sc: SchedulerSection
     ) -> Grammars:
         """The grammars of an engine configured by its scheduler section's grammar knobs."""
-        return cls(tokenizer, vocab_size, receipts, sc.grammar_timeout, sc.grammar_workers,
-                   sc.grammar_waiting)  # fmt: skip
+        return cls(
+            tokenizer,
+            vocab_size,
+            receipts,
+            sc.grammar_timeout,
+            sc.grammar_workers,
+            sc.grammar_waiting,
+        )
 
     # -- the server's way in: prepared in worker processes -----------------------------------
 
@@ -220,10 +231,17 @@ class Grammars:
             f"{later} s"
         )
         self.receipts.emit(
-            schema.GRAMMAR_COMPILE, guide=guide.digest, kind=guide.kind, cache="miss",
-            outcome="busy", site="prepare", error=message, running=len(self._running),
-            waiting=len(self._line), retry_after_s=later,
-        )  # fmt: skip
+            schema.GRAMMAR_COMPILE,
+            guide=guide.digest,
+            kind=guide.kind,
+            cache="miss",
+            outcome="busy",
+            site="prepare",
+            error=message,
+            running=len(self._running),
+            waiting=len(self._line),
+            retry_after_s=later,
+        )
         self._answers += [Answer(t, message, 503, later) for t in tickets]
 
     def _refuse(

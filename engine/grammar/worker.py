@@ -43,9 +43,11 @@ class Worker:
 
     def __init__(self, vocabulary: Callable[[], str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.grammar.worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )  # fmt: skip
+            [sys.executable, "-m", "engine.grammar.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         self.pid = self.proc.pid
         self.spawned = time.monotonic()
         # set by the talking thread once xgrammar is built: a compile's time limit counts
@@ -97,8 +99,9 @@ class Worker:
                         self._wake.wait()
                     job = self._jobs.pop(0)
                 guide, future = job
-                self._send(orjson.dumps({"kind": guide.kind, "spec": guide.spec,
-                                         "strict": guide.strict}))  # fmt: skip
+                self._send(
+                    orjson.dumps({"kind": guide.kind, "spec": guide.spec, "strict": guide.strict})
+                )
                 answer = self._receive()
                 job = None
                 if "ms" in answer:

@@ -113,10 +113,13 @@ def check_header(data: object, where: str) -> PageHeader:
         type(t) is int and -(2**63) <= t < 2**63 for t in h.tokens
     )
     for ok, field in (
-        (is_key(h.key), "key"), (h.parent is None or is_key(h.parent), "parent"),
-        (tokens_ok and len(h.tokens) > 0, "tokens"), (isinstance(h.identity, str), "identity"),
-        (_is_count(h.payload), "payload"), (is_key(h.checksum), "checksum"),
-    ):  # fmt: skip
+        (is_key(h.key), "key"),
+        (h.parent is None or is_key(h.parent), "parent"),
+        (tokens_ok and len(h.tokens) > 0, "tokens"),
+        (isinstance(h.identity, str), "identity"),
+        (_is_count(h.payload), "payload"),
+        (is_key(h.checksum), "checksum"),
+    ):
         if not ok:
             raise StoreFileError(f"{where}: header field {field} is not what the store writes")
     if page_key(h.parent, h.tokens, h.identity) != h.key:

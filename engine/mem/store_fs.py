@@ -40,10 +40,13 @@ def what(st: os.stat_result) -> str:
     """What an entry is, in words."""
     m = st.st_mode
     for test, name in (
-        (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
         (stat.S_ISBLK, "a block device"),
-    ):  # fmt: skip
+    ):
         if test(m):
             return name
     if stat.S_ISREG(m):

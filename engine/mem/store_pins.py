@@ -104,9 +104,15 @@ class CheckpointStore(StoreBooks):
                 pass  # its pins file stays: the next boot reaps it as an orphan
             raise
         self.receipts.emit(
-            schema.CHECKPOINT_CREATE, id=cid, tokens=tokens, pages=len(keys),
-            pinned_bytes=pages, shared_bytes=shared, file_bytes=files, **self.capacity(),
-        )  # fmt: skip
+            schema.CHECKPOINT_CREATE,
+            id=cid,
+            tokens=tokens,
+            pages=len(keys),
+            pinned_bytes=pages,
+            shared_bytes=shared,
+            file_bytes=files,
+            **self.capacity(),
+        )
         return cp
 
     def _write(self, rel: str, data: bytes, keep: Collection[str]) -> os.stat_result:
@@ -114,9 +120,14 @@ class CheckpointStore(StoreBooks):
         return self.write_room(rel, data, self._charged(len(data)), keep, sync=True)
 
     def write_room(
-        self, rel: str, data: bytes | list, need: int, keep: Collection[str],
-        rid: str | None = None, sync: bool = False,
-    ) -> os.stat_result:  # fmt: skip
+        self,
+        rel: str,
+        data: bytes | list,
+        need: int,
+        keep: Collection[str],
+        rid: str | None = None,
+        sync: bool = False,
+    ) -> os.stat_result:
         """``data`` written at ``rel``; on a full disk (or quota), room made as a full cap
         makes it (eviction of ``need`` bytes, sparing ``keep``) and the write tried once more;
         still full, an OSError that says so with the disk's free bytes."""
@@ -132,9 +143,10 @@ class CheckpointStore(StoreBooks):
             if again.errno not in FULL:
                 raise
             raise OSError(
-                again.errno, f"the disk under the store is full ({self.disk_free()} bytes free, "
+                again.errno,
+                f"the disk under the store is full ({self.disk_free()} bytes free, "
                 f"{rel} needs {need}; eviction freed {freed})",
-            ) from again  # fmt: skip
+            ) from again
 
     def _over_budget(self, cid: str, tokens: int, want: int) -> Refused | None:
         overshoot = self.pinned + want - self.pin_budget
@@ -168,9 +180,12 @@ class CheckpointStore(StoreBooks):
         self._unpin(cp)
         if say:
             self.receipts.emit(
-                schema.CHECKPOINT_DELETE, id=cid, tokens=cp.tokens, pages=len(cp.keys),
+                schema.CHECKPOINT_DELETE,
+                id=cid,
+                tokens=cp.tokens,
+                pages=len(cp.keys),
                 **self.capacity(),
-            )  # fmt: skip
+            )
         return cp
 
     def _undeletable(self, cp: Checkpoint, rel: str, e: OSError) -> Undeletable:

@@ -110,8 +110,9 @@ def write_boot_failed(path: str | Path | None, pid: int | None, exit_code: int, 
     ``boot_failed``, ``exit_code`` (what the failed boot's process exits with) and ``error``
     (its message). False, writing nothing, where no ``boot.start`` of that process is in the
     log's tail (it failed before it wrote one: nothing began) or that boot has ended already."""
-    return _end_boot(path, pid, schema.BOOT_FAILED, exit_code=exit_code,
-                     error=clip_words(error, ERROR_CHARS))  # fmt: skip
+    return _end_boot(
+        path, pid, schema.BOOT_FAILED, exit_code=exit_code, error=clip_words(error, ERROR_CHARS)
+    )
 
 
 def write_boot_stopped(path: str | Path | None, pid: int | None, reason: str) -> bool:

@@ -87,9 +87,12 @@ class _EngineCollector:
             yield g
         for name, help_, by_kind in (
             ("attest:receipts", "Receipts written, by kind.", s.receipts_written),
-            ("attest:receipts_failed", "Receipts that could not be written (the boot log's "
-             "disk full, say), by kind.", s.receipts_failed),
-        ):  # fmt: skip
+            (
+                "attest:receipts_failed",
+                "Receipts that could not be written (the boot log's disk full, say), by kind.",
+                s.receipts_failed,
+            ),
+        ):
             c = CounterMetricFamily(name, help_, labels=["kind"])
             for kind in sorted(by_kind):
                 c.add_metric([kind], by_kind[kind])
@@ -122,13 +125,16 @@ class _LoopCollector:
     def collect(self) -> Iterator[Metric]:
         stalls, lag = self._read()
         yield CounterMetricFamily(
-            "attest:frontend_loop_stalls", "Times the HTTP process's event loop stood past "
-            "--loop-stall-timeout (each a frontend.stall receipt).", value=stalls,
-        )  # fmt: skip
+            "attest:frontend_loop_stalls",
+            "Times the HTTP process's event loop stood past "
+            "--loop-stall-timeout (each a frontend.stall receipt).",
+            value=stalls,
+        )
         yield GaugeMetricFamily(
-            "attest:frontend_loop_lag_seconds", "How late the HTTP process's event loop's last "
-            "turn came.", value=lag,
-        )  # fmt: skip
+            "attest:frontend_loop_lag_seconds",
+            "How late the HTTP process's event loop's last turn came.",
+            value=lag,
+        )
 
 
 class ServerMetrics:
@@ -177,11 +183,13 @@ class ServerMetrics:
             "work from starting, by kind.", ["kind"], registry=r,
         )  # fmt: skip
         self.rejections = Counter(
-            "attest:http_rejections", "Requests the HTTP frontend answered with an error (each "
+            "attest:http_rejections",
+            "Requests the HTTP frontend answered with an error (each "
             "a request.rejected receipt), by route template, status and the request field "
-            "named (none; other: a name no request body has).", ["route", "status", "field"],
+            "named (none; other: a name no request body has).",
+            ["route", "status", "field"],
             registry=r,
-        )  # fmt: skip
+        )
         r.register(_EngineCollector(snapshot))
         r.register(_LoopCollector(loop))
 

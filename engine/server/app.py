@@ -33,8 +33,11 @@ def health(driver: EngineDriver, watch: LoopWatch) -> Response:
     """200 with the pool's gauges, the scheduler process's pid and its heartbeat's age, and this
     process's event loop (its lag and stalls) while serving; 503 naming why not: dead, stopping,
     or silent past ``driver.stall_s`` (stalled)."""
-    beat = {"scheduler_pid": driver.pid, "heartbeat_age_s": round(driver.heartbeat_age(), 3),
-            **watch.health()}  # fmt: skip
+    beat = {
+        "scheduler_pid": driver.pid,
+        "heartbeat_age_s": round(driver.heartbeat_age(), 3),
+        **watch.health(),
+    }
     if driver.dead:
         return error_response(f"scheduler is not running: {driver.dead}", 503)
     if driver.stopping:

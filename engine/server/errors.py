@@ -15,9 +15,12 @@ class ProtocolError(ValueError):
     ``status``), with ``headers`` on the answer (a 503's ``Retry-After``)."""
 
     def __init__(
-        self, message: str, param: str | None = None, status: int = 400,
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
         headers: Mapping[str, str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(message)
         self.param = param
         self.status = status

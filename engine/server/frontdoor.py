@@ -142,10 +142,13 @@ class FrontDoor:
         try:
             route = self._route(scope)
             fields: dict[str, Any] = {
-                "method": scope.get("method", ""), "route": route, "status": status,
+                "method": scope.get("method", ""),
+                "route": route,
+                "status": status,
                 "reason": clip_words(reason, REASON_CHARS),
-                "path": str(scope.get("path", ""))[:PATH_CHARS], "field": param,
-            }  # fmt: skip
+                "path": str(scope.get("path", ""))[:PATH_CHARS],
+                "field": param,
+            }
             if trace is not None:
                 fields["traceback"] = trace
             self.recorder.record(schema.REQUEST_REJECTED, **fields)

@@ -196,7 +196,12 @@ def install(app: FastAPI, policy: BrowserPolicy) -> None:
     address (Private Network Access): the operator named that origin."""
     if policy.origins or policy.any_origin:
         origins = [ANY] if policy.any_origin else sorted(policy.origins)
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=CORS_METHODS,
-                           allow_headers=[ANY], allow_private_network=True,
-                           expose_headers=["Retry-After"])  # fmt: skip
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=CORS_METHODS,
+            allow_headers=[ANY],
+            allow_private_network=True,
+            expose_headers=["Retry-After"],
+        )
     app.add_middleware(BrowserDoor, policy=policy)

@@ -144,9 +144,7 @@ def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
                     _handle(core, conn, msg, pending)
             if stall is not None:
                 write_resume(core.receipts, stall, arrived)
-            for a in sched.grammars.poll():
-                conn.send(GuideReady(ticket=a.ticket, error=a.error, status=a.status,
-                                     retry_after=a.retry_after))  # fmt: skip
+            _answer_guides(sched, conn)
             if tickets and (fields := core.cutovers.advance()) is not None:
                 _answer(core, conn, tickets.pop(), fields)
             if drain is not None and (not sched.has_work() or time.monotonic() >= drain.deadline):
@@ -172,6 +170,15 @@ def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
             conn.send(Dead(reason=f"{type(e).__name__}: {e}", said=said))
         except Exception:
             pass
+
+
+def _answer_guides(sched: Any, conn: Any) -> None:
+    """Each prepared guide the grammars answered since the last turn, to its request."""
+    for a in sched.grammars.poll():
+        ready = GuideReady(
+            ticket=a.ticket, error=a.error, status=a.status, retry_after=a.retry_after
+        )
+        conn.send(ready)
 
 
 # a failed group in a client's words: the collective's own text names source paths and the

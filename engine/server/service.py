@@ -173,8 +173,10 @@ class CompletionService:
             raise ProtocolError(
                 f"the request's checks did not finish within {limit:g} s (--check-timeout): "
                 "the server is busy, try again",
-                None, 503, {"retry-after": "1"},
-            ) from None  # fmt: skip
+                None,
+                503,
+                {"retry-after": "1"},
+            ) from None
 
     def check_prompt(self, ids: list[int]) -> None:
         try:

@@ -23,9 +23,12 @@ from tests.e2e.server_proc import ServerProc
 POOL = 1024
 KEY = "browser-test-key"
 APP = "http://app.example:3000"  # the listed origin
-FLAGS = [*ARGS, "--host-resolver-rules=MAP attacker.example 127.0.0.1",
-         "--disable-features=LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests,"
-         "PrivateNetworkAccessSendPreflights"]  # fmt: skip
+FLAGS = [
+    *ARGS,
+    "--host-resolver-rules=MAP attacker.example 127.0.0.1",
+    "--disable-features=LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests,"
+    "PrivateNetworkAccessSendPreflights",
+]
 CUTOVER_JS = """async (url) => {
   await fetch(url, {method: "POST", mode: "no-cors",
                     body: JSON.stringify({kind: "pool", mode: "carry", kv_tokens: 512})});

@@ -29,8 +29,9 @@ LISTED = "http://app.example:3000"  # the origin the keyed server lists
 def srv(tiny_model_dir, tmp_path_factory):
     """The default server: no key, no flags beyond the model."""
     log = tmp_path_factory.mktemp("browsers") / "boot.jsonl"
-    s = ServerProc(log, "--model", tiny_model_dir, "--kv-tokens", str(POOL),
-                   "--served-model-name", "tiny")  # fmt: skip
+    s = ServerProc(
+        log, "--model", tiny_model_dir, "--kv-tokens", str(POOL), "--served-model-name", "tiny"
+    )
     yield s
     s.stop()
 
@@ -40,9 +41,20 @@ def keyed(tiny_model_dir, tmp_path_factory):
     """A server with a key, one listed origin and one more Host name."""
     log = tmp_path_factory.mktemp("browsers-keyed") / "boot.jsonl"
     s = ServerProc(
-        log, "--model", tiny_model_dir, "--kv-tokens", str(POOL), "--served-model-name", "tiny",
-        "--api-key", KEY, "--allowed-origins", LISTED, "--allowed-hosts", "llm.example",
-    )  # fmt: skip
+        log,
+        "--model",
+        tiny_model_dir,
+        "--kv-tokens",
+        str(POOL),
+        "--served-model-name",
+        "tiny",
+        "--api-key",
+        KEY,
+        "--allowed-origins",
+        LISTED,
+        "--allowed-hosts",
+        "llm.example",
+    )
     yield s
     s.stop()
 
@@ -69,8 +81,9 @@ def test_a_cross_origin_text_plain_cutover_is_refused_and_the_pool_is_untouched(
 
 def test_a_cross_origin_text_plain_completion_is_refused_and_nothing_is_queued(srv):
     before = count(srv, "request.received")
-    r = httpx.post(srv.base + "/v1/completions", content=json.dumps(PROMPT), headers=SIMPLE,
-                   timeout=120)  # fmt: skip
+    r = httpx.post(
+        srv.base + "/v1/completions", content=json.dumps(PROMPT), headers=SIMPLE, timeout=120
+    )
     assert r.status_code == 403, r.text
     assert PAGE in error(r)
     assert count(srv, "request.received") == before
@@ -80,8 +93,9 @@ def test_a_cross_origin_text_plain_completion_is_refused_and_nothing_is_queued(s
 def test_a_body_that_is_not_declared_json_is_415_naming_the_type_it_needs(srv, content_type):
     headers = {"content-type": content_type} if content_type else {}
     before = count(srv, "request.received")
-    r = httpx.post(srv.base + "/v1/completions", content=orjson.dumps(PROMPT), headers=headers,
-                   timeout=120)  # fmt: skip
+    r = httpx.post(
+        srv.base + "/v1/completions", content=orjson.dumps(PROMPT), headers=headers, timeout=120
+    )
     assert r.status_code == 415, r.text
     assert "application/json" in error(r)
     assert count(srv, "request.received") == before
@@ -122,8 +136,15 @@ def test_the_same_requests_from_the_openai_client_and_httpx_json_are_served(srv)
 
 
 def test_with_a_key_every_route_but_health_needs_it(keyed):
-    for path in ("/docs", "/redoc", "/openapi.json", "/version", "/v1/models", "/metrics",
-                 "/no/such/route"):  # fmt: skip
+    for path in (
+        "/docs",
+        "/redoc",
+        "/openapi.json",
+        "/version",
+        "/v1/models",
+        "/metrics",
+        "/no/such/route",
+    ):
         r = httpx.get(keyed.base + path, timeout=30)
         assert r.status_code == 401, (path, r.text)
         ok = httpx.get(keyed.base + path, headers={"authorization": f"Bearer {KEY}"}, timeout=30)
@@ -132,8 +153,11 @@ def test_with_a_key_every_route_but_health_needs_it(keyed):
 
 
 def test_a_listed_origin_gets_cors_and_an_unlisted_one_is_refused(keyed):
-    ask = {"origin": LISTED, "access-control-request-method": "POST",
-           "access-control-request-headers": "authorization, content-type"}  # fmt: skip
+    ask = {
+        "origin": LISTED,
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type",
+    }
     pre = httpx.options(keyed.base + "/v1/completions", headers=ask, timeout=30)
     assert pre.status_code == 200, pre.text
     assert pre.headers["access-control-allow-origin"] == LISTED

@@ -27,8 +27,9 @@ WAIT_S = 120  # an upper bound on the receipts' trip over the pipe, quick on a q
 @pytest.fixture(scope="module")
 def door(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("door") / "boot.jsonl"
-    srv = ServerProc(log, "--model", tiny_model_dir, "--kv-tokens", "1024",
-                     "--loop-stall-timeout", STALL_LIMIT)  # fmt: skip
+    srv = ServerProc(
+        log, "--model", tiny_model_dir, "--kv-tokens", "1024", "--loop-stall-timeout", STALL_LIMIT
+    )
     yield srv
     srv.stop()
 
@@ -70,7 +71,7 @@ def test_each_refusal_is_a_receipt_in_the_boot_log_and_a_count_in_metrics(door):
             content=b"{not json",
             timeout=60,
             headers={"content-type": "application/json"},
-        ),  # fmt: skip
+        ),
         httpx.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": -1}, timeout=60),
         httpx.put(base + "/v1/completions", json={}, timeout=60),
     ]

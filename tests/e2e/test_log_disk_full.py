@@ -17,11 +17,13 @@ def test_receipts_not_written_are_counted_apart_and_the_server_stops_in_order(
     tiny_model_dir, tmp_path
 ):
     pid_file = tmp_path / "serve.pid"
-    srv = ServerProc(FULL, "--model", tiny_model_dir, "--kv-tokens", "1024",
-                     "--pid-file", str(pid_file))  # fmt: skip
+    srv = ServerProc(
+        FULL, "--model", tiny_model_dir, "--kv-tokens", "1024", "--pid-file", str(pid_file)
+    )
     try:
-        r = httpx.post(srv.base + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
-                       timeout=60)  # fmt: skip
+        r = httpx.post(
+            srv.base + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60
+        )
         assert r.status_code == 200, r.text
         m = srv.metrics()  # the snapshot after the request's last step came with its answer
     finally:

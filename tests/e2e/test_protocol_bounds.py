@@ -24,8 +24,9 @@ COMPLETIONS = "/v1/completions"
 @pytest.fixture(scope="module")
 def srv(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("bounds") / "boot.jsonl"
-    s = ServerProc(log, "--model", tiny_model_dir, "--kv-tokens", "1024",
-                   "--read-timeout", str(READ_TIMEOUT))  # fmt: skip
+    s = ServerProc(
+        log, "--model", tiny_model_dir, "--kv-tokens", "1024", "--read-timeout", str(READ_TIMEOUT)
+    )
     yield s
     code, out = s.stop()
     assert code == 0, out
@@ -84,8 +85,9 @@ HEADS = [  # (name, the request's head, status, words in the message)
 
 
 @pytest.mark.parametrize(("name", "start", "status", "words"), HEADS, ids=[h[0] for h in HEADS])
-def test_a_head_past_its_bounds_is_refused_and_its_connection_closed(srv, name, start, status,
-                                                                     words):  # fmt: skip
+def test_a_head_past_its_bounds_is_refused_and_its_connection_closed(
+    srv, name, start, status, words
+):
     answers = conversation(srv.port, start + VERSION, timeout=CLIENT_S)
     assert [a[0] for a in answers] == [status], answers  # closed: the GET behind it unanswered
     got, headers, body = answers[0]
@@ -114,8 +116,9 @@ def test_a_head_sent_slowly_is_refused_once_past_the_bound_not_when_it_ends(srv)
 
 
 def test_a_head_pipelined_behind_a_served_request_is_held_to_the_same_bounds(srv):
-    answers = conversation(srv.port, VERSION + get(fields=lines(100, 16)) + VERSION,
-                           timeout=CLIENT_S)  # fmt: skip
+    answers = conversation(
+        srv.port, VERSION + get(fields=lines(100, 16)) + VERSION, timeout=CLIENT_S
+    )
     assert [a[0] for a in answers] == [200, 431], answers
 
 

@@ -30,8 +30,16 @@ STREAM = {"prompt": [5, 6, 7, 8], "max_tokens": 3000, "ignore_eos": True, "strea
 
 def guided(schema: dict) -> bytes:
     """A completion held to ``schema``: the whole request, headers and body."""
-    body = orjson.dumps({"prompt": [5, 6, 7], "max_tokens": 4, "response_format": {
-        "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})  # fmt: skip
+    body = orjson.dumps(
+        {
+            "prompt": [5, 6, 7],
+            "max_tokens": 4,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": schema},
+            },
+        }
+    )
     return head("/v1/completions", len(body)) + body
 
 
@@ -45,17 +53,31 @@ def checked_then_refused() -> dict:
 
 def slow_to_compile(tag: str, n: int = 14_000) -> dict:
     """About 1 MB of valid schema (14,000 properties): minutes to compile."""
-    return {"type": "object", "properties": {
-        f"{tag}_{i:06d}": {"type": "string", "description": "a field"} for i in range(n)}}  # fmt: skip
+    return {
+        "type": "object",
+        "properties": {
+            f"{tag}_{i:06d}": {"type": "string", "description": "a field"} for i in range(n)
+        },
+    }
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     d = tmp_path_factory.mktemp("schema-in-flight")
     model = str(make_tiny_model(d / "model", max_position=4096))
-    s = ServerProc(d / "boot.jsonl", "--model", model, "--kv-tokens", "8192",
-                   "--grammar-timeout", str(LIMIT_S), "--grammar-workers", "1",
-                   "--grammar-waiting", "0")  # fmt: skip
+    s = ServerProc(
+        d / "boot.jsonl",
+        "--model",
+        model,
+        "--kv-tokens",
+        "8192",
+        "--grammar-timeout",
+        str(LIMIT_S),
+        "--grammar-workers",
+        "1",
+        "--grammar-waiting",
+        "0",
+    )
     yield s
     code, out = s.stop()
     assert code == 0, out
@@ -113,8 +135,9 @@ def test_health_and_a_stream_answer_while_a_1mb_schema_is_checked(srv):
     reader.join(120)
     s.close()
     assert (status, body["error"]["param"]) == (
-        400, "response_format.json_schema.schema.properties.last.uniqueItems"
-    ), body  # fmt: skip
+        400,
+        "response_format.json_schema.schema.properties.last.uniqueItems",
+    ), body
     healths = [i for i, what in enumerate(came) if what == "health"]
     assert len(healths) >= 2, f"/health answered {len(healths)} time(s) while it was open"
     assert "chunk" in came[healths[0] : healths[-1]], "the stream stood still meanwhile"

@@ -64,10 +64,23 @@ def test_a_stop_signal_while_the_model_loads_stops_in_order(tiny_model_dir, tmp_
     printed = tmp_path / "out.txt"  # a file, not a pipe: an orphan holding a pipe never ends it
     with printed.open("w") as out_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.engine_app", "serve", "--model", str(model),
-             "--kv-tokens", "1024", "--port", str(free_port()), "--log-file", str(log)],
-            stdout=out_file, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "cli.engine_app",
+                "serve",
+                "--model",
+                str(model),
+                "--kv-tokens",
+                "1024",
+                "--port",
+                str(free_port()),
+                "--log-file",
+                str(log),
+            ],
+            stdout=out_file,
+            stderr=subprocess.STDOUT,
+        )
     scheduler = None
     try:
         start = wait_for_boot_start(proc, log)

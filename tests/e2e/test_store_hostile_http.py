@@ -37,9 +37,16 @@ def model_dir(tmp_path_factory):
 
 def boot(tmp_path, model_dir, name: str) -> ServerProc:
     return ServerProc(
-        tmp_path / name, "--model", model_dir, "--kv-tokens", "1024", "--page-size", "16",
-        "--kv-store-dir", str(tmp_path / "store"),
-    )  # fmt: skip
+        tmp_path / name,
+        "--model",
+        model_dir,
+        "--kv-tokens",
+        "1024",
+        "--page-size",
+        "16",
+        "--kv-store-dir",
+        str(tmp_path / "store"),
+    )
 
 
 def log(path) -> list[dict]:
@@ -152,8 +159,15 @@ def test_a_store_directory_it_cannot_use_is_said_by_health_and_by_checkpoints(tm
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     where = str(blocker / "store")
-    srv = ServerProc(tmp_path / "boot.jsonl", "--model", model_dir, "--kv-tokens", "1024",
-                     "--kv-store-dir", where)  # fmt: skip
+    srv = ServerProc(
+        tmp_path / "boot.jsonl",
+        "--model",
+        model_dir,
+        "--kv-tokens",
+        "1024",
+        "--kv-store-dir",
+        where,
+    )
     health = httpx.get(srv.base + "/health", timeout=30).json()
     assert "cannot use" in health["store_off"] and where in health["store_off"]
     r = httpx.get(srv.base + "/v1/checkpoints", timeout=30)

@@ -83,8 +83,9 @@ def test_prepared_guides_are_compiled_once_in_a_worker_and_answered_by_poll(make
     assert grammars.compiled(guide) is grammars.compiled(guide)
     receipts = grammars.receipts.of("grammar.compile")
     assert [(r["cache"], r["outcome"], r["site"]) for r in receipts] == [
-        ("miss", "ok", "prepare"), ("hit", "ok", "prepare")
-    ]  # fmt: skip
+        ("miss", "ok", "prepare"),
+        ("hit", "ok", "prepare"),
+    ]
     assert receipts[0]["guide"] == guide.digest and receipts[0]["ms"] >= 0
     [started] = grammars.receipts.of("grammar.worker")
     assert started["action"] == "started" and started["ms"] > 0

@@ -195,8 +195,11 @@ def test_the_door_reads_the_address_the_connection_arrived_at():
 
 def test_a_listed_origin_gets_its_preflight_answered_and_its_answers_marked():
     client = _app(FLAGS)
-    ask = {"origin": "http://localhost:3000", "access-control-request-method": "POST",
-           "access-control-request-headers": "Authorization, Content-Type, X-Stainless-OS"}  # fmt: skip
+    ask = {
+        "origin": "http://localhost:3000",
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "Authorization, Content-Type, X-Stainless-OS",
+    }
     pre = client.options("/v1/completions", headers=ask)
     assert pre.status_code == 200, pre.text
     assert pre.headers["access-control-allow-origin"] == "http://localhost:3000"

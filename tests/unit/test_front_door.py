@@ -80,8 +80,11 @@ def test_each_error_answer_is_a_receipt_with_what_the_client_was_told():
     refused = asyncio.run(_ask(door, "/v1/things/refused"))
     lost = asyncio.run(_ask(door, "/nowhere/at/all"))
     assert (ok.status_code, bad.status_code, refused.status_code, lost.status_code) == (
-        200, 400, 409, 404,
-    )  # fmt: skip
+        200,
+        400,
+        409,
+        404,
+    )
     got = rec.of(schema.REQUEST_REJECTED)
     assert [(r["route"], r["status"], r["field"]) for r in got] == [
         ("/v1/things/{tid}", 400, "max_tokens"),
@@ -206,6 +209,7 @@ def test_a_refusal_the_protocol_answered_itself_is_recorded_by_what_was_read_of_
     door.refused("POST", "/v1/things/7", 400, "two framings")
     got = rec.of(schema.REQUEST_REJECTED)
     assert [(r["route"], r["method"], r["status"]) for r in got] == [
-        ("unparsed", "", 431), ("/v1/things/{tid}", "POST", 400),
-    ]  # fmt: skip
+        ("unparsed", "", 431),
+        ("/v1/things/{tid}", "POST", 400),
+    ]
     assert rec.counted == [("unparsed", 431, "none"), ("/v1/things/{tid}", 400, "none")]

@@ -92,8 +92,10 @@ def test_a_guide_over_the_bound_is_refused_naming_the_bound_before_any_check():
     big = {"type": "object", "properties": {f"p{i:06d}": {"type": "strin"} for i in range(40_000)}}
     e = refused(big)
     assert e.param == P and f"at most {MAX_GUIDE_BYTES} bytes" in str(e)
-    for bad in (lambda: text_guide("regex", "a" * (MAX_GUIDE_BYTES + 1), "r"),
-                lambda: choice_guide(["x" * MAX_GUIDE_BYTES], "c")):  # fmt: skip
+    for bad in (
+        lambda: text_guide("regex", "a" * (MAX_GUIDE_BYTES + 1), "r"),
+        lambda: choice_guide(["x" * MAX_GUIDE_BYTES], "c"),
+    ):
         with pytest.raises(GuideError, match=f"at most {MAX_GUIDE_BYTES} bytes"):
             bad()
     assert text_guide("regex", "a" * MAX_GUIDE_BYTES, "r").spec  # at the bound: taken

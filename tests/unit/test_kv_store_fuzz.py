@@ -60,9 +60,10 @@ def _page_bytes(kind: str, key: str, noise: bytes) -> bytes:
     if kind == "deep":
         head = DEEP
     else:
-        field, bad = {"mistyped": ("payload", str(len(payload))), "wrong_tokens": ("tokens", [1, 2, 3])}.get(
-            kind, ("key", None)
-        )  # fmt: skip
+        field, bad = {
+            "mistyped": ("payload", str(len(payload))),
+            "wrong_tokens": ("tokens", [1, 2, 3]),
+        }.get(kind, ("key", None))
         head = json.dumps({**good, field: bad}).encode()
     return MAGIC + struct.pack("<I", len(head)) + head + payload
 
@@ -71,8 +72,16 @@ def _json_bytes(kind: str, noise: bytes, keys: list[str]) -> bytes:
     if kind == "deep":
         return DEEP
     if kind == "mistyped":
-        return json.dumps({"id": "c", "keys": ",".join(keys), "tokens": "abc",
-                           "pinned_bytes": 1, "shared_bytes": 0, "created": 1.0}).encode()  # fmt: skip
+        return json.dumps(
+            {
+                "id": "c",
+                "keys": ",".join(keys),
+                "tokens": "abc",
+                "pinned_bytes": 1,
+                "shared_bytes": 0,
+                "created": 1.0,
+            }
+        ).encode()
     if kind == "wrong_tokens":
         return json.dumps({"id": "c", "keys": [1, 2]}).encode()
     if kind == "truncated":
@@ -90,14 +99,21 @@ class Plant:
         k = self.keys[i % len(self.keys)]
         new = f"{i * 7919 % 65536:04x}" + k[4:]
         return {
-            "pages": "pages", "pins": "pins", "checkpoints": "checkpoints",
-            "quarantine": "quarantine", "fan1": f"pages/{k[:2]}", "fan2": f"pages/{k[:2]}/{k[2:4]}",
-            "fan1_new": f"pages/{new[:2]}", "page": page_rel(k),
+            "pages": "pages",
+            "pins": "pins",
+            "checkpoints": "checkpoints",
+            "quarantine": "quarantine",
+            "fan1": f"pages/{k[:2]}",
+            "fan2": f"pages/{k[:2]}/{k[2:4]}",
+            "fan1_new": f"pages/{new[:2]}",
+            "page": page_rel(k),
             "page_new": f"pages/{k[:2]}/{k[2:4]}/{k[:4]}{new[4:]}.kv",
-            "tmp": f"pages/{k[:2]}/{k[2:4]}/{k}.kv.{i}.tmp", "pins_file": f"pins/{self.cid}.json",
-            "manifest": f"checkpoints/{self.cid}.json", "pins_new": f"pins/new-{i}.json",
+            "tmp": f"pages/{k[:2]}/{k[2:4]}/{k}.kv.{i}.tmp",
+            "pins_file": f"pins/{self.cid}.json",
+            "manifest": f"checkpoints/{self.cid}.json",
+            "pins_new": f"pins/new-{i}.json",
             "odd": f"pages/zz{i}",
-        }[slot]  # fmt: skip
+        }[slot]
 
     def put(self, slot: str, kind: str, i: int, noise: bytes) -> None:
         rel = self.path(slot, i)

@@ -32,8 +32,14 @@ def raw_page(header: object, payload: bytes = b"x" * 64) -> bytes:
 
 
 def good_header(key: str, payload: bytes, identity: str = ID) -> dict:
-    return {"key": key, "parent": None, "tokens": [1, 2], "identity": identity,
-            "payload": len(payload), "checksum": hashlib.blake2b(payload, digest_size=16).hexdigest()}  # fmt: skip
+    return {
+        "key": key,
+        "parent": None,
+        "tokens": [1, 2],
+        "identity": identity,
+        "payload": len(payload),
+        "checksum": hashlib.blake2b(payload, digest_size=16).hexdigest(),
+    }
 
 
 def victim_tree(victim: Path) -> None:

@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -36,21 +36,12 @@ from engine.grammar.build import CompileError, compile_guide, token_info
 from engine.grammar.masks import Guided
 from engine.grammar.worker import Worker
 from engine.guide import JSON_KINDS, Guide
+from engine.messages import GuideReady
 from engine.model.tokenizer import Tokenizer
 from engine.obs import schema
 from engine.obs.receipts import Receipts
 
 CACHE_ENTRIES = 256  # compiled grammars kept (least recently used dropped first)
-
-
-class Answer(NamedTuple):
-    """A prepared request's answer: ``error`` None when its guide compiled, else why not, with
-    the HTTP status it is (400: the guide's fault; 503: load, ``retry_after`` seconds)."""
-
-    ticket: int
-    error: str | None = None
-    status: int = 400
-    retry_after: int | None = None
 
 
 @dataclass(slots=True)
@@ -88,7 +79,7 @@ class Grammars:
         self._running: dict[Guide, _Compile] = {}
         self._line: dict[Guide, list[int]] = {}  # guides waiting for a worker, in order
         self._pool: list[Worker] = []
-        self._answers: list[Answer] = []
+        self._answers: list[GuideReady] = []
         self._lock = threading.Lock()  # the compiler is built once, by whichever thread is first
         self._xgr_compiler: Any = None
         self._info: Any = None
@@ -116,7 +107,9 @@ class Grammars:
             error = self._refused.get(guide)
             self._cache_touch(guide)
             self._emit(guide, "hit", None, error)
-            self._answers.append(Answer(ticket, None if error is None else str(error)))
+            self._answers.append(
+                GuideReady(ticket=ticket, error=None if error is None else str(error))
+            )
         elif guide in self._running:
             self._running[guide].tickets.append(ticket)
         elif guide in self._line:
@@ -136,7 +129,7 @@ class Grammars:
         """The guides compiling now, each with its worker's pid (None: compiled here again)."""
         return {g: None if c.worker is None else c.worker.pid for g, c in self._running.items()}
 
-    def poll(self) -> list[Answer]:
+    def poll(self) -> list[GuideReady]:
         """The prepared requests answered since the last poll."""
         now = time.monotonic()
         for guide, job in list(self._running.items()):
@@ -185,7 +178,7 @@ class Grammars:
             del self._running[guide]
             _keep(self._cache, guide, grammar)
             self._emit(guide, "miss", job.ms, None)
-            self._answers += [Answer(t) for t in job.tickets]
+            self._answers += [GuideReady(ticket=t) for t in job.tickets]
         elif worker is not None and worker.ready_at is not None:
             if now - job.started > self.timeout_s:
                 self._end(guide, job, worker, now)
@@ -242,14 +235,16 @@ class Grammars:
             waiting=len(self._line),
             retry_after_s=later,
         )
-        self._answers += [Answer(t, message, 503, later) for t in tickets]
+        self._answers += [
+            GuideReady(ticket=t, error=message, status=503, retry_after=later) for t in tickets
+        ]
 
     def _refuse(
         self, guide: Guide, e: CompileError, ms: float, tickets: list[int], worker: Worker | None
     ) -> None:
         _keep(self._refused, guide, e)
         self._emit(guide, "miss", ms, e, worker=None if worker is None else worker.pid)
-        self._answers += [Answer(t, str(e)) for t in tickets]
+        self._answers += [GuideReady(ticket=t, error=str(e)) for t in tickets]
 
     def _start(self, guide: Guide) -> Future:
         """The compile here, on a thread of its own, a daemon (it neither holds the next one

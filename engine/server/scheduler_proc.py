@@ -144,7 +144,8 @@ def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
                     _handle(core, conn, msg, pending)
             if stall is not None:
                 write_resume(core.receipts, stall, arrived)
-            _answer_guides(sched, conn)
+            for ready in sched.grammars.poll():  # the prepared guides answered meanwhile
+                conn.send(ready)
             if tickets and (fields := core.cutovers.advance()) is not None:
                 _answer(core, conn, tickets.pop(), fields)
             if drain is not None and (not sched.has_work() or time.monotonic() >= drain.deadline):

@@ -17,8 +17,9 @@ import psutil
 import pytest
 
 from engine.grammar import compiler as compiler_module
-from engine.grammar.compiler import Answer, Grammars
+from engine.grammar.compiler import Grammars
 from engine.guide import json_schema_guide, text_guide
+from engine.messages import GuideReady
 from engine.model.tokenizer import Tokenizer
 from engine.obs.receipts import Receipts
 from tests.tiny_model import EOS, VOCAB, train_tokenizer
@@ -49,10 +50,10 @@ def make(tokenizer):
         g.close()
 
 
-def answers_of(grammars: Grammars, n: int = 1, limit_s: float = 120.0) -> list[Answer]:
+def answers_of(grammars: Grammars, n: int = 1, limit_s: float = 120.0) -> list[GuideReady]:
     """``n`` answers, polled as the scheduler's loop polls; at no time more compiles running
     than there are workers. The limit only catches a hang."""
-    got: list[Answer] = []
+    got: list[GuideReady] = []
     end = time.monotonic() + limit_s
     while len(got) < n:
         assert time.monotonic() < end, f"{len(got)} of {n} answers"
@@ -77,9 +78,12 @@ def test_prepared_guides_are_compiled_once_in_a_worker_and_answered_by_poll(make
     guide = json_schema_guide({"type": "integer"}, False, "s")
     grammars.prepare(guide, 1)
     grammars.prepare(guide, 2)  # the same compile answers both
-    assert sorted(answers_of(grammars, 2)) == [Answer(1), Answer(2)]
+    assert sorted(answers_of(grammars, 2), key=lambda a: a.ticket) == [
+        GuideReady(ticket=1),
+        GuideReady(ticket=2),
+    ]
     grammars.prepare(guide, 3)
-    assert grammars.poll() == [Answer(3)]  # cached: answered at once
+    assert grammars.poll() == [GuideReady(ticket=3)]  # cached: answered at once
     assert grammars.compiled(guide) is grammars.compiled(guide)
     receipts = grammars.receipts.of("grammar.compile")
     assert [(r["cache"], r["outcome"], r["site"]) for r in receipts] == [
@@ -95,11 +99,12 @@ def test_a_guide_that_does_not_compile_is_refused_with_its_reason_and_remembered
     grammars = make()
     bad = text_guide("regex", "a(b", "r")
     grammars.prepare(bad, 1)
-    [(ticket, error, status, _)] = answers_of(grammars)
+    [ready] = answers_of(grammars)
+    ticket, error, status = ready.ticket, ready.error, ready.status
     assert (ticket, status) == (1, 400) and error.startswith("the regex does not compile: ")
     assert "parenthesis" in error and ".cc:" not in error  # xgrammar's words, not its source
     grammars.prepare(bad, 2)
-    assert grammars.poll() == [Answer(2, error)]
+    assert grammars.poll() == [GuideReady(ticket=2, error=error)]
     with pytest.raises(ValueError, match="does not compile"):
         grammars.compiled(bad)
     outcomes = [(r["cache"], r["outcome"]) for r in grammars.receipts.of("grammar.compile")]
@@ -112,7 +117,8 @@ def test_a_compile_past_its_limit_has_its_worker_killed_and_stays_refused(make):
     grammars = make(timeout_s=1.0)
     guide = slow(0)
     grammars.prepare(guide, 7)
-    [(ticket, error, status, _)] = answers_of(grammars)
+    [ready] = answers_of(grammars)
+    ticket, error, status = ready.ticket, ready.error, ready.status
     assert (ticket, status) == (7, 400) and "did not compile within 1 s" in error
     [timeout] = grammars.receipts.of("grammar.compile")
     assert (timeout["outcome"], timeout["cache"]) == ("timeout", "miss")
@@ -122,7 +128,9 @@ def test_a_compile_past_its_limit_has_its_worker_killed_and_stays_refused(make):
     assert killed["pid"] == timeout["worker"] and killed["guide"] == guide.digest
     assert killed["limit_s"] == 1.0
     grammars.prepare(guide, 8)
-    assert grammars.poll() == [Answer(8, error)]  # from then on at once, no worker asked
+    assert grammars.poll() == [
+        GuideReady(ticket=8, error=error)
+    ]  # from then on at once, no worker asked
     assert grammars.running() == {}
 
 
@@ -143,7 +151,7 @@ def test_the_time_limit_counts_from_a_ready_worker_not_its_start(make, monkeypat
     time.sleep(0.6)
     assert grammars.poll() == []  # past the limit, but the worker is not ready yet
     build.set()
-    assert answers_of(grammars) == [Answer(7)]
+    assert answers_of(grammars) == [GuideReady(ticket=7)]
 
 
 def test_at_most_n_compile_at_once_a_bounded_line_waits_the_rest_are_refused_as_load(make):

@@ -84,8 +84,6 @@ class PoolSnapshot:
     spec: SpecCounts | None = None  # with speculative decoding on
     # with a durable KV store: its cap, used, pinned and reclaimable allocated bytes
     store: Mapping[str, int] | None = None
-    # a --kv-store-dir given that the store does not use, and why (EngineInfo's, for /health)
-    store_off: str | None = None
 
     @property
     def token_usage(self) -> float:
@@ -98,9 +96,8 @@ class PoolSnapshot:
         counters = ("receipts", "receipts_written", "receipts_failed", "new_token_ratio")
         for counter in (*counters, *self.progress()):
             del d[counter]
-        for optional in ("store", "store_off"):
-            if d[optional] is None:
-                del d[optional]
+        if self.store is None:
+            del d["store"]
         return d
 
     def progress(self) -> dict[str, int]:

@@ -30,8 +30,8 @@ OPEN = frozenset({"/health"})
 
 
 def health(driver: EngineDriver, watch: LoopWatch) -> Response:
-    """200 with the pool's gauges, the scheduler process's pid and its heartbeat's age, and this
-    process's event loop (its lag and stalls) while serving; 503 naming why not: dead, stopping,
+    """200 with the pool's gauges, the scheduler process's pid and its heartbeat's age, this
+    process's event loop (its lag and stalls) and a store given but off (why) while serving; 503 naming why not: dead, stopping,
     or silent past ``driver.stall_s`` (stalled)."""
     beat = {
         "scheduler_pid": driver.pid,
@@ -47,7 +47,9 @@ def health(driver: EngineDriver, watch: LoopWatch) -> Response:
                    f"{driver.pid}) for {age:.1f} s (limit {driver.stall_s:g} s)")  # fmt: skip
         body = orjson.loads(error_response(message, 503).body)
         return JSONResponse({**body, **beat}, status_code=503)
-    return JSONResponse({"status": "ok", **beat, **driver.stats().gauges()})
+    # a --kv-store-dir given that the store does not use: why (said once, at boot)
+    off = {"store_off": driver.info.store_off} if driver.info and driver.info.store_off else {}
+    return JSONResponse({"status": "ok", **beat, **driver.stats().gauges(), **off})
 
 
 def model_card(driver: EngineDriver, served_name: str) -> dict[str, Any]:

@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from engine.config import EngineConfig
@@ -295,10 +294,8 @@ class EngineDriver:
             fut.set_result(result)
 
     def stats(self) -> PoolSnapshot:
-        """The pool as of the latest step (frozen: the reader replaces it, never edits it),
-        with the store's state at boot where a directory was given and is not used."""
-        off = self.info.store_off if self.info is not None else None
-        return self._snapshot if off is None else replace(self._snapshot, store_off=off)
+        """The pool as of the latest step (frozen: the reader replaces it, never edits it)."""
+        return self._snapshot
 
     def _deliver(self, items: list[tuple[str, object, bool]]) -> None:
         """Hand (rid, item, final) to their requests' queues: one lock and one wake-up of

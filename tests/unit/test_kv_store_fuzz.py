@@ -179,10 +179,12 @@ def _scan(store: PageStore, root: Path) -> None:
 
 
 plants = st.lists(
-    st.tuples(st.sampled_from(SLOTS), st.sampled_from(KINDS), st.integers(0, 50),
-              st.binary(max_size=64)),
-    min_size=1, max_size=8,
-)  # fmt: skip
+    st.tuples(
+        st.sampled_from(SLOTS), st.sampled_from(KINDS), st.integers(0, 50), st.binary(max_size=64)
+    ),
+    min_size=1,
+    max_size=8,
+)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

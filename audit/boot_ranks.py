@@ -11,7 +11,7 @@ from itertools import islice
 from typing import Any
 
 from audit.checker import MAX_NAMED, Bus
-from engine.obs import schema
+from engine.observability import schema
 
 WORLD_FIELD = "tp"  # boot.start's config field that says how many ranks a stage has
 STAGES_FIELD = "pp"  # and how many stages (absent: one)

@@ -31,7 +31,7 @@ from audit.reader import TEXT
 from audit.readstats import ReadStats
 from audit.status import ClaimVerdict, Status
 from audit.wedge import Wedge, WedgeDetector
-from engine.obs import schema
+from engine.observability import schema
 
 C = TypeVar("C", bound=Claim)  # a kind's own claim type
 T = TypeVar("T")

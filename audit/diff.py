@@ -24,7 +24,7 @@ from audit.report_data import percentile
 from audit.spec import load_spec, resolve, shipped
 from audit.status import Status
 from audit.verdict import Report, evaluate
-from engine.obs import schema
+from engine.observability import schema
 
 Value = int | float | str | None
 NA = "n/a"  # a spec whose regime this log never reached (only when the specs are the shipped ones)

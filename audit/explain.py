@@ -10,7 +10,7 @@ from typing import Any
 
 from audit.reader import scan
 from audit.readstats import ReadStats
-from engine.obs import schema
+from engine.observability import schema
 
 BARS = "▁▂▃▄▅▆▇█"
 _SKIP = {"ts", "event", "v", "boot", "rank", "iter", "seq", "rid", "rids", "candidates"}

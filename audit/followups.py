@@ -31,7 +31,7 @@ from typing import Any
 from audit import native
 from audit.foreign import TEXT_BOOT
 from audit.model import ReceiptSel
-from engine.obs import schema
+from engine.observability import schema
 
 KEPT = 50  # failed windows kept by name (the first by sort order), however many failed
 WHEN, THEN, CLOSE, STOP = range(4)  # a record's roles, in the order one record plays them

@@ -17,7 +17,7 @@ from audit import kinds
 from audit.model import Claim, Regime, Spec
 from audit.parse_select import NO_EVENTS, Events, SpecError, err, keys, parse_events, selectors
 from audit.recipe import RecipeError, parse_recipe
-from engine.obs import schema
+from engine.observability import schema
 
 RECIPE_KEYS = ("engine", "load", "control", "boots")  # [regime.*] tables: audit.recipe
 

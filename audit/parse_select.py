@@ -22,7 +22,7 @@ from typing import Any
 from audit.foreign import FORMATS, RESERVED
 from audit.model import OPS, Pred, ReceiptSel, Selector, TextEvent, TextSel, WedgeSel
 from audit.reader import SOURCES
-from engine.obs import schema
+from engine.observability import schema
 
 Events = Mapping[str, TextEvent]  # a spec's text events by name
 NO_EVENTS: Events = MappingProxyType({})

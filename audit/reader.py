@@ -28,7 +28,7 @@ import orjson
 from audit import native
 from audit.readstats import BITMAP_LIMIT, MAX_DEPTH, ReadStats, SeqTrack
 from audit.streams import UnreadableLog, display_name, open_log
-from engine.obs import schema
+from engine.observability import schema
 
 TEXT, JSON = "text", "json"  # the named text sources
 SOURCES = (TEXT, JSON)

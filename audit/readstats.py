@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.obs import schema
+from engine.observability import schema
 
 BITMAP_LIMIT = 1 << 28  # seqs beyond this go to a set: a hostile seq cannot allocate gigabytes
 # containers a receipt may nest, itself included: a deeper one is malformed (no engine writes

@@ -23,7 +23,7 @@ from audit.explain import detail
 from audit.reader import scan
 from audit.readstats import ReadStats
 from audit.report_series import Point, points
-from engine.obs import schema
+from engine.observability import schema
 
 Key = tuple[str, int]  # (boot, rank)
 

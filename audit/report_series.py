@@ -55,7 +55,7 @@ import math
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from engine.obs import schema
+from engine.observability import schema
 
 POOL_SERIES = ("free", "evictable", "staged", "cached")
 QUEUE_SERIES = ("waiting", "running", "parked")

@@ -24,7 +24,7 @@ from audit.reader import head_receipts, scan
 from audit.readstats import ReadStats
 from audit.status import ClaimVerdict, Status, merge
 from audit.streams import is_file
-from engine.obs import schema
+from engine.observability import schema
 
 
 @dataclass(slots=True)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from audit import native
-from engine.obs import schema
+from engine.observability import schema
 
 PROGRESS_KINDS = frozenset(
     (schema.ADMISSION_ADMIT, schema.ADMISSION_UNPARK, schema.REQUEST_FINISH, schema.REQUEST_ABORT)

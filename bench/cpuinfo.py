@@ -5,6 +5,6 @@ The scripts here import it beside them; the description itself is the library's,
 
 from __future__ import annotations
 
-from engine.benchmark.method import describe_cpu as describe
+from measure.method import describe_cpu as describe
 
 __all__ = ["describe"]

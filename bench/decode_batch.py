@@ -2,7 +2,7 @@
 decode (`--attention-backend torch-padded`) and transformers' batched generate, in one run.
 
 For each stream count N: N random prompts of --prompt-len tokens, greedy, EOS ignored. The method
-is engine/benchmark/method.py's (also `engine bench --table`'s): an arm's decode rate is
+is measure/method.py's (also `engine bench --table`'s): an arm's decode rate is
 N * new_tokens / (t(new_tokens + 1 tokens) - t(1 token)), each generate on its own fresh
 prompts, so the prefill and first token are timed apart and taken out; every Attest prompt,
 warm-ups included, starts with a token no earlier prompt had, the prefix cache is emptied before
@@ -21,7 +21,7 @@ import statistics
 
 import torch
 
-from engine.benchmark.method import (
+from measure.method import (
     Prompts,
     attest_generate,
     decode_rate,

@@ -76,9 +76,9 @@ def profile_step(llm, batch: int, prompt_len: int, steps: int, top: int, seed: i
 
 def profile_prefill(llm, length: int, runs: int, top: int, seed: int = 0) -> dict:
     """The prefill of one unseen ``length``-token prompt to its first token, measured as
-    ``engine bench --table`` measures it (``engine.benchmark.method``: cache emptied, every run
+    ``engine bench --table`` measures it (``measure.method``: cache emptied, every run
     asserted uncached); one more run is profiled."""
-    from engine.benchmark.method import Prompts, attest_generate, prefill_rate
+    from measure.method import Prompts, attest_generate, prefill_rate
 
     go, prompts = attest_generate(llm), Prompts(llm.core.model_config.vocab_size, seed)
     prefill_rate(go, prompts, length)  # warm-up

@@ -1,7 +1,7 @@
 """Fast mode with and without one of its switches, in one run: decode tok/s per stream count, the
 two arms alternating on fresh prompts (the prefix cache emptied, every request asserted uncached),
 and with --agreement each arm's greedy agreement with exact mode on the held-out prompts
-(``engine.agreement``).
+(``measure.agreement``).
 
 The switches (--switch), each read at load, the baseline arm loaded with it at 0; the run asserts
 from each arm's model which one it is:
@@ -28,8 +28,8 @@ import statistics
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
 from engine import LLM
-from engine.agreement import PROMPTS, greedy_agreement
-from engine.benchmark.method import Prompts, attest_generate, decode_rate
+from measure.agreement import PROMPTS, greedy_agreement
+from measure.method import Prompts, attest_generate, decode_rate
 
 # switch: (environment variable, its value for the baseline, whether a loaded model runs what
 # the switch turns on)

@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from engine.mem.allocator import TokenAllocator
-from engine.mem.radix import RadixCache
-from engine.obs.receipts import Receipts
+from engine.memory.allocator import TokenAllocator
+from engine.memory.radix import RadixCache
+from engine.observability.receipts import Receipts
 
 SIZES = {"10k": 10_000, "1M": 1_000_000}
 PREFIX, SUFFIX = 192, 64  # a 256-token sequence: a shared prefix and its own tail

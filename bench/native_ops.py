@@ -59,7 +59,7 @@ def small_ops() -> None:
 def captured(batch: int, quant: str | None) -> list[tuple]:
     """The arguments of one decode forward's 30 attention calls at ``batch`` requests."""
     from engine import LLM, SamplingParams
-    from engine.benchmark.method import Prompts
+    from measure.method import Prompts
 
     llm = LLM(
         kv_tokens=batch * 168, max_running=batch, receipts=False, quant=quant, speculative="off"

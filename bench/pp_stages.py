@@ -87,7 +87,7 @@ def transfer_costs(hidden: int, vocab: int, rows: list[int]) -> dict[int, tuple[
     import torch.multiprocessing as mp
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from engine.dist.spawn import free_port
+    from engine.group.spawn import free_port
 
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()

@@ -1,5 +1,5 @@
 """Fast mode's greedy agreement with exact mode on held-out chat prompts
-(``engine.agreement``: teacher-forced share of positions where the next token is the same, and
+(``measure.agreement``: teacher-forced share of positions where the next token is the same, and
 the common prefix of the free-running outputs).
 
     .venv/bin/python bench/quant_agreement.py [--modes int8,int4] [--tokens 32]
@@ -12,7 +12,7 @@ import argparse
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
 from engine import LLM
-from engine.agreement import PROMPTS, greedy_agreement
+from measure.agreement import PROMPTS, greedy_agreement
 
 
 def main() -> None:

@@ -28,9 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cpuinfo import describe  # noqa: E402  (bench/cpuinfo.py, beside this script)
 
-from engine.benchmark import llama_server  # noqa: E402
-from engine.benchmark.clients import bin_path, ensure  # noqa: E402
-from engine.benchmark.online import guidellm_command, read_report, table  # noqa: E402
+from measure import llama_server  # noqa: E402
+from measure.clients import bin_path, ensure  # noqa: E402
+from measure.online import guidellm_command, read_report, table  # noqa: E402
 from tests.e2e.server_proc import ServerProc, free_port  # noqa: E402
 
 

@@ -21,7 +21,7 @@ an answer) and compared in fast mode. Requests stop where the model ends them or
 --cost times the price of drafting: the same stream with drafts that are always wrong (every
 position verified and refused, pacing held off) against none, at batch sizes 1, 4, 8 and 16;
 the cost of a drafted position as a share of a step is (t_drafted / t_plain - 1) / K. A
-request's drafts pay while the share of them kept stays above it: engine/spec/pace.py's
+request's drafts pay while the share of them kept stays above it: engine/speculative/pace.py's
 COST (and so MAX_BATCH) comes from this table.
 
     .venv/bin/python bench/speculation.py [--runs 3] [--new-tokens 128] [--spec-tokens 4]
@@ -37,7 +37,7 @@ import random
 import statistics
 from pathlib import Path
 
-from engine.benchmark.method import describe_cpu
+from measure.method import describe_cpu
 
 HERE = Path(__file__).parent / "prompts" / "speculation"
 TURNS = {p.stem for p in HERE.glob("*.jsonl")}  # workloads run one request after another
@@ -55,7 +55,7 @@ def decode_rates(
     from engine import SamplingParams
 
     if llm.core.scheduler.spec is not None and llm.core.config.scheduler.speculative == "suffix":
-        from engine.spec.propose import SuffixLookup
+        from engine.speculative.propose import SuffixLookup
 
         llm.core.scheduler.spec.proposer = SuffixLookup()  # nothing remembered from a run before
     params = SamplingParams(max_tokens=new, temperature=0)
@@ -126,8 +126,8 @@ class Wrong:
 
 def cost_table(model, args, kw) -> None:
     from engine import LLM
-    from engine.sched import speculate
-    from engine.spec import pace
+    from engine.scheduler import speculate
+    from engine.speculative import pace
 
     pace.COST, speculate.MAX_BATCH = ((1 << 20, -1.0),), 1 << 20  # every draft, every batch
     plain = LLM(model, speculative="off", **kw)
@@ -149,8 +149,8 @@ def llamacpp_rows(args, loads: dict[str, list[list[int]]]) -> dict[str, tuple[fl
     """llama.cpp's decode tok/s per one-stream workload, without drafts and with its prompt
     lookup (median of --runs, alternating); its tokens with drafts compared with its own
     without."""
-    from engine.benchmark.llamacpp import LlamaCppWorker
     from engine.model.loader import resolve_model_path
+    from measure.llamacpp import LlamaCppWorker
 
     out = {}
     with LlamaCppWorker(args.llamacpp_env, resolve_model_path(args.model), os.cpu_count()) as w:

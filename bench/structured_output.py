@@ -3,7 +3,7 @@ token mask, against the same batch unconstrained, in one run; and a request's ti
 token with a schema the engine has never seen (the compile included), with that schema cached,
 and unconstrained.
 
-Decode rates are engine/benchmark/method.py's (the prefill and first token timed apart and taken
+Decode rates are measure/method.py's (the prefill and first token timed apart and taken
 out, fresh prompts, an empty prefix cache, every request asserted uncached). The schema is an
 array of at least 200 objects: no output of --new-tokens tokens can complete it, so every
 constrained stream runs exactly as many tokens as the unconstrained ones and its mask walks
@@ -26,8 +26,8 @@ import time
 
 import orjson
 
-from engine.benchmark.method import Prompts, attest_generate, decode_rate, describe_cpu
-from engine.guide import json_schema_guide
+from engine.request.guide import json_schema_guide
+from measure.method import Prompts, attest_generate, decode_rate, describe_cpu
 
 ITEM = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 12},

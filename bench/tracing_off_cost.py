@@ -1,4 +1,4 @@
-"""What tracing costs when it is off: calls into ``engine/obs/tracing.py`` and their time during
+"""What tracing costs when it is off: calls into ``engine/observability/tracing.py`` and their time during
 an offline batch (32 prompts of 128 random tokens, 64 new tokens each), under cProfile, and
 whether the OpenTelemetry SDK was imported at all. Off is the default (no endpoint configured).
 
@@ -17,7 +17,7 @@ from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
 def main() -> None:
     from engine import LLM, SamplingParams
-    from engine.benchmark.method import Prompts
+    from measure.method import Prompts
 
     llm = LLM(kv_tokens=8192, max_running=32)
     if llm.core.scheduler.traces is not None:
@@ -31,11 +31,11 @@ def main() -> None:
     prof.disable()
     wall = time.perf_counter() - t
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-    mine = [v for k, v in stats.items() if k[0].endswith("engine/obs/tracing.py")]
+    mine = [v for k, v in stats.items() if k[0].endswith("engine/observability/tracing.py")]
     calls, seconds = sum(v[1] for v in mine), sum(v[2] for v in mine)
     sdk = any(m.startswith("opentelemetry") for m in sys.modules)
     print(f"cpu: {describe()}")
-    print(f"tracing off: {calls} calls into engine/obs/tracing.py, {seconds * 1e6:.1f} us of their "
+    print(f"tracing off: {calls} calls into engine/observability/tracing.py, {seconds * 1e6:.1f} us of their "
           f"own time in a {wall:.2f} s batch (under cProfile); OpenTelemetry imported: {sdk}")  # fmt: skip
     llm.close()
 

@@ -54,8 +54,8 @@ def bench_table(
 ) -> None:
     """Validate everything first (exit 2 naming a bad value), install llama.cpp's environment
     if asked, then measure and print the table (Markdown, with the CPU and what ran)."""
-    from engine.benchmark.llamacpp import MissingEnv, check_env, install
-    from engine.benchmark.table import TableSpec, format_report
+    from measure.llamacpp import MissingEnv, check_env, install
+    from measure.table import TableSpec, format_report
 
     try:
         s = TableSpec.from_text(streams, engines, attest, **spec)
@@ -71,7 +71,7 @@ def bench_table(
             typer.echo(f"llama.cpp's environment: llama-cpp-python {install(s.llamacpp_env)}")
     if not table:
         return
-    from engine.benchmark.three_way import run_table
+    from measure.three_way import run_table
 
     try:
         run = run_table(s)

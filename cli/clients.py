@@ -13,7 +13,7 @@ def client_env(
 ) -> None:
     """Create the client's virtualenv (a no-op when it is there and imports) and print its
     bin/ folder: its commands run against `engine serve` from there."""
-    from engine.benchmark.clients import CLIENTS, bin_path, ensure
+    from measure.clients import CLIENTS, bin_path, ensure
 
     if name not in CLIENTS:
         typer.echo(f"unknown client {name!r}; known: {', '.join(sorted(CLIENTS))}", err=True)

@@ -40,7 +40,7 @@ from cli.ranks import (
 )
 from cli.serve_options import SERVE, with_options
 from engine.config import DEFAULTS
-from engine.obs.stacks import dump_stacks_on_signal
+from engine.observability.stacks import dump_stacks_on_signal
 
 app = typer.Typer(
     help="Attest serving engine. Start with `engine info` to see the model, then "
@@ -114,7 +114,7 @@ def info(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Show the model, its configuration, parameter count and KV bytes per token."""
-    from engine.core import EngineCore
+    from engine.core.engine_core import EngineCore
 
     try:
         core = EngineCore(config_of(locals()))
@@ -189,7 +189,7 @@ def bench(
             attest=attest, prefill=prefill, prompt_len=prompt_len, output_len=output_len,
             runs=runs, model=model, llamacpp_env=llamacpp_env, tp=tp,
         )  # fmt: skip
-    from engine.benchmark import run_offline
+    from measure import run_offline
 
     res = run_offline(
         model,

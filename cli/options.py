@@ -1,6 +1,6 @@
 """The `engine` command's shared options, each declared once, so that a command's signature
 reads one option a line; the engine's options take their help text (and, in the commands, their
-defaults) from the config's fields (engine/config.py). ``config_of`` gathers a command's options
+defaults) from the config's fields (engine/config/__init__.py). ``config_of`` gathers a command's options
 into the config; ``fail`` is the one way a command exits with an error."""
 
 from __future__ import annotations

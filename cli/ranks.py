@@ -47,7 +47,7 @@ def worker(
     """Run one rank above 0 of a group whose rank 0 is `engine serve --tp N [--pp M] --dist-init env`
     (on another node, or under torchrun). MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK say
     where rank 0 is and who this is; the rest of the configuration comes from rank 0."""
-    from engine.group_boot import worker_from_env
+    from engine.core.group_boot import worker_from_env
 
     try:
         code = worker_from_env(group_timeout, device)

@@ -27,9 +27,9 @@ from audit.recipe import Recipe
 from audit.render import print_report
 from audit.spec import resolve
 from audit.verdict import evaluate
-from engine.dist.spawn import dies_with_parent, free_port
-from engine.server.lanes import drive_lanes
-from engine.server.loadgen import LoadResult, LoadShape, drive
+from engine.group.spawn import dies_with_parent, free_port
+from measure.lanes import drive_lanes
+from measure.loadgen import LoadResult, LoadShape, drive
 
 EX_USAGE, EX_UNAVAILABLE = 64, 69
 BOOT_TIMEOUT_S = 300.0

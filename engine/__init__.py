@@ -1,6 +1,6 @@
 """Attest's serving engine.
 
-Imports are lazy so that ``import engine.obs.schema`` never pulls torch in.
+Imports are lazy so that ``import engine.observability.schema`` never pulls torch in.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ __all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput"]
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.llm import LLM, RequestOutput
-    from engine.sampling import SamplingParams
+    from engine.model.sampling import SamplingParams
 
 
 def __getattr__(name: str) -> Any:
@@ -21,7 +21,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(llm, name)
     if name == "SamplingParams":
-        from engine.sampling import SamplingParams
+        from engine.model.sampling import SamplingParams
 
         return SamplingParams
     if name == "EngineConfig":

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.group_boot import boot
-from engine.messages import Cutover, TokenLogprobs
-from engine.obs.tracing import Tracing
-from engine.sampling import SamplingParams
+from engine.core.group_boot import boot
+from engine.model.sampling import SamplingParams
+from engine.observability.tracing import Tracing
+from engine.request.messages import Cutover, TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -29,7 +29,7 @@ class LLM:
     """``LLM(model=None, **engine_config)``: ``model`` is a GGUF file or a Hugging Face folder;
     None loads the default model. Keyword options are EngineConfig's flat names, its
     sections' fields (``tp=2``: two ranks, this process rank 0); ``tracing``: request spans
-    (``engine.obs.tracing``). A group that fails (a split, a rank lost) raises
+    (``engine.observability.tracing``). A group that fails (a split, a rank lost) raises
     ``GroupFailure`` from ``generate`` once its receipts are written."""
 
     def __init__(
@@ -54,7 +54,7 @@ class LLM:
         pp: int | None = None,
     ) -> dict[str, Any]:
         """A live change of weights (``path``), pool size (``kv_tokens``) or a group's layout
-        (``tp`` x ``pp``, the same ranks), ``mode`` drain or carry (``engine/cutover.py``); steps the engine until it has ended. ``promises``:
+        (``tp`` x ``pp``, the same ranks), ``mode`` drain or carry (``engine/core/cutover.py``); steps the engine until it has ended. ``promises``:
         ``"cap"`` lowers the max_tokens of promised requests a smaller pool would break
         (``"refuse"``: the cutover is refused). Returns its ``cutover.end`` fields; a refused
         cutover raises ValueError, one past ``cutover_timeout`` TimeoutError, a failed one
@@ -104,8 +104,8 @@ class LLM:
         ids, text, or a chat's messages (rendered without a generation prompt, so the next
         turn's prompt begins with them). Its prompt runs first (one token); then its whole
         pages are written and pinned. Returns ``{"id", "tokens", "pinned_bytes",
-        "shared_bytes", ...}``; raises ``engine.checkpoints.CheckpointError``."""
-        from engine import checkpoints
+        "shared_bytes", ...}``; raises ``engine.tiers.checkpoints.CheckpointError``."""
+        from engine.tiers import checkpoints
 
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, True)
@@ -119,12 +119,12 @@ class LLM:
 
     def checkpoints(self) -> dict[str, Any]:
         """The store's checkpoints and its numbers (``used``, ``pinned``, ``reclaimable``)."""
-        from engine import checkpoints
+        from engine.tiers import checkpoints
 
         return checkpoints.listing(self.core)
 
     def delete_checkpoint(self, id: str) -> dict[str, Any]:  # noqa: A002
-        from engine import checkpoints
+        from engine.tiers import checkpoints
 
         return checkpoints.delete(self.core, id)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from engine import LLM
 from engine.config import EngineConfig
-from engine.core import EngineCore
-from engine.sched.group import GroupView
+from engine.core.engine_core import EngineCore
+from engine.scheduler.group import GroupView
 
 
 class SetFloor(GroupView):

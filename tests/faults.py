@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.sched.request import State
-from engine.sched.scheduler import Scheduler
+from engine.scheduler.request import State
+from engine.scheduler.scheduler import Scheduler
 
 
 def drop_request(sched: Scheduler, rid: str) -> None:

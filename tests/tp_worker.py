@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.dist.comm import Comm, TorchComm, local_init_method
-from engine.mem.kv_pool import KVPool
-from engine.mem.req_table import ReqToTokenPool
+from engine.group.comm import Comm, TorchComm, local_init_method
+from engine.memory.kv_pool import KVPool
+from engine.memory.req_table import ReqToTokenPool
 from engine.model.llama import LlamaModel
 from engine.model.loader import load_model
-from engine.runner import BatchEntry, ModelRunner
+from engine.model.runner import BatchEntry, ModelRunner
 from kernels.select import get_backend
 
 PROMPTS = [

@@ -16,7 +16,7 @@ from audit.kinds.base import ClaimKind
 from audit.model import Claim, ReceiptSel
 from audit.parse_select import Events, err, field, selectors
 from audit.status import ClaimVerdict, Status
-from engine.obs import schema
+from engine.observability import schema
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

@@ -21,7 +21,7 @@ from audit.kinds.base import ClaimKind, record_check, select, stops
 from audit.model import Claim, ReceiptSel
 from audit.parse_select import Events, err, field, known_fields, one_stream
 from audit.status import ClaimVerdict, Status
-from engine.obs import schema
+from engine.observability import schema
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.dist.comm import Comm
-from engine.dist.pipeline import Stage, stage_layers
+from engine.group.comm import Comm
+from engine.group.pipeline import Stage, stage_layers
 from engine.model.config import ModelConfig
 from engine.model.fused import layer_ops
 from engine.model.int_rows import widen

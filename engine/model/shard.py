@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from engine.dist.pipeline import stage_layers
+from engine.group.pipeline import stage_layers
 
 
 class TPShard(NamedTuple):

@@ -22,8 +22,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.messages import CancelCutover, Cutover
-from engine.obs.metrics import ServerMetrics
+from engine.observability.metrics import ServerMetrics
+from engine.request.messages import CancelCutover, Cutover
 from engine.server.driver import EngineDriver
 from engine.server.errors import ProtocolError, error_body, json_object
 from engine.server.limits import HttpLimits, read_body

@@ -12,8 +12,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 
-from engine.obs import tracing as tr
-from engine.obs.metrics import CONTENT_TYPE, ServerMetrics
+from engine.observability import tracing as tr
+from engine.observability.metrics import CONTENT_TYPE, ServerMetrics
 from engine.server import admin, checkpoints, openapi, origin, tokenize
 from engine.server.driver import EngineDriver
 from engine.server.errors import check_model

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from engine.clip import clip
+from engine.observability.clip import clip
 
 EXIT_REFUSED = 75  # sysexits EX_TEMPFAIL: what it needs is held now; retry once it is free
 _LOCK_LINE = re.compile(r"\s(\d+)\s+([0-9a-f]+):([0-9a-f]+):(\d+)\s")

@@ -9,7 +9,7 @@ written and no page it pins is ``missing``. Errors: 400 (a malformed body; no st
 such checkpoint), 409 (over the pin budget: ``want``, ``held``, ``budget``, ``overshoot`` beside
 the error; or the id exists), 500 (its files could not be removed), 503 (the scheduler is
 stopping), 507 (no room in the store).
-The work is the scheduler's (``engine/checkpoints.py``); this side only tokenizes and asks.
+The work is the scheduler's (``engine/tiers/checkpoints.py``); this side only tokenizes and asks.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
-from engine.guide import GuideError
-from engine.messages import CheckpointOp
+from engine.guided.tools import history
 from engine.model.chat import ChatTemplateError, normalize_messages
+from engine.request.guide import GuideError
+from engine.request.messages import CheckpointOp
 from engine.server import openapi
 from engine.server.errors import ProtocolError, error_body, json_object
 from engine.server.limits import read_body
 from engine.server.protocol import ChatMessage, TokenId, _Strict
 from engine.server.responses import error_response
 from engine.server.tokenize import validated
-from engine.tools import history
 
 if TYPE_CHECKING:
     from engine.server.service import CompletionService

@@ -1,7 +1,7 @@
 """EngineDriver: the scheduler in its own process, spoken to over a local pipe.
 
 The frontend never touches the scheduler: it sends the small typed messages of
-``engine.messages`` (add, abort, notice, stop) and receives each step's outputs, together with a
+``engine.request.messages`` (add, abort, notice, stop) and receives each step's outputs, together with a
 snapshot of the pool taken right after that step. Nothing here imports torch: the engine is built
 in the scheduler process only.
 A reader thread hands outputs to the asyncio queue of their request; a writer thread sends,
@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.messages import (
+from engine.observability.death import how_it_ended
+from engine.request.messages import (
     AbortRequest,
     AddRequest,
     CheckpointDone,
@@ -47,7 +48,6 @@ from engine.messages import (
     ToFrontend,
     ToScheduler,
 )
-from engine.obs.death import how_it_ended
 from engine.server.scheduler_proc import scheduler_main
 from engine.server.submission import SchedulerDied, StartStopped, Submission
 

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 import orjson
 from starlette.routing import Match
 
-from engine.clip import clip_words
-from engine.obs import schema
+from engine.observability import schema
+from engine.observability.clip import clip_words
 
 ERROR_BODY_BYTES = 1 << 16  # an error body is read this far for its message (ours are small)
 REASON_CHARS = 500  # the message a client was told, about this long at most in a receipt

@@ -4,10 +4,10 @@ grammar), as a checked ``Guide``; every fault a ProtocolError naming the place."
 
 from __future__ import annotations
 
-from engine.guide import Guide, GuideError, choice_guide, json_schema_guide, text_guide
+from engine.guided.tools import ToolPlan
+from engine.request.guide import Guide, GuideError, choice_guide, json_schema_guide, text_guide
 from engine.server.errors import ProtocolError
 from engine.server.protocol import ResponseFormat, StructuredOutputs
-from engine.tools import ToolPlan
 
 
 def guide_of(

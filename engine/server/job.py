@@ -19,11 +19,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from engine.messages import StepOutput
-from engine.obs import schema
-from engine.obs import tracing as tr
-from engine.obs.metrics import ServerMetrics
-from engine.sampling_params import SEED_MIN, SamplingParams
+from engine.observability import schema
+from engine.observability import tracing as tr
+from engine.observability.metrics import ServerMetrics
+from engine.request.messages import StepOutput
+from engine.request.sampling_params import SEED_MIN, SamplingParams
 from engine.server.driver import EngineDriver, Submission
 
 # why the frontend aborts a choice (the request.abort receipt's reason)

@@ -33,12 +33,17 @@ from typing import Any
 
 import uvicorn
 
-from engine.clip import clip_words
 from engine.config import EngineConfig
-from engine.messages import Launch
-from engine.obs import schema
-from engine.obs.death import ERROR_CHARS, write_boot_failed, write_boot_stopped, write_death
-from engine.obs.tracing import Tracing, setup_tracing
+from engine.observability import schema
+from engine.observability.clip import clip_words
+from engine.observability.death import (
+    ERROR_CHARS,
+    write_boot_failed,
+    write_boot_stopped,
+    write_death,
+)
+from engine.observability.tracing import Tracing, setup_tracing
+from engine.request.messages import Launch
 from engine.server.app import create_app
 from engine.server.boot_guard import claim
 from engine.server.driver import EngineDriver

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from engine.messages import TokenLogprobs
 from engine.model.tokenizer import Tokenizer
+from engine.request.messages import TokenLogprobs
 
 FLOOR = -9999.0  # what -inf is written as
 

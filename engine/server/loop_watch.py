@@ -20,7 +20,7 @@ import traceback
 from collections.abc import AsyncIterator
 from typing import Any
 
-from engine.obs import schema
+from engine.observability import schema
 from engine.server.frontdoor import Recorder
 
 INTERVAL_S = 0.1

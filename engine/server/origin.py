@@ -32,7 +32,14 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.netloc import DEFAULT_PORTS, Authority, host_name, is_loopback, parse_host, parse_origin
+from engine.config.netloc import (
+    DEFAULT_PORTS,
+    Authority,
+    host_name,
+    is_loopback,
+    parse_host,
+    parse_origin,
+)
 from engine.server.responses import error_response
 
 ANY = "*"

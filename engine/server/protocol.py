@@ -21,9 +21,9 @@ from pydantic import (
     model_validator,
 )
 
-from engine.guide import Guide
-from engine.prompt import PromptError, check_param_ids, fit_max_tokens
-from engine.sampling_params import (
+from engine.request.guide import Guide
+from engine.request.prompt import PromptError, check_param_ids, fit_max_tokens
+from engine.request.sampling_params import (
     BIAS_LIMIT,
     LOGPROBS_LIMIT,
     PENALTY_LIMIT,
@@ -46,7 +46,7 @@ class ModelLimits:
     max_context: int
     kv_tokens: int  # the whole KV pool
     vocab_size: int
-    token_chars: int  # the most characters one token stands for (engine.prompt)
+    token_chars: int  # the most characters one token stands for (engine.request.prompt)
 
 
 class _Strict(BaseModel):

@@ -16,12 +16,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from engine.guided.tool_parsers import merged, parser_for
+from engine.guided.tools import ToolPlan
 from engine.server.errors import ProtocolError, error_body
 from engine.server.job import Job, JobFailed
 from engine.server.limits import ClientGone, went_away
 from engine.server.logprobs import LogprobsWriter
-from engine.tool_parsers import merged, parser_for
-from engine.tools import ToolPlan
 
 # answers after which the connection is closed: the client may still be sending its body
 _CLOSE = frozenset({408, 413, 429})

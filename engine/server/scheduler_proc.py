@@ -1,5 +1,5 @@
 """The scheduler process: build the engine, then step while there is work, answering the
-frontend's messages (``engine.messages``) over the pipe.
+frontend's messages (``engine.request.messages``) over the pipe.
 
 This module runs in the scheduler process only. Its imports of the engine are inside
 ``scheduler_main`` so that the frontend, which names it as the process's target, never loads
@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.messages import (
+from engine.observability import schema
+from engine.observability.stacks import dump_stacks_on_signal
+from engine.request.messages import (
     HEARTBEAT_S,
     STALL_S,
     AbortRequest,
@@ -43,8 +45,6 @@ from engine.messages import (
     Stopped,
     ToScheduler,
 )
-from engine.obs import schema
-from engine.obs.stacks import dump_stacks_on_signal
 from engine.server.stall import StallWatch, write_resume, write_stall
 
 GUIDE_POLL_S = 0.002  # how often an idle loop looks for a finished grammar compile
@@ -73,7 +73,7 @@ def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None
     except PermissionError:  # a session leader may not move, and it leads its own group already
         if os.getpgid(0) != os.getpid():
             raise
-    from engine.obs.tracing import setup_tracing
+    from engine.observability.tracing import setup_tracing
 
     sink: list[Any] = []  # the receipts, once the engine is built: where a dropped-span notice goes
     tracing = setup_tracing(
@@ -82,7 +82,7 @@ def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None
         on_drop=lambda text: sink and sink[0].notice("spans_dropped", text, process="scheduler"),
     )
     try:
-        from engine.group_boot import boot
+        from engine.core.group_boot import boot
 
         with tracing.span("boot", **{"attest.process": "scheduler"}) as span:
             core = boot(config, launch=launch, tracing=tracing)
@@ -114,8 +114,8 @@ def _boot_attributes(core: Any, info: EngineInfo) -> dict[str, Any]:
 
 
 def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
-    from engine.checkpoints import Pending  # the engine's side: the scheduler's process only
-    from engine.dist.comm import GroupFailure
+    from engine.group.comm import GroupFailure
+    from engine.tiers.checkpoints import Pending  # the engine's side: the scheduler's process only
 
     sched = core.scheduler
     drain: _Drain | None = None
@@ -222,7 +222,7 @@ def _handle(core: Any, conn: Any, msg: ToScheduler, pending: Any) -> None:
 def _checkpoint(core: Any, conn: Any, msg: CheckpointOp, pending: Any) -> None:
     """Begin a checkpoint (its prompt runs first; ``Pending.finish`` answers it), or list or
     delete them, answered at once."""
-    from engine import checkpoints
+    from engine.tiers import checkpoints
 
     try:
         if msg.op == "create":

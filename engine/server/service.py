@@ -5,7 +5,7 @@ Nothing a request sends can hold the event loop: the body is read within a time 
 too long for the context is refused on its character count before any tokenizing, and the work
 that grows with what a request sends (its tools' and schema's checks, the chat template, the
 tokenizer) runs in a worker thread within ``--check-timeout`` (``off_loop``), over guides bounded
-in size (``engine.guide.MAX_GUIDE_BYTES``, checked before anything parses them further), so a
+in size (``engine.request.guide.MAX_GUIDE_BYTES``, checked before anything parses them further), so a
 1 MB schema or a 4 MB prompt costs its own client its wait and nobody else a stall.
 
 A thread, not a process: with the size bound the worst check measured is about 0.3 s
@@ -29,12 +29,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from engine.guide import Guide, GuideError
-from engine.messages import PrepareGuide, TokenLogprobs
+from engine.guided.tools import ToolPlan, history, plan_of
 from engine.model.chat import ChatTemplateError, normalize_messages
-from engine.obs import tracing as tr
-from engine.obs.metrics import ServerMetrics
-from engine.prompt import PromptError, check_chars, check_prompt, longest_token_chars
+from engine.observability import tracing as tr
+from engine.observability.metrics import ServerMetrics
+from engine.request.guide import Guide, GuideError
+from engine.request.messages import PrepareGuide, TokenLogprobs
+from engine.request.prompt import PromptError, check_chars, check_prompt, longest_token_chars
 from engine.server.driver import EngineDriver
 from engine.server.errors import ProtocolError, check_model, json_object, validation_error
 from engine.server.guided import guide_of
@@ -49,7 +50,6 @@ from engine.server.protocol import (
     sampling_params,
 )
 from engine.server.responses import completion_body, error_response, stream
-from engine.tools import ToolPlan, history, plan_of
 
 DEFAULT_MAX_TOKENS = 256
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.obs import schema
+from engine.observability import schema
 
 
 @dataclass(slots=True, frozen=True)

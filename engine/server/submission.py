@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from engine.sampling_params import SamplingParams
+from engine.request.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

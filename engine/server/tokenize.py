@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field, ValidationError
 
-from engine.guide import GuideError
+from engine.guided.tools import history
 from engine.model.chat import ChatTemplateError, normalize_messages
+from engine.request.guide import GuideError
 from engine.server import openapi
 from engine.server.errors import ProtocolError, check_model, json_object, validation_error
 from engine.server.limits import read_body
 from engine.server.protocol import ChatMessage, TokenId, _Strict
-from engine.tools import history
 
 if TYPE_CHECKING:
     from engine.server.service import CompletionService

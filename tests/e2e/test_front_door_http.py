@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from engine.obs import schema
+from engine.observability import schema
 from tests.e2e.audit_cli import audit
 from tests.e2e.http_raw import exchange, head
 from tests.e2e.server_proc import ServerProc

@@ -4,7 +4,7 @@ vLLM's ``continuous_usage_stats``, ``ignore_eos``, ``max_completion_tokens`` / `
 are all answered, and the token counts it reports are the server's own usage: so a field the
 server stopped accepting can never again fail every one of its requests silently.
 
-guidellm runs in its own virtualenv (engine/benchmark/clients.py), made here on demand when it
+guidellm runs in its own virtualenv (measure/clients.py), made here on demand when it
 is not there (about 30 s once). A tiny model, and its tokenizer for guidellm's synthetic
 prompts, keep it short."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.benchmark.clients import bin_path, ensure
-from engine.benchmark.online import read_report
+from measure.clients import bin_path, ensure
+from measure.online import read_report
 from tests.e2e.server_proc import ServerProc
 
 ROOT = Path(__file__).parents[2]

@@ -5,7 +5,7 @@ logprobs, and its /tokenize routes for the tokens) and through lm-eval's own ``h
 same weights. Same accuracy, every choice's log-likelihood within 1e-3 and the same greedy flag,
 every generation the same text.
 
-lm-eval runs in its own virtualenv (engine/benchmark/clients.py), made here on demand when it is
+lm-eval runs in its own virtualenv (measure/clients.py), made here on demand when it is
 not there: about 45 s once; later runs reuse it. The tiny random model runs by default; the
 default model (its GGUF file, which transformers reads too) is a slow test."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.benchmark.clients import bin_path, ensure
+from measure.clients import bin_path, ensure
 from tests.conftest import requires_default_model, requires_transformers
 from tests.e2e.server_proc import ServerProc
 

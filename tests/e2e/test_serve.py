@@ -361,7 +361,7 @@ def test_a_non_streaming_client_that_goes_away_frees_its_memory(served, server, 
 
 
 def test_a_bad_prompt_is_refused_in_the_words_of_the_one_prompt_check(server):
-    from engine.prompt import PromptError, check_prompt
+    from engine.request.prompt import PromptError, check_prompt
 
     context = server.get("/v1/models").json()["data"][0]["max_model_len"]
     for ids in ([], [1] * context):

@@ -21,7 +21,7 @@ import httpx
 import orjson
 import pytest
 
-from engine.mem.store_files import MAGIC, page_key, page_path
+from engine.tiers.store_files import MAGIC, page_key, page_path
 from tests.e2e.server_proc import ServerProc
 from tests.unit.test_kv_store_hostile import DEEP, good_header, snapshot, victim_tree
 

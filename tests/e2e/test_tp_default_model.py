@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.model.sampling import SamplingParams
 from tests.conftest import requires_default_model
 
 pytestmark = [pytest.mark.slow, requires_default_model]

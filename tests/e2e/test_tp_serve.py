@@ -53,7 +53,7 @@ def verdicts(*args: str) -> tuple[int, dict[str, str], dict[str, dict[str, dict]
 def spawned_ranks(srv: ServerProc) -> list[psutil.Process]:
     """The ranks above 0 that the scheduler process (rank 0) started."""
     sched = psutil.Process(srv.scheduler_pid())
-    return [c for c in sched.children() if "engine.group_boot" in " ".join(c.cmdline())]
+    return [c for c in sched.children() if "engine.core.group_boot" in " ".join(c.cmdline())]
 
 
 class Stream(threading.Thread):
@@ -227,7 +227,7 @@ def test_a_rank_killed_mid_stream_ends_the_boot_rank_lost_503_and_exit_1(tiny_mo
                      "--kv-tokens", "4096", "--group-timeout", "1200")  # fmt: skip
     try:
         (rank1,) = spawned_ranks(srv)
-        assert rank1.cmdline()[rank1.cmdline().index("engine.group_boot") + 1] == "1"
+        assert rank1.cmdline()[rank1.cmdline().index("engine.core.group_boot") + 1] == "1"
         streams = [Stream(srv.base), Stream(srv.base)]
         plain = Plain(srv.base, LONG)
         assert all(s.first.wait(300) for s in streams)

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.mem.ledger import ledger_violations
-from engine.obs import schema
+from engine.observability import schema
+from engine.scheduler.ledger import ledger_violations
 from tests.faults import drop_request
 from tests.integration.test_pressure import three_at_once, workload
 

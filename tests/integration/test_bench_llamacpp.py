@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.benchmark.llamacpp import LlamaCppWorker, MissingEnv, check_env
-from engine.benchmark.method import Prompts
-from engine.benchmark.table import TableSpec
-from engine.benchmark.three_way import measure
+from measure.llamacpp import LlamaCppWorker, MissingEnv, check_env
+from measure.method import Prompts
+from measure.table import TableSpec
+from measure.three_way import measure
 from tests.conftest import requires_default_model
 
 ENV = "build/llamacpp-venv"

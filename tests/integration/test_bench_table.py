@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
-from engine.benchmark import run_offline
-from engine.benchmark.table import TableSpec, format_report
-from engine.benchmark.three_way import run_table
+from measure import run_offline
+from measure.table import TableSpec, format_report
+from measure.three_way import run_table
 from tests.conftest import requires_transformers
 
 

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.messages import Cutover
-from engine.sched.census import backlog, take_census
+from engine.request.messages import Cutover
+from engine.scheduler.census import backlog, take_census
 from tests.fakes import SetFloor, llm_with_group
 from tests.tiny_model import make_tiny_model
 
@@ -120,9 +120,9 @@ def test_a_weights_cutover_with_the_same_file_changes_no_token(
 ):
     import types
 
-    import engine.cutover
+    import engine.core.cutover
 
-    monkeypatch.setattr(engine.cutover, "threading", types.SimpleNamespace(Thread=LoadAtOnce))
+    monkeypatch.setattr(engine.core.cutover, "threading", types.SimpleNamespace(Thread=LoadAtOnce))
     log = tmp_path / "boot.jsonl"
     ask = Cutover(kind="weights", mode=mode, path=tiny_model_dir)
     got, (end,), llm = serve_with(tiny_model_dir, {5: ask}, log)

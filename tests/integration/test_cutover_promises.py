@@ -16,8 +16,8 @@ import orjson
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.messages import Cutover
-from engine.sched import promises
+from engine.request.messages import Cutover
+from engine.scheduler import promises
 
 PROMPT = [5] * 100
 LONG = SamplingParams(max_tokens=300, temperature=0, ignore_eos=True)  # promised 400

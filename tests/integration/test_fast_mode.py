@@ -9,12 +9,12 @@ import random
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.agreement import PROMPTS, greedy_agreement
 from engine.model.int_vnni import int_vnni_native
 from engine.model.native_step import STEP_ROWS
 from engine.model.quant import QuantWeight, quantize_int4
 from kernels import cpu_ops
 from kernels.cpu_ops import cpu_flags
+from measure.agreement import PROMPTS, greedy_agreement
 from tests.conftest import requires_default_model
 from tests.tiny_model import make_tiny_model
 

@@ -16,12 +16,12 @@ import time
 import psutil
 import pytest
 
-from engine.grammar import compiler as compiler_module
-from engine.grammar.compiler import Grammars
-from engine.guide import json_schema_guide, text_guide
-from engine.messages import GuideReady
+from engine.guided import compiler as compiler_module
+from engine.guided.compiler import Grammars
 from engine.model.tokenizer import Tokenizer
-from engine.obs.receipts import Receipts
+from engine.observability.receipts import Receipts
+from engine.request.guide import json_schema_guide, text_guide
+from engine.request.messages import GuideReady
 from tests.tiny_model import EOS, VOCAB, train_tokenizer
 
 

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.guide import Guide, choice_guide, json_schema_guide, text_guide
+from engine.request.guide import Guide, choice_guide, json_schema_guide, text_guide
 
 PROMPT = [5, 6, 7, 8]
 SCHEMA = {

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.mem.ledger import ledger_violations, read_host_ledger
+from engine.scheduler.ledger import ledger_violations, read_host_ledger
 from tests.conftest import requires_default_model
 
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.mem.store_files import page_path
+from engine.tiers.store_files import page_path
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
@@ -117,7 +117,7 @@ def test_checkpoints_pin_share_survive_a_restart_and_refuse_with_numbers(tiny_mo
     """A checkpoint pins its conversation's pages; a branch that extends it pins only its new
     pages; pinned pages outlive eviction pressure and a restart; one over the pin budget is
     refused with the four numbers and changes nothing."""
-    from engine.checkpoints import CheckpointError
+    from engine.tiers.checkpoints import CheckpointError
 
     history = prompts(300, 1, 160)[0]
     kw = dict(kv_tokens=512, page_size=16, kv_store_pin_bytes=300_000)
@@ -163,7 +163,7 @@ def test_checkpoints_pin_share_survive_a_restart_and_refuse_with_numbers(tiny_mo
 
 
 def test_a_checkpoint_without_a_store_or_with_a_bad_id_is_a_clear_error(tiny_model_dir, tmp_path):
-    from engine.checkpoints import CheckpointError
+    from engine.tiers.checkpoints import CheckpointError
 
     with pytest.raises(CheckpointError, match="--kv-store-dir") as none:
         LLM(model=tiny_model_dir, kv_tokens=512).checkpoint([1, 2, 3, 4])
@@ -257,7 +257,7 @@ def test_a_full_disk_fails_writes_as_outcomes_and_serving_goes_on(
     answered with the tokens of a run without a store."""
     import errno
 
-    from engine.mem.store_fs import StoreFS
+    from engine.tiers.store_fs import StoreFS
 
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -299,8 +299,8 @@ def test_an_unwritable_store_directory_is_said_at_boot_and_by_the_checkpoints(
     naming the directory and the reason, not "start it with --kv-store-dir")."""
     import errno
 
-    from engine.checkpoints import CheckpointError
-    from engine.mem.store_fs import StoreFS
+    from engine.tiers.checkpoints import CheckpointError
+    from engine.tiers.store_fs import StoreFS
 
     def denied(*_a, **_k):
         raise PermissionError(errno.EACCES, "Permission denied")
@@ -368,7 +368,7 @@ def test_a_weights_cutover_retires_the_store_so_no_old_kv_is_read(tiny_model_dir
 def test_a_store_load_under_a_host_part_not_loaded_is_refused_loudly(tiny_model_dir, tmp_path):
     """The store goes on below the host tier only: a match whose host part is still on the host
     (its load ended short) is a caller's mistake, not a silent no-op."""
-    from engine.mem.radix import MatchResult
+    from engine.memory.radix import MatchResult
 
     llm = stored(tmp_path, tiny_model_dir, kv_tokens=256)
     cache = llm.core.scheduler.cache
@@ -388,8 +388,8 @@ def test_a_checkpoint_on_a_full_disk_is_refused_as_a_full_disk(
     (the cap had room)."""
     import errno
 
-    from engine.checkpoints import CheckpointError
-    from engine.mem.store_fs import StoreFS
+    from engine.tiers.checkpoints import CheckpointError
+    from engine.tiers.store_fs import StoreFS
 
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.sched import checks
+from engine.scheduler import checks
 
 
 def params(n: int) -> SamplingParams:

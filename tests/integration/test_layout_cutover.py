@@ -15,7 +15,7 @@ from audit.inputs import expand_logs
 from audit.spec import resolve
 from audit.verdict import evaluate
 from engine import LLM, SamplingParams
-from engine.messages import Cutover
+from engine.request.messages import Cutover
 from tests.conftest import requires_default_model
 from tests.integration.test_cutover import workload
 from tests.integration.test_pp_group import read

@@ -18,12 +18,12 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.core import EngineCore  # noqa: E402
+from engine.core.engine_core import EngineCore  # noqa: E402
 from engine.model.llama import rope_inv_freq  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
 from engine.model.loader_gguf import permute_qk  # noqa: E402
 from engine.model.loader_hf import config_from_hf  # noqa: E402
-from engine.runner import BatchEntry  # noqa: E402
+from engine.model.runner import BatchEntry  # noqa: E402
 from kernels.attention import AttentionMetadata  # noqa: E402
 from tests import tiny_model  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.guide import choice_guide
+from engine.request.guide import choice_guide
 
 PROMPT = [5, 6, 7, 8]
 

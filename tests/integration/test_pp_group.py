@@ -16,7 +16,7 @@ from audit.inputs import expand_logs
 from audit.spec import resolve
 from audit.verdict import evaluate
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.model.sampling import SamplingParams
 from tests.conftest import requires_default_model
 
 PRESSURE = dict(page_size=4, chunk_tokens=32, relief_ladder=False, check_invariants=True)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.sched.memory import Rung
+from engine.scheduler.memory import Rung
 from tests.integration.test_pressure import roomy_and_tight, three_at_once, workload
 
 

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.sched.memory import KVPoolExhausted
-from engine.sched.victims import pick_victims
+from engine.scheduler.memory import KVPoolExhausted
+from engine.scheduler.victims import pick_victims
 from tests.fakes import SetFloor, llm_with_group
 from tests.integration.test_pressure import three_at_once, workload
 

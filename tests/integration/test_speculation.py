@@ -15,8 +15,8 @@ from collections import Counter
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.guide import Guide
-from engine.spec.pace import MAX_BATCH
+from engine.request.guide import Guide
+from engine.speculative.pace import MAX_BATCH
 from tests.integration.test_pressure import three_at_once
 
 

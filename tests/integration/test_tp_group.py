@@ -18,12 +18,12 @@ import pytest
 from audit.inputs import expand_logs
 from audit.spec import resolve
 from audit.verdict import evaluate
-from engine import group_boot
 from engine.config import EngineConfig
-from engine.dist.comm import GroupFailure
+from engine.core import group_boot
+from engine.group.comm import GroupFailure
 from engine.llm import LLM
-from engine.sampling import SamplingParams
-from engine.sched.group import GroupSplit
+from engine.model.sampling import SamplingParams
+from engine.scheduler.group import GroupSplit
 
 PRESSURE = dict(page_size=4, chunk_tokens=32, relief_ladder=False, check_invariants=True)
 

@@ -15,8 +15,8 @@ from opentelemetry.trace import StatusCode
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
-from engine.obs.tracing import DISABLED, Tracing, setup_tracing
-from engine.sched.traces import RequestTraces
+from engine.observability.tracing import DISABLED, Tracing, setup_tracing
+from engine.scheduler.traces import RequestTraces
 from tests.integration.test_pressure import three_at_once, workload
 
 

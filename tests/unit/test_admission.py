@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.sched.admission import (
+from engine.scheduler.admission import (
     MAX_INFLIGHT_CHUNKED,
     Admit,
     Budget,
@@ -160,7 +160,7 @@ def test_defer_reason_names_why_a_planned_request_waits():
 
 
 def test_a_request_overtakes_the_waiting_of_a_larger_priority_value_and_never_its_equals():
-    from engine.sched.admission import overtakes
+    from engine.scheduler.admission import overtakes
 
     assert overtakes([], 5) == 0
     assert overtakes([0, 1, 1, 3], 1) == 1  # ahead of the 3, behind the 1s (they came first)

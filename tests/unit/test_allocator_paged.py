@@ -12,10 +12,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.mem.allocator import TokenAllocator
-from engine.mem.radix import RadixCache
-from engine.obs import schema
-from engine.obs.receipts import Receipts
+from engine.memory.allocator import TokenAllocator
+from engine.memory.radix import RadixCache
+from engine.observability import schema
+from engine.observability.receipts import Receipts
 
 PAGE_SIZES = [1, 4, 16]
 
@@ -665,7 +665,7 @@ TestPagedAllocatorMachine = PagedAllocatorMachine.TestCase
 
 
 def test_alloc_extend_rejects_a_last_slot_that_is_not_the_requests_own():
-    from engine.mem.allocator import TokenAllocator
+    from engine.memory.allocator import TokenAllocator
 
     a = TokenAllocator(64, page_size=4)
     mine = a.alloc_extend(0, 3, None)  # tokens 0..2 on one page, one slot left

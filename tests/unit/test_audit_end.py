@@ -11,7 +11,7 @@ from audit.parse import SpecError
 from audit.reader import scan
 from audit.spec import resolve
 from audit.verdict import evaluate
-from engine.obs import schema
+from engine.observability import schema
 from tests.unit.audit_logs import LogText
 from tests.unit.test_audit_claims import NEVER, decide
 from tests.unit.test_audit_every import parse

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit import native, wedge
-from engine.obs import schema
+from engine.observability import schema
 
 pytestmark = pytest.mark.skipif(
     native.fast_feeder() is None, reason=f"not compiled: {native.why_not()}"

@@ -21,7 +21,7 @@ from audit.render import to_json
 from audit.selftest import case_files, case_paths
 from audit.spec import load_spec, shipped
 from audit.verdict import evaluate
-from engine.obs import schema
+from engine.observability import schema
 from tests.unit.test_audit_reader_pass import loop, read_both, verdict_log  # noqa: F401 (a fixture)
 from tests.unit.test_audit_reader_pass import step as verdict_step
 

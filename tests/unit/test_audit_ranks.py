@@ -14,7 +14,7 @@ from audit.parse import parse_spec
 from audit.reader import scan
 from audit.spec import load_spec, shipped
 from audit.verdict import evaluate, receivers
-from engine.obs.computed import batch_digest
+from engine.observability.computed import batch_digest
 from tests.unit.audit_logs import LogText
 
 DIGESTS = (

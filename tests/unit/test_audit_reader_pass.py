@@ -19,7 +19,7 @@ from audit import native, reader, readstats
 from audit.reader import UnreadableLog, scan
 from audit.readstats import BITMAP_LIMIT, ReadStats, SeqTrack
 from audit.streams import open_log
-from engine.obs import schema
+from engine.observability import schema
 
 
 @pytest.fixture(autouse=True, params=["compiled", "python"])

@@ -69,7 +69,7 @@ def test_importing_the_whole_auditor_pulls_in_no_torch_and_no_engine_internals()
         import audit, audit.reader, audit.spec, audit.kinds, audit.verdict, audit.render
         import audit.expr, audit.selftest, audit.explain, cli.audit_app
         bad = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")
-                     or (m.startswith("engine.") and m not in ("engine.obs", "engine.obs.schema")))
+                     or (m.startswith("engine.") and m not in ("engine.observability", "engine.observability.schema")))
         print(bad)
         """
     )

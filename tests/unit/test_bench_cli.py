@@ -40,7 +40,7 @@ def test_a_missing_llamacpp_env_exits_2_saying_how_to_create_it(tmp_path):
 
 
 def test_an_attest_arm_whose_option_the_engine_lacks_is_refused_before_any_arm(monkeypatch):
-    from engine.benchmark import table, three_way
+    from measure import table, three_way
 
     monkeypatch.setitem(table.ATTEST_ARMS, "future", {"no_such_option": 1})
     spec = table.TableSpec(engines=["attest", "llamacpp"], attest=["exact", "future"],

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from engine.benchmark.llamacpp import NO_AMX, PIN, MissingEnv, check_env
-from engine.benchmark.method import Prompts, decode_rate, prefill_rate
-from engine.benchmark.table import (
+from measure.llamacpp import NO_AMX, PIN, MissingEnv, check_env
+from measure.method import Prompts, decode_rate, prefill_rate
+from measure.table import (
     ArmFigures,
     TableSpec,
     format_report,

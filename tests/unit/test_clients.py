@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.engine_app import app
-from engine.benchmark.clients import CLIENTS, MissingClient, check
+from measure.clients import CLIENTS, MissingClient, check
 
 
 def test_every_client_is_pinned_to_one_version():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.core import DTYPES
+from engine.core.engine_core import DTYPES
 
 
 @pytest.mark.parametrize(

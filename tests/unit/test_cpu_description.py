@@ -4,8 +4,8 @@ with two cores and as a 2.1 GHz model 207 with sixteen, of which a run used two 
 
 from __future__ import annotations
 
-from engine import threads
-from engine.benchmark import method
+from engine.core import threads
+from measure import method
 
 CPUINFO = "".join(
     f"processor\t: {i}\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"

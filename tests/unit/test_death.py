@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import orjson
 
-from engine.obs.death import write_boot_failed, write_death
-from engine.obs.receipts import Receipts
+from engine.observability.death import write_boot_failed, write_death
+from engine.observability.receipts import Receipts
 
 
 def boot_log(path, n: int = 3) -> Receipts:

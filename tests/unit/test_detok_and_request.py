@@ -7,9 +7,9 @@ import pytest
 
 from engine.model.chat import ChatTemplateError
 from engine.model.detok import IncrementalDetokenizer
+from engine.model.sampling import SamplingParams
 from engine.model.tokenizer import Tokenizer
-from engine.sampling import SamplingParams
-from engine.sched.request import Request
+from engine.scheduler.request import Request
 
 # -- a tiny byte-level BPE vocabulary ---------------------------------------------------------
 

@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from engine.obs import schema
+from engine.observability import schema
 from engine.server.errors import ProtocolError
 from engine.server.frontdoor import FrontDoor, field_label, told
 from engine.server.loop_watch import LoopWatch

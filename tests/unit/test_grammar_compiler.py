@@ -2,7 +2,7 @@
 guide, a guide that does not compile remembered within the cache's bound (the server's compiles
 in worker processes are tests/integration/test_grammar_workers.py's). And the two
 xgrammar 0.2.9 behaviours the engine works around, pinned so an upgrade that changes them says
-so: the JSON Schema keywords it compiles but does not enforce (engine/guide.py refuses them),
+so: the JSON Schema keywords it compiles but does not enforce (engine/request/guide.py refuses them),
 and a length-bounded string that lets a raw control byte through (JSON guides ban those
 tokens)."""
 
@@ -13,11 +13,11 @@ import json
 import pytest
 import xgrammar as xgr
 
-from engine.grammar.build import token_info
-from engine.grammar.compiler import Grammars
-from engine.guide import UNENFORCED, Guide, json_schema_guide, text_guide
+from engine.guided.build import token_info
+from engine.guided.compiler import Grammars
 from engine.model.tokenizer import Tokenizer
-from engine.obs.receipts import Receipts
+from engine.observability.receipts import Receipts
+from engine.request.guide import UNENFORCED, Guide, json_schema_guide, text_guide
 from tests.tiny_model import EOS, VOCAB, train_tokenizer
 
 
@@ -58,7 +58,7 @@ IGNORED = {
 def test_xgrammar_compiles_these_keywords_and_lets_through_what_they_forbid(grammars, keyword):
     assert keyword in UNENFORCED
     schema, forbidden = IGNORED[keyword]
-    assert compiles(grammars, forbidden, schema)  # so engine/guide.py refuses the keyword
+    assert compiles(grammars, forbidden, schema)  # so engine/request/guide.py refuses the keyword
 
 
 def test_xgrammar_holds_the_keywords_the_guide_lets_through(grammars):
@@ -92,7 +92,7 @@ def test_a_bounded_string_lets_a_control_byte_through_and_json_guides_ban_it(gra
 
 def test_refused_guides_are_remembered_within_the_caches_bound(grammars, monkeypatch):
     """A client sending ever new schemas that do not compile cannot grow what is remembered."""
-    monkeypatch.setattr("engine.grammar.compiler.CACHE_ENTRIES", 2)
+    monkeypatch.setattr("engine.guided.compiler.CACHE_ENTRIES", 2)
     bad = [text_guide("regex", f"a{i}(b", "r") for i in range(3)]
     for guide in bad:
         with pytest.raises(ValueError, match="does not compile"):

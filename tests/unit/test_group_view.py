@@ -7,10 +7,10 @@ from collections import deque
 
 import pytest
 
-from engine.obs.receipts import Receipts
-from engine.sched.admission import NewTokenRatio
-from engine.sched.group import NONE, GroupSplit, PublishedGroup
-from engine.sched.memory import Memory
+from engine.observability.receipts import Receipts
+from engine.scheduler.admission import NewTokenRatio
+from engine.scheduler.group import NONE, GroupSplit, PublishedGroup
+from engine.scheduler.memory import Memory
 
 
 class Peer:

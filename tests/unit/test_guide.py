@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.guide import (
+from engine.guided.tools import plan_of
+from engine.request.guide import (
     MAX_GUIDE_BYTES,
     UNENFORCED,
     Guide,
@@ -15,7 +16,6 @@ from engine.guide import (
     json_schema_guide,
     text_guide,
 )
-from engine.tools import plan_of
 
 P = "response_format.json_schema.schema"
 

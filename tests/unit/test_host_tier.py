@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.mem.allocator import TokenAllocator
-from engine.mem.host_tier import HostTier
-from engine.mem.kv_pool import KVPool
-from engine.mem.ledger import ledger_violations, read_host_ledger
-from engine.mem.radix import RadixCache, TreeNode
-from engine.obs.receipts import Receipts
+from engine.memory.allocator import TokenAllocator
+from engine.memory.kv_pool import KVPool
+from engine.memory.radix import RadixCache, TreeNode
+from engine.observability.receipts import Receipts
+from engine.scheduler.ledger import ledger_violations, read_host_ledger
+from engine.tiers.host_tier import HostTier
 
 LAYERS = 2
 
@@ -278,7 +278,7 @@ def broken_copy(*args):
 
 
 def test_a_spill_whose_copy_fails_drops_instead_and_eviction_still_pays(monkeypatch):
-    import engine.mem.host_tier as host_tier
+    import engine.tiers.host_tier as host_tier
 
     t = Tiered(device=32, host=32)
     t.compute([1] * 16)
@@ -292,7 +292,7 @@ def test_a_spill_whose_copy_fails_drops_instead_and_eviction_still_pays(monkeypa
 
 
 def test_a_load_whose_copy_fails_leaves_the_hit_on_the_host(monkeypatch):
-    import engine.mem.host_tier as host_tier
+    import engine.tiers.host_tier as host_tier
 
     t = Tiered(device=32, host=32)
     t.compute([1] * 16)
@@ -310,7 +310,7 @@ def test_a_load_whose_copy_fails_leaves_the_hit_on_the_host(monkeypatch):
 def test_host_copies_that_go_with_a_spill_that_failed_are_dropped_with_a_receipt(monkeypatch):
     """A node whose spill fails is taken out with what hangs below it; a host copy among those
     (spilled earlier) is forgotten too, and that is a tier.drop like any other."""
-    import engine.mem.host_tier as host_tier
+    import engine.tiers.host_tier as host_tier
 
     t = Tiered(device=64, host=64)
     t.compute([1] * 16)

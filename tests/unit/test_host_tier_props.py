@@ -8,8 +8,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from engine.mem.pages import whole_pages
-from engine.mem.radix import TreeNode
+from engine.memory.pages import whole_pages
+from engine.memory.radix import TreeNode
 from tests.unit.test_host_tier import Tiered
 
 TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=24)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.mem.host_sizing import HOST_FRACTION, cgroup_memory, size_host_pool
+from engine.tiers.host_sizing import HOST_FRACTION, cgroup_memory, size_host_pool
 
 GiB = 1 << 30
 BPT = 30 * 2 * 3 * 64 * 4  # the default model's float32 KV bytes per token (46,080)

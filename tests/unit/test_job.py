@@ -9,9 +9,9 @@ import asyncio
 
 import pytest
 
-from engine.messages import PoolSnapshot, StepOutput
-from engine.obs.metrics import ServerMetrics
-from engine.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
+from engine.observability.metrics import ServerMetrics
+from engine.request.messages import PoolSnapshot, StepOutput
+from engine.request.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 from engine.server.job import Job, JobFailed, choice_params
 
 

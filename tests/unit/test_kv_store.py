@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.mem.kv_store import PageIn, PageStore, Refused
-from engine.mem.store_files import page_key, page_path, page_rel
-from engine.mem.store_fs import StoreFS
-from engine.obs import schema
-from engine.obs.receipts import Receipts
+from engine.observability import schema
+from engine.observability.receipts import Receipts
+from engine.tiers.kv_store import PageIn, PageStore, Refused
+from engine.tiers.store_files import page_key, page_path, page_rel
+from engine.tiers.store_fs import StoreFS
 
 ID = "model-a"
 
@@ -216,9 +216,9 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from engine.mem.kv_store import PageIn, PageStore
-    from engine.mem.store_files import page_key
-    from engine.obs.receipts import Receipts
+    from engine.tiers.kv_store import PageIn, PageStore
+    from engine.tiers.store_files import page_key
+    from engine.observability.receipts import Receipts
     root, start = Path(sys.argv[1]), int(sys.argv[2])
     store = PageStore(root, 1 << 30, "model-a", Receipts())
     store.scan()

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.mem.kv_store import Refused, Undeletable
-from engine.mem.store_files import page_path
-from engine.mem.store_fs import StoreFS
-from engine.obs import schema
+from engine.observability import schema
+from engine.tiers.kv_store import Refused, Undeletable
+from engine.tiers.store_files import page_path
+from engine.tiers.store_fs import StoreFS
 from tests.unit.test_kv_store_hostile import chain, opened
 
 

@@ -26,10 +26,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.mem.kv_store import PageStore, Refused
-from engine.mem.store_files import MAGIC, PageHeader, checksum, encode_page, page_key, page_rel
-from engine.obs import schema
-from engine.obs.receipts import Receipts
+from engine.observability import schema
+from engine.observability.receipts import Receipts
+from engine.tiers.kv_store import PageStore, Refused
+from engine.tiers.store_files import MAGIC, PageHeader, checksum, encode_page, page_key, page_rel
 from tests.unit.test_kv_store_hostile import DEEP, chain, snapshot, victim_tree
 
 ID = "model-a"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.mem.kv_store import PageStore
-from engine.mem.store_files import MAGIC, page_key, page_path
-from engine.obs import schema
-from engine.obs.receipts import Receipts
+from engine.observability import schema
+from engine.observability.receipts import Receipts
+from engine.tiers.kv_store import PageStore
+from engine.tiers.store_files import MAGIC, page_key, page_path
 from tests.unit.test_kv_store import ID, chain, opened
 
 OLD = time.time() - 10 * 86400  # older than any orphan age

@@ -14,9 +14,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.mem.kv_store import PageIn, PageStore, Refused
-from engine.mem.store_files import page_key
-from engine.obs.receipts import Receipts
+from engine.observability.receipts import Receipts
+from engine.tiers.kv_store import PageIn, PageStore, Refused
+from engine.tiers.store_files import page_key
 
 ID = "model-a"
 CAP = 96 * 1024

@@ -8,8 +8,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.mem.allocator import TokenAllocator
-from engine.mem.req_table import ReqTableFull, ReqToTokenPool
+from engine.memory.allocator import TokenAllocator
+from engine.memory.req_table import ReqTableFull, ReqToTokenPool
 
 # -- TokenAllocator ---------------------------------------------------------------------------
 

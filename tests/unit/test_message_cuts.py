@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.clip import clip
-from engine.core import EngineCore
-from engine.dist.comm import GroupFailure
-from engine.server.loadgen import LoadResult
+from engine.core.engine_core import EngineCore
+from engine.group.comm import GroupFailure
+from engine.observability.clip import clip
+from measure.loadgen import LoadResult
 
 WORDS = " ".join(f"peer [10.0.{i}.1]:29500 closed after {8192 + i} tokens;" for i in range(60))
 

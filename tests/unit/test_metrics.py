@@ -3,9 +3,9 @@ the one snapshot, under the metric names operators already scrape."""
 
 from __future__ import annotations
 
-from engine.messages import PoolSnapshot, SpecCounts
-from engine.obs import schema
-from engine.obs.metrics import ServerMetrics
+from engine.observability import schema
+from engine.observability.metrics import ServerMetrics
+from engine.request.messages import PoolSnapshot, SpecCounts
 
 
 def _samples(metrics: ServerMetrics) -> dict[str, float]:

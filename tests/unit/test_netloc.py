@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.netloc import Authority, Origin, host_name, is_loopback, parse_host, parse_origin
+from engine.config.netloc import Authority, Origin, host_name, is_loopback, parse_host, parse_origin
 
 
 @pytest.mark.parametrize(

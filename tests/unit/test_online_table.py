@@ -3,7 +3,7 @@ of ours with its throughput and TTFT ratios over the peer at the same concurrenc
 
 from __future__ import annotations
 
-from engine.benchmark.online import Level, guidellm_command, table
+from measure.online import Level, guidellm_command, table
 
 
 def test_each_of_our_rows_carries_its_ratios_over_the_peer_at_its_concurrency():

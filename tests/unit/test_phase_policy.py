@@ -1,4 +1,4 @@
-"""The phase policy's rule (``engine.phase.decide``) over any backlog sequence: it flips only
+"""The phase policy's rule (``engine.core.phase.decide``) over any backlog sequence: it flips only
 where the backlog crosses a threshold, never within the dwell, and a steady load never churns
 (at most one flip, whatever the steady value); a backlog that swings between the thresholds
 without crossing them flips nothing."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from engine.phase import SHARDS, STAGES, Thresholds, decide
+from engine.core.phase import SHARDS, STAGES, Thresholds, decide
 
 
 def run(backlogs: list[int], t: Thresholds, layout: str = SHARDS) -> list[tuple[int, str, str]]:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.mem.pages import fresh_pages, pages_for
-from engine.prompt import PromptError, check_prompt
+from engine.memory.pages import fresh_pages, pages_for
+from engine.request.prompt import PromptError, check_prompt
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.prompt import (
+from engine.request.prompt import (
     PromptError,
     check_chars,
     check_prompt,

@@ -14,11 +14,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import engine.mem.radix as radix_module
-from engine.mem.allocator import IN_USE, TokenAllocator
-from engine.mem.radix import RadixCache, TreeNode
-from engine.obs import schema
-from engine.obs.receipts import Receipts
+import engine.memory.radix as radix_module
+from engine.memory.allocator import IN_USE, TokenAllocator
+from engine.memory.radix import RadixCache, TreeNode
+from engine.observability import schema
+from engine.observability.receipts import Receipts
 
 # -- helpers ----------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import sys
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.obs import computed, schema
+from engine.observability import computed, schema
 
 BATCH = [("r-1", 32), ("r-7", 1), ("r-2", 1)]
 
@@ -23,7 +23,7 @@ def test_a_digest_is_16_hex_characters_and_the_iteration_kind_may_carry_it():
 
 
 def test_the_same_batch_digests_alike_in_another_process():
-    code = "from engine.obs import computed; print(computed.batch_digest([('r-1', 32), ('r-7', 1), ('r-2', 1)]))"
+    code = "from engine.observability import computed; print(computed.batch_digest([('r-1', 32), ('r-7', 1), ('r-2', 1)]))"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],

@@ -11,8 +11,8 @@ import sys
 import orjson
 import pytest
 
-from engine.obs import schema
-from engine.obs.receipts import Receipts
+from engine.observability import schema
+from engine.observability.receipts import Receipts
 
 
 def test_unknown_kind_does_not_raise_counts_a_failure_and_leaves_a_seq_gap(capsys):
@@ -104,7 +104,7 @@ def test_stream_and_capture_sinks_agree():
     assert on_stream == r.records[0]
 
 
-@pytest.mark.parametrize("module", ["engine.obs.schema", "engine.obs.receipts"])
+@pytest.mark.parametrize("module", ["engine.observability.schema", "engine.observability.receipts"])
 def test_obs_modules_do_not_import_torch(module):
     code = f"import {module}, sys; assert 'torch' not in sys.modules, 'torch was imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

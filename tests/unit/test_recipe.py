@@ -10,7 +10,7 @@ import pytest
 from audit.parse import SpecError, parse_spec
 from audit.recipe import LOAD_DEFAULTS, Recipe, RecipeError, parse_recipe
 from audit.spec import load_spec, shipped
-from engine.server.loadgen import LoadShape, prompts
+from measure.loadgen import LoadShape, prompts
 
 CLAIM = '\n[[claim]]\nid = "c"\nkind = "engaged"\nselect = { kind = "boot.ready" }\n'
 

@@ -10,8 +10,8 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from engine.sampling import SamplingParams, filtered_probs, make_generator, sample
-from engine.sampling_params import SEED_MAX, SEED_MIN
+from engine.model.sampling import SamplingParams, filtered_probs, make_generator, sample
+from engine.request.sampling_params import SEED_MAX, SEED_MIN
 
 # A hand-made distribution; logits are its logs, in fp32 as the engine hands them over.
 PROBS = [0.5, 0.3, 0.15, 0.05]

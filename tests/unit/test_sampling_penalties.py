@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from engine.sampling import SamplingParams, adjust_logits, sample, sample_for
+from engine.model.sampling import SamplingParams, adjust_logits, sample, sample_for
 
 GREEDY = {"temperature": 0}
 

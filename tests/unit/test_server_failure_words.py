@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from engine.config import EngineConfig
-from engine.dist.comm import GroupFailure
-from engine.messages import PoolSnapshot
-from engine.obs.metrics import ServerMetrics
-from engine.sampling_params import SamplingParams
+from engine.group.comm import GroupFailure
+from engine.observability.metrics import ServerMetrics
+from engine.request.messages import PoolSnapshot
+from engine.request.sampling_params import SamplingParams
 from engine.server import admin
 from engine.server.app import health
 from engine.server.driver import EngineDriver

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.spec.verify import accept_greedy, accept_sampled
+from engine.speculative.verify import accept_greedy, accept_sampled
 
 V = 5
 CHI2_DF4_AT_0_001 = 18.467  # the chi-square distribution's 99.9th percentile, 4 degrees of freedom

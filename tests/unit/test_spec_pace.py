@@ -4,7 +4,7 @@ once a try pays."""
 
 from __future__ import annotations
 
-from engine.spec.pace import COST, FIRST_COOL, MAX_COOL, Pace, min_rate
+from engine.speculative.pace import COST, FIRST_COOL, MAX_COOL, Pace, min_rate
 
 
 def pause(pace: Pace) -> int:

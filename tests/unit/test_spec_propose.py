@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.spec.propose import NgramIndex, PromptLookup, RecentOutputs, SuffixLookup
+from engine.speculative.propose import NgramIndex, PromptLookup, RecentOutputs, SuffixLookup
 
 SEQ = st.lists(st.integers(0, 3), max_size=40)
 

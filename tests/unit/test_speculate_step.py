@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.grammar.masks import Masks
-from engine.mem.allocator import TokenAllocator
-from engine.obs.receipts import Receipts
-from engine.sched.speculate import Speculator
-from engine.spec.propose import PromptLookup
+from engine.guided.masks import Masks
+from engine.memory.allocator import TokenAllocator
+from engine.observability.receipts import Receipts
+from engine.scheduler.speculate import Speculator
+from engine.speculative.propose import PromptLookup
 from tests.unit.test_detok_and_request import make_request, make_tokenizer, tid
 
 TOK = make_tokenizer()

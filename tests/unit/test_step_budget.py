@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
-from engine.sched.admission import (
+from engine.scheduler.admission import (
     Admit,
     Park,
     StepPlan,

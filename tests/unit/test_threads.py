@@ -1,10 +1,10 @@
-"""The default thread count (engine/threads.py)."""
+"""The default thread count (engine/core/threads.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.threads import choose_threads
+from engine.core.threads import choose_threads
 
 
 @pytest.mark.parametrize(

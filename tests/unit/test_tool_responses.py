@@ -9,9 +9,9 @@ import json
 
 import orjson
 
-from engine.messages import StepOutput
+from engine.guided.tools import plan_of
+from engine.request.messages import StepOutput
 from engine.server.responses import completion_body, stream
-from engine.tools import plan_of
 
 TOOLS = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}]
 TEXT = json.dumps({"tool_calls": [{"name": "now", "arguments": {"tz": "UTC"}}]})

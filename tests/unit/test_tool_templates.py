@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from engine.guided.tools import plan_of
 from engine.model.chat import ChatTemplateError, knows_tools
-from engine.tools import plan_of
 from tests.unit.test_detok_and_request import make_tokenizer
 from tests.unit.test_tools import CALLED
 

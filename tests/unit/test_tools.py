@@ -11,12 +11,12 @@ import pytest
 import xgrammar as xgr
 from jsonschema import Draft202012Validator
 
-from engine.grammar.compiler import Grammars
-from engine.guide import GuideError
+from engine.guided.compiler import Grammars
+from engine.guided.tool_parsers import GenericParser, HermesParser, merged
+from engine.guided.tools import generic_history, generic_schema, history, plan_of, tools_of
 from engine.model.tokenizer import Tokenizer
-from engine.obs.receipts import Receipts
-from engine.tool_parsers import GenericParser, HermesParser, merged
-from engine.tools import generic_history, generic_schema, history, plan_of, tools_of
+from engine.observability.receipts import Receipts
+from engine.request.guide import GuideError
 from tests.tiny_model import EOS, VOCAB, train_tokenizer
 
 

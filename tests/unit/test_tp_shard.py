@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from engine.dist.comm import Comm
+from engine.group.comm import Comm
 from engine.model.shard import cols, kv_head_range, plan_shard, rows, vocab_rows
 from tests import tp_worker
 from tests.tiny_model import make_tiny_model

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from engine.config import EngineConfig
-from engine.obs import tracing as tr
-from engine.sampling import SamplingParams
+from engine.model.sampling import SamplingParams
+from engine.observability import tracing as tr
 from tests.e2e.server_proc import free_port
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -1,1 +1,0 @@
-"""More than one rank: the collectives a tensor-parallel group takes (``comm``)."""

@@ -1,1 +1,0 @@
-"""Memory: token allocator, KV pool, request-to-token table."""

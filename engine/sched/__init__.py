@@ -1,1 +1,0 @@
-"""Scheduling: request states, admission, the step."""

@@ -1,0 +1,399 @@
+"""The scheduler core: continuous batching with chunked prefill, usable step by step.
+
+One ``step()`` is one forward over a flat batch: a decode token for every decoding request,
+plus prefill chunks admitted within this round's budget. The order inside a step is fixed:
+
+1. read the group's published floor (once, before any branch);
+2. fund the decodes: memory makes room (its ladder; eviction, else retraction, as its floor);
+3. admit: the in-flight chunked request first (before it parks memory is asked at ``park``,
+   and may retract decoders: no slot of the step is taken yet), then waiting requests, all
+   within what the step budget leaves after the decodes (``step_tokens``);
+4. take the step's slots, forward, sample, and apply the results inside a free group.
+
+Every decision writes a receipt with its inputs. The decisions themselves are pure functions
+elsewhere (``admission.py``, ``victims.py``); admission's two phases are wired in
+``admitter.py``; memory (the numbers, making room, the allocation-site net, release and
+retraction) is ``memory.py``'s; the invariant checks live in ``checks.py``. This module keeps
+intake, the ordered step, decode funding and endings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import NoReturn
+
+import torch
+
+from engine.config import EngineConfig
+from engine.guided.compiler import Grammars
+from engine.guided.masks import Fill, Masks
+from engine.memory.allocator import TokenAllocator
+from engine.memory.radix import RadixCache
+from engine.memory.req_table import ReqToTokenPool
+from engine.model.runner import BatchEntry, ModelRunner
+from engine.model.sampling import SamplingParams, sample_for, token_logprobs
+from engine.model.tokenizer import Tokenizer
+from engine.observability import computed, schema
+from engine.observability.receipts import Receipts
+from engine.request.messages import AbortRequest, AddRequest, PoolSnapshot, StepOutput
+from engine.request.prompt import check_param_ids, check_prompt
+from engine.scheduler import checks
+from engine.scheduler.admission import NewTokenRatio, overtakes
+from engine.scheduler.admitter import Admitter, Planned
+from engine.scheduler.group import GroupView
+from engine.scheduler.iteration import IterationLog, snapshot_of
+from engine.scheduler.memory import Memory
+from engine.scheduler.request import Request, State
+from engine.scheduler.speculate import speculator
+from engine.scheduler.traces import RequestTraces
+
+
+class Scheduler:
+    """Built whole: the memory authority and admission are made here from the parts given
+    (``cache`` with its host tier, if any, attached; ``group``: this rank's view of its group;
+    ``traces``: the request spans when tracing is on)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: ModelRunner,
+        allocator: TokenAllocator,
+        req_table: ReqToTokenPool,
+        cache: RadixCache,
+        tokenizer: Tokenizer,
+        max_context: int,
+        receipts: Receipts,
+        group: GroupView,
+        traces: RequestTraces | None = None,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.allocator = allocator
+        self.tokenizer = tokenizer
+        self.max_context = max_context
+        self.receipts = receipts
+        self.cache = cache
+        self.group = group
+        self.traces = traces
+        self.ratio = NewTokenRatio()
+        self.page_size = allocator.page_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.memory = Memory(
+            allocator, req_table, cache, group, receipts, (self.running, self.waiting),
+            self.ratio, config.memory.relief_ladder, config.memory.relief_throttle_iterations,
+        )  # fmt: skip
+        self.admitter = Admitter(
+            config.scheduler, self.memory, receipts, self.ratio, self.running, self.waiting
+        )
+        self._ids = itertools.count()
+        self._was_busy = False
+        self.iterations = IterationLog(self)
+        self.generated = 0  # tokens sampled since boot: progress the iteration receipt counts
+        vocab = runner.model.cfg.vocab_size
+        self.grammars = Grammars.of(tokenizer, vocab, receipts, config.scheduler)
+        self.masks = Masks(vocab)
+        self.spec = speculator(config.scheduler, allocator, receipts, self.masks, runner.model)
+        torch.manual_seed(config.scheduler.seed)
+
+    # -- intake -------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        rid: str | None = None,
+        trace_id: str | None = None,
+        promise: bool = False,
+        arrived: float | None = None,
+    ) -> Request:
+        """``trace_id``: a W3C traceparent (its spans go under that span; receipts carry its
+        trace id) or a bare trace id. ``promise``: the request is refused unless its prompt and
+        ``max_tokens`` fit the pool as it is now, and then it is never ended for the pool's
+        size (a pool cutover keeps the promise or is refused). ``arrived``: the wall time the
+        frontend took it in, when that was before now: its latencies count from then."""
+        params.validate()
+        vocab = self.runner.model.cfg.vocab_size
+        check_prompt(prompt_ids, vocab_size=vocab, max_context=self.max_context)
+        check_param_ids(params.stop_token_ids, params.logit_bias, vocab_size=vocab)
+        rid = rid or f"r-{next(self._ids)}"
+        # a guide that does not compile is refused before the request is anything here
+        guided = self.grammars.guided(params.guide) if params.guide else None
+        need = len(prompt_ids) + (params.max_tokens if promise else 1)
+        if not self.memory.fits(need):  # a decision: it could never run (to its end) here
+            self._refuse(rid, len(prompt_ids), need, promise)
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        req = Request.create(rid, prompt_ids, params, self.tokenizer, self.max_context, trace_id)
+        req.promised = need if promise else None
+        req.guided = guided
+        if arrived is not None:  # queued before we saw it (a busy or stalled loop): counted
+            req.arrival -= max(0.0, time.time() - arrived)
+        self.group.record(AddRequest(rid=rid, prompt_ids=list(prompt_ids), params=params,
+                                     trace=trace_id, promise=promise))  # fmt: skip
+        self.requests[rid] = req
+        overtook = 0  # the line is first come, first served; by priority under that policy
+        if self.config.scheduler.scheduling_policy == "priority":
+            overtook = overtakes([r.params.priority for r in self.waiting], params.priority)
+        self.waiting.insert(len(self.waiting) - overtook, req)
+        if self.traces is not None:
+            self.traces.open(req)
+        extra: dict[str, object] = {"promised": need} if promise else {}
+        if self.config.scheduler.scheduling_policy == "priority":
+            extra |= {"priority": params.priority, "overtook": overtook}
+        if arrived is not None:
+            extra["arrived"] = round(arrived, 6)
+        self.receipts.emit(
+            schema.REQUEST_RECEIVED, rid=rid, prompt_tokens=req.prompt_len,
+            max_new_tokens=params.max_tokens, trace_id=req.trace_id, **extra,
+        )  # fmt: skip
+        return req
+
+    def _refuse(self, rid: str, prompt: int, need: int, promise: bool) -> NoReturn:
+        """Refuse a request the pool can never hold (to its end, when promised), with a
+        receipt and the numbers."""
+        cap = self.memory.capacity
+        self.receipts.emit(
+            schema.REQUEST_REJECT, rid=rid, reason="exceeds_pool", need=need, capacity=cap
+        )
+        if not promise or not self.memory.fits(prompt + 1):
+            raise ValueError(f"prompt has {prompt} tokens; the KV pool holds {cap}")
+        raise ValueError(
+            f"max_tokens {need - prompt} + prompt {prompt} tokens exceed the KV pool of {cap} "
+            f"tokens: this request could never run to its end here; ask for at most "
+            f"{cap - prompt}"
+        )
+
+    def abort(self, rid: str, reason: str = "abort") -> StepOutput | None:
+        """End a request that has not finished: its final output, or None when there is no
+        such request. An abort that leaves the engine idle runs the idle ledger check."""
+        req = self.requests.get(rid)
+        if req is None or req.state is State.FINISHED:
+            return None
+        if req.state is State.WAITING:
+            self.waiting.remove(req)
+        self.group.record(AbortRequest(rid=rid, reason=reason))
+        out = self._end(req, reason)
+        if not self.has_work():
+            checks.audit_idle(self)
+        return out
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        """One iteration, in the module docstring's order; returns what it produced."""
+        self.receipts.next_iteration()
+        self.group.sync()  # rank 0 of a group hands the others what arrived
+        self.group.publish(self.memory.local(), self.receipts)  # once, before any branch
+        outs: list[StepOutput] = []
+        decode = self._fund_decode(outs)
+        chunks = self.admitter.admit(decode)  # before any slot is taken: it may retract
+        decode = [r for r in decode if r.state is State.RUNNING]  # what a retraction left
+        need = sum(self.allocator.fresh_slots(r.kv_len, n) for r, n in chunks)
+        # drafts from what the decodes and chunks leave (agreed numbers: every rank drafts alike)
+        spare = self.memory.available() - need
+        drafts = self.spec.fund(decode, spare, chunks) if self.spec and decode else {}
+        batch = [
+            self._entry(r, [r.output_ids[-1], *drafts.get(r.rid, ())], "decode") for r in decode
+        ]
+        if need > self.memory.available():  # admission counted evictable tokens: pay them
+            self.memory.make_room(need - self.memory.available(), "admission")
+        batch += [self._entry(r, r.fill_ids[r.kv_len : r.kv_len + n], "extend") for r, n in chunks]
+        if batch and self.group.world > 1:  # before the forward: the ranks run the same batch
+            self._agree(decode, chunks, drafts)
+        if batch:
+            outs += self._forward(batch, decode, chunks, drafts)
+        self._after_step(chunks)
+        return outs
+
+    def _entry(self, req: Request, tokens: list[int], site: str) -> BatchEntry:
+        """The batch entry of ``tokens`` for ``req``, its slots taken through the net."""
+        slots = self.memory.alloc(req, len(tokens), site)
+        entry = BatchEntry(req.row, req.kv_len, tokens, slots)
+        req.kv_len += len(tokens)
+        return entry
+
+    def _forward(
+        self,
+        batch: list[BatchEntry],
+        decode: list[Request],
+        chunks: Planned,
+        drafts: dict[str, list[int]],
+    ) -> list[StepOutput]:
+        """Run the batch; sample for every undrafted decode and every chunk that completed its
+        prefill; keep what the rows accept of each drafted decode's drafts."""
+        drafted = [r.rid in drafts for r in decode]
+        rows = [i for i, d in enumerate(drafted) if not d]
+        samplers = [r for r, d in zip(decode, drafted) if not d]
+        for i, (req, _) in enumerate(chunks):
+            if not req.prefilling:  # this chunk completed its prefill: sample its next token
+                rows.append(len(decode) + i)
+                samplers.append(req)
+        fill = self.masks.begin([r.guided for r in samplers])  # filled while the forward runs
+        # logits at every position: drafted decodes, and chunks whose prompt logprobs were asked
+        every = drafted + [r.scores_prompt(r.kv_len - n) for r, n in chunks]
+        logits = self.runner.forward(batch, every=every if any(every) else None)
+        spans: list[tuple[Request, torch.Tensor]] = []
+        if any(every):
+            ends = list(
+                itertools.accumulate(len(e.token_ids) if w else 1 for e, w in zip(batch, every))
+            )
+            for (req, n), end, w in zip(chunks, ends[len(decode) :], every[len(decode) :]):
+                if w:
+                    req.score_prompt(req.kv_len - n, logits[end - n : end])
+            spans = [(r, logits[ends[i] - len(batch[i].token_ids) : ends[i]])
+                     for i, r in enumerate(decode) if drafted[i]]  # fmt: skip
+            rows = [ends[r] - 1 for r in rows]
+        outs = self._sample_and_advance(samplers, logits[rows], fill) if samplers else []
+        if spans:
+            outs += self._advance_drafted(spans, drafts)
+        if decode:
+            self.ratio.step()
+        return outs
+
+    def _agree(self, decode: list[Request], chunks: Planned, drafts: dict[str, list]) -> None:
+        """The batch's digest (drafts counted), written every iteration, compared every K."""
+        entries = [(r.rid, 1 + len(drafts.get(r.rid, ()))) for r in decode]
+        entries += [(r.rid, n) for r, n in chunks]
+        digest = computed.batch_digest(entries)
+        self.iterations.write(digest)
+        self.group.agree(self.receipts.iter, digest)
+
+    def _after_step(self, chunks: Planned) -> None:
+        if self.traces is not None:
+            self.traces.step_done(chunks)
+        if self.iterations.due():
+            self.iterations.write()
+        if self.config.scheduler.check_invariants:
+            checks.check(self)
+        elif self._was_busy and not self.has_work():
+            checks.audit_idle(self)  # production: the ledger is checked whenever it goes idle
+        self._was_busy = self.has_work()
+
+    # -- decode memory and retraction ---------------------------------------------------------
+
+    def _fund_decode(self, outs: list[StepOutput]) -> list[Request]:
+        """The decoding requests whose next slot is funded; memory makes room until they are
+        (its ladder, then eviction or retraction as its floor)."""
+        memory = self.memory  # agreed numbers: every rank retracts the same victims
+        while True:
+            decode = [r for r in self.running if r.state is State.RUNNING and not r.prefilling]
+            need = sum(self.allocator.fresh_slots(r.kv_len, 1) for r in decode)
+            if need <= memory.available() + memory.staged():  # staged: the net flushes them
+                return decode
+            if memory.make_room(need - memory.available(), "decode").progress:
+                continue
+            req = self.running[0]
+            if not memory.fits(req.kv_len + 1):
+                # alone, and its next token does not fit the whole pool: it never can
+                need = req.kv_len + 1
+                outs.append(self._end(req, "exceeds_pool", need=need, capacity=memory.capacity))
+                continue
+            return decode  # the pool is held elsewhere: the allocation-site net takes over
+
+    # -- results and endings ------------------------------------------------------------------
+
+    def _sample_and_advance(
+        self, reqs: list[Request], logits: torch.Tensor, fill: Fill | None = None
+    ) -> list[StepOutput]:
+        for i, req in enumerate(reqs):
+            if banned := req.banned_stops():
+                logits[i, banned] = float("-inf")
+        if fill is not None:  # the grammars' masks, before any penalty or bias reads the row
+            self.masks.apply(fill, logits)
+        tokens = sample_for(logits, reqs)
+        for i, (req, tid) in enumerate(zip(reqs, tokens)):  # only for those who asked
+            if req.params.logprobs is not None:
+                row, p = logits[i], req.params
+                req.logprobs.append(token_logprobs(row, tid, p, req.output_ids, req.prompt_ids))
+        self.generated += len(tokens)
+        outs = []
+        with self._frees_together():
+            for req, tid in zip(reqs, tokens):
+                if req.guided is not None and not req.guided.accept(tid):  # a mask not applied
+                    outs.append(self._end(req, "grammar", tokens=[]))
+                    continue
+                req.append_token(tid)
+                done = req.finish_reason is not None
+                outs.append(self._end(req, tokens=[tid]) if done else req.output([tid]))
+        return outs
+
+    def _advance_drafted(
+        self, spans: list[tuple[Request, torch.Tensor]], drafts: dict[str, list[int]]
+    ) -> list[StepOutput]:
+        """Each drafted request takes what its rows accept; its rejected drafts' KV goes back."""
+        assert self.spec is not None
+        outs = []
+        with self._frees_together():
+            for req, rows in spans:
+                tokens, refused = self.spec.advance(req, drafts[req.rid], rows, self.memory)
+                self.generated += len(tokens)
+                if refused or req.finish_reason is not None:  # refused: a mask not applied
+                    outs.append(self._end(req, "grammar" if refused else None, tokens=tokens))
+                else:
+                    outs.append(req.output(tokens))
+        return outs
+
+    @contextlib.contextmanager
+    def _frees_together(self) -> Iterator[None]:
+        """The step's frees are staged and applied together (one group, opened once)."""
+        opened = not self.allocator.group_open
+        if opened:
+            self.allocator.free_group_begin()
+        try:
+            yield
+        finally:
+            if opened:
+                self.allocator.free_group_end()
+
+    def _end(
+        self,
+        req: Request,
+        abort_reason: str | None = None,
+        tokens: list[int] | None = None,
+        **numbers: int,
+    ) -> StepOutput:
+        """End a request (finish, or abort with ``abort_reason`` and the ``numbers`` behind it)."""
+        if abort_reason is not None:
+            req.finish_reason, req.abort_reason = "abort", abort_reason
+            if req.promised is not None:
+                numbers["promised"] = req.promised
+        self.memory.release(req)
+        if self.spec is not None:
+            self.spec.finished(req)
+        req.state = State.FINISHED
+        self.requests.pop(req.rid, None)
+        common = dict(
+            rid=req.rid, tokens=len(req.output_ids), prompt_tokens=req.prompt_len,
+            cached=req.cached_tokens, parks=req.parks, retractions=req.retractions,
+            trace_id=req.trace_id, output_hash=req.output_hash(), **req.timing(time.monotonic()),
+        )  # fmt: skip
+        if req.guided is not None:
+            common["constrained"] = req.guided.guide.kind
+        if req.spec_proposed:
+            common |= {"spec_proposed": req.spec_proposed, "spec_accepted": req.spec_accepted}
+        if abort_reason is None:
+            self.receipts.emit(schema.REQUEST_FINISH, reason=req.finish_reason, **common)
+        else:
+            self.receipts.emit(schema.REQUEST_ABORT, reason=abort_reason, **common, **numbers)
+        return req.output(tokens or [])
+
+    # -- accounting ---------------------------------------------------------------------------
+
+    def snapshot(self) -> PoolSnapshot:
+        """The state after a step: the ``iteration`` receipt, /metrics and /health read it."""
+        return snapshot_of(self)
+
+    # -- invariants (checks.py) -----------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise when an invariant is broken (check mode runs this after every step)."""
+        checks.check(self)

@@ -1,0 +1,138 @@
+"""llama.cpp's arm, from this side: its environment (a virtualenv of its own, created on demand,
+never by `make setup`: installing llama-cpp-python compiles llama.cpp, about 4 minutes on two
+cores), and the worker process that runs in it (measure/llamacpp_worker.py), spoken to
+one JSON line at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PIN = "llama-cpp-python==0.3.36"
+# llama.cpp is built for this CPU less its AMX tile instructions: on a CPU that reports them (an
+# Intel Xeon with amx_tile, amx_int8), llama-server's AMX matrix kernel died of an illegal
+# instruction (`tilezero`, in its first decode). An explicit -mno-* outlasts -march=native in GCC.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+WORKER = Path(__file__).with_name("llamacpp_worker.py")
+
+
+class MissingEnv(RuntimeError):
+    """llama.cpp's environment is absent or cannot import llama_cpp; the message says how to
+    create it."""
+
+
+def env_python(env: str | Path) -> Path:
+    return Path(env) / "bin" / "python"
+
+
+def install_commands(env: str | Path) -> list[list[str]]:
+    return [
+        [sys.executable, "-m", "venv", str(env)],
+        [str(Path(env) / "bin" / "pip"), "install", PIN],
+    ]
+
+
+def cmake_flags() -> str:
+    """What llama.cpp's build is given (through CMAKE_ARGS): this CPU less its AMX kernels."""
+    return f"-DCMAKE_C_FLAGS='{NO_AMX}' -DCMAKE_CXX_FLAGS='{NO_AMX}'"
+
+
+def missing_env_message(env: str | Path, why: str) -> str:
+    make, pip = (" ".join(c).replace(sys.executable, "python3") for c in install_commands(env))
+    steps = f'{make} && CMAKE_ARGS="{cmake_flags()}" {pip}'
+    return (
+        f"llama.cpp's environment {env} {why}. Create it once with "
+        f"`engine bench --table --install-llamacpp --llamacpp-env {env}` (it compiles llama.cpp: "
+        f"about 4 minutes, both cores busy), or by hand: {steps}. "
+        "Or leave llama.cpp out: --engines attest,transformers."
+    )
+
+
+def check_env(env: str | Path) -> str:
+    """llama-cpp-python's version in ``env``; MissingEnv when it is not there."""
+    python = env_python(env)
+    if not python.exists():
+        raise MissingEnv(missing_env_message(env, f"is missing (no {python})"))
+    probe = "import llama_cpp, numpy; print(llama_cpp.__version__)"
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        raise MissingEnv(missing_env_message(env, f"cannot import llama_cpp ({last})"))
+    return done.stdout.strip()
+
+
+def install(env: str | Path) -> str:
+    """Create ``env`` and install llama-cpp-python into it (llama.cpp compiled for this CPU less
+    its AMX kernels, ``NO_AMX``); its version once it imports."""
+    flags = cmake_flags()
+    cmake = {**os.environ, "CMAKE_ARGS": f"{os.environ.get('CMAKE_ARGS', '')} {flags}".strip()}
+    for cmd in install_commands(env):
+        subprocess.run(cmd, check=True, env=cmake)
+    return check_env(env)
+
+
+class LlamaCppWorker:
+    """The worker process in llama.cpp's environment, the model loaded; ``generate`` is the
+    method's ``go`` (measure/method.py): llama.cpp's own time for one batched generate.
+    ``info`` says what runs: version, prefill strategy, KV layout, llama.cpp's CPU features."""
+
+    def __init__(self, env: str | Path, model: str, threads: int, flash_attn: bool = True) -> None:
+        check_env(env)
+        self.threads, self.flash_attn = threads, flash_attn
+        self.proc = subprocess.Popen(
+            [str(env_python(env)), str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            load = {"op": "load", "model": model, "threads": threads, "flash_attn": flash_attn}
+            self.info: dict = self._ask(load)
+        except BaseException:
+            self.close()
+            raise
+
+    def _ask(self, req: dict) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            raise RuntimeError(
+                f"llama.cpp's worker ended (exit {self.proc.wait()}); see its stderr"
+            )
+        return json.loads(line)
+
+    def generate(self, prompts: list[list[int]], new: int) -> float:
+        ans = self._ask({"op": "generate", "prompts": prompts, "new": new})
+        self.tokens: list[list[int]] = ans["tokens"]  # the last generate's, for checks
+        assert [len(t) for t in self.tokens] == [new] * len(prompts)
+        return ans["seconds"]
+
+    def lookup(self, prompt: list[int], new: int, draft: int) -> tuple[float, list[int]]:
+        """One greedy stream through llama-cpp-python's prompt-lookup decoding (``draft``
+        tokens a step; 0: none): its decode seconds (first token to last) and tokens."""
+        ans = self._ask({"op": "lookup", "prompt": prompt, "new": new, "draft": draft})
+        return ans["seconds"], ans["tokens"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> LlamaCppWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,140 @@
+"""`engine bench --table`: Attest's arms against transformers and llama.cpp on the same GGUF, in
+one run, measured by one method (measure/method.py).
+
+The engines run one after the other, never side by side: one engine is alive at a time (an
+Attest arm is closed, transformers' model dropped, llama.cpp's worker ended before the next
+loads), so no two share memory or cores. Every arm sees the same prompts in the same order (one
+seed), and llama.cpp runs on as many threads as torch does in this process.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from measure.method import (
+    Generate,
+    Prompts,
+    attest_generate,
+    decode_rate,
+    describe_cpu,
+    load_transformers,
+    prefill_rate,
+    transformers_generate,
+)
+from measure.table import ATTEST_ARMS, BASELINES, ArmFigures, TableSpec
+
+Say = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass(slots=True)
+class TableRun:
+    """The arms' figures and the conditions they were measured in."""
+
+    spec: TableSpec
+    arms: list[ArmFigures] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what ran, one line each
+
+
+def measure(
+    name: str, engine: str, go: Generate, vocab: int, spec: TableSpec, say: Say
+) -> ArmFigures:
+    """One arm: per stream count a warm-up, then ``runs`` decode rates; then the prefill."""
+    prompts, fig = Prompts(vocab, spec.seed), ArmFigures(name, engine)
+    for n in spec.streams:
+        go(prompts.take(n, spec.prompt_len), 4)  # warm-up at this batch size
+        fig.decode[n] = [
+            decode_rate(go, prompts, n, spec.prompt_len, spec.output_len) for _ in range(spec.runs)
+        ]
+        say(f"  {name}, {n} streams: decode {[round(r[0], 1) for r in fig.decode[n]]} tok/s")
+    if spec.prefill:
+        prefill_rate(go, prompts, spec.prefill)  # warm-up
+        fig.prefill = [prefill_rate(go, prompts, spec.prefill) for _ in range(spec.runs)]
+        say(f"  {name}, prefill {spec.prefill}: {[round(p, 1) for p in fig.prefill]} tok/s")
+    return fig
+
+
+def run_table(spec: TableSpec, say: Say = _stderr) -> TableRun:
+    """Measure every arm of ``spec``; progress goes to ``say`` as it comes."""
+    from engine.config import EngineConfig
+    from measure.llamacpp import LlamaCppWorker, check_env
+
+    for arm in spec.attest if "attest" in spec.engines else []:
+        try:  # an arm whose option this engine lacks is refused before any arm runs
+            EngineConfig.from_kwargs(**ATTEST_ARMS[arm])
+        except TypeError as e:
+            raise ValueError(f"--attest {arm}: LLM({_kwargs(ATTEST_ARMS[arm])}): {e}") from e
+    if "llamacpp" in spec.engines:
+        check_env(spec.llamacpp_env)  # before the other arms' minutes, not after
+    import torch
+
+    from engine.model.loader import resolve_model_path
+
+    path = resolve_model_path(spec.model)
+    if "llamacpp" in spec.engines and not path.endswith(".gguf"):
+        raise ValueError(f"llama.cpp needs a GGUF file; {path} is not one")
+    out = TableRun(spec)
+    out.notes.append(f"cpu: {describe_cpu()}")
+    out.notes.append(f"model: {path}")
+    out.notes.append(f"load average before: {os.getloadavg()[0]:.2f}")
+    for engine in spec.engines:
+        if engine == "attest":
+            for arm in spec.attest:
+                fig, note = _attest_arm(arm, path, spec, say)
+                out.arms.append(fig)
+                out.notes.append(f"{note}, torch threads {torch.get_num_threads()}")
+        elif engine == "transformers":
+            say("transformers: loading (dequantising the GGUF to float32)")
+            hf = load_transformers(path)
+            go = transformers_generate(hf)
+            out.arms.append(measure(BASELINES[engine], engine, go, hf.config.vocab_size, spec, say))
+            out.notes.append(f"transformers: float32 batched generate, torch threads "
+                             f"{torch.get_num_threads()}")  # fmt: skip
+            del hf, go
+            gc.collect()
+        else:
+            threads = torch.get_num_threads()  # what torch runs on in this process
+            say(f"llama.cpp: starting its worker ({spec.llamacpp_env}, {threads} threads)")
+            with LlamaCppWorker(spec.llamacpp_env, path, threads) as w:
+                vocab = w.info["vocab"]
+                out.arms.append(measure(BASELINES[engine], engine, w.generate, vocab, spec, say))
+                out.notes.append(
+                    f"llama.cpp: llama-cpp-python {w.info['version']}, batched low-level API "
+                    f"(llama_batch + llama_decode, one sequence id per stream, greedy argmax per "
+                    f"stream), n_threads = n_threads_batch = {threads} (= torch's), flash "
+                    f"attention {'on' if w.flash_attn else 'off'}, {w.info['kv']}; prefill "
+                    f"{w.info['prefill']}; {w.info['system']}"
+                )
+    out.notes.append(f"load average after: {os.getloadavg()[0]:.2f}")
+    return out
+
+
+def _attest_arm(arm: str, path: str, spec: TableSpec, say: Say) -> tuple[ArmFigures, str]:
+    """The arm's figures, and what ran: its options and, in fast mode, its kernels' path."""
+    from engine import LLM
+
+    say(f"attest {arm}: loading LLM({_kwargs(ATTEST_ARMS[arm])})")
+    llm = LLM(model=path, kv_tokens=spec.kv_tokens(), max_running=max(spec.streams),
+              **ATTEST_ARMS[arm])  # fmt: skip
+    try:
+        note = f"attest {arm}: LLM({_kwargs(ATTEST_ARMS[arm])})"
+        quant = getattr(llm.core, "quant", None)  # fast mode's plan: which kernels run here
+        note += f" ({quant.path})" if quant is not None else ""
+        vocab = llm.core.model_config.vocab_size
+        fig = measure(f"attest {arm}", "attest", attest_generate(llm), vocab, spec, say)
+        return fig, note
+    finally:  # its pools and weights go before the next engine loads its own
+        llm.close()
+        del llm
+        gc.collect()
+
+
+def _kwargs(kw: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kw.items())

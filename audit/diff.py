@@ -125,18 +125,28 @@ class Row:
         return "bold yellow"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"section": self.section, "name": self.name, "a": self.a, "b": self.b,
-                "changed": self.changed, "delta": self.delta()}  # fmt: skip
+        return {
+            "section": self.section,
+            "name": self.name,
+            "a": self.a,
+            "b": self.b,
+            "changed": self.changed,
+            "delta": self.delta(),
+        }
 
 
 def _read_rows(pa: Profile, pb: Profile) -> list[Row]:
     def facts(p: Profile) -> dict[str, Value]:
         st = p.report.stats
         inc = st.incomplete()
-        return {"receipts": st.receipts, "unparsed lines": st.garbage + st.truncated,
-                "malformed": st.malformed, "ranks": len(st.ranks),
-                "boots": len({boot for boot, _ in st.seqs}),
-                "complete": "yes" if inc is None else f"no ({inc[0]})"}  # fmt: skip
+        return {
+            "receipts": st.receipts,
+            "unparsed lines": st.garbage + st.truncated,
+            "malformed": st.malformed,
+            "ranks": len(st.ranks),
+            "boots": len({boot for boot, _ in st.seqs}),
+            "complete": "yes" if inc is None else f"no ({inc[0]})",
+        }
 
     fa, fb = facts(pa), facts(pb)
     return [Row("read", k, fa[k], fb[k]) for k in fa]

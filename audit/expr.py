@@ -37,8 +37,13 @@ def _outside(items: Any, of: Any) -> int:
 
 
 _FUNCS: dict[str, Callable[..., Any]] = {
-    "min": min, "max": max, "abs": abs, "len": len, "distinct": _distinct, "outside": _outside,
-}  # fmt: skip
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "len": len,
+    "distinct": _distinct,
+    "outside": _outside,
+}
 
 
 class ExprError(ValueError):

@@ -45,9 +45,13 @@ def parse_claim(t: dict[str, Any], where: str, events: Events = NO_EVENTS) -> Cl
     applies = selectors(t["applies"], f"{where} applies", events=events) if "applies" in t else ()
     description, vacuous = str(t.get("description", "")), bool(t.get("allow_vacuous", False))
     head = Claim(
-        id=cid, kind=kind, description=description, requires=requires, allow_vacuous=vacuous,
+        id=cid,
+        kind=kind,
+        description=description,
+        requires=requires,
+        allow_vacuous=vacuous,
         applies=applies,
-    )  # fmt: skip
+    )
     return known[kind].parse(t, where, head, events)
 
 

@@ -176,9 +176,21 @@ class _Pass:
             track, boot0, rank0, lo, hi, top_it, counts = self.at
             if track is not None:
                 j, hi, top_it = fast(
-                    lines, i, routes, boot0, rank0, hi, top_it, counts, loads,
-                    BITMAP_LIMIT, _DEEP_LINE, MAX_DEPTH, self.skip, not self.skip,
-                )  # fmt: skip
+                    lines,
+                    i,
+                    routes,
+                    boot0,
+                    rank0,
+                    hi,
+                    top_it,
+                    counts,
+                    loads,
+                    BITMAP_LIMIT,
+                    _DEEP_LINE,
+                    MAX_DEPTH,
+                    self.skip,
+                    not self.skip,
+                )
                 self.at = (track, boot0, rank0, lo, hi, top_it, counts)
                 track.lo, track.hi, track.top_iter = lo, hi, top_it
                 if j == n:

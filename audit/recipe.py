@@ -81,8 +81,9 @@ def _load(t: Any, where: str) -> dict[str, Any]:
         raise RecipeError(f"{where} is a table")
     unknown = sorted(set(t) - set(LOAD_DEFAULTS))
     if unknown:
-        raise RecipeError(f"{where}: unknown key(s) {', '.join(unknown)}; known: "
-                          f"{', '.join(LOAD_DEFAULTS)}")  # fmt: skip
+        raise RecipeError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(LOAD_DEFAULTS)}"
+        )
     out = {**LOAD_DEFAULTS, **t}
     for k in ("prompt_tokens", "output_tokens"):
         out[k] = _pair(out[k], f"{where}.{k}")

@@ -18,9 +18,11 @@ from audit.status import Status
 from audit.verdict import Report
 
 STYLE = {
-    Status.PASS: "bold green", Status.FAIL: "bold red", Status.UNDECIDED: "bold yellow",
+    Status.PASS: "bold green",
+    Status.FAIL: "bold red",
+    Status.UNDECIDED: "bold yellow",
     Status.NOT_APPLICABLE: "dim",
-}  # fmt: skip
+}
 
 
 def to_json(report: Report) -> str:
@@ -63,12 +65,14 @@ def print_report(report: Report, console: Console | None = None) -> None:
     console = console or Console()
     st = report.stats
     if report.window is not None:  # what every verdict below is relative to, said first
-        console.print(Text(
-            f"live window: a server still running, judged to its last line "
-            f"({report.window.describe()}): claims about the end of the run are decided as of "
-            "there; what is still open there (a request in flight) stays UNDECIDED",
-            style="bold",
-        ))  # fmt: skip
+        console.print(
+            Text(
+                f"live window: a server still running, judged to its last line "
+                f"({report.window.describe()}): claims about the end of the run are decided as of "
+                "there; what is still open there (a request in flight) stays UNDECIDED",
+                style="bold",
+            )
+        )
     for sv in report.specs:
         # every text from a spec or a log is plain, never Rich markup: a selector such as
         # `line[queue == 0]` must print as written

@@ -30,9 +30,18 @@ from audit.verdict import Report
 _CONFIG = {"displaylogo": False, "responsive": True}
 # one colour per timeline lane, so a lane keeps its colour whichever lanes have events
 _LANE_COLOURS = (
-    "#1f77b4", "#17becf", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#ff7f0e", "#7f7f7f",
-    "#d62728", "#bcbd22", "#000000",
-)  # fmt: skip
+    "#1f77b4",
+    "#17becf",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#ff7f0e",
+    "#7f7f7f",
+    "#d62728",
+    "#bcbd22",
+    "#000000",
+)
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1300px}
 h1{margin-bottom:4px} h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:32px}
@@ -88,10 +97,14 @@ def verdict_section(report: Report) -> str:
         if sv.description:
             parts.append(f'<p class="meta">{_esc(sv.description)}</p>')
         rows = [
-            [_esc(c.claim), f'<span class="verdict {c.status.value}">{c.status.value}</span>',
-             _esc(c.reason or ""), _esc(c.why)]
+            [
+                _esc(c.claim),
+                f'<span class="verdict {c.status.value}">{c.status.value}</span>',
+                _esc(c.reason or ""),
+                _esc(c.why),
+            ]
             for c in sv.claims
-        ]  # fmt: skip
+        ]
         parts.append(_table(["claim", "verdict", "reason", "why (with the numbers)"], rows))
     for name, why in report.not_applicable:
         parts.append(f'<p class="meta">{_esc(name)}: not applicable ({_esc(why)})</p>')
@@ -132,18 +145,23 @@ def timeline_section(data: ReportData) -> str:
         colour = _LANE_COLOURS[i % len(_LANE_COLOURS)]
         fig.add_trace(
             go.Scatter(
-                x=[data.rel(e.t) for e in events], y=[i] * len(events), mode="markers",
-                name=lane, marker={"size": 9, "symbol": "line-ns-open",
-                                   "line": {"width": 2, "color": colour}},
+                x=[data.rel(e.t) for e in events],
+                y=[i] * len(events),
+                mode="markers",
+                name=lane,
+                marker={"size": 9, "symbol": "line-ns-open", "line": {"width": 2, "color": colour}},
                 hovertext=[_esc(f"rank {e.rank} {e.text}"[:400]) for e in events],
                 hoverinfo="x+text",
             )
-        )  # fmt: skip
+        )
     counts = [f"{lane} ({len(data.lanes[lane])})" for lane in lanes]
     fig.update_yaxes(
-        tickvals=list(range(len(lanes))), ticktext=counts, range=[len(lanes) - 0.5, -0.5],
-        showgrid=True, zeroline=False,
-    )  # fmt: skip
+        tickvals=list(range(len(lanes))),
+        ticktext=counts,
+        range=[len(lanes) - 0.5, -0.5],
+        showgrid=True,
+        zeroline=False,
+    )
     fig.update_layout(title="receipts by kind (hover for the numbers)", xaxis_title=X_TITLE)
     mark(fig, data)
     notes = "".join(
@@ -173,10 +191,15 @@ def _stall_table(data: ReportData) -> str:
     if not data.stalls:
         return '<p class="meta">no scheduler.stall or scheduler.resume receipt</p>'
     rows = [
-        [f"{data.rel(s.since):.3f}", f"{data.rel(s.until):.3f}", _esc(data.label(s.key)),
-         "?" if s.stalled_s is None else f"{s.stalled_s:.3f}", _esc(s.text)]
+        [
+            f"{data.rel(s.since):.3f}",
+            f"{data.rel(s.until):.3f}",
+            _esc(data.label(s.key)),
+            "?" if s.stalled_s is None else f"{s.stalled_s:.3f}",
+            _esc(s.text),
+        ]
         for s in data.stalls
-    ]  # fmt: skip
+    ]
     return _table(["from +s", "to +s", "rank", "stood (s)", "what it held"], rows)
 
 
@@ -216,9 +239,13 @@ def ranks_section(data: ReportData) -> str:
             x = [data.rel(t) for t, _, _ in series]
             fig.add_trace(go.Scatter(x=x, y=[f for _, f, _ in series], name=f"rank {rank} floor"))
             fig.add_trace(
-                go.Scatter(x=x, y=[v for _, _, v in series], name=f"rank {rank} local",
-                           line={"dash": "dot"})
-            )  # fmt: skip
+                go.Scatter(
+                    x=x,
+                    y=[v for _, _, v in series],
+                    name=f"rank {rank} local",
+                    line={"dash": "dot"},
+                )
+            )
         fig.update_layout(title="published floor vs local room (group.floor)", xaxis_title=X_TITLE)
         parts.append(_figure_html(fig, "fig-floors"))
     elif len(ranks) > 1:
@@ -255,10 +282,16 @@ def _header(data: ReportData, report: Report) -> str:
         )
     nav = " · ".join(
         f'<a href="#{a}">{t}</a>'
-        for a, t in (("verdicts", "verdicts"), ("pool", "pool"), ("timeline", "timeline"),
-                     ("queue", "queue"), ("progress", "progress"), ("latency", "latency"),
-                     ("ranks", "ranks"))
-    )  # fmt: skip
+        for a, t in (
+            ("verdicts", "verdicts"),
+            ("pool", "pool"),
+            ("timeline", "timeline"),
+            ("queue", "queue"),
+            ("progress", "progress"),
+            ("latency", "latency"),
+            ("ranks", "ranks"),
+        )
+    )
     return "\n".join(lines) + f"<p>{nav}</p>"
 
 

@@ -132,10 +132,16 @@ def pool_sample(rec: dict[str, Any], t: float, capacity: int | None) -> PoolSamp
     cached, evictable = _num(rec, "cached"), _num(rec, "evictable")
     used = None if capacity is None else capacity - free - staged - cached
     return PoolSample(
-        t=t, free=free, staged=staged, evictable=evictable, cached_held=cached - evictable,
-        used=used, running=_num(rec, "running"), waiting=_num(rec, "waiting"),
+        t=t,
+        free=free,
+        staged=staged,
+        evictable=evictable,
+        cached_held=cached - evictable,
+        used=used,
+        running=_num(rec, "running"),
+        waiting=_num(rec, "waiting"),
         parked=_num(rec, "parked"),
-    )  # fmt: skip
+    )
 
 
 def pool_capacity(rec: dict[str, Any]) -> int | None:

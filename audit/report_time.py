@@ -42,39 +42,69 @@ def mark(fig: go.Figure, data: ReportData) -> None:
     for m in data.markers:
         fig.add_vline(x=data.rel(m.t), line={"dash": "dot", "color": "#888", "width": 1})
         fig.add_annotation(
-            x=data.rel(m.t), y=1, yref="paper", text=html.escape(f"{m.kind} r{m.rank}"),
-            showarrow=False, textangle=-90, xanchor="right", yanchor="top",
+            x=data.rel(m.t),
+            y=1,
+            yref="paper",
+            text=html.escape(f"{m.kind} r{m.rank}"),
+            showarrow=False,
+            textangle=-90,
+            xanchor="right",
+            yanchor="top",
             font={"size": 9, "color": "#666"},
-        )  # fmt: skip
+        )
     for s in data.stalls:
         x0, x1 = data.rel(s.since), data.rel(s.until)
         fig.add_shape(
-            type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, layer="below",
-            fillcolor=_STALL, opacity=0.12, line={"width": 0},
-        )  # fmt: skip
+            type="rect",
+            xref="x",
+            yref="paper",
+            x0=x0,
+            x1=x1,
+            y0=0,
+            y1=1,
+            layer="below",
+            fillcolor=_STALL,
+            opacity=0.12,
+            line={"width": 0},
+        )
         length = "?" if s.stalled_s is None else f"{s.stalled_s:.1f}"
         fig.add_annotation(
-            x=x0, y=0, yref="paper", text=html.escape(f"stall r{s.key[1]} {length} s"),
-            hovertext=html.escape(s.text), showarrow=False, xanchor="left", yanchor="bottom",
+            x=x0,
+            y=0,
+            yref="paper",
+            text=html.escape(f"stall r{s.key[1]} {length} s"),
+            hovertext=html.escape(s.text),
+            showarrow=False,
+            xanchor="left",
+            yanchor="bottom",
             font={"size": 9, "color": _STALL},
-        )  # fmt: skip
+        )
 
 
 def _line(data: ReportData, pts: list[Point], name: str, **style: object) -> go.Scatter:
     return go.Scatter(
-        x=[data.rel(p.t) for p in pts], y=[p.value for p in pts], name=name,
-        mode="lines+markers", marker={"size": 5}, hovertext=[p.kind for p in pts],
-        hoverinfo="x+y+name+text", **style,
-    )  # fmt: skip
+        x=[data.rel(p.t) for p in pts],
+        y=[p.value for p in pts],
+        name=name,
+        mode="lines+markers",
+        marker={"size": 5},
+        hovertext=[p.kind for p in pts],
+        hoverinfo="x+y+name+text",
+        **style,
+    )
 
 
 def pool_figure(data: ReportData, key: Key) -> go.Figure:
     """Above: the layers stacked to the capacity, from iterations (every layer at one moment).
     Below: each layer from every receipt that carries it."""
     fig = make_subplots(
-        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.6, 0.4],
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        row_heights=[0.6, 0.4],
         subplot_titles=("stacked (iteration receipts)", "each layer from every receipt"),
-    )  # fmt: skip
+    )
     samples = data.pool.get(key, [])
     x = [data.rel(s.t) for s in samples]
     for name, legend, colour in _LAYERS:
@@ -83,10 +113,18 @@ def pool_figure(data: ReportData, key: Key) -> go.Figure:
             continue  # "used" needs the pool's size
         fig.add_trace(
             go.Scatter(
-                x=x, y=y, name=legend, mode="lines", stackgroup="pool", legendgroup="stack",
-                line={"width": 0.5, "color": colour}, fillcolor=colour,
-            ), 1, 1,
-        )  # fmt: skip
+                x=x,
+                y=y,
+                name=legend,
+                mode="lines",
+                stackgroup="pool",
+                legendgroup="stack",
+                line={"width": 0.5, "color": colour},
+                fillcolor=colour,
+            ),
+            1,
+            1,
+        )
     by = data.series.get(key, {})
     for name in POOL_SERIES:
         if by.get(name):
@@ -113,9 +151,11 @@ def queue_figure(data: ReportData) -> go.Figure:
                 fig.add_trace(_line(data, by[name], f"{data.label(key)} {name}", **style))
     fig.update_layout(
         title="requests waiting, running and parked (iterations, and the receipts between "
-        "them that carry the counts)", xaxis_title=X_TITLE, yaxis_title="requests",
+        "them that carry the counts)",
+        xaxis_title=X_TITLE,
+        yaxis_title="requests",
         hovermode="x unified",
-    )  # fmt: skip
+    )
     mark(fig, data)
     return fig
 
@@ -133,8 +173,9 @@ def progress_figure(data: ReportData) -> go.Figure:
                 fig.add_trace(trace, secondary_y=right)
     fig.update_layout(
         title="progress since boot (iteration receipts): a flat stretch is no progress",
-        xaxis_title=X_TITLE, hovermode="x unified",
-    )  # fmt: skip
+        xaxis_title=X_TITLE,
+        hovermode="x unified",
+    )
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="tokens generated", secondary_y=False)
     fig.update_yaxes(title_text="admissions, requests ended", secondary_y=True)

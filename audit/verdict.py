@@ -62,9 +62,14 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         incomplete = self.stats.incomplete()
-        live = {} if self.window is None else {
-            "live": True, "window_end": self.window.as_dict(self.stats.lines),
-        }  # fmt: skip
+        live = (
+            {}
+            if self.window is None
+            else {
+                "live": True,
+                "window_end": self.window.as_dict(self.stats.lines),
+            }
+        )
         return {
             "verdict": self.status.value,
             "exit_code": self.status.exit_code,
@@ -187,9 +192,15 @@ def _apart(
     def share(part: list[int], first: bool) -> Callable[[], Any]:
         def fn() -> Any:
             report, outcomes = _evaluate(
-                [specs[i] for i in part], logs, control, only_applicable, False, False,
-                send=handoff.send if first else None, receive=None if first else handoff.receive,
-            )  # fmt: skip
+                [specs[i] for i in part],
+                logs,
+                control,
+                only_applicable,
+                False,
+                False,
+                send=handoff.send if first else None,
+                receive=None if first else handoff.receive,
+            )
             return (report, outcomes) if first else outcomes
 
         return fn

@@ -38,8 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cpuinfo import describe  # noqa: E402  (bench/cpuinfo.py, beside this script)
 from sse import chunks  # noqa: E402
 
-WORDS = ("alpha beta gamma delta file path build test deploy queue worker cache error retry "
-         "config region shard index tensor kernel batch stream token prompt").split()  # fmt: skip
+WORDS = (
+    "alpha beta gamma delta file path build test deploy queue worker cache error retry "
+    "config region shard index tensor kernel batch stream token prompt"
+).split()
 
 
 def lanes(args) -> list[dict]:
@@ -58,17 +60,31 @@ def next_turn(lane: dict, turn: int) -> list[dict]:
     ask = " ".join(rng.choice(WORDS) for _ in range(12))
     msgs = lane["messages"]
     if turn:
-        call = {"id": f"call_{turn}", "type": "function",
-                "function": {"name": "search", "arguments": orjson.dumps({"q": ask[:30]}).decode()}}  # fmt: skip
-        msgs = msgs + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                       {"role": "tool", "tool_call_id": f"call_{turn}",
-                        "content": " ".join(rng.choice(WORDS) for _ in range(40))}]  # fmt: skip
+        call = {
+            "id": f"call_{turn}",
+            "type": "function",
+            "function": {"name": "search", "arguments": orjson.dumps({"q": ask[:30]}).decode()},
+        }
+        msgs = msgs + [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{turn}",
+                "content": " ".join(rng.choice(WORDS) for _ in range(40)),
+            },
+        ]
     return msgs + [{"role": "user", "content": f"Step {turn}: {ask}"}]
 
 
 async def ask(client: httpx.AsyncClient, messages: list[dict], out: int) -> dict:
-    body = {"messages": messages, "max_tokens": out, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "messages": messages,
+        "max_tokens": out,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     ttft, text, usage = float("nan"), "", {}
     async for now, chunk in chunks(client, "/v1/chat/completions", body):
@@ -112,8 +128,18 @@ def serve(log: Path, args, store: str | None, write: str | None = None):
     extra = ["--kv-store-dir", store] if store else []
     extra += ["--kv-store-write", write] if store and write else []  # None: the engine's default
     model = ["--model", args.model] if args.model else []
-    return ServerProc(log, *model, "--kv-tokens", str(args.kv_tokens), "--speculative", "off",
-                      "--max-model-len", "8192", *extra, ready_timeout=600)  # fmt: skip
+    return ServerProc(
+        log,
+        *model,
+        "--kv-tokens",
+        str(args.kv_tokens),
+        "--speculative",
+        "off",
+        "--max-model-len",
+        "8192",
+        *extra,
+        ready_timeout=600,
+    )
 
 
 def arm(args, tmp: Path, name: str, store: bool, restart: bool, write: str | None = None) -> dict:
@@ -137,12 +163,16 @@ def arm(args, tmp: Path, name: str, store: bool, restart: bool, write: str | Non
     srv.stop()
     ttfts = [g["ttft"] for g in got]
     return {
-        "name": name, "computed": sum(g["prompt"] - g["cached"] for g in got),
-        "prompt": sum(g["prompt"] for g in got), "p50": statistics.median(ttfts),
-        "p90": statistics.quantiles(ttfts, n=10)[-1], "wall": wall,
-        "texts": [g["text"] for g in got], "got": got,
+        "name": name,
+        "computed": sum(g["prompt"] - g["cached"] for g in got),
+        "prompt": sum(g["prompt"] for g in got),
+        "p50": statistics.median(ttfts),
+        "p90": statistics.quantiles(ttfts, n=10)[-1],
+        "wall": wall,
+        "texts": [g["text"] for g in got],
+        "got": got,
         "after": [g for g in got if g["turn"] >= half] if restart else [],
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -160,31 +190,43 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="agents-") as d:
         tmp = Path(d)
         if args.crash:
-            arms = [arm(args, tmp, "no store, crash", False, True),
-                    arm(args, tmp, "store back, crash", True, True, "back"),
-                    arm(args, tmp, "store second_hit, crash", True, True, "second_hit")]  # fmt: skip
+            arms = [
+                arm(args, tmp, "no store, crash", False, True),
+                arm(args, tmp, "store back, crash", True, True, "back"),
+                arm(args, tmp, "store second_hit, crash", True, True, "second_hit"),
+            ]
         else:
-            arms = [arm(args, tmp, "no store", False, False),
-                    arm(args, tmp, "store", True, False),
-                    arm(args, tmp, "no store, restart", False, True),
-                    arm(args, tmp, "store, restart", True, True)]  # fmt: skip
+            arms = [
+                arm(args, tmp, "no store", False, False),
+                arm(args, tmp, "store", True, False),
+                arm(args, tmp, "no store, restart", False, True),
+                arm(args, tmp, "store, restart", True, True),
+            ]
     same = all(a["texts"] == arms[0]["texts"] for a in arms)
-    print(f"{args.lanes} lanes x {args.turns} turns (+1 branch), system prompt {args.system} "
-          f"words, --kv-tokens {args.kv_tokens}, {args.output} tokens a turn; answers identical "
-          f"across arms: {same}")  # fmt: skip
-    print("| arm | prompt tokens | computed | TTFT p50 s | TTFT p90 s | after the restart: TTFT p50 s, computed | wall s |")  # fmt: skip
+    print(
+        f"{args.lanes} lanes x {args.turns} turns (+1 branch), system prompt {args.system} "
+        f"words, --kv-tokens {args.kv_tokens}, {args.output} tokens a turn; answers identical "
+        f"across arms: {same}"
+    )
+    print(
+        "| arm | prompt tokens | computed | TTFT p50 s | TTFT p90 s | after the restart: TTFT p50 s, computed | wall s |"
+    )
     print("|---|---|---|---|---|---|---|")
     for a in arms:
         after = "-"
         if a["after"]:
             ft = statistics.median(g["ttft"] for g in a["after"])
             after = f"{ft:.2f}, {sum(g['prompt'] - g['cached'] for g in a['after'])}"
-        print(f"| {a['name']} | {a['prompt']} | {a['computed']} | {a['p50']:.2f} | "
-              f"{a['p90']:.2f} | {after} | {a['wall']:.0f} |")  # fmt: skip
+        print(
+            f"| {a['name']} | {a['prompt']} | {a['computed']} | {a['p50']:.2f} | "
+            f"{a['p90']:.2f} | {after} | {a['wall']:.0f} |"
+        )
     turns = range(args.turns)
-    print(f"\nper turn: TTFT p50 s / output tok/s of the turn (its {args.output} tokens a request "
-          "over the turn's wall time); the restart comes before turn "
-          f"{args.turns // 2}")  # fmt: skip
+    print(
+        f"\nper turn: TTFT p50 s / output tok/s of the turn (its {args.output} tokens a request "
+        "over the turn's wall time); the restart comes before turn "
+        f"{args.turns // 2}"
+    )
     print("| arm | " + " | ".join(f"turn {t}" for t in turns) + " |")
     print("|---|" + "---|" * len(turns))
     for a in arms:

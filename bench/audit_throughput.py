@@ -55,8 +55,16 @@ def generate(path: Path, target_bytes: int, seed: int = 0) -> dict[str, int]:
         nonlocal seq, ts, size
         seq += 1
         ts += 0.0007
-        rec = {"ts": round(ts, 6), "v": 1, "boot": BOOT, "rank": 0, "iter": it, "seq": seq,
-               **fields, "event": event}  # fmt: skip
+        rec = {
+            "ts": round(ts, 6),
+            "v": 1,
+            "boot": BOOT,
+            "rank": 0,
+            "iter": it,
+            "seq": seq,
+            **fields,
+            "event": event,
+        }
         line = orjson.dumps(rec) + b"\n"
         buf.append(line)
         size += len(line)
@@ -66,9 +74,12 @@ def generate(path: Path, target_bytes: int, seed: int = 0) -> dict[str, int]:
     with path.open("wb") as fh:
         for name, fields in (
             ("boot.start", {"config": {"kv_tokens": 65536, "page_size": 16}}),
-            ("boot.pool_sized", dict(path="configured", kv_tokens=65536, bytes_per_token=512, page_size=16)),
+            (
+                "boot.pool_sized",
+                dict(path="configured", kv_tokens=65536, bytes_per_token=512, page_size=16),
+            ),
             ("boot.ready", {"startup_s": 1.2}),
-        ):  # fmt: skip
+        ):
             emit(name, **fields)
         n = 0
         while size < target_bytes:
@@ -81,34 +92,93 @@ def generate(path: Path, target_bytes: int, seed: int = 0) -> dict[str, int]:
             )
             chunks = -(-prompt // 512)
             for c in range(chunks):
-                emit("admission.admit", rid=rid, tokens=min(512, prompt - 512 * c), pages=32,
-                     prefix_hit=0, held=512 * c, chunked=c < chunks - 1, retracted=0,
-                     remaining=3000, **budget)  # fmt: skip
+                emit(
+                    "admission.admit",
+                    rid=rid,
+                    tokens=min(512, prompt - 512 * c),
+                    pages=32,
+                    prefix_hit=0,
+                    held=512 * c,
+                    chunked=c < chunks - 1,
+                    retracted=0,
+                    remaining=3000,
+                    **budget,
+                )
                 if rng.random() < 0.5:
-                    emit("admission.defer", count=rng.randint(1, 30), reason="budget", running=8,
-                         remaining=0, **budget)  # fmt: skip
+                    emit(
+                        "admission.defer",
+                        count=rng.randint(1, 30),
+                        reason="budget",
+                        running=8,
+                        remaining=0,
+                        **budget,
+                    )
             if rng.random() < 0.05:
-                emit("admission.park", rid=rid, reason="below_page", need=100, fundable=0,
-                     page_size=16, remaining=3, **budget)  # fmt: skip
+                emit(
+                    "admission.park",
+                    rid=rid,
+                    reason="below_page",
+                    need=100,
+                    fundable=0,
+                    page_size=16,
+                    remaining=3,
+                    **budget,
+                )
                 emit("admission.unpark", rid=rid, tokens=100, remaining=400, **budget)
             if rng.random() < 0.2:
                 asked = rng.randint(16, 512)
                 before = rng.randint(asked, 4096)
-                emit("eviction", reason="decode", asked=asked, evicted=asked + 3, staged=0,
-                     evictable_before=before, evictable_after=before - asked - 3,
-                     available_after=asked + 3)  # fmt: skip
+                emit(
+                    "eviction",
+                    reason="decode",
+                    asked=asked,
+                    evicted=asked + 3,
+                    staged=0,
+                    evictable_before=before,
+                    evictable_after=before - asked - 3,
+                    available_after=asked + 3,
+                )
             if rng.random() < 0.02:
-                emit("retract", rids=[rid], tokens_freed=prompt, need=16, available=0,
-                     evictable=0, candidates=[[rid, 3, prompt]], running_after=7,
-                     ratio_old=0.5, ratio_new=0.6)  # fmt: skip
+                emit(
+                    "retract",
+                    rids=[rid],
+                    tokens_freed=prompt,
+                    need=16,
+                    available=0,
+                    evictable=0,
+                    candidates=[[rid, 3, prompt]],
+                    running_after=7,
+                    ratio_old=0.5,
+                    ratio_new=0.6,
+                )
                 emit("requeue", rid=rid, generated=3)
             if it % 50 == 0:
-                emit("iteration", running=8, waiting=rng.randint(0, 40), parked=0,
-                     token_usage=round(rng.random(), 4), avail=1000, evictable=500, staged=0,
-                     cached=2000, ratio=0.5)  # fmt: skip
-            emit("request.finish", rid=rid, reason="length", tokens=256, prompt_tokens=prompt,
-                 cached=0, queue_s=0.01, ttft_s=0.05, e2e_s=2.5, parks=0, retractions=0,
-                 trace_id=None)  # fmt: skip
+                emit(
+                    "iteration",
+                    running=8,
+                    waiting=rng.randint(0, 40),
+                    parked=0,
+                    token_usage=round(rng.random(), 4),
+                    avail=1000,
+                    evictable=500,
+                    staged=0,
+                    cached=2000,
+                    ratio=0.5,
+                )
+            emit(
+                "request.finish",
+                rid=rid,
+                reason="length",
+                tokens=256,
+                prompt_tokens=prompt,
+                cached=0,
+                queue_s=0.01,
+                ttft_s=0.05,
+                e2e_s=2.5,
+                parks=0,
+                retractions=0,
+                trace_id=None,
+            )
             if rng.random() < 0.001:
                 line = b"INFO uvicorn.access: 127.0.0.1 - POST /v1/completions 200\n"
                 buf.append(line)
@@ -143,8 +213,14 @@ def run(cmd: list[str]) -> Run:
         p.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
         out.seek(0)
         err.seek(0)
-        return Run(wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, p.returncode,
-                   out.read(), err.read())  # fmt: skip
+        return Run(
+            wall,
+            ru.ru_utime + ru.ru_stime,
+            ru.ru_maxrss / 1024,
+            p.returncode,
+            out.read(),
+            err.read(),
+        )
 
 
 def main() -> None:
@@ -159,9 +235,13 @@ def main() -> None:
     ap.add_argument("--baseline-name", default="baseline", help="the baseline's name in the table")
     ap.add_argument("--baseline-args", default="", help="flags added to the baseline")
     ap.add_argument("--verdict-out", help="write the last run's `audit verdict --json` here")
-    ap.add_argument("--rss-head", type=float, default=0.1,
-                    help="also run each auditor once on this fraction of the log (its first "
-                         "lines) and print the peak RSS at both sizes (0: skip)")  # fmt: skip
+    ap.add_argument(
+        "--rss-head",
+        type=float,
+        default=0.1,
+        help="also run each auditor once on this fraction of the log (its first "
+        "lines) and print the peak RSS at both sizes (0: skip)",
+    )
     args = ap.parse_args()
     d = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="audit-bench-"))
     d.mkdir(parents=True, exist_ok=True)
@@ -173,8 +253,10 @@ def main() -> None:
             t0 = time.perf_counter()
             counts = generate(log, int(args.gb * 1e9))
             lines = sum(v for k, v in counts.items() if k != "requests")
-            print(f"generated {log.stat().st_size / 1e6:.0f} MB, {lines} receipts, "
-                  f"{counts['requests']} requests in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+            print(
+                f"generated {log.stat().st_size / 1e6:.0f} MB, {lines} receipts, "
+                f"{counts['requests']} requests in {time.perf_counter() - t0:.1f} s"
+            )
         audit = (
             shlex.split(args.audit_cmd)
             if args.audit_cmd
@@ -206,8 +288,10 @@ def main() -> None:
             rss_growth(log, d / "head.jsonl", args.rss_head, auditors, runs)
         if args.baseline:
             same = {r.out for rs in runs.values() for r in rs} == {aud[-1].out}
-            print(f"verdicts of {args.baseline_name} and audit verdict, every run: "
-                  + ("the same, byte for byte" if same else "DIFFERENT"))  # fmt: skip
+            print(
+                f"verdicts of {args.baseline_name} and audit verdict, every run: "
+                + ("the same, byte for byte" if same else "DIFFERENT")
+            )
             if not same:
                 sys.exit(1)
     finally:
@@ -245,8 +329,10 @@ def rss_growth(
         small = run(verdict(auditor, head))
         big = max(r.rss_mb for r in runs[name])
         per_gb = (big - small.rss_mb) / (whole - mb) * 1000
-        print(f"peak RSS of {name}: {small.rss_mb:.0f} MB on the first {mb:.0f} MB, {big:.0f} MB "
-              f"on {whole:.0f} MB: {per_gb:+.0f} MB per GB read")  # fmt: skip
+        print(
+            f"peak RSS of {name}: {small.rss_mb:.0f} MB on the first {mb:.0f} MB, {big:.0f} MB "
+            f"on {whole:.0f} MB: {per_gb:+.0f} MB per GB read"
+        )
     head.unlink()
 
 
@@ -254,19 +340,30 @@ def report(mb: float, grep: list[Run], runs: dict[str, list[Run]], verdict: dict
     g = median([r.wall_s for r in grep])
     claims = sum(len(s["claims"]) for s in verdict["specs"])
     print(f"| tool | runs | median s | MB/s | CPU s (median) | peak RSS |\n|{'---|' * 6}")
-    print(f"| grep -c | {len(grep)} | {g:.2f} | {mb / g:.0f} | "
-          f"{median([r.cpu_s for r in grep]):.2f} | - |")  # fmt: skip
+    print(
+        f"| grep -c | {len(grep)} | {g:.2f} | {mb / g:.0f} | "
+        f"{median([r.cpu_s for r in grep]):.2f} | - |"
+    )
     for name, rs in runs.items():
         a = median([r.wall_s for r in rs])
-        print(f"| {name} ({len(verdict['specs'])} windows, {claims} claims) | {len(rs)} | "
-              f"{a:.2f} | {mb / a:.1f} | {median([r.cpu_s for r in rs]):.2f} | "
-              f"{max(r.rss_mb for r in rs):.0f} MB |")  # fmt: skip
-    print("each run, wall s: grep " + " ".join(f"{r.wall_s:.2f}" for r in grep) + "".join(
-        f"; {name} " + " ".join(f"{r.wall_s:.2f}" for r in rs) for name, rs in runs.items()))  # fmt: skip
+        print(
+            f"| {name} ({len(verdict['specs'])} windows, {claims} claims) | {len(rs)} | "
+            f"{a:.2f} | {mb / a:.1f} | {median([r.cpu_s for r in rs]):.2f} | "
+            f"{max(r.rss_mb for r in rs):.0f} MB |"
+        )
+    print(
+        "each run, wall s: grep "
+        + " ".join(f"{r.wall_s:.2f}" for r in grep)
+        + "".join(
+            f"; {name} " + " ".join(f"{r.wall_s:.2f}" for r in rs) for name, rs in runs.items()
+        )
+    )
     aud = runs["audit verdict"]
     a = median([r.wall_s for r in aud])
-    print(f"ratio audit/grep: {a / g:.1f}x; overall verdict {verdict['verdict']} "
-          f"({', '.join(s['spec'] + ' ' + s['verdict'] for s in verdict['specs'])})")  # fmt: skip
+    print(
+        f"ratio audit/grep: {a / g:.1f}x; overall verdict {verdict['verdict']} "
+        f"({', '.join(s['spec'] + ' ' + s['verdict'] for s in verdict['specs'])})"
+    )
     for name, rs in runs.items():
         if rs is not aud:
             b = median([r.wall_s for r in rs])

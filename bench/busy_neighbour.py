@@ -73,8 +73,11 @@ def child(threads: int | str | None, runs: int) -> None:
         if i >= 2:
             times.append(time.perf_counter() - t)
         assert len(out[0].token_ids) == 10
-    libs = {ln.split()[-1] for ln in Path("/proc/self/maps").read_text().splitlines()
-            if "omp" in ln.rsplit("/", 1)[-1]}  # fmt: skip
+    libs = {
+        ln.split()[-1]
+        for ln in Path("/proc/self/maps").read_text().splitlines()
+        if "omp" in ln.rsplit("/", 1)[-1]
+    }
     print(json.dumps({"times": times, "threads": torch.get_num_threads(), "omp": sorted(libs)}))
     llm.close()
 
@@ -87,8 +90,16 @@ def serve_arm(threads: int | str | None, runs: int, env: dict[str, str], log: st
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [str(ROOT / ".venv/bin/engine"), "serve", "--port", str(port), "--kv-tokens", "4096",
-           "--log-file", log]  # fmt: skip
+    cmd = [
+        str(ROOT / ".venv/bin/engine"),
+        "serve",
+        "--port",
+        str(port),
+        "--kv-tokens",
+        "4096",
+        "--log-file",
+        log,
+    ]
     cmd += [] if threads in (None, "torch") else ["--threads", str(threads)]
     server = subprocess.Popen(
         cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -105,8 +116,9 @@ def serve_arm(threads: int | str | None, runs: int, env: dict[str, str], log: st
         times = []
         for i in range(runs + 2):
             body = json.dumps(ask | {"prompt": [2000 + i, *PROMPT[1:]]}).encode()  # no cache hit
-            post = urllib.request.Request(url + "/v1/completions", body,
-                                          {"content-type": "application/json"})  # fmt: skip
+            post = urllib.request.Request(
+                url + "/v1/completions", body, {"content-type": "application/json"}
+            )
             t = time.perf_counter()
             out = json.loads(urllib.request.urlopen(post, timeout=600).read())
             if i >= 2:
@@ -177,17 +189,26 @@ def main() -> None:
                         p.kill()
                         p.wait()
                 times = [round(t, 3) for t in results[via, arm, kind]["times"]]
-                print(f"{via} {arm} {kind}: {times}"
-                      f" (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"{via} {arm} {kind}: {times} (load {os.getloadavg()[0]:.2f})",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     omp = next((r["omp"] for r in results.values() if r["omp"] != "?"), "?")
     print(f"\ncpu: {describe()}; this process may use CPUs {sorted(os.sched_getaffinity(0))}")
-    print(f"load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f}, "
-          f"runs: {args.runs}; OpenMP runtime loaded: {omp}")  # fmt: skip
-    print("10 new tokens after a 20-token prompt, greedy: seconds (median), and the ratio to the "
-          "same arm with no neighbour (baseline: neighbour none)")  # fmt: skip
-    print(f"{'via':>5} {'arm':>10} {'threads':>7} {'env at start':>24} "
-          + " ".join(f"{k:>17}" for k in kinds))  # fmt: skip
+    print(
+        f"load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f}, "
+        f"runs: {args.runs}; OpenMP runtime loaded: {omp}"
+    )
+    print(
+        "10 new tokens after a 20-token prompt, greedy: seconds (median), and the ratio to the "
+        "same arm with no neighbour (baseline: neighbour none)"
+    )
+    print(
+        f"{'via':>5} {'arm':>10} {'threads':>7} {'env at start':>24} "
+        + " ".join(f"{k:>17}" for k in kinds)
+    )
     for via in vias:
         for arm in arms:
             med = {k: statistics.median(results[via, arm, k]["times"]) for k in kinds}

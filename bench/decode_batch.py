@@ -52,8 +52,10 @@ def main() -> None:
         for name, backend in ((BEFORE, "torch-padded"), (AFTER, "torch"))
     }
     vocab = engines[AFTER].core.model_config.vocab_size
-    arms = {name: (attest_generate(llm), Prompts(vocab, i))
-            for i, (name, llm) in enumerate(engines.items())}  # fmt: skip
+    arms = {
+        name: (attest_generate(llm), Prompts(vocab, i))
+        for i, (name, llm) in enumerate(engines.items())
+    }
     if not args.no_baseline:
         hf = load_transformers(engines[AFTER].core.loaded.path)
         arms[HF] = (transformers_generate(hf), Prompts(vocab, 9))
@@ -69,16 +71,25 @@ def main() -> None:
                 results.setdefault((name, n), []).append(rate)
 
     print(f"\ncpu: {describe_cpu()}")
-    print(f"threads: {torch.get_num_threads()}, load average before/after: "
-          f"{load_before:.2f}/{os.getloadavg()[0]:.2f}, runs: {args.runs}")  # fmt: skip
-    print(f"prompts: {args.prompt_len} random tokens, {args.new_tokens} new tokens, greedy; "
-          "every Attest request asserted cached_tokens == 0")  # fmt: skip
+    print(
+        f"threads: {torch.get_num_threads()}, load average before/after: "
+        f"{load_before:.2f}/{os.getloadavg()[0]:.2f}, runs: {args.runs}"
+    )
+    print(
+        f"prompts: {args.prompt_len} random tokens, {args.new_tokens} new tokens, greedy; "
+        "every Attest request asserted cached_tokens == 0"
+    )
     print("decode tok/s (median; end-to-end output tok/s incl. prefill in brackets)")
     head = f"{'streams':>7} " + " ".join(f"{a:>30}" for a in arms)
     print(head + f" {'after/before':>13}" + (f" {'after/transformers':>19}" if HF in arms else ""))
     for n in streams:
-        med = {a: (statistics.median(r[0] for r in results[a, n]),
-                   statistics.median(r[1] for r in results[a, n])) for a in arms}  # fmt: skip
+        med = {
+            a: (
+                statistics.median(r[0] for r in results[a, n]),
+                statistics.median(r[1] for r in results[a, n]),
+            )
+            for a in arms
+        }
         cells = " ".join(f"{med[a][0]:>20.1f} ({med[a][1]:>6.1f})" for a in arms)
         line = f"{n:>7} {cells} {med[AFTER][0] / med[BEFORE][0]:>12.2f}x"
         if HF in arms:

@@ -111,16 +111,22 @@ def main() -> None:
         )
         r = profile_prefill(llm, args.prefill, args.steps, args.top)
         print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
-        print(f"weights {args.quant or 'exact'}, backend {args.backend}: prefill of {args.prefill} "
-              f"tokens {r['ms']:.1f} ms = {args.prefill / r['ms'] * 1e3:.1f} tok/s "
-              f"(median of {r['runs']})")  # fmt: skip
+        print(
+            f"weights {args.quant or 'exact'}, backend {args.backend}: prefill of {args.prefill} "
+            f"tokens {r['ms']:.1f} ms = {args.prefill / r['ms'] * 1e3:.1f} tok/s "
+            f"(median of {r['runs']})"
+        )
         print(r["table"])
         return
 
     llm = LLM(
-        attention_backend=args.backend, kv_tokens=args.batch * (args.prompt_len + args.steps + 16),
-        max_running=args.batch, receipts=False, quant=args.quant, speculative="off",
-    )  # fmt: skip
+        attention_backend=args.backend,
+        kv_tokens=args.batch * (args.prompt_len + args.steps + 16),
+        max_running=args.batch,
+        receipts=False,
+        quant=args.quant,
+        speculative="off",
+    )
     r = profile_step(llm, args.batch, args.prompt_len, args.steps, args.top)
     print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
     print(

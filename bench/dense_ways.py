@@ -45,10 +45,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    print(f"cpu: {describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{args.dtype}; fastest of {args.reps} calls, microseconds")  # fmt: skip
-    print("| matrices | rows | F.linear | (W @ x.T).T | oneDNN packed | mm / linear | packed / "
-          "linear | packed bits = linear |")  # fmt: skip
+    print(
+        f"cpu: {describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{args.dtype}; fastest of {args.reps} calls, microseconds"
+    )
+    print(
+        "| matrices | rows | F.linear | (W @ x.T).T | oneDNN packed | mm / linear | packed / "
+        "linear | packed bits = linear |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     g = torch.Generator().manual_seed(0)
     for name, shapes in (("layer", LAYER), ("head", HEAD)):
@@ -61,12 +65,17 @@ def main() -> None:
             mm = micros(lambda: [by_mm(x, w) for x, w in zip(xs, ws)], reps)  # noqa: B023
             pack = micros(lambda: [packed(x, p) for x, p in zip(xs, pk)], reps)  # noqa: B023
             same = all(torch.equal(F.linear(x, w), packed(x, p)) for x, w, p in zip(xs, ws, pk))
-            print(f"| {name} | {n} | {lin:.0f} | {mm:.0f} | {pack:.0f} | {mm / lin:.2f}x | "
-                  f"{pack / lin:.2f}x | {'yes' if same else 'no'} |", flush=True)  # fmt: skip
+            print(
+                f"| {name} | {n} | {lin:.0f} | {mm:.0f} | {pack:.0f} | {mm / lin:.2f}x | "
+                f"{pack / lin:.2f}x | {'yes' if same else 'no'} |",
+                flush=True,
+            )
         t = time.perf_counter()
         chose, _ = measure(ws, ROWS if name == "layer" else HEAD_ROWS)
-        print(f"measuring the {name} at load: {time.perf_counter() - t:.2f} s; (W @ x.T).T "
-              f"chosen at rows {chose.fields()}")  # fmt: skip
+        print(
+            f"measuring the {name} at load: {time.perf_counter() - t:.2f} s; (W @ x.T).T "
+            f"chosen at rows {chose.fields()}"
+        )
 
 
 if __name__ == "__main__":

@@ -68,9 +68,11 @@ def main() -> None:
     ap.add_argument("--agreement", action="store_true")
     args = ap.parse_args()
     print(f"cpu: {describe()}; load average {os.getloadavg()[0]:.2f}")
-    print(f"{args.prompt_len}-token prompts, {args.new_tokens} new tokens, greedy; decode tok/s, "
-          f"median of {args.runs} alternating runs; baseline: "
-          f"{'='.join(SWITCHES[args.switch][:2])}")  # fmt: skip
+    print(
+        f"{args.prompt_len}-token prompts, {args.new_tokens} new tokens, greedy; decode tok/s, "
+        f"median of {args.runs} alternating runs; baseline: "
+        f"{'='.join(SWITCHES[args.switch][:2])}"
+    )
     exact = LLM(kv_tokens=16384, receipts=False) if args.agreement else None
     for mode in args.modes.split(","):
         arms = {"on": load(mode, args.switch, True), "off": load(mode, args.switch, False)}
@@ -90,15 +92,19 @@ def main() -> None:
                     rate = decode_rate(goes[name], prompts, n, args.prompt_len, args.new_tokens)
                     got[name].append(rate[0])
             med = {name: statistics.median(v) for name, v in got.items()}
-            print(f"  {mode} {n:>3} streams: {args.switch} on {med['on']:.1f} ({min(got['on']):.1f}-"
-                  f"{max(got['on']):.1f}), off {med['off']:.1f} ({min(got['off']):.1f}-"
-                  f"{max(got['off']):.1f}) tok/s, ratio {med['on'] / med['off']:.2f}x")  # fmt: skip
+            print(
+                f"  {mode} {n:>3} streams: {args.switch} on {med['on']:.1f} ({min(got['on']):.1f}-"
+                f"{max(got['on']):.1f}), off {med['off']:.1f} ({min(got['off']):.1f}-"
+                f"{max(got['off']):.1f}) tok/s, ratio {med['on'] / med['off']:.2f}x"
+            )
         if exact is not None:
             ids = [exact.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
             for name, llm in arms.items():
                 a = greedy_agreement(exact, llm, ids, 32)
-                print(f"  {mode} {name}: {a.equal}/{a.positions} positions agree with exact = "
-                      f"{a.share:.1%}; common prefixes {a.common_prefix}")  # fmt: skip
+                print(
+                    f"  {mode} {name}: {a.equal}/{a.positions} positions agree with exact = "
+                    f"{a.share:.1%}; common prefixes {a.common_prefix}"
+                )
         for llm in arms.values():
             llm.close()
 

@@ -27,9 +27,13 @@ def pressured(model: str | None, host_kv_tokens: int) -> tuple[dict[str, int], s
     shapes = [(rng.randrange(8, 160), rng.randrange(8, 96)) for _ in range(32)]
     pool = sum(sorted(p + n for p, n in shapes)[-3:])
     llm = LLM(
-        model=model, kv_tokens=pool, chunk_tokens=32, max_running=8, check_invariants=True,
+        model=model,
+        kv_tokens=pool,
+        chunk_tokens=32,
+        max_running=8,
+        check_invariants=True,
         host_kv_tokens=host_kv_tokens,
-    )  # fmt: skip
+    )
     vocab = llm.core.model_config.vocab_size
     prompts = [[rng.randrange(3, vocab) for _ in range(p)] for p, _ in shapes]
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for _, n in shapes]

@@ -132,9 +132,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sections", default=",".join(SECTIONS), help=f"which of {','.join(SECTIONS)} to run"
     )
     ap.add_argument(
-        "--backends", default="triton,flashinfer",
+        "--backends",
+        default="triton,flashinfer",
         help="which GPU backends to check (torch, the reference, always runs)",
-    )  # fmt: skip
+    )
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
     args = ap.parse_args(argv)
     for flag, allowed in (("sections", SECTIONS), ("backends", ("triton", "flashinfer"))):
@@ -299,9 +300,17 @@ def decode_fns(name: str, b, page_size: int):
         p = backend.plan(b.meta, b.q)
         k = backend.k
         return lambda: k.decode_attention(
-            b.q, b.kv.k, b.kv.v, b.meta.req_to_token, p.rows, p.context_lens, b.scale, p.splits,
-            part_o=p.part_o, part_lse=p.part_lse,
-        )  # fmt: skip
+            b.q,
+            b.kv.k,
+            b.kv.v,
+            b.meta.req_to_token,
+            p.rows,
+            p.context_lens,
+            b.scale,
+            p.splits,
+            part_o=p.part_o,
+            part_lse=p.part_lse,
+        )
     if name == "flashinfer":
         w = backend._plan(b.meta, b.q, b.kv, b.scale)
         slots, kvh, d = b.kv.k.shape
@@ -403,9 +412,15 @@ def section_serve(chk: Check, status: dict[str, str | None], args) -> None:
         with chk.guard("serve", f"{name} load"):
             llm = LLM(
                 model=MODEL,
-                dtype="bfloat16", device=DEVICE, attention_backend=name, kv_tokens=65536,
-                max_running=max(STREAMS), chunk_tokens=8192, page_size=16, receipts=False,
-            )  # fmt: skip
+                dtype="bfloat16",
+                device=DEVICE,
+                attention_backend=name,
+                kv_tokens=65536,
+                max_running=max(STREAMS),
+                chunk_tokens=8192,
+                page_size=16,
+                receipts=False,
+            )
             try:
                 vocab = llm.core.model_config.vocab_size
                 rng = random.Random(0)
@@ -423,10 +438,12 @@ def section_serve(chk: Check, status: dict[str, str | None], args) -> None:
                         )
                         tps = decode_tokens_per_s(streams, args.new_tokens, t_one, t_all)
                         chk.add(
-                            "serve", f"{name} {streams} streams", f"{tps:.0f} tok/s",
+                            "serve",
+                            f"{name} {streams} streams",
+                            f"{tps:.0f} tok/s",
                             f"decode, bf16, prompt {args.prompt_tokens}, "
                             f"{args.new_tokens} new tokens each",
-                        )  # fmt: skip
+                        )
             finally:
                 llm.close()
 

@@ -34,7 +34,9 @@ def run_chats(llm, args, vocab: int) -> dict[str, float]:
     first = receipts.counts["request.finish"]
     rng = random.Random(args.seed)
     system = [rng.randrange(2, vocab) for _ in range(args.system)]
-    history = [system + [rng.randrange(2, vocab) for _ in range(args.user)] for _ in range(args.chats)]  # fmt: skip
+    history = [
+        system + [rng.randrange(2, vocab) for _ in range(args.user)] for _ in range(args.chats)
+    ]
     params = SamplingParams(max_tokens=args.output, temperature=0, ignore_eos=True)
     answers, out_tokens = [], 0
     t0 = time.perf_counter()
@@ -56,9 +58,13 @@ def run_chats(llm, args, vocab: int) -> dict[str, float]:
         return sum(r["cached"] for r in rs) / max(1, sum(r["prompt_tokens"] for r in rs))
 
     out = {
-        "hit": rate(ends), "hit_later": rate(later), "tok_s": out_tokens / wall, "wall": wall,
-        "computed": sum(r["prompt_tokens"] - r["cached"] for r in ends), "answers": answers,
-    }  # fmt: skip
+        "hit": rate(ends),
+        "hit_later": rate(later),
+        "tok_s": out_tokens / wall,
+        "wall": wall,
+        "computed": sum(r["prompt_tokens"] - r["cached"] for r in ends),
+        "answers": answers,
+    }
     if tier:
         moved = {k: tier.moved[k] - moved0[k] for k in tier.moved}
         bpt = tier.bytes_per_token

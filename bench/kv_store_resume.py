@@ -74,13 +74,16 @@ def one_run(args, history: list[int], turn: list[int], engine_kw: dict) -> dict[
     c.close()
     assert first_store == first_plain, (first_store, first_plain)
     return {
-        "store_s": store_s, "recompute_s": recompute_s,
-        "load_s": loads[0]["seconds"], "load_bytes": loads[0]["bytes"],
+        "store_s": store_s,
+        "recompute_s": recompute_s,
+        "load_s": loads[0]["seconds"],
+        "load_bytes": loads[0]["bytes"],
         "write_pages": sum(w["pages"] for w in writes),
         "write_bytes": sum(w["apparent"] for w in writes),
         "write_alloc": sum(w["allocated"] for w in writes),
-        "write_s": sum(w["seconds"] for w in writes), "files": files,
-    }  # fmt: skip
+        "write_s": sum(w["seconds"] for w in writes),
+        "files": files,
+    }
 
 
 def main() -> None:
@@ -98,13 +101,20 @@ def main() -> None:
     vocab = 49152 if args.model is None else 320
     history = [rng.randrange(3, vocab) for _ in range(args.history)]
     turn = history + [rng.randrange(3, vocab) for _ in range(args.question)]
-    kw = dict(model=args.model, kv_tokens=args.history + args.question + 512,
-              page_size=args.page_size, quant=args.quant, speculative="off")  # fmt: skip
+    kw = dict(
+        model=args.model,
+        kv_tokens=args.history + args.question + 512,
+        page_size=args.page_size,
+        quant=args.quant,
+        speculative="off",
+    )
     runs = [one_run(args, history, turn, kw) for _ in range(args.runs)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    print(f"history {args.history} tokens, question {args.question}, page size {args.page_size}, "
-          f"quant {args.quant or 'exact'}, runs {args.runs} (each: A computes and stops, the page "
-          "cache is dropped for the store, B resumes from the store, C recomputes)")  # fmt: skip
+    print(
+        f"history {args.history} tokens, question {args.question}, page size {args.page_size}, "
+        f"quant {args.quant or 'exact'}, runs {args.runs} (each: A computes and stops, the page "
+        "cache is dropped for the store, B resumes from the store, C recomputes)"
+    )
     print("| arm | TTFT of the next turn, median s | per run |")
     print("|---|---|---|")
     print(
@@ -118,11 +128,13 @@ def main() -> None:
         + " |"
     )
     print(f"ratio recompute / store: {med['recompute_s'] / med['store_s']:.1f}x")
-    print(f"B's load: {med['load_bytes'] / 1e6:.1f} MB in {med['load_s']:.3f} s "
-          f"({med['load_bytes'] / 1e6 / med['load_s']:.0f} MB/s); A's write at stop: "
-          f"{med['write_pages']:.0f} pages, {med['write_bytes'] / 1e6:.1f} MB "
-          f"({med['write_alloc'] / 1e6:.1f} MB allocated) in {med['write_s']:.3f} s; "
-          f"{med['files']:.0f} files dropped from the page cache")  # fmt: skip
+    print(
+        f"B's load: {med['load_bytes'] / 1e6:.1f} MB in {med['load_s']:.3f} s "
+        f"({med['load_bytes'] / 1e6 / med['load_s']:.0f} MB/s); A's write at stop: "
+        f"{med['write_pages']:.0f} pages, {med['write_bytes'] / 1e6:.1f} MB "
+        f"({med['write_alloc'] / 1e6:.1f} MB allocated) in {med['write_s']:.3f} s; "
+        f"{med['files']:.0f} files dropped from the page cache"
+    )
 
 
 if __name__ == "__main__":

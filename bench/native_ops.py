@@ -87,8 +87,10 @@ def attention(batches: list[int], quant: str | None) -> None:
     for batch in batches:
         calls = captured(batch, quant)
         q, kv, meta = calls[0][0], calls[0][3], calls[0][4]
-        line = [f"batch {batch}, context {max(meta.prefix_lens) + 1}, {str(q.dtype)[6:]} "
-                f"activations, {str(kv.k.dtype)[6:]} pool:"]  # fmt: skip
+        line = [
+            f"batch {batch}, context {max(meta.prefix_lens) + 1}, {str(q.dtype)[6:]} "
+            f"activations, {str(kv.k.dtype)[6:]} pool:"
+        ]
         for path in ("grouped", "native"):
             backend = TorchReferenceBackend(path)
             for cold in (False, True):

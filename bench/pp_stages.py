@@ -53,8 +53,7 @@ def _transfer(rank: int, port: int, hidden: int, vocab: int, rows: list[int], ou
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)  # fmt: skip
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     result = {}
     for n in rows:
         acts = [torch.randn(n, hidden), torch.randn(n, hidden)]
@@ -91,8 +90,9 @@ def transfer_costs(hidden: int, vocab: int, rows: list[int]) -> dict[int, tuple[
 
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_transfer, args=(r, port, hidden, vocab, rows, out))
-             for r in (0, 1)]  # fmt: skip
+    procs = [
+        ctx.Process(target=_transfer, args=(r, port, hidden, vocab, rows, out)) for r in (0, 1)
+    ]
     for p in procs:
         p.start()
     result = out.get(timeout=600)
@@ -150,24 +150,32 @@ def main() -> None:
         for load in loads:
             name = load["name"] + "_tokens"
             assert row[name] == rows[0][name], f"pp {row['pp']}: other tokens than pp 1"
-    print(f"float32, speculation off, median of {r}; one stream: {p} prompt + {n} new tokens; "
-          f"{s} streams: the same; prefill: {s} x {args.prefill} tokens, 1 new")  # fmt: skip
-    print(f"{'pp':>3} {'1 stream ms/tok':>16} {'+ms/boundary':>13} {'out tok/s':>10} "
-          f"{'ratio':>6} {'prefill tok/s':>14} {'ratio':>6}")  # fmt: skip
+    print(
+        f"float32, speculation off, median of {r}; one stream: {p} prompt + {n} new tokens; "
+        f"{s} streams: the same; prefill: {s} x {args.prefill} tokens, 1 new"
+    )
+    print(
+        f"{'pp':>3} {'1 stream ms/tok':>16} {'+ms/boundary':>13} {'out tok/s':>10} "
+        f"{'ratio':>6} {'prefill tok/s':>14} {'ratio':>6}"
+    )
     base = rows[0]
     for row in rows:
         per_tok = 1e3 * row["one"] / n
         cross = (per_tok - 1e3 * base["one"] / n) / (row["pp"] - 1) if row["pp"] > 1 else 0.0
         out_s, pre_s = s * n / row["many"], s * args.prefill / row["prefill"]
-        print(f"{row['pp']:>3} {per_tok:>16.2f} {cross:>13.2f} {out_s:>10.1f} "
-              f"{out_s / (s * n / base['many']):>6.2f} {pre_s:>14.1f} "
-              f"{pre_s / (s * args.prefill / base['prefill']):>6.2f}")  # fmt: skip
+        print(
+            f"{row['pp']:>3} {per_tok:>16.2f} {cross:>13.2f} {out_s:>10.1f} "
+            f"{out_s / (s * n / base['many']):>6.2f} {pre_s:>14.1f} "
+            f"{pre_s / (s * args.prefill / base['prefill']):>6.2f}"
+        )
     print("tokens: identical to pp 1 in every load (asserted)")
     costs = transfer_costs(cfg.hidden_size, vocab, [1, s])
     print(f"transfer alone (gloo, loopback, float32; hidden {cfg.hidden_size}, vocab {vocab}):")
     for n, (one_way, cast) in costs.items():
-        print(f"  {n:>3} rows: activations one way {1e6 * one_way:8.0f} us, "
-              f"logits broadcast {1e6 * cast:8.0f} us")  # fmt: skip
+        print(
+            f"  {n:>3} rows: activations one way {1e6 * one_way:8.0f} us, "
+            f"logits broadcast {1e6 * cast:8.0f} us"
+        )
 
 
 if __name__ == "__main__":

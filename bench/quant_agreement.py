@@ -27,8 +27,10 @@ def main() -> None:
     for mode in args.modes.split(","):
         fast = LLM(kv_tokens=16384, receipts=False, quant=mode)
         a = greedy_agreement(exact, fast, prompts, args.tokens)
-        print(f"{mode}: {a.equal}/{a.positions} positions agree = {a.share:.1%}; "
-              f"common prefixes {a.common_prefix}")  # fmt: skip
+        print(
+            f"{mode}: {a.equal}/{a.positions} positions agree = {a.share:.1%}; "
+            f"common prefixes {a.common_prefix}"
+        )
         fast.close()
 
 

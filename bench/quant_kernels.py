@@ -66,8 +66,10 @@ def main() -> None:
         f"one {args.out_features}x{args.in_features} product, us per call (median of {args.runs})"
     )
     v = "" if ints else " (no VNNI here: int8v is int8, int4v int4)"
-    print(f"{'rows':>5} {'fp32':>8} {'bf16':>8} {'int8':>8} {'int4':>8} {'int8v':>8} {'int4v':>8}"
-          f"   best / fp32   int8 / int8v, int4 / int4v{v}")  # fmt: skip
+    print(
+        f"{'rows':>5} {'fp32':>8} {'bf16':>8} {'int8':>8} {'int4':>8} {'int8v':>8} {'int4v':>8}"
+        f"   best / fp32   int8 / int8v, int4 / int4v{v}"
+    )
     for rows in (int(r) for r in args.rows.split(",")):
         x = torch.randn(rows, args.in_features)
         xb = x.bfloat16()

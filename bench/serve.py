@@ -51,8 +51,14 @@ class Sample:
 
 
 async def one(client: httpx.AsyncClient, prompt: list[int], out_len: int) -> Sample:
-    body = {"prompt": prompt, "max_tokens": out_len, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "prompt": prompt,
+        "max_tokens": out_len,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     s, last = Sample(ttft=float("nan")), None
     async for now, chunk in chunks(client, "/v1/completions", body):
@@ -116,9 +122,16 @@ def mixed_run(base: str, args, streams, longs, r: int) -> dict[str, float]:
     s, lg = asyncio.run(mixed_load(base, args, fresh[: len(streams)], fresh[len(streams) :]))
     itl = [x * 1e3 for smp in s for x in smp.itl]
     p50, p90, p99 = (pct(itl, q) for q in (50, 90, 99))
-    return {"p50": p50, "p90": p90, "p99": p99, "ratio": p99 / p50, "max": max(itl),
-            "ttft": statistics.median(x.ttft for x in lg), "ttft_max": max(x.ttft for x in lg),
-            "tok_s": sum(x.tokens for x in s) / max(x.e2e for x in s)}  # fmt: skip
+    return {
+        "p50": p50,
+        "p90": p90,
+        "p99": p99,
+        "ratio": p99 / p50,
+        "max": max(itl),
+        "ttft": statistics.median(x.ttft for x in lg),
+        "ttft_max": max(x.ttft for x in lg),
+        "tok_s": sum(x.tokens for x in s) / max(x.e2e for x in s),
+    }
 
 
 def mixed(args) -> None:
@@ -131,10 +144,13 @@ def mixed(args) -> None:
         steps.insert(0, 0)  # the baseline is always in the run
     lo, hi = (int(x) for x in args.long_len.split(","))
     rng = random.Random(0)
-    streams = [[rng.randrange(100, 29000) for _ in range(args.prompt_len)]
-               for _ in range(args.streams)]  # fmt: skip
-    longs = [[rng.randrange(100, 29000) for _ in range(rng.randint(lo, hi))]
-             for _ in range(args.long_count)]  # fmt: skip
+    streams = [
+        [rng.randrange(100, 29000) for _ in range(args.prompt_len)] for _ in range(args.streams)
+    ]
+    longs = [
+        [rng.randrange(100, 29000) for _ in range(rng.randint(lo, hi))]
+        for _ in range(args.long_count)
+    ]
     Path("logs").mkdir(exist_ok=True)
     load_before = os.getloadavg()[0]
     servers: dict[int, ServerProc] = {}
@@ -142,37 +158,57 @@ def mixed(args) -> None:
     try:
         for step in steps:
             servers[step] = ServerProc(
-                Path("logs") / f"bench-serve-mixed-{step}.jsonl", "--kv-tokens",
-                str(args.kv_tokens), "--max-running", str(args.max_running), "--chunk-tokens",
-                str(args.chunk_tokens), "--step-tokens", str(step),
-                "--iteration-receipt-interval", "0", "--speculative", "off",
-            )  # fmt: skip
+                Path("logs") / f"bench-serve-mixed-{step}.jsonl",
+                "--kv-tokens",
+                str(args.kv_tokens),
+                "--max-running",
+                str(args.max_running),
+                "--chunk-tokens",
+                str(args.chunk_tokens),
+                "--step-tokens",
+                str(step),
+                "--iteration-receipt-interval",
+                "0",
+                "--speculative",
+                "off",
+            )
             asyncio.run(level(servers[step].base, 1, 1, [longs[0][:64]], 4, None))  # warm-up
         for r in range(args.runs):
             for step in steps[r % len(steps) :] + steps[: r % len(steps)]:
                 rows[step].append(mixed_run(servers[step].base, args, streams, longs, r))
-                print(f"  run {r + 1} step_tokens {step or 'off'}: " + ", ".join(
-                    f"{k} {v:.3g}" for k, v in rows[step][-1].items()), file=sys.stderr,
-                    flush=True)  # fmt: skip
+                print(
+                    f"  run {r + 1} step_tokens {step or 'off'}: "
+                    + ", ".join(f"{k} {v:.3g}" for k, v in rows[step][-1].items()),
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         for srv in servers.values():
             srv.stop()
     print(describe())
-    print(f"load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f}; "
-          f"{args.streams} streams x {args.prompt_len}-token prompts, {args.output_len} tokens "
-          f"each; {args.long_count} long prompts of {[len(x) for x in longs]} tokens (8 new "
-          f"tokens each), one every {args.long_every} s from 1 s; chunk_tokens "
-          f"{args.chunk_tokens}; median of {args.runs} runs per arm; float32, greedy")  # fmt: skip
-    print("| step_tokens | ITL p50 ms | p90 ms | p99 ms | p99/p50 | max ms | long TTFT s "
-          "p50/max | stream tok/s | p50, p99 vs off |")  # fmt: skip
+    print(
+        f"load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f}; "
+        f"{args.streams} streams x {args.prompt_len}-token prompts, {args.output_len} tokens "
+        f"each; {args.long_count} long prompts of {[len(x) for x in longs]} tokens (8 new "
+        f"tokens each), one every {args.long_every} s from 1 s; chunk_tokens "
+        f"{args.chunk_tokens}; median of {args.runs} runs per arm; float32, greedy"
+    )
+    print(
+        "| step_tokens | ITL p50 ms | p90 ms | p99 ms | p99/p50 | max ms | long TTFT s "
+        "p50/max | stream tok/s | p50, p99 vs off |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
-    med = {step: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-           for step, runs in rows.items()}  # fmt: skip
+    med = {
+        step: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        for step, runs in rows.items()
+    }
     for step, m in med.items():
         name = f"off (before: chunk {args.chunk_tokens})" if step == 0 else str(step)
-        print(f"| {name} | {m['p50']:.1f} | {m['p90']:.1f} | {m['p99']:.1f} | {m['ratio']:.2f} "
-              f"| {m['max']:.0f} | {m['ttft']:.2f}/{m['ttft_max']:.2f} | {m['tok_s']:.1f} | "
-              f"{m['p50'] / med[0]['p50']:.2f}x, {m['p99'] / med[0]['p99']:.2f}x |")  # fmt: skip
+        print(
+            f"| {name} | {m['p50']:.1f} | {m['p90']:.1f} | {m['p99']:.1f} | {m['ratio']:.2f} "
+            f"| {m['max']:.0f} | {m['ttft']:.2f}/{m['ttft_max']:.2f} | {m['tok_s']:.1f} | "
+            f"{m['p50'] / med[0]['p50']:.2f}x, {m['p99'] / med[0]['p99']:.2f}x |"
+        )
 
 
 def main() -> None:
@@ -208,9 +244,17 @@ def main() -> None:
 
         log = Path("logs") / "bench-serve.jsonl"
         log.parent.mkdir(exist_ok=True)
-        srv = ServerProc(log, "--kv-tokens", str(args.kv_tokens),
-                         "--max-running", str(args.max_running), "--iteration-receipt-interval", "0",
-                         "--speculative", "off")  # fmt: skip
+        srv = ServerProc(
+            log,
+            "--kv-tokens",
+            str(args.kv_tokens),
+            "--max-running",
+            str(args.max_running),
+            "--iteration-receipt-interval",
+            "0",
+            "--speculative",
+            "off",
+        )
         base = srv.base
     try:
         served = httpx.get(base + "/v1/models").json()["data"][0]
@@ -230,10 +274,14 @@ def main() -> None:
     finally:
         if srv is not None:
             srv.stop()
-    print(f"model {served['id']}; prompt {args.prompt_len} tokens, output {args.output_len} "
-          f"tokens; rate {args.rate or 'unbounded'}; streaming /v1/completions")  # fmt: skip
-    head = (f"{'conc':>4} {'reqs':>4} {'out tok/s':>9} {'req/s':>6} {'ratio':>6} | "
-            f"{'TTFT ms p50/p90/p99':>22} | {'ITL ms p50/p90/p99':>20} | {'E2E s p50/p90/p99':>18}")  # fmt: skip
+    print(
+        f"model {served['id']}; prompt {args.prompt_len} tokens, output {args.output_len} "
+        f"tokens; rate {args.rate or 'unbounded'}; streaming /v1/completions"
+    )
+    head = (
+        f"{'conc':>4} {'reqs':>4} {'out tok/s':>9} {'req/s':>6} {'ratio':>6} | "
+        f"{'TTFT ms p50/p90/p99':>22} | {'ITL ms p50/p90/p99':>20} | {'E2E s p50/p90/p99':>18}"
+    )
     print(head)
     base_tps = rows[0][3]
     for conc, n, _wall, tps, rps, ttft, itl, e2e in rows:
@@ -241,8 +289,10 @@ def main() -> None:
         def trio(xs, f):
             return "/".join(format(pct(xs, q), f) for q in (50, 90, 99))
 
-        print(f"{conc:>4} {n:>4} {tps:>9.1f} {rps:>6.2f} {tps / base_tps:>6.2f} | "
-              f"{trio(ttft, '.0f'):>22} | {trio(itl, '.1f'):>20} | {trio(e2e, '.2f'):>18}")  # fmt: skip
+        print(
+            f"{conc:>4} {n:>4} {tps:>9.1f} {rps:>6.2f} {tps / base_tps:>6.2f} | "
+            f"{trio(ttft, '.0f'):>22} | {trio(itl, '.1f'):>20} | {trio(e2e, '.2f'):>18}"
+        )
     print(f"ratio: output throughput over concurrency {rows[0][0]}, same run")
 
 

@@ -42,16 +42,24 @@ def tokenizer_folder(model: str, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tok.backend.save(str(out / "tokenizer.json"))
     name = lambda tid: tok.token_text(tid) if tid is not None else None  # noqa: E731
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": name(tok.bos_id),
-        "eos_token": name(tok.eos_id), "model_max_length": 1 << 20}))  # fmt: skip
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": name(tok.bos_id),
+                "eos_token": name(tok.eos_id),
+                "model_max_length": 1 << 20,
+            }
+        )
+    )
     return out
 
 
 def load(guidellm: Path, base: str, args, c: int, tok: Path, out: Path, server: str):
     report = out / f"{server}-{c}.json"
-    cmd = guidellm_command(guidellm, base, c, args.requests * c, args.prompt_tokens,
-                           args.output_tokens, tok, report)  # fmt: skip
+    cmd = guidellm_command(
+        guidellm, base, c, args.requests * c, args.prompt_tokens, args.output_tokens, tok, report
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(out / "hf-home")}
     with open(out / f"{server}-{c}.guidellm.txt", "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -90,14 +98,25 @@ def main() -> None:
     levels = []
     load_before = os.getloadavg()[0]
     for c in levels_c:  # one server at a time, never both
-        peer = llama_server.LlamaServer(exe, model, free_port(), c, ctx, args.threads,
-                                        out / f"llama-server-{c}.log")  # fmt: skip
+        peer = llama_server.LlamaServer(
+            exe, model, free_port(), c, ctx, args.threads, out / f"llama-server-{c}.log"
+        )
         try:
             levels.append(load(guidellm, peer.base, args, c, tok, out, "llama.cpp"))
         finally:
             peer.stop()
-        flags = ["--model", model, "--threads", str(args.threads), "--max-running",
-                 str(max(c, 8)), "--kv-tokens", str(max(c, 8) * ctx), "--speculative", "off"]  # fmt: skip
+        flags = [
+            "--model",
+            model,
+            "--threads",
+            str(args.threads),
+            "--max-running",
+            str(max(c, 8)),
+            "--kv-tokens",
+            str(max(c, 8) * ctx),
+            "--speculative",
+            "off",
+        ]
         if args.quant != "exact":
             flags += ["--quant", args.quant]
         srv = ServerProc(out / f"attest-{c}.jsonl", *flags)
@@ -106,10 +125,12 @@ def main() -> None:
         finally:
             srv.stop()
     print(f"\ncpu: {describe()}")
-    print(f"load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f}; model "
-          f"{Path(model).name}; attest --quant {args.quant}; threads {args.threads}; prompt "
-          f"{args.prompt_tokens}, output {args.output_tokens} tokens; {args.requests} requests "
-          "per stream")  # fmt: skip
+    print(
+        f"load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f}; model "
+        f"{Path(model).name}; attest --quant {args.quant}; threads {args.threads}; prompt "
+        f"{args.prompt_tokens}, output {args.output_tokens} tokens; {args.requests} requests "
+        "per stream"
+    )
     print(table(levels, "attest", "llama.cpp"))
 
 

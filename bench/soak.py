@@ -44,8 +44,10 @@ from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 from audit.report_data import percentile  # noqa: E402
 from tests.e2e.server_proc import ServerProc  # noqa: E402
 
-WORDS = ("memory page cache request token admit park evict retract queue budget floor ledger "
-         "receipt window verdict scheduler prefix decode stream engine pool host device").split()  # fmt: skip
+WORDS = (
+    "memory page cache request token admit park evict retract queue budget floor ledger "
+    "receipt window verdict scheduler prefix decode stream engine pool host device"
+).split()
 # The windows whose claims hold under any load: no FAIL is allowed from them. relief_ladder's
 # claims are about its own recipe (a share of engagements paid without a park, and a control
 # run); ten times past the pool, parking is the designed outcome, so its verdict is reported,
@@ -124,8 +126,13 @@ async def _good(client: httpx.AsyncClient, rng: random.Random, t: Tally, cfg: So
     drop = rng.random() < cfg.disconnect / (1 - cfg.malformed)
     stream = drop or rng.random() < 0.5
     text, max_tokens = _prompt(rng, cfg.prompt_words), rng.randrange(8, 48)
-    body: dict = {"max_tokens": max_tokens, "n": n, "stream": stream, "temperature": 0.7,
-                  "seed": rng.randrange(1 << 30)}  # fmt: skip
+    body: dict = {
+        "max_tokens": max_tokens,
+        "n": n,
+        "stream": stream,
+        "temperature": 0.7,
+        "seed": rng.randrange(1 << 30),
+    }
     if rng.random() < 0.3:
         body["stop"] = [".", "\n\n"]
     if chat:
@@ -290,24 +297,37 @@ def judge(cfg: SoakConfig, log: Path, t: Tally, rss: list, idle: dict, code: int
         problems.append(f"audit verdict exited {verdict.returncode}: {verdict.stdout[-800:]}")
     _, ladder = _verdict(log, ("relief_ladder",))
     return {
-        "config": asdict(cfg), "sent": t.sent, "status": dict(t.status), "served": t.served,
-        "disconnected": t.disconnected, "malformed_4xx": t.malformed_4xx,
-        "received": len(received), "abort_reasons": dict(reasons),
+        "config": asdict(cfg),
+        "sent": t.sent,
+        "status": dict(t.status),
+        "served": t.served,
+        "disconnected": t.disconnected,
+        "malformed_4xx": t.malformed_4xx,
+        "received": len(received),
+        "abort_reasons": dict(reasons),
         "oversubscription": round(peak / cfg.kv_tokens, 1),
-        "latency_s": {q: percentile(t.latencies, n) or float("nan") for q, n in (("p50", 50), ("p99", 99))},
-        "rss_mb": rss, "rss_growth_mb": round(growth, 1), "idle": idle,
-        "audit": {"exit_code": verdict.returncode, "verdict": report.get("verdict"),
-                  "relief_ladder": ladder.get("verdict")},
+        "latency_s": {
+            q: percentile(t.latencies, n) or float("nan") for q, n in (("p50", 50), ("p99", 99))
+        },
+        "rss_mb": rss,
+        "rss_growth_mb": round(growth, 1),
+        "idle": idle,
+        "audit": {
+            "exit_code": verdict.returncode,
+            "verdict": report.get("verdict"),
+            "relief_ladder": ladder.get("verdict"),
+        },
         "problems": problems,
-    }  # fmt: skip
+    }
 
 
 def _verdict(log: Path, windows: tuple[str, ...]) -> tuple[subprocess.CompletedProcess, dict]:
     specs = [a for w in windows for a in ("--spec", w)]
     done = subprocess.run(
         [sys.executable, "-m", "cli.audit_app", "verdict", str(log), *specs, "--json"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     return done, orjson.loads(done.stdout) if done.stdout.startswith("{") else {}
 
 
@@ -320,25 +340,40 @@ def main() -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--json", default=None, help="also write the result here")
     a = ap.parse_args()
-    cfg = SoakConfig(duration_s=a.minutes * 60, concurrency=a.concurrency,
-                     kv_tokens=a.kv_tokens, max_running=a.max_running, model=a.model)  # fmt: skip
+    cfg = SoakConfig(
+        duration_s=a.minutes * 60,
+        concurrency=a.concurrency,
+        kv_tokens=a.kv_tokens,
+        max_running=a.max_running,
+        model=a.model,
+    )
     log = Path("logs") / f"soak-{time.strftime('%Y%m%dT%H%M%S')}.jsonl"
     log.parent.mkdir(exist_ok=True)
     print(describe(), flush=True)
     res = run_soak(cfg, log)
     lat = res["latency_s"]
-    print(f"{a.minutes:g} min at concurrency {a.concurrency}, pool {a.kv_tokens} tokens: "
-          f"oversubscription {res['oversubscription']}x (tokens asked at once / pool)")  # fmt: skip
-    print(f"sent {res['sent']}, served {res['served']}, dropped by the client "
-          f"{res['disconnected']}, malformed answered 4xx {res['malformed_4xx']}; "
-          f"statuses {res['status']}; aborts by reason {res['abort_reasons']}")  # fmt: skip
+    print(
+        f"{a.minutes:g} min at concurrency {a.concurrency}, pool {a.kv_tokens} tokens: "
+        f"oversubscription {res['oversubscription']}x (tokens asked at once / pool)"
+    )
+    print(
+        f"sent {res['sent']}, served {res['served']}, dropped by the client "
+        f"{res['disconnected']}, malformed answered 4xx {res['malformed_4xx']}; "
+        f"statuses {res['status']}; aborts by reason {res['abort_reasons']}"
+    )
     print(f"latency p50 {lat['p50']:.2f} s, p99 {lat['p99']:.2f} s (served requests, end to end)")
-    curve = ", ".join(f"{s:.0f}s {mb:.0f}" for s, mb in res["rss_mb"][:: max(1, len(res["rss_mb"]) // 12)])  # fmt: skip
-    print(f"scheduler RSS MB: {curve}; growth after the first fifth {res['rss_growth_mb']} MB "
-          f"(ratio {res['rss_mb'][-1][1] / res['rss_mb'][0][1]:.3f} to the start)")  # fmt: skip
+    curve = ", ".join(
+        f"{s:.0f}s {mb:.0f}" for s, mb in res["rss_mb"][:: max(1, len(res["rss_mb"]) // 12)]
+    )
+    print(
+        f"scheduler RSS MB: {curve}; growth after the first fifth {res['rss_growth_mb']} MB "
+        f"(ratio {res['rss_mb'][-1][1] / res['rss_mb'][0][1]:.3f} to the start)"
+    )
     aud = res["audit"]
-    print(f"audit verdict ({', '.join(SOAK_WINDOWS)}): {aud['verdict']} (exit {aud['exit_code']});"
-          f" relief_ladder: {aud['relief_ladder']}; log {log}")  # fmt: skip
+    print(
+        f"audit verdict ({', '.join(SOAK_WINDOWS)}): {aud['verdict']} (exit {aud['exit_code']});"
+        f" relief_ladder: {aud['relief_ladder']}; log {log}"
+    )
     if a.json:
         Path(a.json).write_bytes(
             orjson.dumps(res, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)

@@ -134,15 +134,19 @@ def cost_table(model, args, kw) -> None:
     drafted = LLM(model, speculative="ngram", spec_tokens=args.spec_tokens, **kw)
     drafted.core.scheduler.spec.proposer = Wrong(drafted.core.model_config.vocab_size)
     base = workloads(plain)["story"][0]
-    print(f"\ncost of {args.spec_tokens} refused drafts per step (decode tok/s, median of "
-          f"{args.runs}; share of a step per drafted position):")  # fmt: skip
+    print(
+        f"\ncost of {args.spec_tokens} refused drafts per step (decode tok/s, median of "
+        f"{args.runs}; share of a step per drafted position):"
+    )
     for batch in (1, 4, 8, 16):
         prompts = [[1000 + i, *base] for i in range(batch)]
         arms = {"plain": plain, "drafted": drafted}
         rates, _ = compare(arms, prompts, 48, args.runs, exact=False, turns=False)
         share = (rates["plain"] / rates["drafted"] - 1) / args.spec_tokens
-        print(f"  batch {batch:>2}: plain {rates['plain']:7.2f}  drafted {rates['drafted']:7.2f}"
-              f"  per-position cost {share:.3f}")  # fmt: skip
+        print(
+            f"  batch {batch:>2}: plain {rates['plain']:7.2f}  drafted {rates['drafted']:7.2f}"
+            f"  per-position cost {share:.3f}"
+        )
 
 
 def llamacpp_rows(args, loads: dict[str, list[list[int]]]) -> dict[str, tuple[float, float]]:
@@ -167,8 +171,10 @@ def llamacpp_rows(args, loads: dict[str, list[list[int]]]) -> dict[str, tuple[fl
                     tokens[draft] = [t for _, t in runs]
             same = agreement(tokens[0], tokens[args.llamacpp_draft])
             plain, drafted = (statistics.median(v) for v in got.values())
-            print(f"  {name:<14} llama.cpp {plain:7.2f}  prompt lookup {drafted:7.2f}  "
-                  f"x{drafted / plain:.3f}  (same tokens {same:.0%})")  # fmt: skip
+            print(
+                f"  {name:<14} llama.cpp {plain:7.2f}  prompt lookup {drafted:7.2f}  "
+                f"x{drafted / plain:.3f}  (same tokens {same:.0%})"
+            )
             out[name] = plain, drafted
     return out
 
@@ -214,9 +220,11 @@ def main() -> None:
         line = f"  {name:<14} plain {r['plain']:7.2f}"
         for arm, b in before.items():
             a = engines[arm].core.scheduler.snapshot().spec
-            line += (f"  {arm} {r[arm]:7.2f} x{r[arm] / r['plain']:.3f} "
-                     f"({a.accepted_tokens - b.accepted_tokens}/{a.draft_tokens - b.draft_tokens}"
-                     f"; {same[arm]:.0%})")  # fmt: skip
+            line += (
+                f"  {arm} {r[arm]:7.2f} x{r[arm] / r['plain']:.3f} "
+                f"({a.accepted_tokens - b.accepted_tokens}/{a.draft_tokens - b.draft_tokens}"
+                f"; {same[arm]:.0%})"
+            )
         if name in theirs:
             best = max(r[a] for a in before)
             line += f"  | best / llama.cpp prompt lookup x{best / theirs[name][1]:.3f}"

@@ -29,11 +29,16 @@ import orjson
 from engine.request.guide import json_schema_guide
 from measure.method import Prompts, attest_generate, decode_rate, describe_cpu
 
-ITEM = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 12},
-    "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    "tag": {"enum": ["alpha", "beta", "gamma"]}},
-    "required": ["name", "age", "tag"], "additionalProperties": False}  # fmt: skip
+ITEM = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tag": {"enum": ["alpha", "beta", "gamma"]},
+    },
+    "required": ["name", "age", "tag"],
+    "additionalProperties": False,
+}
 
 
 def schema(description: str = "people") -> dict:
@@ -56,8 +61,12 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--first-tokens", type=int, default=8,
-                    help="first tokens timed per run for the cached schema and unconstrained")  # fmt: skip
+    ap.add_argument(
+        "--first-tokens",
+        type=int,
+        default=8,
+        help="first tokens timed per run for the cached schema and unconstrained",
+    )
     ap.add_argument("--model", default=None, help="default: the default model")
     args = ap.parse_args()
     from engine import LLM
@@ -96,8 +105,10 @@ def main() -> None:
     med = {a: statistics.median(v) for a, v in rates.items()}
     first = {a: statistics.median(v) for a, v in ttft.items()}
     print(f"\ncpu: {describe_cpu()}")
-    print(f"load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f}, runs: "
-          f"{args.runs}; schema: {len(orjson.dumps(schema()))} bytes")  # fmt: skip
+    print(
+        f"load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f}, runs: "
+        f"{args.runs}; schema: {len(orjson.dumps(schema()))} bytes"
+    )
     print(f"decode tok/s, {n} streams, {args.new_tokens} new tokens (median):")
     for a, v in med.items():
         print(f"  {a:>14}: {v:8.1f}   runs: {', '.join(f'{x:.1f}' for x in rates[a])}")

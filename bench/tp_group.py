@@ -67,8 +67,14 @@ def arm(model: str | None, tp: int, args: argparse.Namespace, rng: random.Random
         assert all(f["cached"] == 0 for f in fins), "a prefix-cache hit"
     llm.close()
     med = statistics.median(seconds)
-    return {"tp": tp, "s": med, "tok_s": args.streams * args.new_tokens / med,
-            "floor_us": floor.us(), "digest_us": digest.us(), "iters": floor.calls}  # fmt: skip
+    return {
+        "tp": tp,
+        "s": med,
+        "tok_s": args.streams * args.new_tokens / med,
+        "floor_us": floor.us(),
+        "digest_us": digest.us(),
+        "iters": floor.calls,
+    }
 
 
 def main() -> None:
@@ -83,14 +89,18 @@ def main() -> None:
     args = ap.parse_args()
     print(describe())
     rows = [arm(args.model, tp, args, random.Random(tp)) for tp in (1, args.tp)]
-    print(f"{args.streams} streams x {args.prompt_len} prompt tokens, {args.new_tokens} new, "
-          f"float32, median of {args.runs}, digest check every {args.check}")  # fmt: skip
+    print(
+        f"{args.streams} streams x {args.prompt_len} prompt tokens, {args.new_tokens} new, "
+        f"float32, median of {args.runs}, digest check every {args.check}"
+    )
     print(
         f"{'tp':>3} {'median s':>9} {'out tok/s':>10} {'floor us/iter':>14} {'digest us/iter':>15}"
     )
     for r in rows:
-        print(f"{r['tp']:>3} {r['s']:>9.2f} {r['tok_s']:>10.1f} {r['floor_us']:>14.0f} "
-              f"{r['digest_us']:>15.0f}")  # fmt: skip
+        print(
+            f"{r['tp']:>3} {r['s']:>9.2f} {r['tok_s']:>10.1f} {r['floor_us']:>14.0f} "
+            f"{r['digest_us']:>15.0f}"
+        )
     print(f"tp {args.tp} / tp 1 throughput: {rows[1]['tok_s'] / rows[0]['tok_s']:.2f}x")
 
 

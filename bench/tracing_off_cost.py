@@ -35,8 +35,10 @@ def main() -> None:
     calls, seconds = sum(v[1] for v in mine), sum(v[2] for v in mine)
     sdk = any(m.startswith("opentelemetry") for m in sys.modules)
     print(f"cpu: {describe()}")
-    print(f"tracing off: {calls} calls into engine/observability/tracing.py, {seconds * 1e6:.1f} us of their "
-          f"own time in a {wall:.2f} s batch (under cProfile); OpenTelemetry imported: {sdk}")  # fmt: skip
+    print(
+        f"tracing off: {calls} calls into engine/observability/tracing.py, {seconds * 1e6:.1f} us of their "
+        f"own time in a {wall:.2f} s batch (under cProfile); OpenTelemetry imported: {sdk}"
+    )
     llm.close()
 
 

@@ -90,7 +90,7 @@ def verdict(
         "--spec",
         help="a shipped window's name or a spec path (repeatable); "
         "default: every shipped window whose regime applies",
-    ),  # fmt: skip
+    ),
     control: str = typer.Option(None, "--control", help="a control log for `control` claims"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
     junit: str = typer.Option(None, "--junit", help="also write a JUnit XML report here"),

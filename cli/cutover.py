@@ -60,8 +60,15 @@ def cutover(
         )
         raise typer.Exit(64)
     else:
-        body = {"kind": kind, "mode": mode, "path": path, "kv_tokens": kv_tokens,
-                "promises": "cap" if cap_promises else "refuse", "tp": tp, "pp": pp}  # fmt: skip
+        body = {
+            "kind": kind,
+            "mode": mode,
+            "path": path,
+            "kv_tokens": kv_tokens,
+            "promises": "cap" if cap_promises else "refuse",
+            "tp": tp,
+            "pp": pp,
+        }
         req = post_json(base, body)
     authorize(req, api_key)
     send(req, url, timeout, "cutover", "cutover")

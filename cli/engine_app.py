@@ -87,13 +87,24 @@ def generate(
 
     try:
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            min_p=min_p, seed=seed, stop=stop or None,
-        )  # fmt: skip
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            seed=seed,
+            stop=stop or None,
+        )
         llm = LLM(
-            model=model, dtype=dtype, quant=quant, kv_tokens=_kv(kv_tokens), max_running=1,
-            attention_backend=attention_backend, device=device, tp=tp,
-        )  # fmt: skip
+            model=model,
+            dtype=dtype,
+            quant=quant,
+            kv_tokens=_kv(kv_tokens),
+            max_running=1,
+            attention_backend=attention_backend,
+            device=device,
+            tp=tp,
+        )
         tok = llm.tokenizer
         ids = tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
         for delta in llm.stream(ids, params):
@@ -148,10 +159,15 @@ def _serve(o: dict[str, Any]) -> int:
 
     try:
         return run_server(
-            config_of(o), o["host"], o["port"], o["served_model_name"], o["api_key"],
-            pid_file=o["pid_file"], drain_timeout=o["drain_timeout"],
+            config_of(o),
+            o["host"],
+            o["port"],
+            o["served_model_name"],
+            o["api_key"],
+            pid_file=o["pid_file"],
+            drain_timeout=o["drain_timeout"],
             stall_timeout=o["stall_timeout"],
-        )  # fmt: skip
+        )
     except (BootRefused, BootFailed) as e:  # the code a failed boot's log names, too
         _fail(str(e), e.code)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
@@ -185,10 +201,19 @@ def bench(
     --table: Attest's arms vs transformers vs llama.cpp (decode, end-to-end, prefill tok/s)."""
     if table or install_llamacpp:
         return bench_table(
-            table=table, install_llamacpp=install_llamacpp, streams=streams, engines=engines,
-            attest=attest, prefill=prefill, prompt_len=prompt_len, output_len=output_len,
-            runs=runs, model=model, llamacpp_env=llamacpp_env, tp=tp,
-        )  # fmt: skip
+            table=table,
+            install_llamacpp=install_llamacpp,
+            streams=streams,
+            engines=engines,
+            attest=attest,
+            prefill=prefill,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            runs=runs,
+            model=model,
+            llamacpp_env=llamacpp_env,
+            tp=tp,
+        )
     from measure import run_offline
 
     res = run_offline(

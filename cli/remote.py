@@ -22,9 +22,11 @@ RemoteKeyOpt = Annotated[
 
 def post_json(url: str, body: dict) -> urllib.request.Request:
     return urllib.request.Request(
-        url, data=json.dumps(body).encode(), method="POST",
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
         headers={"content-type": "application/json"},
-    )  # fmt: skip
+    )
 
 
 def authorize(req: urllib.request.Request, api_key: str | None) -> None:

@@ -76,14 +76,26 @@ def _term_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def boot_and_load(args: list[str], shape: LoadShape, log: Path, progress: Progress,
-                  label: str, boot: int = 0) -> Boot:  # fmt: skip
+def boot_and_load(
+    args: list[str], shape: LoadShape, log: Path, progress: Progress, label: str, boot: int = 0
+) -> Boot:
     """One boot: `engine serve` on a free loopback port with ``args``, the load, SIGTERM.
     ``boot``: its place in a sequence of boots (agent lanes do one thing in the first, another
     after)."""
     port, out = free_port(), log.with_suffix(".out")
-    cmd = [sys.executable, "-m", "cli.engine_app", "serve", "--host", "127.0.0.1",
-           "--port", str(port), "--log-file", str(log), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "cli.engine_app",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-file",
+        str(log),
+        *args,
+    ]
     task = progress.add_task(f"{label}: booting", total=None)
     with out.open("wb") as sink:
         proc = subprocess.Popen(
@@ -123,8 +135,7 @@ def load_shape(recipe: Recipe) -> LoadShape:
     return LoadShape(**d)
 
 
-def run_window(name: str, control: bool, extra: list[str], out_dir: Path,
-               console: Console) -> int:  # fmt: skip
+def run_window(name: str, control: bool, extra: list[str], out_dir: Path, console: Console) -> int:
     spec = resolve(name)
     recipe = spec.regime.recipe
     if recipe is None:
@@ -136,10 +147,15 @@ def run_window(name: str, control: bool, extra: list[str], out_dir: Path,
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     shape = load_shape(recipe)
     boots: list[Boot] = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
-    arms = [(f"boot {i + 1}" if recipe.boots > 1 else "window", False, i)
-            for i in range(recipe.boots)]  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    arms = [
+        (f"boot {i + 1}" if recipe.boots > 1 else "window", False, i) for i in range(recipe.boots)
+    ]
     arms += [("control", True, 0)] if control else []
     store = ["--kv-store-dir", str(out_dir / f"{spec.name}-{stamp}-store")] if recipe.store else []
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
@@ -155,9 +171,13 @@ def run_window(name: str, control: bool, extra: list[str], out_dir: Path,
     labels = [label for label, _, _ in arms]
     for label, b in zip(labels, boots, strict=True):
         r = b.load
-        console.print(f"{label}: {b.log} (server output {b.out}; exit {b.exit_code}); "
-                      f"{r.sent} requests in {r.seconds:.1f} s, answers {dict(r.status)}, "
-                      f"{r.tokens} tokens", markup=False, highlight=False)  # fmt: skip
+        console.print(
+            f"{label}: {b.log} (server output {b.out}; exit {b.exit_code}); "
+            f"{r.sent} requests in {r.seconds:.1f} s, answers {dict(r.status)}, "
+            f"{r.tokens} tokens",
+            markup=False,
+            highlight=False,
+        )
         for f in r.failures:
             console.print(f"  not served: {f}", markup=False, highlight=False)
     return report.status.exit_code

@@ -49,8 +49,12 @@ def cpu_flags() -> frozenset[str]:
 def build_dir() -> Path:
     key = hashlib.sha256()
     cpu = " ".join(sorted(cpu_flags())) or platform.machine()
-    for part in (*(p.read_bytes() for p in SOURCES), torch.__version__.encode(), cpu.encode(),
-                 " ".join(CFLAGS).encode()):  # fmt: skip
+    for part in (
+        *(p.read_bytes() for p in SOURCES),
+        torch.__version__.encode(),
+        cpu.encode(),
+        " ".join(CFLAGS).encode(),
+    ):
         key.update(part + b"\0")
     return ROOT / key.hexdigest()[:16]
 
@@ -90,9 +94,13 @@ def build(verbose: bool = False) -> Path:
         return out / f"{NAME}.so"
     out.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(
-        name=NAME, sources=[str(p) for p in SOURCES if p.suffix == ".cpp"], extra_cflags=CFLAGS, build_directory=str(out),
-        is_python_module=False, verbose=verbose,
-    )  # fmt: skip
+        name=NAME,
+        sources=[str(p) for p in SOURCES if p.suffix == ".cpp"],
+        extra_cflags=CFLAGS,
+        build_directory=str(out),
+        is_python_module=False,
+        verbose=verbose,
+    )
     return out / f"{NAME}.so"
 
 
@@ -102,8 +110,11 @@ def main(argv: list[str]) -> int:
         try:
             path = build(verbose="-v" in argv)
         except Exception as e:  # noqa: BLE001 - any compiler failure: say it, the engine runs on
-            print(f"native CPU ops not built ({type(e).__name__}: {str(e)[-2000:]}); the engine "
-                  "will run its Python ops", file=sys.stderr)  # fmt: skip
+            print(
+                f"native CPU ops not built ({type(e).__name__}: {str(e)[-2000:]}); the engine "
+                "will run its Python ops",
+                file=sys.stderr,
+            )
             return 0
         print(f"native CPU ops: {path}")
         return 0

@@ -75,17 +75,35 @@ class FlashInferBackend(AttentionBackend):
         if meta.is_decode:
             w = self._wrapper("decode", dev)
             w.plan(
-                i32(kv_ptr), i32(pages), i32(last), heads, kv_heads, head_dim, self.page_size,
-                pos_encoding_mode="NONE", q_data_type=q.dtype, kv_data_type=kv.k.dtype,
+                i32(kv_ptr),
+                i32(pages),
+                i32(last),
+                heads,
+                kv_heads,
+                head_dim,
+                self.page_size,
+                pos_encoding_mode="NONE",
+                q_data_type=q.dtype,
+                kv_data_type=kv.k.dtype,
                 sm_scale=scale,
-            )  # fmt: skip
+            )
         else:
             w = self._wrapper("prefill", dev)
             w.plan(
-                i32(qo), i32(kv_ptr), i32(pages), i32(last), heads, kv_heads, head_dim,
-                self.page_size, causal=True, pos_encoding_mode="NONE", sm_scale=scale,
-                q_data_type=q.dtype, kv_data_type=kv.k.dtype,
-            )  # fmt: skip
+                i32(qo),
+                i32(kv_ptr),
+                i32(pages),
+                i32(last),
+                heads,
+                kv_heads,
+                head_dim,
+                self.page_size,
+                causal=True,
+                pos_encoding_mode="NONE",
+                sm_scale=scale,
+                q_data_type=q.dtype,
+                kv_data_type=kv.k.dtype,
+            )
         meta.scratch["flashinfer"] = w
         return w
 

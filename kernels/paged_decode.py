@@ -43,8 +43,9 @@ class IndexBuffers:
     def take(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         buf = self._store.get(name)
         if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
-            buf = torch.empty(max(numel, 2 * (buf.numel() if buf is not None else 0)),
-                              dtype=dtype, device=device)  # fmt: skip
+            buf = torch.empty(
+                max(numel, 2 * (buf.numel() if buf is not None else 0)), dtype=dtype, device=device
+            )
             self._store[name] = buf
         return buf[:numel]
 

@@ -151,7 +151,11 @@ class TorchReferenceBackend(AttentionBackend):
         k = kv.k.index_select(0, idx).view(shape).to(q.dtype).transpose(1, 2)  # [B, kvh, L, d]
         v = kv.v.index_select(0, idx).view(shape).to(q.dtype).transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), k, v, attn_mask=mask, scale=scale,
+            q.unsqueeze(2),
+            k,
+            v,
+            attn_mask=mask,
+            scale=scale,
             enable_gqa=q.shape[1] != kv.k.shape[1],
-        )  # fmt: skip
+        )
         return out.squeeze(2)

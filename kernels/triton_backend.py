@@ -86,10 +86,26 @@ class TritonBackend(AttentionBackend):
         p = self.plan(meta, q)
         if p.decode:
             return self.k.decode_attention(
-                q, kv.k, kv.v, meta.req_to_token, p.rows, p.context_lens, scale, p.splits,
-                part_o=p.part_o, part_lse=p.part_lse,
-            )  # fmt: skip
+                q,
+                kv.k,
+                kv.v,
+                meta.req_to_token,
+                p.rows,
+                p.context_lens,
+                scale,
+                p.splits,
+                part_o=p.part_o,
+                part_lse=p.part_lse,
+            )
         return self.k.extend_attention(
-            q, kv.k, kv.v, meta.req_to_token, p.rows, p.prefix_lens, p.extend_lens, p.q_start,
-            p.max_extend, scale,
-        )  # fmt: skip
+            q,
+            kv.k,
+            kv.v,
+            meta.req_to_token,
+            p.rows,
+            p.prefix_lens,
+            p.extend_lens,
+            p.q_start,
+            p.max_extend,
+            scale,
+        )

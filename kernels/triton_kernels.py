@@ -109,10 +109,27 @@ def _decode_split_kernel(
     gdmask = (offs_g < GROUP)[:, None] & dmask[None, :]
     q = load_tile(Q + b * stride_qb, heads, stride_qh, 0, offs_d, gdmask)
     acc, l_i, m_i = block_attend(
-        q, offs_g, Table + row * stride_table, start, end, KPool, VPool, kvh * stride_kh,
-        kvh * stride_vh, stride_kt, stride_vt, offs_d, dmask, qk_scale,
-        BLOCK_G, BLOCK_D, BLOCK_N, IEEE, UPCAST, False,
-    )  # fmt: skip
+        q,
+        offs_g,
+        Table + row * stride_table,
+        start,
+        end,
+        KPool,
+        VPool,
+        kvh * stride_kh,
+        kvh * stride_vh,
+        stride_kt,
+        stride_vt,
+        offs_d,
+        dmask,
+        qk_scale,
+        BLOCK_G,
+        BLOCK_D,
+        BLOCK_N,
+        IEEE,
+        UPCAST,
+        False,
+    )
     # an empty split (a context shorter than the split count) contributes nothing: lse = -inf
     has = end > start
     lse = tl.where(has, m_i + tl.log2(tl.maximum(l_i, 1e-30)), -float("inf"))
@@ -207,10 +224,27 @@ def _extend_kernel(
     # and stores nothing; masks rather than an early return, which older compilers refuse
     kv_end = tl.where(mb * BLOCK_M < ext, kv_end, 0)
     acc, l_i, _ = block_attend(
-        q, prefix + offs_m, Table + row * stride_table, 0, kv_end, KPool, VPool,
-        kvh * stride_kh, kvh * stride_vh, stride_kt, stride_vt, offs_d, dmask, qk_scale,
-        BLOCK_M, BLOCK_D, BLOCK_N, IEEE, UPCAST, True,
-    )  # fmt: skip
+        q,
+        prefix + offs_m,
+        Table + row * stride_table,
+        0,
+        kv_end,
+        KPool,
+        VPool,
+        kvh * stride_kh,
+        kvh * stride_vh,
+        stride_kt,
+        stride_vt,
+        offs_d,
+        dmask,
+        qk_scale,
+        BLOCK_M,
+        BLOCK_D,
+        BLOCK_N,
+        IEEE,
+        UPCAST,
+        True,
+    )
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     dst = Out + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
     tl.store(dst, out.to(Out.dtype.element_ty), mask=mdmask)
@@ -256,11 +290,24 @@ def store_kv(
     k, v = _unit_last(k.to(k_pool.dtype)), _unit_last(v.to(v_pool.dtype))
     _check_pool(k_pool, v_pool)
     _store_kv_kernel[(t,)](
-        k, v, k_pool, v_pool, slots,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_H=_pow2(kv_heads), BLOCK_D=_pow2(head_dim),
-    )  # fmt: skip
+        k,
+        v,
+        k_pool,
+        v_pool,
+        slots,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        KV_HEADS=kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=_pow2(kv_heads),
+        BLOCK_D=_pow2(head_dim),
+    )
 
 
 def decode_splits(max_len: int, max_splits: int = 16, min_tokens: int = 64) -> int:
@@ -298,22 +345,52 @@ def decode_attention(
         part_lse = torch.empty(b, heads, num_splits, dtype=torch.float32, device=q.device)
     group = heads // kv_heads
     _decode_split_kernel[(b, kv_heads, num_splits)](
-        q, k_pool, v_pool, table, rows, lens, part_o, part_lse,
-        scale * LOG2E, num_splits,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1),
-        v_pool.stride(0), v_pool.stride(1), table.stride(0),
-        part_o.stride(0), part_o.stride(1), part_o.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, _pow2(group)),
-        BLOCK_D=_block_d(head_dim), BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
+        q,
+        k_pool,
+        v_pool,
+        table,
+        rows,
+        lens,
+        part_o,
+        part_lse,
+        scale * LOG2E,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        table.stride(0),
+        part_o.stride(0),
+        part_o.stride(1),
+        part_o.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_G=max(16, _pow2(group)),
+        BLOCK_D=_block_d(head_dim),
+        BLOCK_N=block_n,
+        IEEE=q.dtype == torch.float32,
         UPCAST=INTERPRETED and q.dtype != torch.float32,
-    )  # fmt: skip
+    )
     _decode_reduce_kernel[(b, heads)](
-        part_o, part_lse, out, num_splits,
-        part_o.stride(0), part_o.stride(1), part_o.stride(2),
-        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim), BLOCK_S=_pow2(num_splits),
-    )  # fmt: skip
+        part_o,
+        part_lse,
+        out,
+        num_splits,
+        part_o.stride(0),
+        part_o.stride(1),
+        part_o.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        BLOCK_D=_pow2(head_dim),
+        BLOCK_S=_pow2(num_splits),
+    )
     return out
 
 
@@ -342,12 +419,31 @@ def extend_attention(
     r = int(rows.shape[0])
     grid = (r, heads, triton.cdiv(max_extend, block_m))
     _extend_kernel[grid](
-        q, k_pool, v_pool, out, table, rows, prefix_lens, extend_lens, q_start,
+        q,
+        k_pool,
+        v_pool,
+        out,
+        table,
+        rows,
+        prefix_lens,
+        extend_lens,
+        q_start,
         scale * LOG2E,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1),
-        v_pool.stride(0), v_pool.stride(1), out.stride(0), out.stride(1), table.stride(0),
-        GROUP=heads // kv_heads, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
-        BLOCK_M=block_m, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
+        q.stride(0),
+        q.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        out.stride(0),
+        out.stride(1),
+        table.stride(0),
+        GROUP=heads // kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=_block_d(head_dim),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        IEEE=q.dtype == torch.float32,
         UPCAST=INTERPRETED and q.dtype != torch.float32,
-    )  # fmt: skip
+    )
     return out

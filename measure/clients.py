@@ -58,8 +58,9 @@ def check(name: str, root: str | Path = ROOT) -> str:
     if not python.exists():
         raise MissingClient(f"{name}'s environment {env_dir(name, root)} is missing; {how}")
     probe = f"import importlib.metadata as m; print(m.version({client.dist!r}))"
-    done = subprocess.run([str(python), "-c", f"import {client.imports}; {probe}"],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [str(python), "-c", f"import {client.imports}; {probe}"], capture_output=True, text=True
+    )
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["?"])[-1]
         raise MissingClient(f"{name}'s environment cannot import {client.imports} ({last}); {how}")
@@ -73,8 +74,12 @@ def install(name: str, root: str | Path = ROOT, quiet: bool = True) -> str:
     env = env_dir(name, root)
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
     python = bin_path(name, "python", root)
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     ours = dict.fromkeys(sysconfig.get_path(k) for k in ("purelib", "platlib"))
     (Path(site) / "attest-bridge.pth").write_text("".join(f"{p}\n" for p in ours))
     pip = [str(python), "-m", "pip", "install", *(["-q"] if quiet else []), CLIENTS[name].pin]

@@ -23,8 +23,10 @@ def conversations(shape: LoadShape) -> list[list[int]]:
     rng = random.Random(shape.seed)
     lo, hi = shape.prompt_tokens
     system = [rng.randrange(*TOKEN_IDS) for _ in range(hi)]
-    return [system + [rng.randrange(*TOKEN_IDS) for _ in range(rng.randint(1, max(1, lo)))]
-            for _ in range(shape.lanes)]  # fmt: skip
+    return [
+        system + [rng.randrange(*TOKEN_IDS) for _ in range(rng.randint(1, max(1, lo)))]
+        for _ in range(shape.lanes)
+    ]
 
 
 async def _complete(client: httpx.AsyncClient, ids: list[int], n: int, res: LoadResult) -> None:
@@ -46,8 +48,9 @@ async def _checkpoint(client: httpx.AsyncClient, ids: list[int], cid: str, res: 
         res.fail(f"checkpoint {cid}: {r.status_code} {r.text}")
 
 
-async def drive_lanes(base: str, shape: LoadShape, boot: int,
-                      on_done: Callable[[], None] = lambda: None) -> LoadResult:  # fmt: skip
+async def drive_lanes(
+    base: str, shape: LoadShape, boot: int, on_done: Callable[[], None] = lambda: None
+) -> LoadResult:
     """Boot ``boot`` (0: the first) of the lanes' sequence."""
     res, rng = LoadResult(), random.Random(shape.seed + 1)
     lanes = conversations(shape)

@@ -48,21 +48,47 @@ def build(root: str | Path = ROOT) -> Path:
     src = root / "src"
     src.mkdir(parents=True, exist_ok=True)
     if not list(src.glob("*.tar.gz")):
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-                        ":all:", PIN, "-d", str(src)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                PIN,
+                "-d",
+                str(src),
+            ],
+            check=True,
+        )
     [archive] = src.glob("*.tar.gz")
     tree = src / archive.name.removesuffix(".tar.gz")
     if not tree.is_dir():
         with tarfile.open(archive) as t:
             t.extractall(src, filter="data")
-    cmake = ["cmake", "-S", str(tree / "vendor" / "llama.cpp"), "-B", str(root / "build"),
-             "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TESTS=OFF",
-             "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON",
-             f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]  # fmt: skip
+    cmake = [
+        "cmake",
+        "-S",
+        str(tree / "vendor" / "llama.cpp"),
+        "-B",
+        str(root / "build"),
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_BUILD_SERVER=ON",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DGGML_NATIVE=ON",
+        f"-DCMAKE_C_FLAGS={NO_AMX}",
+        f"-DCMAKE_CXX_FLAGS={NO_AMX}",
+    ]
     subprocess.run(cmake, check=True)
     jobs = str(os.cpu_count() or 2)
-    subprocess.run(["cmake", "--build", str(root / "build"), "--target", "llama-server",
-                    "-j", jobs], check=True)  # fmt: skip
+    subprocess.run(
+        ["cmake", "--build", str(root / "build"), "--target", "llama-server", "-j", jobs],
+        check=True,
+    )
     return check(root)
 
 
@@ -70,11 +96,34 @@ class LlamaServer:
     """A running llama-server on loopback: ``slots`` parallel sequences of ``ctx`` tokens each,
     ``threads`` threads, the model's GGUF file. ``base`` is its URL once healthy."""
 
-    def __init__(self, exe: Path, model: str, port: int, slots: int, ctx: int, threads: int,
-                 log: Path, ready_timeout: float = 300) -> None:  # fmt: skip
-        cmd = [str(exe), "-m", model, "--host", "127.0.0.1", "--port", str(port),
-               "--parallel", str(slots), "-c", str(slots * ctx), "-t", str(threads),
-               "-tb", str(threads)]  # fmt: skip
+    def __init__(
+        self,
+        exe: Path,
+        model: str,
+        port: int,
+        slots: int,
+        ctx: int,
+        threads: int,
+        log: Path,
+        ready_timeout: float = 300,
+    ) -> None:
+        cmd = [
+            str(exe),
+            "-m",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--parallel",
+            str(slots),
+            "-c",
+            str(slots * ctx),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+        ]
         self.base = f"http://127.0.0.1:{port}"
         self.log = open(log, "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)

@@ -63,9 +63,14 @@ class Runner:
 
             drafter = LlamaPromptLookupDecoding(num_pred_tokens=draft) if draft else None
             self.high[draft] = ll.Llama(
-                self.path, n_ctx=4096, n_threads=self.threads, n_threads_batch=self.threads,
-                draft_model=drafter, flash_attn=self.flash_attn, verbose=False,
-            )  # fmt: skip
+                self.path,
+                n_ctx=4096,
+                n_threads=self.threads,
+                n_threads_batch=self.threads,
+                draft_model=drafter,
+                flash_attn=self.flash_attn,
+                verbose=False,
+            )
         llm = self.high[draft]
         out: list[int] = []
         first = last = 0.0
@@ -146,8 +151,13 @@ def main() -> None:
         req = json.loads(line)
         if req["op"] == "load":
             runner = Runner(req["model"], req["threads"], req["flash_attn"])
-            ans = {"version": ll.__version__, "prefill": PREFILL, "kv": KV, "vocab": runner.vocab,
-                   "system": ll.llama_print_system_info().decode().strip()}  # fmt: skip
+            ans = {
+                "version": ll.__version__,
+                "prefill": PREFILL,
+                "kv": KV,
+                "vocab": runner.vocab,
+                "system": ll.llama_print_system_info().decode().strip(),
+            }
         elif req["op"] == "generate":
             seconds, tokens = runner.generate(req["prompts"], req["new"])
             ans = {"seconds": seconds, "tokens": tokens}

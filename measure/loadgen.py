@@ -73,10 +73,17 @@ def prompts(shape: LoadShape) -> list[tuple[list[int], int]]:
     return out
 
 
-async def _one(client: httpx.AsyncClient, ids: list[int], max_tokens: int, stream: bool,
-               res: LoadResult) -> None:  # fmt: skip
-    body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": stream, "stream_options": {"include_usage": True} if stream else None}  # fmt: skip
+async def _one(
+    client: httpx.AsyncClient, ids: list[int], max_tokens: int, stream: bool, res: LoadResult
+) -> None:
+    body = {
+        "prompt": ids,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+        "stream_options": {"include_usage": True} if stream else None,
+    }
     if not stream:
         r = await client.post("/v1/completions", json=body)
         res.status[r.status_code] += 1
@@ -103,8 +110,12 @@ async def _one(client: httpx.AsyncClient, ids: list[int], max_tokens: int, strea
         res.status[200] += 1
 
 
-async def drive(base: str, shape: LoadShape, on_done: Callable[[], None] = lambda: None,
-                headers: dict[str, str] | None = None) -> LoadResult:  # fmt: skip
+async def drive(
+    base: str,
+    shape: LoadShape,
+    on_done: Callable[[], None] = lambda: None,
+    headers: dict[str, str] | None = None,
+) -> LoadResult:
     """Send the shape's requests to the server at ``base`` (``concurrency`` at once), ``passes``
     times, a pass answered whole before the next starts (a wave: its prompts arrive together,
     then their decodes run out); with ``duration_s``, pass after pass until it is over too. Wait
@@ -113,8 +124,9 @@ async def drive(base: str, shape: LoadShape, on_done: Callable[[], None] = lambd
     sem = asyncio.Semaphore(shape.concurrency)
     limits = httpx.Limits(max_connections=shape.concurrency + 4)
     t0 = time.monotonic()
-    async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits,
-                                 headers=headers) as client:  # fmt: skip
+    async with httpx.AsyncClient(
+        base_url=base, timeout=600, limits=limits, headers=headers
+    ) as client:
 
         async def run(ids: list[int], max_tokens: int) -> None:
             async with sem:

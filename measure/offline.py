@@ -62,8 +62,15 @@ def run_offline(
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     kv = num_prompts * (prompt_len + output_len) + 64
     # a group cannot empty one rank's prefix cache alone: with several ranks the cache is off
-    opts = dict(model=model, dtype=dtype, kv_tokens=kv, max_running=max_running, tp=tp,
-                prefix_cache=tp == 1, speculative="off")  # fmt: skip
+    opts = dict(
+        model=model,
+        dtype=dtype,
+        kv_tokens=kv,
+        max_running=max_running,
+        tp=tp,
+        prefix_cache=tp == 1,
+        speculative="off",
+    )
     total = num_prompts * output_len
     with tempfile.TemporaryDirectory() as tmp:
         log = str(Path(tmp) / "boot.jsonl")
@@ -102,8 +109,11 @@ def _receipt_arms(on, off, prompts, params, total: int, runs: int) -> list[ArmRe
 
         return go
 
-    arms = [(name, llm) for name, llm in (("attest (receipts on, boot log)", on),
-                                          ("attest (receipts off)", off)) if llm is not None]  # fmt: skip
+    arms = [
+        (name, llm)
+        for name, llm in (("attest (receipts on, boot log)", on), ("attest (receipts off)", off))
+        if llm is not None
+    ]
     times: dict[str, list[float]] = {name: [] for name, _ in arms}
     for _, llm in arms:
         attest(llm)()  # warm-up

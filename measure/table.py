@@ -97,8 +97,11 @@ class ArmFigures:
         row: list[float | None] = []
         for n in streams:
             runs = self.decode.get(n)
-            row += [statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)] \
-                if runs else [None, None]  # fmt: skip
+            row += (
+                [statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)]
+                if runs
+                else [None, None]
+            )
         return row + [statistics.median(self.prefill) if self.prefill else None]
 
 
@@ -139,8 +142,10 @@ def format_runs(arms: list[ArmFigures]) -> str:
     out = []
     for a in arms:
         for n, runs in a.decode.items():
-            out.append(f"  {a.name}, {n} streams: decode {[round(r[0], 1) for r in runs]}, "
-                       f"e2e {[round(r[1], 1) for r in runs]}")  # fmt: skip
+            out.append(
+                f"  {a.name}, {n} streams: decode {[round(r[0], 1) for r in runs]}, "
+                f"e2e {[round(r[1], 1) for r in runs]}"
+            )
         if a.prefill:
             out.append(f"  {a.name}, prefill: {[round(p, 1) for p in a.prefill]}")
     return "\n".join(out)
@@ -157,5 +162,6 @@ def format_report(arms: list[ArmFigures], spec: TableSpec, notes: list[str]) -> 
         "every prompt's first token is new to its engine; every Attest request asserted "
         "cached_tokens == 0",
     ]
-    return "\n".join([*method, *notes, "", format_table(arms, spec), "", "runs (tok/s):",
-                      format_runs(arms)])  # fmt: skip
+    return "\n".join(
+        [*method, *notes, "", format_table(arms, spec), "", "runs (tok/s):", format_runs(arms)]
+    )

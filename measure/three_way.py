@@ -95,8 +95,9 @@ def run_table(spec: TableSpec, say: Say = _stderr) -> TableRun:
             hf = load_transformers(path)
             go = transformers_generate(hf)
             out.arms.append(measure(BASELINES[engine], engine, go, hf.config.vocab_size, spec, say))
-            out.notes.append(f"transformers: float32 batched generate, torch threads "
-                             f"{torch.get_num_threads()}")  # fmt: skip
+            out.notes.append(
+                f"transformers: float32 batched generate, torch threads {torch.get_num_threads()}"
+            )
             del hf, go
             gc.collect()
         else:
@@ -121,8 +122,9 @@ def _attest_arm(arm: str, path: str, spec: TableSpec, say: Say) -> tuple[ArmFigu
     from engine import LLM
 
     say(f"attest {arm}: loading LLM({_kwargs(ATTEST_ARMS[arm])})")
-    llm = LLM(model=path, kv_tokens=spec.kv_tokens(), max_running=max(spec.streams),
-              **ATTEST_ARMS[arm])  # fmt: skip
+    llm = LLM(
+        model=path, kv_tokens=spec.kv_tokens(), max_running=max(spec.streams), **ATTEST_ARMS[arm]
+    )
     try:
         note = f"attest {arm}: LLM({_kwargs(ATTEST_ARMS[arm])})"
         quant = getattr(llm.core, "quant", None)  # fast mode's plan: which kernels run here

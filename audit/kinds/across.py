@@ -102,21 +102,27 @@ class Across(Checker[AcrossClaim]):
             return outcome(
                 Status.FAIL,
                 f"{len(missing)} of {total} {c.key}s from {when} were not found by the next boot's "
-                f"{then}: {name_some(missing)}", missing_keys=missing[:50], **nums,
-            )  # fmt: skip
+                f"{then}: {name_some(missing)}",
+                missing_keys=missing[:50],
+                **nums,
+            )
         if waiting:
             return outcome(
                 Status.UNDECIDED,
                 f"{len(waiting)} {c.key}s from {when} in the last boot of the window have no boot "
-                f"after them to be found by: {name_some(waiting)}", "no_later_boot", **nums,
-            )  # fmt: skip
+                f"after them to be found by: {name_some(waiting)}",
+                "no_later_boot",
+                **nums,
+            )
         return outcome(
-            Status.PASS, f"all {total} {c.key}s from {when} were found by the next boot's {then}",
+            Status.PASS,
+            f"all {total} {c.key}s from {when} were found by the next boot's {then}",
             **nums,
-        )  # fmt: skip
+        )
 
 
 KINDS = (
-    ClaimKind("across_boots", frozenset({"when", "then", "closes", "key"}), parse, Across,
-              can_fail=True),
-)  # fmt: skip
+    ClaimKind(
+        "across_boots", frozenset({"when", "then", "closes", "key"}), parse, Across, can_fail=True
+    ),
+)

@@ -239,11 +239,16 @@ class Ratio(Derived[RatioClaim]):
         if den == 0:
             return outcome(
                 Status.UNDECIDED,
-                "; ".join([*said, f"{c.name} = {c.numerator.source} / {c.denominator.source}: "
-                           f"{c.denominator.source} = 0, the ratio does not exist"]),
+                "; ".join(
+                    [
+                        *said,
+                        f"{c.name} = {c.numerator.source} / {c.denominator.source}: "
+                        f"{c.denominator.source} = 0, the ratio does not exist",
+                    ]
+                ),
                 "zero_denominator",
                 **env,
-            )  # fmt: skip
+            )
         value = num / den
         env[c.name] = round(value, 6)
         bounds = []
@@ -255,9 +260,12 @@ class Ratio(Derived[RatioClaim]):
             bounds.append(f"<= {c.at_most:g}")
             ok &= value <= c.at_most
         why = "; ".join(
-            [*said, f"{c.name} = {c.numerator.source} / {c.denominator.source} = "
-                    f"{expr._fmt(num)} / {expr._fmt(den)} = {value:.3g}, needed {' and '.join(bounds)}"]
-        )  # fmt: skip
+            [
+                *said,
+                f"{c.name} = {c.numerator.source} / {c.denominator.source} = "
+                f"{expr._fmt(num)} / {expr._fmt(den)} = {value:.3g}, needed {' and '.join(bounds)}",
+            ]
+        )
         return outcome(Status.PASS if ok else Status.FAIL, why, **env)
 
 
@@ -313,9 +321,19 @@ class Control(Compare[ControlClaim]):
 
 _NUMBERS = {"count", "sum", "let"}
 KINDS = (
-    ClaimKind("ratio", frozenset(_NUMBERS | {"numerator", "denominator", "min", "max", "name"}),
-              parse_ratio, Ratio, can_fail=True),
+    ClaimKind(
+        "ratio",
+        frozenset(_NUMBERS | {"numerator", "denominator", "min", "max", "name"}),
+        parse_ratio,
+        Ratio,
+        can_fail=True,
+    ),
     ClaimKind("compare", frozenset(_NUMBERS | {"check"}), parse_compare, Compare, can_fail=True),
-    ClaimKind("control", frozenset(_NUMBERS | {"check", "control_engaged"}), parse_control,
-              Control, can_fail=True),
-)  # fmt: skip
+    ClaimKind(
+        "control",
+        frozenset(_NUMBERS | {"check", "control_engaged"}),
+        parse_control,
+        Control,
+        can_fail=True,
+    ),
+)

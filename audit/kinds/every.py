@@ -108,9 +108,13 @@ class Every(Checker[EveryClaim]):
 
         def make() -> Followups:
             return Followups(
-                *roles, when_key=c.when_key, opened=opened, ended=ended,
-                subscribe=bus.subscribe, exact=bus.exact,
-            )  # fmt: skip
+                *roles,
+                when_key=c.when_key,
+                opened=opened,
+                ended=ended,
+                subscribe=bus.subscribe,
+                exact=bus.exact,
+            )
 
         try:
             self.windows = bus.shared(("every", roles, c.when_key, opened, ended), make)

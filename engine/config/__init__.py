@@ -73,12 +73,16 @@ class ModelSection(_Section):
         need(
             isinstance(self.device, str)
             and (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")),
-            self, "device", "cpu, cuda or cuda:N",
-        )  # fmt: skip
+            self,
+            "device",
+            "cpu, cuda or cuda:N",
+        )
         need(
             self.quant is None or self.device == "cpu",
-            self, "device", "cpu with --quant (its kernels are torch's CPU ones)",
-        )  # fmt: skip
+            self,
+            "device",
+            "cpu with --quant (its kernels are torch's CPU ones)",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +129,10 @@ class MemorySection(_Section):
         need(isinstance(self.relief_ladder, bool), self, "relief_ladder", "a boolean")
         need(
             is_int(self.relief_throttle_iterations, 1),
-            self, "relief_throttle_iterations", "an integer >= 1",
-        )  # fmt: skip
+            self,
+            "relief_throttle_iterations",
+            "an integer >= 1",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +204,12 @@ class SchedulerSection(_Section):
         need(is_int(self.grammar_waiting, 0), self, "grammar_waiting", "an integer >= 0")
         need(self.scheduling_policy in POLICIES, self, "scheduling_policy", " or ".join(POLICIES))
         need(self.speculative in SPECULATIVE, self, "speculative", " or ".join(SPECULATIVE))
-        need(is_int(self.spec_tokens, 1) and self.spec_tokens <= 16, self, "spec_tokens",
-             "an integer in [1, 16]")  # fmt: skip
+        need(
+            is_int(self.spec_tokens, 1) and self.spec_tokens <= 16,
+            self,
+            "spec_tokens",
+            "an integer in [1, 16]",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,19 +237,27 @@ class ObservabilitySection(_Section):
         need(log_file is None or isinstance(log_file, str), self, "log_file", "a path or None")
         need(
             is_int(self.iteration_receipt_interval, 0),
-            self, "iteration_receipt_interval", "an integer >= 0",
-        )  # fmt: skip
+            self,
+            "iteration_receipt_interval",
+            "an integer >= 0",
+        )
         need(
             self.otlp_endpoint is None or http_url(self.otlp_endpoint),
-            self, "otlp_endpoint", "None or an http(s) URL such as http://127.0.0.1:4318",
-        )  # fmt: skip
+            self,
+            "otlp_endpoint",
+            "None or an http(s) URL such as http://127.0.0.1:4318",
+        )
 
 
 SECTIONS: dict[str, type[_Section]] = {  # EngineConfig's sections, by attribute name
-    "model": ModelSection, "memory": MemorySection, "store": StoreSection,
-    "scheduler": SchedulerSection, "server": ServerSection, "group": GroupSection,
+    "model": ModelSection,
+    "memory": MemorySection,
+    "store": StoreSection,
+    "scheduler": SchedulerSection,
+    "server": ServerSection,
+    "group": GroupSection,
     "observability": ObservabilitySection,
-}  # fmt: skip
+}
 
 
 def _route() -> dict[str, str]:
@@ -263,23 +281,30 @@ def _check_across(c: EngineConfig) -> None:
     mem, world = c.memory, c.group.world
     need(
         mem.kv_tokens is None or is_int(mem.kv_tokens, 1) or per_rank(mem.kv_tokens, world),
-        mem, "kv_tokens",
+        mem,
+        "kv_tokens",
         "None or an integer >= 1"
         + ("" if world == 1 else f", or one integer >= 1 per rank ({world})"),
-    )  # fmt: skip
+    )
     step = c.scheduler.step_tokens
     need(
         step is None or (is_int(step, 1) and step >= mem.page_size),
-        c.scheduler, "step_tokens", f"None or an integer >= page_size ({mem.page_size})",
-    )  # fmt: skip
+        c.scheduler,
+        "step_tokens",
+        f"None or an integer >= page_size ({mem.page_size})",
+    )
     need(
         c.model.device == "cpu" or mem.kv_tokens is not None,
-        mem, "kv_tokens", "given off the CPU (otherwise the pool is sized from host memory)",
-    )  # fmt: skip
+        mem,
+        "kv_tokens",
+        "given off the CPU (otherwise the pool is sized from host memory)",
+    )
     need(
         world == 1 or not mem.host_kv_tokens,
-        mem, "host_kv_tokens", "0 or None with more than one rank (the host tier is one rank's)",
-    )  # fmt: skip
+        mem,
+        "host_kv_tokens",
+        "0 or None with more than one rank (the host tier is one rank's)",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,11 +78,15 @@ class GroupSection(_Section):
         need(is_int(self.phase_enter_pp, 1), self, "phase_enter_pp", "an integer >= 1")
         need(
             is_int(self.phase_exit_pp, 0) and self.phase_exit_pp < self.phase_enter_pp,
-            self, "phase_exit_pp", f"an integer >= 0 below phase_enter_pp ({self.phase_enter_pp})",
-        )  # fmt: skip
+            self,
+            "phase_exit_pp",
+            f"an integer >= 0 below phase_enter_pp ({self.phase_enter_pp})",
+        )
         need(is_int(self.phase_dwell, 1), self, "phase_dwell", "an integer >= 1")
         need(is_int(self.phase_interval, 1), self, "phase_interval", "an integer >= 1")
         need(
             self.phase_policy == "off" or self.world > 1,
-            self, "phase_policy", "off with one rank (a layout needs ranks to change)",
-        )  # fmt: skip
+            self,
+            "phase_policy",
+            "off with one rank (a layout needs ranks to change)",
+        )

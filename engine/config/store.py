@@ -42,9 +42,13 @@ class StoreSection(_Section):
         need(int_or_none(self.kv_store_bytes, 1), self, "kv_store_bytes", "None or an integer >= 1")
         need(
             int_or_none(self.kv_store_pin_bytes, 0),
-            self, "kv_store_pin_bytes", "None or an integer >= 0",
-        )  # fmt: skip
+            self,
+            "kv_store_pin_bytes",
+            "None or an integer >= 0",
+        )
         need(
             self.kv_store_write in STORE_WRITES,
-            self, "kv_store_write", " or ".join(STORE_WRITES),
-        )  # fmt: skip
+            self,
+            "kv_store_write",
+            " or ".join(STORE_WRITES),
+        )

@@ -51,8 +51,17 @@ from engine.scheduler.census import Census, take_census
 from engine.scheduler.group import Relayout
 
 # the numbers of a model that must match for its weights to replace the serving ones
-SHAPE = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
-         "num_heads", "num_kv_heads", "head_dim", "tie_word_embeddings")  # fmt: skip
+SHAPE = (
+    "architecture",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
 EMPTY = Census((), (), (), 0)
 
 
@@ -118,9 +127,15 @@ class Cutovers:
         asked = (("path", ask.path), ("kv_tokens", ask.kv_tokens), ("tp", ask.tp), ("pp", ask.pp))
         where = {k: v for k, v in asked if v is not None}
         self.core.receipts.emit(
-            schema.CUTOVER_BEGIN, id=cid, kind=ask.kind, mode=ask.mode, **where,
-            **before.fields(), ceiling=self._ceiling(), **error,
-        )  # fmt: skip
+            schema.CUTOVER_BEGIN,
+            id=cid,
+            kind=ask.kind,
+            mode=ask.mode,
+            **where,
+            **before.fields(),
+            ceiling=self._ceiling(),
+            **error,
+        )
         a = Active(cid, ask, before)
         try:
             if self.active is not None:
@@ -208,8 +223,11 @@ class Cutovers:
             core = self.core
             loaded = load_model(a.ask.path)
             old, new = core.model_config, loaded.config
-            differ = [f"{k} {getattr(new, k)} (serving {getattr(old, k)})"
-                      for k in SHAPE if getattr(new, k) != getattr(old, k)]  # fmt: skip
+            differ = [
+                f"{k} {getattr(new, k)} (serving {getattr(old, k)})"
+                for k in SHAPE
+                if getattr(new, k) != getattr(old, k)
+            ]
             if differ:
                 raise Refused(f"another architecture: {', '.join(differ)}")
             a.loaded = (loaded, core.build_model(loaded))
@@ -274,8 +292,14 @@ class Cutovers:
         self.core.receipts.emit(
             schema.CUTOVER_CARRY, id=a.id, **carried.fields(sched.cache.total_size())
         )
-        a.phases.append(("carry", t0, time.time_ns(), {"attest.carried": len(carried.rids),
-                         "attest.requeued": len(carried.requeued)}))  # fmt: skip
+        a.phases.append(
+            (
+                "carry",
+                t0,
+                time.time_ns(),
+                {"attest.carried": len(carried.rids), "attest.requeued": len(carried.requeued)},
+            )
+        )
         checks.audit_idle(sched)  # receipts only: bookkeeping never raises into a cutover
 
     def _timeout(self) -> float:
@@ -325,13 +349,23 @@ class Cutovers:
             self.core.receipts.violation("cutover_census", id=a.id, doubled=doubled)
         pause = 0.0 if a.paused is None else time.perf_counter() - a.paused
         fields = {
-            "id": a.id, "kind": a.ask.kind, "mode": a.ask.mode, "outcome": outcome,
-            "status": status, **after.fields(), "rids": sorted({*after.rids(), *gone}),
-            "ended": gone, "backlog_before": a.before.backlog, "rids_before": a.before.rids(),
-            "pause_s": round(pause, 6), "seconds": round(time.perf_counter() - a.t0, 6),
-            "kv_tokens": self.sched.allocator.capacity, "ceiling": self._ceiling(), **error,
+            "id": a.id,
+            "kind": a.ask.kind,
+            "mode": a.ask.mode,
+            "outcome": outcome,
+            "status": status,
+            **after.fields(),
+            "rids": sorted({*after.rids(), *gone}),
+            "ended": gone,
+            "backlog_before": a.before.backlog,
+            "rids_before": a.before.rids(),
+            "pause_s": round(pause, 6),
+            "seconds": round(time.perf_counter() - a.t0, 6),
+            "kv_tokens": self.sched.allocator.capacity,
+            "ceiling": self._ceiling(),
+            **error,
             **a.extra,
-        }  # fmt: skip
+        }
         if reason is not None:
             fields["reason"] = reason
         if a.ask.path is not None:
@@ -352,15 +386,21 @@ class Cutovers:
         try:
             from opentelemetry.trace import set_span_in_context
 
-            attrs = {"attest.cutover.id": a.id, "attest.cutover.kind": a.ask.kind,
-                     "attest.cutover.mode": a.ask.mode, "attest.cutover.outcome": fields["outcome"],
-                     "attest.cutover.pause_s": fields["pause_s"]}  # fmt: skip
+            attrs = {
+                "attest.cutover.id": a.id,
+                "attest.cutover.kind": a.ask.kind,
+                "attest.cutover.mode": a.ask.mode,
+                "attest.cutover.outcome": fields["outcome"],
+                "attest.cutover.pause_s": fields["pause_s"],
+            }
             tr = traces.tracing
-            root = tr.start_span("cutover", parent=_root_context(), start_ns=a.t0_ns,
-                                 attributes=attrs)  # fmt: skip
+            root = tr.start_span(
+                "cutover", parent=_root_context(), start_ns=a.t0_ns, attributes=attrs
+            )
             for name, t0, t1, extra in a.phases:
-                child = tr.start_span(name, parent=set_span_in_context(root), start_ns=t0,
-                                      attributes=extra or None)  # fmt: skip
+                child = tr.start_span(
+                    name, parent=set_span_in_context(root), start_ns=t0, attributes=extra or None
+                )
                 child.end(end_time=t1 or time.time_ns())
             root.end()
         except Exception as e:

@@ -93,10 +93,12 @@ class EngineCore:
         c, rank = self.config, self.rank
         receipts = Receipts(
             c.log_file_of(rank) if c.observability.receipts else None,
-            capture=c.observability.receipts and c.observability.log_file is None, console=c.observability.receipts and c.observability.console_receipts,
-            enabled=c.observability.receipts, boot=self.member.boot if self.member is not None else None,
+            capture=c.observability.receipts and c.observability.log_file is None,
+            console=c.observability.receipts and c.observability.console_receipts,
+            enabled=c.observability.receipts,
+            boot=self.member.boot if self.member is not None else None,
             rank=rank,
-        )  # fmt: skip
+        )
         receipts.emit(schema.BOOT_START, **boot_fields(c, launch))
         if launch is not None and launch.stale_pid is not None:
             receipts.emit(schema.BOOT_STALE_PID, **launch.stale_pid)
@@ -155,9 +157,11 @@ class EngineCore:
         layers = len(self.model.span)  # and of the layers, on a pipeline stage
         per_token = cfg.kv_bytes_per_token(torch.finfo(kv_dtype).bits // 8)
         self.sizing = size_pool(
-            c.kv_tokens_of(self.rank), c.memory.kv_memory_fraction,
-            per_token * kv_heads * layers // (cfg.num_kv_heads * cfg.num_layers), c.memory.page_size,
-        )  # fmt: skip
+            c.kv_tokens_of(self.rank),
+            c.memory.kv_memory_fraction,
+            per_token * kv_heads * layers // (cfg.num_kv_heads * cfg.num_layers),
+            c.memory.page_size,
+        )
         self.allocator = TokenAllocator(self.sizing.kv_tokens, c.memory.page_size)
         self.kv = self._pool(self.model, self.allocator.pool_slots, kv_dtype)
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
@@ -174,9 +178,13 @@ class EngineCore:
         (``store.sized``), this rank's view of its group, the request spans, the scheduler."""
         c, receipts = self.config, self.receipts
         host = size_host_tier(
-            c.memory.host_kv_tokens, c.model.device, self.kv, self.allocator,
-            c.memory.prefix_cache, receipts,
-        )  # fmt: skip
+            c.memory.host_kv_tokens,
+            c.model.device,
+            self.kv,
+            self.allocator,
+            c.memory.prefix_cache,
+            receipts,
+        )
         tier = (lambda cache: HostTier(cache, self.kv, host, receipts)) if host else None
         store, self.store_off = open_store(
             c.store, c.memory.prefix_cache, c.group.world, self._identity(), receipts
@@ -184,14 +192,26 @@ class EngineCore:
         ps, write = self.allocator.page_size, c.store.kv_store_write
         keeper = StoreTier(store, self.kv, ps, write) if store else None
         cache = RadixCache(
-            self.allocator, disabled=not c.memory.prefix_cache, receipts=receipts, tier=tier,
-            keeper=keeper, kv=self.kv,
-        )  # fmt: skip
+            self.allocator,
+            disabled=not c.memory.prefix_cache,
+            receipts=receipts,
+            tier=tier,
+            keeper=keeper,
+            kv=self.kv,
+        )
         self.host_tier = cache.tier
         return Scheduler(
-            c, self.runner, self.allocator, self.req_table, cache, self.tokenizer,
-            self.max_context, receipts, group or self._group(), RequestTraces.of(tracing, receipts),
-        )  # fmt: skip
+            c,
+            self.runner,
+            self.allocator,
+            self.req_table,
+            cache,
+            self.tokenizer,
+            self.max_context,
+            receipts,
+            group or self._group(),
+            RequestTraces.of(tracing, receipts),
+        )
 
     def _identity(self) -> str:
         """The durable store's name for these weights and the KV they compute."""
@@ -277,9 +297,15 @@ class EngineCore:
 
     def _new_model(self, loaded: LoadedModel, backend: Any, quant: Any) -> LlamaModel:
         return LlamaModel(
-            loaded.config, loaded.weights, self.dtype, backend, device=self.config.model.device,
-            comm=self.shard_comm, quant=quant, stage=self.stage,
-        )  # fmt: skip
+            loaded.config,
+            loaded.weights,
+            self.dtype,
+            backend,
+            device=self.config.model.device,
+            comm=self.shard_comm,
+            quant=quant,
+            stage=self.stage,
+        )
 
     def swap_model(self, loaded: LoadedModel, model: LlamaModel) -> None:
         """Serve ``model`` from the next step on (at an iteration boundary, nothing resident)."""
@@ -307,11 +333,17 @@ class EngineCore:
         self.loaded, self.model = loaded, model
         self.runner.model = model
         self.receipts.emit(
-            schema.GROUP_LAYOUT, id=op.id, tp=op.tp, pp=op.pp, stage=self.stage.index,
-            layers=[model.span.start, model.span.stop], kv_heads=model.local_kv_heads,
-            pool_bytes=self.kv.total_bytes, before=[before.tp, before.pp],
+            schema.GROUP_LAYOUT,
+            id=op.id,
+            tp=op.tp,
+            pp=op.pp,
+            stage=self.stage.index,
+            layers=[model.span.start, model.span.stop],
+            kv_heads=model.local_kv_heads,
+            pool_bytes=self.kv.total_bytes,
+            before=[before.tp, before.pp],
             seconds=round(time.perf_counter() - t0, 6),
-        )  # fmt: skip
+        )
         return carried
 
     def ready(self, **where: Any) -> None:

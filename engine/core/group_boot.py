@@ -119,9 +119,9 @@ def join_as_rank0(config: EngineConfig, boot: str) -> Member:
                 f"rank 0 of {config.group.world} (tp {config.group.tp} x pp {config.group.pp}; "
                 "start the others with `engine worker`)"
             )
-        return _connect(
-            0, world, "env://", config.group.group_timeout, config.model.device, hello
-        )[0]  # fmt: skip
+        return _connect(0, world, "env://", config.group.group_timeout, config.model.device, hello)[
+            0
+        ]
     init = local_init_method(free_port())
     world = config.group.world
     args = [str(world), init, str(config.group.group_timeout), config.model.device]

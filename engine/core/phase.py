@@ -89,12 +89,16 @@ class PhasePolicy:
         pending = backlog(sched.running, sched.waiting)
         target, reason = decide(layout, pending, since, self.thresholds)
         numbers = {
-            "layout": layout, "backlog": pending, "since": since,
+            "layout": layout,
+            "backlog": pending,
+            "since": since,
             "decode": sum(1 for r in sched.running if r.output_ids),
-            "waiting": len(sched.waiting), "free": sched.memory.available(),
-            "enter": self.thresholds.enter, "exit": self.thresholds.exit,
+            "waiting": len(sched.waiting),
+            "free": sched.memory.available(),
+            "enter": self.thresholds.enter,
+            "exit": self.thresholds.exit,
             "dwell": self.thresholds.dwell,
-        }  # fmt: skip
+        }
         if target == layout:
             self.core.receipts.emit(schema.PHASE_DECIDE, decision="stay", reason=reason, **numbers)
             return None
@@ -105,7 +109,12 @@ class PhasePolicy:
         if flipped:
             self.last_flip = self.iterations
         self.core.receipts.emit(
-            schema.PHASE_DECIDE, decision="flip" if flipped else "stay", reason=reason,
-            to=target, cutover=end["id"], outcome=end["outcome"], **numbers,
-        )  # fmt: skip
+            schema.PHASE_DECIDE,
+            decision="flip" if flipped else "stay",
+            reason=reason,
+            to=target,
+            cutover=end["id"],
+            outcome=end["outcome"],
+            **numbers,
+        )
         return end

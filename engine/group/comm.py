@@ -107,9 +107,12 @@ class TorchComm(Comm):
     def min_ints(self, values: list[int]) -> list[int]:
         t = torch.tensor(values, dtype=torch.int64)
         self._call(
-            "floor all_reduce", self.dist.all_reduce, t, op=self.dist.ReduceOp.MIN,
+            "floor all_reduce",
+            self.dist.all_reduce,
+            t,
+            op=self.dist.ReduceOp.MIN,
             group=self.sched,
-        )  # fmt: skip
+        )
         return [int(v) for v in t]
 
     def gather_ints(self, values: list[int]) -> list[list[int]]:

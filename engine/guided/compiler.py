@@ -329,18 +329,28 @@ class Grammars:
         return self._cache.get(guide)
 
     def _emit(
-        self, guide: Guide, cache: str, ms: float | None, error: CompileError | None,
-        site: str = "prepare", worker: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        guide: Guide,
+        cache: str,
+        ms: float | None,
+        error: CompileError | None,
+        site: str = "prepare",
+        worker: int | None = None,
+    ) -> None:
         extra: dict[str, Any] = {} if ms is None else {"ms": round(ms, 3)}
         if error is not None:
             extra["error"] = str(error)
         if worker is not None:
             extra["worker"] = worker
         self.receipts.emit(
-            schema.GRAMMAR_COMPILE, guide=guide.digest, kind=guide.kind, cache=cache,
-            outcome="ok" if error is None else error.outcome, site=site, **extra,
-        )  # fmt: skip
+            schema.GRAMMAR_COMPILE,
+            guide=guide.digest,
+            kind=guide.kind,
+            cache=cache,
+            outcome="ok" if error is None else error.outcome,
+            site=site,
+            **extra,
+        )
 
     def _emit_worker(self, worker: Worker, action: str, **fields: Any) -> None:
         fields = {k: round(v, 3) if isinstance(v, float) else v for k, v in fields.items()}

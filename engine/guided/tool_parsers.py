@@ -43,8 +43,12 @@ class _Calls:
 
     def name(self, name: str) -> dict[str, Any]:
         self.named += 1
-        call = {"index": self.named - 1, "id": call_id(), "type": "function",
-                "function": {"name": name, "arguments": ""}}  # fmt: skip
+        call = {
+            "index": self.named - 1,
+            "id": call_id(),
+            "type": "function",
+            "function": {"name": name, "arguments": ""},
+        }
         return {"tool_calls": [call]}
 
     def arguments(self, value: Any) -> dict[str, Any]:
@@ -189,7 +193,12 @@ def merged(deltas: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any
             content.append(d["content"])
         for c in d.get("tool_calls", ()):
             if c["index"] == len(calls):
-                calls.append({"id": c["id"], "type": "function",
-                              "function": {"name": c["function"]["name"], "arguments": ""}})  # fmt: skip
+                calls.append(
+                    {
+                        "id": c["id"],
+                        "type": "function",
+                        "function": {"name": c["function"]["name"], "arguments": ""},
+                    }
+                )
             calls[c["index"]]["function"]["arguments"] += c["function"].get("arguments", "")
     return ("".join(content) or None), calls

@@ -222,8 +222,12 @@ def hermes_guide(tools: list[Tool], name: str | None, parallel: bool) -> Guide:
     """The output of a hermes model that must call: one ``<tool_call>`` block (more when
     ``parallel``), each a call of one of ``tools`` (only ``name``, when given)."""
     one, defs = _calls(tools, name)
-    spec = {"begin": "<tool_call>\n", "end": "\n</tool_call>", "schema": {**one, "$defs": defs},
-            "repeat": parallel}  # fmt: skip
+    spec = {
+        "begin": "<tool_call>\n",
+        "end": "\n</tool_call>",
+        "schema": {**one, "$defs": defs},
+        "repeat": parallel,
+    }
     return Guide("tagged_json", orjson.dumps(spec).decode(), True)
 
 
@@ -240,11 +244,15 @@ def arguments_of(text: str, param: str) -> Any:
 
 def _calls_in(m: dict[str, Any], i: int) -> list[dict[str, Any]]:
     return [
-        {"id": c.get("id"), "name": c["function"]["name"],
-         "arguments": arguments_of(c["function"]["arguments"],
-                                   f"messages.{i}.tool_calls.{j}.function.arguments")}
+        {
+            "id": c.get("id"),
+            "name": c["function"]["name"],
+            "arguments": arguments_of(
+                c["function"]["arguments"], f"messages.{i}.tool_calls.{j}.function.arguments"
+            ),
+        }
         for j, c in enumerate(m.get("tool_calls") or ())
-    ]  # fmt: skip
+    ]
 
 
 def history(messages: list[dict[str, Any]], native: bool) -> list[dict[str, Any]]:
@@ -260,9 +268,13 @@ def native_message(m: dict[str, Any], i: int) -> dict[str, Any]:
     if not m.get("tool_calls"):
         return m
     calls = [
-        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+        {
+            "id": c["id"],
+            "type": "function",
+            "function": {"name": c["name"], "arguments": c["arguments"]},
+        }
         for c in _calls_in(m, i)
-    ]  # fmt: skip
+    ]
     return {**m, "tool_calls": calls}
 
 

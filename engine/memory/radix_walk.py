@@ -115,10 +115,13 @@ def host_backed_reach(cache: RadixCache) -> int:
         tokens += len(node.key)
         p = node.parent
         if (
-            p is not None and p is not cache.root and p.lock_ref == 0 and p.value is not None
+            p is not None
+            and p is not cache.root
+            and p.lock_ref == 0
+            and p.value is not None
             and p.host is not None
             and all(c.value is None or id(c) in seen for c in p.children.values())
-        ):  # fmt: skip
+        ):
             stack.append(p)
     return tokens
 

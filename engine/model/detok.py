@@ -22,9 +22,9 @@ class IncrementalDetokenizer:
         self.skip = skip_special_tokens  # special tokens' text left out (as decode does)
         # vLLM's false, with special tokens shown: an added token right after another is its
         # own text, without the space a decoder (WordPiece, say) would put before it
-        self._added = {} if skip_special_tokens or spaces_between_special_tokens else (
-            tokenizer.added_tokens
-        )  # fmt: skip
+        self._added = (
+            {} if skip_special_tokens or spaces_between_special_tokens else (tokenizer.added_tokens)
+        )
         self.ids: list[int] = []
         self.text = ""
         self._prefix = 0  # start of the window decoded for context

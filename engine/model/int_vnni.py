@@ -43,8 +43,10 @@ def fits(n: int, k: int) -> bool:
 
 def _check(n: int, k: int) -> None:
     if not fits(n, k):
-        raise ValueError(f"integer products need rows in blocks of {ROWS} and columns in groups "
-                         f"of {GROUP}, not {n} x {k}")  # fmt: skip
+        raise ValueError(
+            f"integer products need rows in blocks of {ROWS} and columns in groups "
+            f"of {GROUP}, not {n} x {k}"
+        )
 
 
 def pack_int4(

@@ -103,9 +103,13 @@ class LlamaModel:
         self.ops = layer_ops(cfg.rms_eps, dtype, native=None if cpu else False)
         self.comm = comm if comm is not None else Comm()
         self.shard = plan_shard(
-            cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size,
-            self.comm.world, self.comm.rank,
-        )  # fmt: skip
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+            self.comm.world,
+            self.comm.rank,
+        )
         self.local_heads = len(self.shard.heads)
         self.local_kv_heads = len(self.shard.kv_heads)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)

@@ -18,9 +18,20 @@ from engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 
 # Quant types we dequantize (through the gguf package's reference numpy code).
 SUPPORTED_QUANTS = (
-    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-)  # fmt: skip
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+)
 
 _LAYER_MAP = {
     "attn_norm": "input_layernorm",

@@ -58,8 +58,10 @@ def why_not(model: Any) -> str | None:
     if model.comm.world > 1 or model.stage.count > 1:
         return "more than one rank or stage"
     for layer in model.layers:
-        if any(not isinstance(layer[k], QuantWeight) or layer[k].packed_form() is None
-               for k in MATRICES):  # fmt: skip
+        if any(
+            not isinstance(layer[k], QuantWeight) or layer[k].packed_form() is None
+            for k in MATRICES
+        ):
             return "a layer matrix has no packed int8/int4 form"
     return None
 
@@ -72,8 +74,11 @@ class NativeStep:
         self.mats = [f[0] for f in forms]
         self.scales = [f[1] for f in forms]
         self.groups = [f[2] for f in forms]
-        self.norms = [n for layer, nxt in zip(model.layers, model._next_norms)
-                      for n in (layer["mlp_norm"], nxt)]  # fmt: skip
+        self.norms = [
+            n
+            for layer, nxt in zip(model.layers, model._next_norms)
+            for n in (layer["mlp_norm"], nxt)
+        ]
         self.dims = [model.local_heads, model.local_kv_heads, model.cfg.head_dim]
         self.scale, self.eps = model.scale, model.cfg.rms_eps
         self.rows = STEP_ROWS
@@ -96,6 +101,19 @@ class NativeStep:
         slots, lens = native_slots(meta)
         pools = [t for kv in kv_layers for t in (kv.k, kv.v)]
         return torch.ops.attest.decode_layers(
-            h, x, cos, sin, self.mats, self.scales, self.groups, self.norms, pools,
-            meta.out_slots, slots, lens, self.dims, self.scale, self.eps,
-        )  # fmt: skip
+            h,
+            x,
+            cos,
+            sin,
+            self.mats,
+            self.scales,
+            self.groups,
+            self.norms,
+            pools,
+            meta.out_slots,
+            slots,
+            lens,
+            self.dims,
+            self.scale,
+            self.eps,
+        )

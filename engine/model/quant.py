@@ -106,13 +106,18 @@ class QuantPlan:
 
     def fields(self) -> dict[str, object]:
         out: dict[str, object] = {
-            "mode": self.mode, "dtype": str(self.dtype).removeprefix("torch."),
-            "path": self.path, "small_rows": self.small_rows, "matrices": dict(self.counts),
-            "packed_bytes": self.packed_bytes, "dense_bytes": self.dense_bytes,
+            "mode": self.mode,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "path": self.path,
+            "small_rows": self.small_rows,
+            "matrices": dict(self.counts),
+            "packed_bytes": self.packed_bytes,
+            "dense_bytes": self.dense_bytes,
             "quantize_s": round(self.seconds, 3),
-            "kv_dtype": str(self.kv_dtype).removeprefix("torch."), "vnni_rows": self.vnni_rows,
+            "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
+            "vnni_rows": self.vnni_rows,
             "int_vnni": self.int_vnni,
-        }  # fmt: skip
+        }
         if self.int_rows:  # microseconds, integers then dense, by row count
             out["int_rows"] = {
                 str(n): [round(a * 1e6, 1), round(b * 1e6, 1)]
@@ -134,25 +139,39 @@ def plan_quant(
     vnni = VNNI_ROWS if vnni_native(flags) else 0
     ints = (
         f"; int8 matrices of {VNNI_MIN_WEIGHTS >> 20} M weights or more (the LM head): FBGEMM's "
-        f"VNNI product up to {VNNI_ROWS} rows (activations 8 bits per row)" if vnni else ""
-    )  # fmt: skip
+        f"VNNI product up to {VNNI_ROWS} rows (activations 8 bits per row)"
+        if vnni
+        else ""
+    )
     if bf16_native(flags):
         native = cpu_ops.load() if native is None else native
         kv = torch.bfloat16 if native else torch.float32
         layer_ints = bool(native) and int_vnni_native(flags)
-        kernel = (f"{mode} integer products (activations 8 bits per group of 32, AVX-512 VNNI)"
-                  if layer_ints else f"{mode} packed kernel")  # fmt: skip
+        kernel = (
+            f"{mode} integer products (activations 8 bits per group of 32, AVX-512 VNNI)"
+            if layer_ints
+            else f"{mode} packed kernel"
+        )
         return QuantPlan(
-            mode, torch.bfloat16, SMALL_ROWS, kernel,
+            mode,
+            torch.bfloat16,
+            SMALL_ROWS,
+            kernel,
             f"dense bfloat16 beyond (avx512_bf16 present){ints}; "
             f"{str(kv).removeprefix('torch.')} KV pool",
-            kv_dtype=kv, vnni_rows=vnni, int_vnni=layer_ints,
-        )  # fmt: skip
+            kv_dtype=kv,
+            vnni_rows=vnni,
+            int_vnni=layer_ints,
+        )
     return QuantPlan(
-        mode, torch.float32, 0, "",
+        mode,
+        torch.float32,
+        0,
+        "",
         f"{mode} values dequantised to float32 (no bfloat16 units: packed kernels would be "
-        f"slower than exact mode here){ints}", vnni_rows=vnni,
-    )  # fmt: skip
+        f"slower than exact mode here){ints}",
+        vnni_rows=vnni,
+    )
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

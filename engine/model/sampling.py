@@ -12,9 +12,14 @@ import torch
 from engine.request.sampling_params import SamplingParams
 
 __all__ = [
-    "SamplingParams", "adjust_logits", "filtered_probs", "make_generator", "sample",
-    "prompt_logprobs", "token_logprobs",
-]  # fmt: skip
+    "SamplingParams",
+    "adjust_logits",
+    "filtered_probs",
+    "make_generator",
+    "sample",
+    "prompt_logprobs",
+    "token_logprobs",
+]
 
 
 class Sampled(Protocol):
@@ -74,9 +79,12 @@ def _wide_state(state: torch.Tensor, u: int) -> torch.Tensor:
 def sample_for(logits: torch.Tensor, reqs: Sequence[Sampled]) -> list[int]:
     """One token for each request, from its row of ``logits``."""
     return sample(
-        logits, [r.params for r in reqs], [r.generator for r in reqs],
-        [r.output_ids for r in reqs], [r.prompt_ids for r in reqs],
-    )  # fmt: skip
+        logits,
+        [r.params for r in reqs],
+        [r.generator for r in reqs],
+        [r.output_ids for r in reqs],
+        [r.prompt_ids for r in reqs],
+    )
 
 
 def sample(
@@ -95,9 +103,11 @@ def sample(
         logits = logits.clone()
         for i in rows:
             adjust_logits(
-                logits[i], params[i], outputs[i] if outputs is not None else [],
+                logits[i],
+                params[i],
+                outputs[i] if outputs is not None else [],
                 prompts[i] if prompts is not None else (),
-            )  # fmt: skip
+            )
     out = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         if p.greedy:

@@ -35,7 +35,10 @@ def boot_fields(config: EngineConfig, launch: Launch | None) -> dict[str, Any]:
     """``boot.start``'s fields: the configuration and where this boot came from (this process's
     pid; its parent, the HTTP frontend when served; host, command line, versions)."""
     return {
-        "config": config.as_dict(), "pid": os.getpid(), "ppid": os.getppid(),
-        "host": socket.gethostname(), "argv": list(launch.argv if launch else sys.argv),
+        "config": config.as_dict(),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "host": socket.gethostname(),
+        "argv": list(launch.argv if launch else sys.argv),
         "versions": versions(config.model.device),
-    }  # fmt: skip
+    }

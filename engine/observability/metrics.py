@@ -66,9 +66,12 @@ class _EngineCollector:
         )
         g = GaugeMetricFamily("attest:kv_tokens", "KV pool token slots by state.", labels=["state"])
         for state, value in (
-            ("used", s.kv_used), ("cached", s.kv_cached), ("evictable", s.kv_evictable),
-            ("free", s.kv_free), ("total", s.kv_total),
-        ):  # fmt: skip
+            ("used", s.kv_used),
+            ("cached", s.kv_cached),
+            ("evictable", s.kv_evictable),
+            ("free", s.kv_free),
+            ("total", s.kv_total),
+        ):
             g.add_metric([state], value)
         yield g
         counts = s.receipts
@@ -80,8 +83,9 @@ class _EngineCollector:
             g = GaugeMetricFamily(
                 "attest:kv_store_bytes",
                 "The durable KV store's allocated bytes on disk: cap, used, pinned (by "
-                "checkpoints), reclaimable (what eviction can free).", labels=["state"],
-            )  # fmt: skip
+                "checkpoints), reclaimable (what eviction can free).",
+                labels=["state"],
+            )
             for state, value in s.store.items():
                 g.add_metric([state], value)
             yield g
@@ -109,8 +113,9 @@ def _spec_metrics(spec: SpecCounts) -> Iterator[Metric]:
         yield CounterMetricFamily(f"attest:spec_decode_num_{name}", help_, value=value)
     c = CounterMetricFamily(
         "attest:spec_decode_num_accepted_tokens_per_pos",
-        "Draft tokens kept, by position in the drafts (0: the first).", labels=["position"],
-    )  # fmt: skip
+        "Draft tokens kept, by position in the drafts (0: the first).",
+        labels=["position"],
+    )
     for pos, value in enumerate(spec.accepted_per_pos):
         c.add_metric([str(pos)], value)
     yield c
@@ -149,9 +154,10 @@ class ServerMetrics:
         r = self.registry
         self.prompt_tokens = Counter("attest:prompt_tokens", "Prompt tokens prefilled.", registry=r)
         self.cached_tokens = Counter(
-            "attest:cached_prompt_tokens", "Prompt tokens served from the prefix cache.",
+            "attest:cached_prompt_tokens",
+            "Prompt tokens served from the prefix cache.",
             registry=r,
-        )  # fmt: skip
+        )
         self.generation_tokens = Counter(
             "attest:generation_tokens", "Tokens generated.", registry=r
         )
@@ -159,29 +165,41 @@ class ServerMetrics:
         # (each a request.finish receipt), abort (each a request.abort receipt), rejected (the
         # scheduler refused it), error (the scheduler never took it: no receipt)
         self.requests = Counter(
-            "attest:requests", "Requests ended, by finish reason (stop, length, abort, rejected, "
-            "error).", ["finish_reason"], registry=r,
-        )  # fmt: skip
+            "attest:requests",
+            "Requests ended, by finish reason (stop, length, abort, rejected, error).",
+            ["finish_reason"],
+            registry=r,
+        )
         self.ttft = Histogram(
-            "attest:time_to_first_token_seconds", "Time to first token, as the client sees it.",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "attest:time_to_first_token_seconds",
+            "Time to first token, as the client sees it.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.itl = Histogram(
-            "attest:inter_token_latency_seconds", "Time between consecutive output tokens.",
-            buckets=_ITL_BUCKETS, registry=r,
-        )  # fmt: skip
+            "attest:inter_token_latency_seconds",
+            "Time between consecutive output tokens.",
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
         self.e2e = Histogram(
-            "attest:e2e_request_latency_seconds", "Request latency, arrival to last token.",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "attest:e2e_request_latency_seconds",
+            "Request latency, arrival to last token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.cutovers = Counter(
-            "attest:cutovers", "Cutovers ended, by kind (weights, pool) and outcome (ok, "
-            "rejected, failed).", ["kind", "outcome"], registry=r,
-        )  # fmt: skip
+            "attest:cutovers",
+            "Cutovers ended, by kind (weights, pool) and outcome (ok, rejected, failed).",
+            ["kind", "outcome"],
+            registry=r,
+        )
         self.cutover_pause = Gauge(
-            "attest:cutover_last_pause_seconds", "Seconds the last cutover that ended held new "
-            "work from starting, by kind.", ["kind"], registry=r,
-        )  # fmt: skip
+            "attest:cutover_last_pause_seconds",
+            "Seconds the last cutover that ended held new work from starting, by kind.",
+            ["kind"],
+            registry=r,
+        )
         self.rejections = Counter(
             "attest:http_rejections",
             "Requests the HTTP frontend answered with an error (each "

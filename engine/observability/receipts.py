@@ -158,8 +158,11 @@ class Receipts:
             self.failed[event] += 1
             self.failures += 1
             if self.failures == 1:
-                print(f"attest: receipt emitter failed ({type(e).__name__}: {e}); "
-                      "further failures are counted, not printed", file=sys.stderr)  # fmt: skip
+                print(
+                    f"attest: receipt emitter failed ({type(e).__name__}: {e}); "
+                    "further failures are counted, not printed",
+                    file=sys.stderr,
+                )
 
     def _tap(self, event: str, fields: dict[str, Any]) -> None:
         try:

@@ -26,9 +26,21 @@ class Kind:
 # Field groups the engine writes together (optional fields of several kinds)
 _BUDGET = ("local_avail", "evictable", "decode_reserve", "floor", "offset", "remaining")
 _STORE = ("cap", "used", "pinned", "reclaimable")  # the store's numbers, in allocated bytes
-_ENDING = ("tokens", "prompt_tokens", "cached", "parks", "retractions", "trace_id", "queue_s",
-           "ttft_s", "e2e_s", "constrained", "spec_proposed", "spec_accepted",
-           "output_hash")  # fmt: skip
+_ENDING = (
+    "tokens",
+    "prompt_tokens",
+    "cached",
+    "parks",
+    "retractions",
+    "trace_id",
+    "queue_s",
+    "ttft_s",
+    "e2e_s",
+    "constrained",
+    "spec_proposed",
+    "spec_accepted",
+    "output_hash",
+)
 _NET = ("site", "rid")
 # The step budget (`step_tokens`) as admission saw it: the step's decode tokens, the room left
 # for this chunk (None: no step budget), and whether that room cut the chunk short.

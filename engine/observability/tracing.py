@@ -111,8 +111,11 @@ class _DropReporter:
             self.dropping = True
         text = f"spans are being dropped: {reason}"
         try:
-            print(f"attest ({self.process}): {text}; further drops are not reported",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"attest ({self.process}): {text}; further drops are not reported",
+                file=sys.stderr,
+                flush=True,
+            )
             if self.on_drop is not None:
                 self.on_drop(text)
         except Exception:
@@ -206,9 +209,14 @@ class Tracing:
         return self._propagator.extract(carrier or {})
 
     def start_span(
-        self, name: str, *, parent: Any = None, kind: str = "INTERNAL", start_ns: int | None = None,
+        self,
+        name: str,
+        *,
+        parent: Any = None,
+        kind: str = "INTERNAL",
+        start_ns: int | None = None,
         attributes: dict[str, Any] | None = None,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         from opentelemetry.trace import SpanKind
 
         return self.tracer.start_span(

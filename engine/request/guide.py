@@ -37,11 +37,25 @@ MAX_GUIDE_BYTES = 1 << 20
 # Assertion keywords xgrammar 0.2 compiles but does not enforce (tests/unit/test_grammar_spec.py
 # shows each one ignored). Annotations (title, description, default, examples, ...) and unknown
 # keywords are ignored by JSON Schema itself and stay allowed.
-UNENFORCED = frozenset({
-    "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-    "uniqueItems", "contains", "minContains", "maxContains", "unevaluatedProperties",
-    "unevaluatedItems", "$dynamicRef", "$recursiveRef",
-})  # fmt: skip
+UNENFORCED = frozenset(
+    {
+        "not",
+        "if",
+        "then",
+        "else",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "$dynamicRef",
+        "$recursiveRef",
+    }
+)
 # Where a schema holds schemas: one, a list of them, or a map of names to them.
 _ONE = ("additionalProperties", "items", "propertyNames", "additionalItems")
 _LIST = ("prefixItems", "anyOf", "oneOf", "allOf")

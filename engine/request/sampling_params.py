@@ -30,8 +30,12 @@ def _is_num(v: object) -> bool:
 
 
 # the boolean fields
-_FLAGS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
-          "spaces_between_special_tokens")  # fmt: skip
+_FLAGS = (
+    "ignore_eos",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+)
 
 
 @dataclass(slots=True)
@@ -79,58 +83,93 @@ class SamplingParams:
         _need(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
         _need(
             _is_int(self.top_k) and (self.top_k >= 1 or self.top_k in (-1, 0)),
-            "top_k", "-1, 0 (off) or an integer >= 1", self.top_k,
-        )  # fmt: skip
+            "top_k",
+            "-1, 0 (off) or an integer >= 1",
+            self.top_k,
+        )
         _need(_is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
         _need(self.seed is None or _is_int(self.seed), "seed", "an integer or None", self.seed)
         _need(
             self.seed is None or SEED_MIN <= self.seed <= SEED_MAX,
-            "seed", "a signed 64-bit integer, in [-2**63, 2**63 - 1]", self.seed,
-        )  # fmt: skip
+            "seed",
+            "a signed 64-bit integer, in [-2**63, 2**63 - 1]",
+            self.seed,
+        )
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             _need(_is_num(v) and abs(v) <= PENALTY_LIMIT, name, "a number in [-2, 2]", v)
         rep = self.repetition_penalty
-        _need(_is_num(rep) and 1 / REPETITION_LIMIT <= rep <= REPETITION_LIMIT,
-              "repetition_penalty", f"a number in [{1 / REPETITION_LIMIT}, {REPETITION_LIMIT:g}]",
-              rep)  # fmt: skip
+        _need(
+            _is_num(rep) and 1 / REPETITION_LIMIT <= rep <= REPETITION_LIMIT,
+            "repetition_penalty",
+            f"a number in [{1 / REPETITION_LIMIT}, {REPETITION_LIMIT:g}]",
+            rep,
+        )
         bias = self.logit_bias
         _need(
-            bias is None or (isinstance(bias, dict) and all(
-                _is_int(t) and t >= 0 and _is_num(b) and abs(b) <= BIAS_LIMIT
-                for t, b in bias.items()
-            )),
-            "logit_bias", "a map of token ids to numbers in [-100, 100]", bias,
-        )  # fmt: skip
+            bias is None
+            or (
+                isinstance(bias, dict)
+                and all(
+                    _is_int(t) and t >= 0 and _is_num(b) and abs(b) <= BIAS_LIMIT
+                    for t, b in bias.items()
+                )
+            ),
+            "logit_bias",
+            "a map of token ids to numbers in [-100, 100]",
+            bias,
+        )
         _need(
             _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
-            "min_tokens", f"an integer in [0, max_tokens={self.max_tokens}]", self.min_tokens,
-        )  # fmt: skip
+            "min_tokens",
+            f"an integer in [0, max_tokens={self.max_tokens}]",
+            self.min_tokens,
+        )
         for name in _FLAGS:
             _need(isinstance(getattr(self, name), bool), name, "a boolean", getattr(self, name))
-        _need(_is_int(self.priority) and SEED_MIN <= self.priority <= SEED_MAX, "priority",
-              "a signed 64-bit integer", self.priority)  # fmt: skip
+        _need(
+            _is_int(self.priority) and SEED_MIN <= self.priority <= SEED_MAX,
+            "priority",
+            "a signed 64-bit integer",
+            self.priority,
+        )
         for name in ("logprobs", "prompt_logprobs"):
             lp = getattr(self, name)
-            _need(lp is None or (_is_int(lp) and 0 <= lp <= LOGPROBS_LIMIT), name,
-                  f"None or an integer in [0, {LOGPROBS_LIMIT}]", lp)  # fmt: skip
+            _need(
+                lp is None or (_is_int(lp) and 0 <= lp <= LOGPROBS_LIMIT),
+                name,
+                f"None or an integer in [0, {LOGPROBS_LIMIT}]",
+                lp,
+            )
         _need(self.guide is None or isinstance(self.guide, Guide), "guide", "a Guide", self.guide)
         if self.guide is not None:  # the grammar decides where the output ends
-            _need(not self.ignore_eos, "ignore_eos", "false with a guide (response_format)",
-                  self.ignore_eos)  # fmt: skip
-            _need(self.min_tokens == 0, "min_tokens", "0 with a guide (response_format)",
-                  self.min_tokens)  # fmt: skip
+            _need(
+                not self.ignore_eos,
+                "ignore_eos",
+                "false with a guide (response_format)",
+                self.ignore_eos,
+            )
+            _need(
+                self.min_tokens == 0,
+                "min_tokens",
+                "0 with a guide (response_format)",
+                self.min_tokens,
+            )
         stops = [self.stop] if isinstance(self.stop, str) else self.stop
         _need(
             stops is None
             or (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)),
-            "stop", "a non-empty string or a list of non-empty strings", self.stop,
-        )  # fmt: skip
+            "stop",
+            "a non-empty string or a list of non-empty strings",
+            self.stop,
+        )
         ids = self.stop_token_ids
         _need(
             ids is None or (isinstance(ids, list) and all(_is_int(i) and i >= 0 for i in ids)),
-            "stop_token_ids", "a list of token ids", ids,
-        )  # fmt: skip
+            "stop_token_ids",
+            "a list of token ids",
+            ids,
+        )
 
     @property
     def stop_strings(self) -> list[str]:

@@ -125,15 +125,21 @@ def plan_in_step(
     """``plan_chunk`` within the step's ``room`` too. A chunk the room cannot hold (not one
     page's boundary) is ``Park("step_budget")``: it waits for the next step, not for memory."""
     plan = plan_chunk(
-        held=held, remaining=remaining, chunk_tokens=chunk_tokens, budget=budget,
+        held=held,
+        remaining=remaining,
+        chunk_tokens=chunk_tokens,
+        budget=budget,
         page_size=page_size,
-    )  # fmt: skip
+    )
     if room is None or isinstance(plan, Park) or plan.tokens <= room:
         return StepPlan(plan, False)
     cut = plan_chunk(
-        held=held, remaining=remaining, chunk_tokens=max(0, room), budget=budget,
+        held=held,
+        remaining=remaining,
+        chunk_tokens=max(0, room),
+        budget=budget,
         page_size=page_size,
-    )  # fmt: skip
+    )
     if isinstance(cut, Park):
         return StepPlan(Park("step_budget", need=remaining, fundable=cut.fundable), True)
     return StepPlan(cut, True)

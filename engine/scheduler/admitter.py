@@ -106,18 +106,28 @@ class Admitter:
                     plan = step.plan
             if isinstance(plan, Park) and plan.reason == "step_budget":
                 self.receipts.emit(
-                    schema.ADMISSION_DEFER, count=1, reason=plan.reason, rid=req.rid,
-                    running=len(self.running), step_budget=room, **budget.as_fields(),
-                )  # fmt: skip
+                    schema.ADMISSION_DEFER,
+                    count=1,
+                    reason=plan.reason,
+                    rid=req.rid,
+                    running=len(self.running),
+                    step_budget=room,
+                    **budget.as_fields(),
+                )
                 continue  # no room left in this step: not a park, memory is not short
             if isinstance(plan, Park):
                 if req.state is not State.PARKED:
                     req.state = State.PARKED
                     req.parks += 1
                     self.receipts.emit(
-                        schema.ADMISSION_PARK, rid=req.rid, reason=plan.reason, need=plan.need,
-                        fundable=plan.fundable, page_size=self.page_size, **budget.as_fields(),
-                    )  # fmt: skip
+                        schema.ADMISSION_PARK,
+                        rid=req.rid,
+                        reason=plan.reason,
+                        need=plan.need,
+                        fundable=plan.fundable,
+                        page_size=self.page_size,
+                        **budget.as_fields(),
+                    )
                 continue
             if req.state is State.PARKED:
                 req.state = State.RUNNING
@@ -141,9 +151,12 @@ class Admitter:
                 break
             throttled = self.memory.throttle.active(self.receipts.iter)
             reason = line_closed(
-                chunk_budget=cap, running=len(self.running), max_running=self.config.max_running,
-                throttled=throttled, step_budget=room,
-            )  # fmt: skip
+                chunk_budget=cap,
+                running=len(self.running),
+                max_running=self.config.max_running,
+                throttled=throttled,
+                step_budget=room,
+            )
             if reason is not None:
                 break
             req = self.waiting[0]
@@ -167,9 +180,12 @@ class Admitter:
             plan = step.plan
             chunked = isinstance(plan, Admit) and plan.tokens < remaining
             reason = defer_reason(
-                plan, chunked=chunked, inflight=inflight, settled=len(self.running) - inflight,
+                plan,
+                chunked=chunked,
+                inflight=inflight,
+                settled=len(self.running) - inflight,
                 max_running=self.config.max_running,
-            )  # fmt: skip
+            )
             if reason is not None:
                 if match.length:
                     self.cache.dec_lock_ref(match.node)
@@ -184,17 +200,23 @@ class Admitter:
             planned.append((req, plan.tokens))
         if reason is not None and self.waiting:
             self.receipts.emit(
-                schema.ADMISSION_DEFER, count=len(self.waiting), reason=reason,
-                running=len(self.running), step_budget=room, **budget.as_fields(),
-            )  # fmt: skip
+                schema.ADMISSION_DEFER,
+                count=len(self.waiting),
+                reason=reason,
+                running=len(self.running),
+                step_budget=room,
+                **budget.as_fields(),
+            )
 
     def _room(self, planned: Planned) -> int | None:
         """The step budget's room for the next chunk: the decodes and the chunks planned so far
         come off it (None: no step budget)."""
         return step_room(
-            step_tokens=self.config.step_tokens, decodes=len(self.decode),
-            planned=sum(n for _, n in planned), page_size=self.page_size,
-        )  # fmt: skip
+            step_tokens=self.config.step_tokens,
+            decodes=len(self.decode),
+            planned=sum(n for _, n in planned),
+            page_size=self.page_size,
+        )
 
     def _plan(
         self, held: int, need: int, cap: int, room: int | None, budget: Budget, reserve: int = 0
@@ -202,9 +224,13 @@ class Admitter:
         """The chunk of ``need`` tokens after ``held``, within ``cap``, the step's ``room`` and
         what the budget funds beyond ``reserve``."""
         return plan_in_step(
-            held=held, remaining=need, chunk_tokens=cap, room=room,
-            budget=budget.remaining - reserve, page_size=self.page_size,
-        )  # fmt: skip
+            held=held,
+            remaining=need,
+            chunk_tokens=cap,
+            room=room,
+            budget=budget.remaining - reserve,
+            page_size=self.page_size,
+        )
 
     def _reread(self, budget: Budget) -> None:
         """The budget's memory terms, read from the pool and the step's decoders now."""
@@ -276,11 +302,20 @@ class Admitter:
         plan = step.plan
         assert isinstance(plan, Admit)
         self.receipts.emit(
-            schema.ADMISSION_ADMIT, rid=req.rid, tokens=plan.tokens, pages=plan.pages,
-            prefix_hit=req.cached_len, held=req.kv_len, chunked=chunked,
-            retracted=req.retractions, decodes=len(self.decode), step_budget=room,
-            step_cut=step.step_cut, **budget.as_fields(), **_unmatched(req),
-        )  # fmt: skip
+            schema.ADMISSION_ADMIT,
+            rid=req.rid,
+            tokens=plan.tokens,
+            pages=plan.pages,
+            prefix_hit=req.cached_len,
+            held=req.kv_len,
+            chunked=chunked,
+            retracted=req.retractions,
+            decodes=len(self.decode),
+            step_budget=room,
+            step_cut=step.step_cut,
+            **budget.as_fields(),
+            **_unmatched(req),
+        )
 
 
 def _unmatched(req: Request) -> dict[str, str]:

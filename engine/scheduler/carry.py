@@ -54,9 +54,14 @@ class Carried:
     evicted: int = 0  # cached prefix tokens evicted because they did not fit
 
     def fields(self, cache_tokens: int) -> dict[str, Any]:
-        return {"rids": self.rids, "tokens": self.tokens, "requeued": self.requeued,
-                "requeued_tokens": self.requeued_tokens, "cached_tokens": cache_tokens,
-                "evicted": self.evicted}  # fmt: skip
+        return {
+            "rids": self.rids,
+            "tokens": self.tokens,
+            "requeued": self.requeued,
+            "requeued_tokens": self.requeued_tokens,
+            "cached_tokens": cache_tokens,
+            "evicted": self.evicted,
+        }
 
 
 def in_flight_minimum(live: Iterable[Request], page_size: int) -> int:

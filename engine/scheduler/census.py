@@ -34,8 +34,13 @@ class Census:
 
     def fields(self, suffix: str = "") -> dict[str, object]:
         """The receipt fields (``suffix``: ``_before`` for the census an end repeats)."""
-        f = {"running": list(self.running), "parked": list(self.parked),
-             "waiting": list(self.waiting), "rids": self.rids(), "backlog": self.backlog}  # fmt: skip
+        f = {
+            "running": list(self.running),
+            "parked": list(self.parked),
+            "waiting": list(self.waiting),
+            "rids": self.rids(),
+            "backlog": self.backlog,
+        }
         return {k + suffix: v for k, v in f.items()}
 
 

@@ -54,8 +54,11 @@ def state_violations(sched: Checked) -> list[Violation]:
     ):
         both = sorted(waiting & running)
         out.append(
-            ("request_states", {"waiting": len(sched.waiting), "running": len(sched.running), "both": both})
-        )  # fmt: skip
+            (
+                "request_states",
+                {"waiting": len(sched.waiting), "running": len(sched.running), "both": both},
+            )
+        )
     if waiting | running != set(sched.requests):
         lost = sorted(set(sched.requests) - waiting - running)
         extra = sorted((waiting | running) - set(sched.requests))

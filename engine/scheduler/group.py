@@ -153,9 +153,13 @@ class PublishedGroup(GroupView):
         mine = local.available + local.evictable
         if self.floor < mine:  # it binds: this rank alone would have counted more
             self.receipts.emit(
-                schema.GROUP_FLOOR, floor=self.floor, local=mine, available=agreed.available,
-                evictable=agreed.evictable, staged=agreed.staged,
-            )  # fmt: skip
+                schema.GROUP_FLOOR,
+                floor=self.floor,
+                local=mine,
+                available=agreed.available,
+                evictable=agreed.evictable,
+                staged=agreed.staged,
+            )
         return self.floor
 
     def published_floor(self) -> int | None:
@@ -188,9 +192,12 @@ class PublishedGroup(GroupView):
         if len({tuple(h) for h in halves}) > 1:
             shown = [format(hi << 32 | lo, "016x") for hi, lo in halves]
             self.receipts.violation(
-                "group_split", iteration=iteration, digests=shown, rank=self.rank,
+                "group_split",
+                iteration=iteration,
+                digests=shown,
+                rank=self.rank,
                 message=f"the ranks were about to run different batches at iteration {iteration}",
-            )  # fmt: skip
+            )
             raise GroupSplit(f"group split at iteration {iteration}: batch digests by rank {shown}")
 
 

@@ -50,10 +50,19 @@ class IterationLog:
             extra |= sched.spec.iteration_fields()
         self.digest_iter = sched.receipts.iter if digest is not None else self.digest_iter
         sched.receipts.emit(
-            schema.ITERATION, running=s.running, waiting=s.waiting, parked=s.parked, **s.progress(),
-            token_usage=round(s.token_usage, 4), avail=s.kv_free, evictable=s.kv_evictable,
-            staged=s.kv_staged, cached=s.kv_cached, ratio=round(s.new_token_ratio, 4), **extra,
-        )  # fmt: skip
+            schema.ITERATION,
+            running=s.running,
+            waiting=s.waiting,
+            parked=s.parked,
+            **s.progress(),
+            token_usage=round(s.token_usage, 4),
+            avail=s.kv_free,
+            evictable=s.kv_evictable,
+            staged=s.kv_staged,
+            cached=s.kv_cached,
+            ratio=round(s.new_token_ratio, 4),
+            **extra,
+        )
 
 
 def snapshot_of(sched: Any) -> PoolSnapshot:
@@ -62,14 +71,20 @@ def snapshot_of(sched: Any) -> PoolSnapshot:
     cache, mem, running = sched.cache, sched.memory, sched.running
     parked = sum(1 for r in running if r.state is State.PARKED)
     return PoolSnapshot(
-        running=len(running) - parked, parked=parked, waiting=len(sched.waiting),
+        running=len(running) - parked,
+        parked=parked,
+        waiting=len(sched.waiting),
         kv_used=sched.allocator.used_size() - cache.evictable_size(),
-        kv_cached=cache.total_size(), kv_evictable=mem.evictable(),
-        kv_free=mem.available(), kv_staged=mem.staged(), kv_total=mem.capacity,
-        new_token_ratio=sched.ratio.value, receipts=dict(sched.receipts.counts),
+        kv_cached=cache.total_size(),
+        kv_evictable=mem.evictable(),
+        kv_free=mem.available(),
+        kv_staged=mem.staged(),
+        kv_total=mem.capacity,
+        new_token_ratio=sched.ratio.value,
+        receipts=dict(sched.receipts.counts),
         receipts_written=dict(sched.receipts.written),
         receipts_failed=dict(sched.receipts.failed),
         **computed.progress(sched.generated, sched.receipts.counts),
         spec=sched.spec.counts() if sched.spec is not None else None,
         store=cache.keeper.store.capacity() if cache.keeper is not None else None,
-    )  # fmt: skip
+    )

@@ -231,9 +231,14 @@ class Memory:
                     paid, outcome, error = 0, "raised", f"{type(e).__name__}: {e}"
                 freed += paid
                 self.receipts.emit(
-                    schema.RELIEF_RUNG, rung=name, asked=asked, paid=paid, outcome=outcome,
-                    error=error, site=site,
-                )  # fmt: skip
+                    schema.RELIEF_RUNG,
+                    rung=name,
+                    asked=asked,
+                    paid=paid,
+                    outcome=outcome,
+                    error=error,
+                    site=site,
+                )
         finally:
             self._asking = ("relief", None)
         return freed
@@ -257,9 +262,13 @@ class Memory:
         t = self.throttle
         until = t.close(self.receipts.iter)
         self.receipts.emit(
-            schema.RELIEF_THROTTLE, iterations=t.iterations, until=until,
-            running=len(self.running), waiting=len(self.waiting), site=self._asking[0],
-        )  # fmt: skip
+            schema.RELIEF_THROTTLE,
+            iterations=t.iterations,
+            until=until,
+            running=len(self.running),
+            waiting=len(self.waiting),
+            site=self._asking[0],
+        )
         return 0
 
     def _retract_rung(self, asked: int) -> int:
@@ -289,9 +298,12 @@ class Memory:
 
     def _retract_victims(self, need: int) -> None:
         victims = pick_victims(
-            self.running, need=need, available=self.available(), evictable=self.evictable(),
+            self.running,
+            need=need,
+            available=self.available(),
+            evictable=self.evictable(),
             page_size=self.page_size,
-        )  # fmt: skip
+        )
         self.retract(victims, need, "decode")
 
     # -- taking and giving back ---------------------------------------------------------------
@@ -313,15 +325,24 @@ class Memory:
             if staged := alloc.staged_size():
                 freed = alloc.flush_free_group()
                 r.emit(
-                    schema.ALLOC_FLUSH, need=need, staged=staged, freed=freed, site=site,
+                    schema.ALLOC_FLUSH,
+                    need=need,
+                    staged=staged,
+                    freed=freed,
+                    site=site,
                     rid=req.rid,
-                )  # fmt: skip
+                )
             if (short := need - alloc.available_size()) > 0:
                 paid = self.make_room(short, "alloc_net", req.rid)
                 r.emit(
-                    schema.ALLOC_RELIEF, need=need, freed=paid.evicted + paid.relieved,
-                    evicted=paid.evicted, relieved=paid.relieved, site=site, rid=req.rid,
-                )  # fmt: skip
+                    schema.ALLOC_RELIEF,
+                    need=need,
+                    freed=paid.evicted + paid.relieved,
+                    evicted=paid.evicted,
+                    relieved=paid.relieved,
+                    site=site,
+                    rid=req.rid,
+                )
             slots = call()  # the retry is the same call as the first attempt
             r.emit(schema.ALLOC_RETRY, need=need, ok=slots is not None, site=site, rid=req.rid)
             if slots is None:
@@ -332,9 +353,12 @@ class Memory:
     def _exhausted(self, need: int, site: str, rid: str) -> None:
         a = self.allocator
         numbers = dict(
-            need=need, available=a.available_size(), staged=a.staged_size(),
-            evictable=self.cache.evictable_size(), capacity=a.capacity,
-        )  # fmt: skip
+            need=need,
+            available=a.available_size(),
+            staged=a.staged_size(),
+            evictable=self.cache.evictable_size(),
+            capacity=a.capacity,
+        )
         self.receipts.emit(schema.ALLOC_OOM, site=site, rid=rid, **numbers)
         raise KVPoolExhausted(
             f"KV pool cannot fund {need} tokens for {rid} at {site}: "
@@ -391,10 +415,18 @@ class Memory:
         if site == "decode":
             old, new = self.ratio.on_retract(decoded, remaining, len(victims))
         self.receipts.emit(
-            schema.RETRACT, rids=[r.rid for r in victims], tokens_freed=freed,
-            ratio_old=round(old, 4), ratio_new=round(new, 4), need=need, available=available,
-            evictable=evictable, candidates=candidates, running_after=len(running), site=site,
-        )  # fmt: skip
+            schema.RETRACT,
+            rids=[r.rid for r in victims],
+            tokens_freed=freed,
+            ratio_old=round(old, 4),
+            ratio_new=round(new, 4),
+            need=need,
+            available=available,
+            evictable=evictable,
+            candidates=candidates,
+            running_after=len(running),
+            site=site,
+        )
         self.waiting.extendleft(reversed(victims))
         for req in victims:
             self.receipts.emit(schema.REQUEUE, rid=req.rid, generated=len(req.output_ids))

@@ -84,14 +84,18 @@ class Request:
         carry its trace id) or a bare trace id."""
         trace_id, trace_parent = split_trace(trace)
         return cls(
-            rid=rid, prompt_ids=list(prompt_ids), params=params,
+            rid=rid,
+            prompt_ids=list(prompt_ids),
+            params=params,
             detok=IncrementalDetokenizer(
                 tokenizer, params.skip_special_tokens, params.spaces_between_special_tokens
             ),
             stop_ids=tokenizer.stop_ids,
-            max_context=max_context, generator=make_generator(params.seed),
-            trace_id=trace_id, trace_parent=trace_parent,
-        )  # fmt: skip
+            max_context=max_context,
+            generator=make_generator(params.seed),
+            trace_id=trace_id,
+            trace_parent=trace_parent,
+        )
 
     @property
     def prompt_len(self) -> int:
@@ -160,12 +164,18 @@ class Request:
         output is its final one, with its finish reason, parks and retractions."""
         done = self.state is State.FINISHED
         return StepOutput(
-            rid=self.rid, new_token_ids=tokens, text_delta=self.take_text_delta(), finished=done,
-            finish_reason=self.finish_reason if done else None, cached_tokens=self.cached_tokens,
+            rid=self.rid,
+            new_token_ids=tokens,
+            text_delta=self.take_text_delta(),
+            finished=done,
+            finish_reason=self.finish_reason if done else None,
+            cached_tokens=self.cached_tokens,
             abort_reason=self.abort_reason if done else None,
-            parks=self.parks if done else 0, retractions=self.retractions if done else 0,
-            logprobs=self.take_logprobs(), prompt_logprobs=self.take_prompt_logprobs(),
-        )  # fmt: skip
+            parks=self.parks if done else 0,
+            retractions=self.retractions if done else 0,
+            logprobs=self.take_logprobs(),
+            prompt_logprobs=self.take_prompt_logprobs(),
+        )
 
     def scores_prompt(self, start: int) -> bool:
         """Whether a chunk from position ``start`` needs its logits at every position: the

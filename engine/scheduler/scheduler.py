@@ -85,9 +85,16 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.memory = Memory(
-            allocator, req_table, cache, group, receipts, (self.running, self.waiting),
-            self.ratio, config.memory.relief_ladder, config.memory.relief_throttle_iterations,
-        )  # fmt: skip
+            allocator,
+            req_table,
+            cache,
+            group,
+            receipts,
+            (self.running, self.waiting),
+            self.ratio,
+            config.memory.relief_ladder,
+            config.memory.relief_throttle_iterations,
+        )
         self.admitter = Admitter(
             config.scheduler, self.memory, receipts, self.ratio, self.running, self.waiting
         )
@@ -134,8 +141,11 @@ class Scheduler:
         req.guided = guided
         if arrived is not None:  # queued before we saw it (a busy or stalled loop): counted
             req.arrival -= max(0.0, time.time() - arrived)
-        self.group.record(AddRequest(rid=rid, prompt_ids=list(prompt_ids), params=params,
-                                     trace=trace_id, promise=promise))  # fmt: skip
+        self.group.record(
+            AddRequest(
+                rid=rid, prompt_ids=list(prompt_ids), params=params, trace=trace_id, promise=promise
+            )
+        )
         self.requests[rid] = req
         overtook = 0  # the line is first come, first served; by priority under that policy
         if self.config.scheduler.scheduling_policy == "priority":
@@ -149,9 +159,13 @@ class Scheduler:
         if arrived is not None:
             extra["arrived"] = round(arrived, 6)
         self.receipts.emit(
-            schema.REQUEST_RECEIVED, rid=rid, prompt_tokens=req.prompt_len,
-            max_new_tokens=params.max_tokens, trace_id=req.trace_id, **extra,
-        )  # fmt: skip
+            schema.REQUEST_RECEIVED,
+            rid=rid,
+            prompt_tokens=req.prompt_len,
+            max_new_tokens=params.max_tokens,
+            trace_id=req.trace_id,
+            **extra,
+        )
         return req
 
     def _refuse(self, rid: str, prompt: int, need: int, promise: bool) -> NoReturn:
@@ -249,8 +263,11 @@ class Scheduler:
             for (req, n), end, w in zip(chunks, ends[len(decode) :], every[len(decode) :]):
                 if w:
                     req.score_prompt(req.kv_len - n, logits[end - n : end])
-            spans = [(r, logits[ends[i] - len(batch[i].token_ids) : ends[i]])
-                     for i, r in enumerate(decode) if drafted[i]]  # fmt: skip
+            spans = [
+                (r, logits[ends[i] - len(batch[i].token_ids) : ends[i]])
+                for i, r in enumerate(decode)
+                if drafted[i]
+            ]
             rows = [ends[r] - 1 for r in rows]
         outs = self._sample_and_advance(samplers, logits[rows], fill) if samplers else []
         if spans:
@@ -372,10 +389,16 @@ class Scheduler:
         req.state = State.FINISHED
         self.requests.pop(req.rid, None)
         common = dict(
-            rid=req.rid, tokens=len(req.output_ids), prompt_tokens=req.prompt_len,
-            cached=req.cached_tokens, parks=req.parks, retractions=req.retractions,
-            trace_id=req.trace_id, output_hash=req.output_hash(), **req.timing(time.monotonic()),
-        )  # fmt: skip
+            rid=req.rid,
+            tokens=len(req.output_ids),
+            prompt_tokens=req.prompt_len,
+            cached=req.cached_tokens,
+            parks=req.parks,
+            retractions=req.retractions,
+            trace_id=req.trace_id,
+            output_hash=req.output_hash(),
+            **req.timing(time.monotonic()),
+        )
         if req.guided is not None:
             common["constrained"] = req.guided.guide.kind
         if req.spec_proposed:

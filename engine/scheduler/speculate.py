@@ -55,9 +55,14 @@ class Tally:
 
 class Speculator:
     def __init__(
-        self, k: int, proposer: Proposer, allocator: TokenAllocator, receipts: Receipts,
-        masks: Masks, rows: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        k: int,
+        proposer: Proposer,
+        allocator: TokenAllocator,
+        receipts: Receipts,
+        masks: Masks,
+        rows: int | None = None,
+    ) -> None:
         self.k = k
         # the most token rows a step with drafts may carry (the step budget; in fast mode the
         # packed kernel's, so a drafted position is computed as the decode step it saves; None:
@@ -100,8 +105,13 @@ class Speculator:
 
     def propose(self, req: Request) -> list[int]:
         """Up to ``k`` drafts after the request's text, within its max_tokens and context."""
-        room = min(req.params.max_tokens - len(req.output_ids),
-                   req.max_context - req.prompt_len - len(req.output_ids)) - 1  # fmt: skip
+        room = (
+            min(
+                req.params.max_tokens - len(req.output_ids),
+                req.max_context - req.prompt_len - len(req.output_ids),
+            )
+            - 1
+        )
         return self.proposer.propose(req, min(req.pace.drafts(self.k), room)) if room > 0 else []
 
     def fund(
@@ -123,8 +133,14 @@ class Speculator:
             got, slots = self._funded(req, min(len(drafts), max(room, 0)), spare)
             if got < len(drafts):
                 by_rows = {"rows": max(room, 0)} if self.rows else {}
-                self.receipts.emit(schema.SPEC_CUT, rid=req.rid, want=len(drafts), got=got,
-                                   spare=max(spare, 0), **by_rows)  # fmt: skip
+                self.receipts.emit(
+                    schema.SPEC_CUT,
+                    rid=req.rid,
+                    want=len(drafts),
+                    got=got,
+                    spare=max(spare, 0),
+                    **by_rows,
+                )
             if got:
                 spare, room = spare - slots, room - got
                 out[req.rid] = drafts[:got]
@@ -191,8 +207,13 @@ class Speculator:
         self.tally.accepted += kept
         req.spec_accepted += kept
         if req.finish_reason is None and req.pace.verified(proposed, kept, self.batch):
-            self.receipts.emit(schema.SPEC_OFF, scope="request", rid=req.rid,
-                               rate=round(req.pace.rate, 3), steps=req.pace.off_for)  # fmt: skip
+            self.receipts.emit(
+                schema.SPEC_OFF,
+                scope="request",
+                rid=req.rid,
+                rate=round(req.pace.rate, 3),
+                steps=req.pace.off_for,
+            )
 
     def finished(self, req: Request) -> None:
         self.proposer.finished(req)
@@ -214,9 +235,12 @@ class Speculator:
 
 
 def speculator(
-    sc: SchedulerSection, allocator: TokenAllocator, receipts: Receipts, masks: Masks,
+    sc: SchedulerSection,
+    allocator: TokenAllocator,
+    receipts: Receipts,
+    masks: Masks,
     model: LlamaModel | None = None,
-) -> Speculator | None:  # fmt: skip
+) -> Speculator | None:
     """The step's speculator as ``sc.speculative`` asks (None: off). A step with drafts carries
     at most ``step_tokens`` rows (the step budget bounds the forward, drafts included) and, in
     fast mode, at most the rows the packed kernel takes (the quant plan's ``small_rows``): it

@@ -75,13 +75,17 @@ class RequestTraces:
         try:
             parent = self.tracing.context_from({"traceparent": req.trace_parent or ""})
             span = self.tracing.start_span(
-                "scheduler.request", parent=parent,
-                attributes=clean({
-                    "attest.rid": req.rid, "attest.boot": self.receipts.boot,
-                    "gen_ai.request.max_tokens": req.params.max_tokens,
-                    "attest.prompt_tokens": req.prompt_len,
-                }),
-            )  # fmt: skip
+                "scheduler.request",
+                parent=parent,
+                attributes=clean(
+                    {
+                        "attest.rid": req.rid,
+                        "attest.boot": self.receipts.boot,
+                        "gen_ai.request.max_tokens": req.params.max_tokens,
+                        "attest.prompt_tokens": req.prompt_len,
+                    }
+                ),
+            )
             live = self.live[req.rid] = _Live(span)
             live.queue = self._child(live, "scheduler.queue", **{"attest.rid": req.rid})
         except Exception as e:
@@ -121,15 +125,20 @@ class RequestTraces:
                         "attest.chunk.prefix_hit": fields.get("prefix_hit"),
                         "attest.retractions": fields.get("retracted"),
                     },
-                )  # fmt: skip
+                )
             )
         elif event == schema.ADMISSION_PARK:
             if live.parked is None:
-                live.parked = self._child(live, "scheduler.parked", **{
-                    "attest.rid": rid, "attest.park.reason": fields.get("reason"),
-                    "attest.park.need": fields.get("need"),
-                    "attest.park.fundable": fields.get("fundable"),
-                })  # fmt: skip
+                live.parked = self._child(
+                    live,
+                    "scheduler.parked",
+                    **{
+                        "attest.rid": rid,
+                        "attest.park.reason": fields.get("reason"),
+                        "attest.park.need": fields.get("need"),
+                        "attest.park.fundable": fields.get("fundable"),
+                    },
+                )
         elif event == schema.ADMISSION_UNPARK:
             if live.parked is not None:
                 live.parked.end()
@@ -138,7 +147,9 @@ class RequestTraces:
             self._end_phases(live)
         elif event == schema.REQUEUE:
             if live.queue is None:
-                live.queue = self._child(live, "scheduler.queue", **{"attest.rid": rid, "attest.requeued": True})  # fmt: skip
+                live.queue = self._child(
+                    live, "scheduler.queue", **{"attest.rid": rid, "attest.requeued": True}
+                )
         elif event in _ENDINGS:
             self._finish(live, event, fields)
             del self.live[rid]
@@ -154,22 +165,26 @@ class RequestTraces:
         self._end_phases(live)
         reason = f.get("reason")
         finish = "abort" if event == schema.REQUEST_ABORT else reason
-        live.span.set_attributes(clean({
-            "gen_ai.usage.input_tokens": f.get("prompt_tokens"),
-            "gen_ai.usage.output_tokens": f.get("tokens"),
-            "gen_ai.usage.cache_read.input_tokens": f.get("cached"),
-            "gen_ai.response.finish_reasons": [finish] if finish else None,
-            "attest.cached_tokens": f.get("cached"),
-            "attest.parks": f.get("parks"),
-            "attest.retractions": f.get("retractions"),
-            "attest.queue_s": f.get("queue_s"),
-            "attest.ttft_s": f.get("ttft_s"),
-            "attest.e2e_s": f.get("e2e_s"),
-            "attest.chunks": live.n_chunks,
-            "attest.spec.proposed": f.get("spec_proposed"),
-            "attest.spec.accepted": f.get("spec_accepted"),
-            "attest.abort_reason": reason if event == schema.REQUEST_ABORT else None,
-        }))  # fmt: skip
+        live.span.set_attributes(
+            clean(
+                {
+                    "gen_ai.usage.input_tokens": f.get("prompt_tokens"),
+                    "gen_ai.usage.output_tokens": f.get("tokens"),
+                    "gen_ai.usage.cache_read.input_tokens": f.get("cached"),
+                    "gen_ai.response.finish_reasons": [finish] if finish else None,
+                    "attest.cached_tokens": f.get("cached"),
+                    "attest.parks": f.get("parks"),
+                    "attest.retractions": f.get("retractions"),
+                    "attest.queue_s": f.get("queue_s"),
+                    "attest.ttft_s": f.get("ttft_s"),
+                    "attest.e2e_s": f.get("e2e_s"),
+                    "attest.chunks": live.n_chunks,
+                    "attest.spec.proposed": f.get("spec_proposed"),
+                    "attest.spec.accepted": f.get("spec_accepted"),
+                    "attest.abort_reason": reason if event == schema.REQUEST_ABORT else None,
+                }
+            )
+        )
         if event == schema.REQUEST_ABORT:
             set_error(live.span, f"aborted: {reason}")
         live.span.end()

@@ -29,8 +29,15 @@ from engine.server.errors import ProtocolError, error_body, json_object
 from engine.server.limits import HttpLimits, read_body
 from engine.server.responses import error_response
 
-_FIELDS = {"kind": str, "mode": str, "path": str, "kv_tokens": int, "promises": str, "tp": int,
-           "pp": int}  # fmt: skip
+_FIELDS = {
+    "kind": str,
+    "mode": str,
+    "path": str,
+    "kv_tokens": int,
+    "promises": str,
+    "tp": int,
+    "pp": int,
+}
 
 
 def parse_cutover(body: bytes) -> dict[str, Any]:
@@ -99,8 +106,10 @@ async def _answer(fut: Any, metrics: ServerMetrics, counted: bool = True) -> Res
     if status == 500:  # an exception's text: its paths and addresses are for stderr and the log
         print(f"attest: cutover {fields.get('id')} failed: {reason}", file=sys.stderr, flush=True)
         kind = reason.split(": ", 1)[0]
-        reason = (f"the cutover failed ({kind if kind.isidentifier() else 'an error'}); the "
-                  "server's stderr and its cutover.end receipt say why")  # fmt: skip
+        reason = (
+            f"the cutover failed ({kind if kind.isidentifier() else 'an error'}); the "
+            "server's stderr and its cutover.end receipt say why"
+        )
         fields = {k: v for k, v in fields.items() if k != "reason"}
     body = error_body(reason, status)
     return JSONResponse({**body, "cutover": fields}, status_code=status)

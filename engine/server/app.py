@@ -43,8 +43,10 @@ def health(driver: EngineDriver, watch: LoopWatch) -> Response:
     if driver.stopping:
         return error_response(f"server is shutting down ({driver.stopping})", 503)
     if (age := driver.stalled()) is not None:
-        message = (f"scheduler stalled: no heartbeat from the scheduler process (pid "
-                   f"{driver.pid}) for {age:.1f} s (limit {driver.stall_s:g} s)")  # fmt: skip
+        message = (
+            f"scheduler stalled: no heartbeat from the scheduler process (pid "
+            f"{driver.pid}) for {age:.1f} s (limit {driver.stall_s:g} s)"
+        )
         body = orjson.loads(error_response(message, 503).body)
         return JSONResponse({**body, **beat}, status_code=503)
     # a --kv-store-dir given that the store does not use: why (said once, at boot)
@@ -54,8 +56,13 @@ def health(driver: EngineDriver, watch: LoopWatch) -> Response:
 
 def model_card(driver: EngineDriver, served_name: str) -> dict[str, Any]:
     """The one model this server serves, as ``GET /v1/models`` lists it."""
-    return {"id": served_name, "object": "model", "created": 0, "owned_by": "attest",
-            "max_model_len": driver.max_context}  # fmt: skip
+    return {
+        "id": served_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "attest",
+        "max_model_len": driver.max_context,
+    }
 
 
 def model_list(driver: EngineDriver, served_name: str) -> dict[str, Any]:
@@ -75,8 +82,13 @@ def serve_head(app: FastAPI) -> None:
     server sends no body for a HEAD. Left out of the document, as HEAD goes with GET."""
     for route in list(app.routes):
         if isinstance(route, APIRoute) and "GET" in route.methods:
-            app.add_api_route(route.path, route.endpoint, methods=["HEAD"],
-                              response_class=route.response_class, include_in_schema=False)  # fmt: skip
+            app.add_api_route(
+                route.path,
+                route.endpoint,
+                methods=["HEAD"],
+                response_class=route.response_class,
+                include_in_schema=False,
+            )
 
 
 def mount_models(app: FastAPI, driver: EngineDriver, served_name: str) -> None:

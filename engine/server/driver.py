@@ -75,9 +75,11 @@ class EngineDriver:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=scheduler_main, args=(config, child, launch), name="attest-scheduler",
+            target=scheduler_main,
+            args=(config, child, launch),
+            name="attest-scheduler",
             daemon=True,
-        )  # fmt: skip
+        )
         self._child = child
         self.config = config
         self.drain_s = drain_s
@@ -162,8 +164,11 @@ class EngineDriver:
         if stalled != self._stall_said:
             self._stall_said = stalled
             what = "has not been heard from for" if stalled else "is heard from again after"
-            print(f"attest: the scheduler process (pid {self.pid}) {what} {age:.1f} s",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"attest: the scheduler process (pid {self.pid}) {what} {age:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         return age if stalled else None
 
     def serving(self, host: str, port: int) -> None:
@@ -209,8 +214,12 @@ class EngineDriver:
         self._proc.join(max(0.0, deadline - time.monotonic()))
         for end, sig in ((self._proc.terminate, "SIGTERM"), (self._proc.kill, "SIGKILL")):
             if self._proc.is_alive():
-                print(f"attest: the scheduler process (pid {self.pid}) did not stop in time; "
-                      f"sending {sig}", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"attest: the scheduler process (pid {self.pid}) did not stop in time; "
+                    f"sending {sig}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 end()
                 self._proc.join(5)
         if self._reader.is_alive():  # it reports a death it saw (on_dead) before we return

@@ -106,9 +106,15 @@ def _inner_model(annotation: Any) -> Any:
     return None
 
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               408: "timeout_error", 413: "invalid_request_error", 429: "rate_limit_error",
-               504: "timeout_error"}  # fmt: skip
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    504: "timeout_error",
+}
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:

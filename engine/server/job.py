@@ -195,16 +195,21 @@ class Job:
             u = self.usage()
             first = min((t.first_ns for t in self.timers if t.first_ns), default=None)
             ttft = None if first is None else (first - self.started_ns) / 1e9
-            span.set_attributes(tr.clean({
-                "http.response.status_code": status,
-                "gen_ai.usage.input_tokens": u["prompt_tokens"],
-                "gen_ai.usage.output_tokens": u["completion_tokens"],
-                "gen_ai.usage.cache_read.input_tokens": self.cached,
-                "gen_ai.response.finish_reasons": [r or "" for r in self.reasons],
-                "attest.cached_tokens": self.cached, "attest.parks": self.parks,
-                "attest.retractions": self.retractions,
-                "attest.ttft_s": None if ttft is None else round(ttft, 6),
-            }))  # fmt: skip
+            span.set_attributes(
+                tr.clean(
+                    {
+                        "http.response.status_code": status,
+                        "gen_ai.usage.input_tokens": u["prompt_tokens"],
+                        "gen_ai.usage.output_tokens": u["completion_tokens"],
+                        "gen_ai.usage.cache_read.input_tokens": self.cached,
+                        "gen_ai.response.finish_reasons": [r or "" for r in self.reasons],
+                        "attest.cached_tokens": self.cached,
+                        "attest.parks": self.parks,
+                        "attest.retractions": self.retractions,
+                        "attest.ttft_s": None if ttft is None else round(ttft, 6),
+                    }
+                )
+            )
             if error is not None:
                 tr.set_error(span, error)
             span.end()

@@ -251,8 +251,10 @@ def _start(driver: EngineDriver, cfg: EngineConfig, early: EarlyStop) -> None:
 def _failed(code: int, error: str) -> dict[str, Any]:
     """``EngineDriver.stop``'s keywords for a boot that never served: the scheduler's
     ``boot.stop`` says ``boot_failed``, the exit code and why."""
-    return {"reason": schema.BOOT_FAILED,
-            "cause": {"exit_code": code, "error": clip_words(error, ERROR_CHARS)}}  # fmt: skip
+    return {
+        "reason": schema.BOOT_FAILED,
+        "cause": {"exit_code": code, "error": clip_words(error, ERROR_CHARS)},
+    }
 
 
 def _tracing(cfg: EngineConfig, driver: EngineDriver) -> Tracing:
@@ -289,10 +291,15 @@ def _server(
         driver, name, api_key=api_key, tracing=tracing, limits=limits, bind_host=bind_host
     )
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning",
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
         timeout_graceful_shutdown=int(drain_timeout + SHUTDOWN_MARGIN_S),
-        **http_options(limits, app.refused),  # head bounds and timeout, connections per client address
-    )  # fmt: skip
+        **http_options(
+            limits, app.refused
+        ),  # head bounds and timeout, connections per client address
+    )
     return _Server(config, driver, sock, early)
 
 

@@ -60,8 +60,11 @@ def went_away(request: Request, what: str) -> None:
         return
     client = request.client
     who = f"{client.host}:{client.port}" if client else "a client"
-    print(f"attest: {who} went away {what} ({request.method} {request.url.path}); "
-          "nothing was queued", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"attest: {who} went away {what} ({request.method} {request.url.path}); nothing was queued",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def refuse_encoded(request: Request) -> None:
@@ -111,8 +114,10 @@ def raw_error(status: int, reason: str, message: str) -> bytes:
     """A whole HTTP/1.1 error response that closes the connection, for the protocol level where
     no request (or no valid one) was read."""
     body = orjson.dumps(error_body(message, status))
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")  # fmt: skip
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -343,15 +348,20 @@ def _one_framing(app: Any, on_refused: Refused) -> Any:
 async def _answer(send: Any, status: int, message: str) -> None:
     """An error answer that closes the connection, sent straight to the protocol."""
     body = orjson.dumps(error_body(message, status))
-    headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
-               (b"content-length", str(len(body)).encode())]  # fmt: skip
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"connection", b"close"),
+        (b"content-length", str(len(body)).encode()),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 def _over_cap(host: str, cap: int, on_refused: Refused) -> Any:
-    message = (f"too many open connections from {host}: at most {cap} at once "
-               "(--max-client-connections); close some and retry")  # fmt: skip
+    message = (
+        f"too many open connections from {host}: at most {cap} at once "
+        "(--max-client-connections); close some and retry"
+    )
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await _answer(send, 429, message)

@@ -69,10 +69,14 @@ StopString = Annotated[str, Field(min_length=1)]
 Penalty = Annotated[float, Field(ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)]
 _BIAS = {"type": "number", "minimum": -BIAS_LIMIT, "maximum": BIAS_LIMIT}
 BiasMap = Annotated[
-    dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-BIAS_LIMIT, le=BIAS_LIMIT)]],
-    WithJsonSchema({"type": "object", "patternProperties": {"^[0-9]+$": _BIAS},
-                    "additionalProperties": False}),
-]  # fmt: skip
+    dict[
+        Annotated[str, Field(pattern=r"^[0-9]+$")],
+        Annotated[float, Field(ge=-BIAS_LIMIT, le=BIAS_LIMIT)],
+    ],
+    WithJsonSchema(
+        {"type": "object", "patternProperties": {"^[0-9]+$": _BIAS}, "additionalProperties": False}
+    ),
+]
 One = Field(json_schema_extra={"maxItems": 1})  # one prompt: the document says so, run() checks
 
 
@@ -148,8 +152,15 @@ class _Common(_Strict):
         k = max_context if k == -1 else k
         return ids[-k:] if len(ids) > k else ids
 
-    @field_validator("temperature", "top_p", "stream", "n", "presence_penalty",
-                     "frequency_penalty", mode="before")  # fmt: skip
+    @field_validator(
+        "temperature",
+        "top_p",
+        "stream",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        mode="before",
+    )
     @classmethod
     def _null_is_the_default(cls, v: Any, info: Any) -> Any:
         return cls.model_fields[info.field_name].default if v is None else v
@@ -335,9 +346,12 @@ def sampling_params(
     asked = getattr(req, "max_completion_tokens", None) or req.max_tokens
     try:
         max_tokens = fit_max_tokens(
-            prompt_len, asked, max_context=limits.max_context, kv_tokens=limits.kv_tokens,
+            prompt_len,
+            asked,
+            max_context=limits.max_context,
+            kv_tokens=limits.kv_tokens,
             default=default_max,
-        )  # fmt: skip
+        )
     except PromptError as e:
         raise ProtocolError(str(e), e.param) from e
     bias = bias_by_id(req.logit_bias, limits.vocab_size)
@@ -347,16 +361,27 @@ def sampling_params(
         raise ProtocolError(str(e), e.param) from e
     try:
         return SamplingParams(
-            max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
-            top_k=req.top_k, min_p=req.min_p, seed=req.seed, stop=req.stop or None,
-            stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
-            min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty, logit_bias=bias,
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            seed=req.seed,
+            stop=req.stop or None,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            logit_bias=bias,
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
             spaces_between_special_tokens=req.spaces_between_special_tokens,
-            repetition_penalty=req.repetition_penalty, guide=guide, logprobs=req.logprob_count(),
-            prompt_logprobs=req.prompt_logprob_count(), priority=req.priority,
-        )  # fmt: skip
+            repetition_penalty=req.repetition_penalty,
+            guide=guide,
+            logprobs=req.logprob_count(),
+            prompt_logprobs=req.prompt_logprob_count(),
+            priority=req.priority,
+        )
     except ValueError as e:
         raise ProtocolError(str(e), str(e).split(" ", 1)[0]) from e

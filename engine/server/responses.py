@@ -48,9 +48,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, e: HTTPException) -> Response:
         where = f"{request.method} {request.url.path}"
-        message = {404: f"{where}: no such route (the routes are in /openapi.json)",
-                   405: f"{where}: method not allowed; allowed: {(e.headers or {}).get('Allow')}",
-                   }.get(e.status_code, f"{where}: {e.detail}")  # fmt: skip
+        message = {
+            404: f"{where}: no such route (the routes are in /openapi.json)",
+            405: f"{where}: method not allowed; allowed: {(e.headers or {}).get('Allow')}",
+        }.get(e.status_code, f"{where}: {e.detail}")
         return error_response(message, e.status_code, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
@@ -71,9 +72,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def completion_body(
-    job: Job, kind: str, meta: dict[str, Any], texts: list[list[str]],
-    logprobs: list[dict[str, Any]] | None = None, tools: ToolPlan | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    job: Job,
+    kind: str,
+    meta: dict[str, Any],
+    texts: list[list[str]],
+    logprobs: list[dict[str, Any]] | None = None,
+    tools: ToolPlan | None = None,
+) -> dict[str, Any]:
     """The non-streaming body, from each choice's text deltas and the job's finish reasons
     (``logprobs``: each choice's, when asked; ``tools``: the output read for calls)."""
     choices = []
@@ -162,8 +167,11 @@ def _deltas(
 
 def _so_far(job: Job, done: int) -> dict[str, int]:
     """A choice's usage after ``done`` of its tokens (vLLM's continuous usage stats)."""
-    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": done,
-            "total_tokens": job.prompt_tokens + done}  # fmt: skip
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": done,
+        "total_tokens": job.prompt_tokens + done,
+    }
 
 
 def _stream_object(kind: str) -> str:
@@ -171,10 +179,15 @@ def _stream_object(kind: str) -> str:
 
 
 async def stream(
-    job: Job, kind: str, meta: dict[str, Any], include_usage: bool, echo: str = "",
-    continuous: bool = False, logprobs: LogprobsWriter | None = None,
+    job: Job,
+    kind: str,
+    meta: dict[str, Any],
+    include_usage: bool,
+    echo: str = "",
+    continuous: bool = False,
+    logprobs: LogprobsWriter | None = None,
     tools: ToolPlan | None = None,
-) -> AsyncIterator[bytes]:  # fmt: skip
+) -> AsyncIterator[bytes]:
     """The SSE body: the echoed prompt (``echo``), a chunk per delta, an error event if the job
     fails midway (the deadline included), the usage (when asked) and ``[DONE]``; ``continuous``
     (with ``include_usage``): each chunk with its choice's usage so far; ``logprobs``: each
@@ -206,8 +219,15 @@ async def stream(
                 usage = _so_far(job, done[i]) if every else None
                 for k, delta in enumerate(deltas):
                     last = k == len(deltas) - 1
-                    yield _chunk(kind, meta, i, delta, reason if last else None, usage=usage,
-                                 logprobs=lp if k == 0 else None)  # fmt: skip
+                    yield _chunk(
+                        kind,
+                        meta,
+                        i,
+                        delta,
+                        reason if last else None,
+                        usage=usage,
+                        logprobs=lp if k == 0 else None,
+                    )
         except JobFailed as e:
             status, error = e.status, str(e)
             yield sse(error_body(str(e), e.status))

@@ -104,13 +104,17 @@ def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None
 
 def _boot_attributes(core: Any, info: EngineInfo) -> dict[str, Any]:
     return {
-        "attest.boot": core.receipts.boot, "attest.model": info.model,
+        "attest.boot": core.receipts.boot,
+        "attest.model": info.model,
         "gen_ai.request.model": info.name or Path(info.model).stem,
-        "attest.kv_tokens": info.kv_tokens, "attest.kv_sizing": info.kv_sizing,
-        "attest.page_size": info.page_size, "attest.device": info.device,
-        "attest.dtype": info.dtype, "attest.attention_backend": info.attention_backend,
+        "attest.kv_tokens": info.kv_tokens,
+        "attest.kv_sizing": info.kv_sizing,
+        "attest.page_size": info.page_size,
+        "attest.device": info.device,
+        "attest.dtype": info.dtype,
+        "attest.attention_backend": info.attention_backend,
         "attest.startup_s": round(core.startup_seconds, 3),
-    }  # fmt: skip
+    }
 
 
 def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
@@ -263,8 +267,12 @@ def _cancel(core: Any, conn: Any, msg: CancelCutover, tickets: list[int]) -> Non
     if fields is None:
         under = core.cutovers.active
         now = f"; {under.id} is under way" if under is not None else "; none is under way"
-        fields = {"id": msg.id, "outcome": "not_found", "status": 404,
-                  "reason": f"no cutover {msg.id} is under way{now}"}  # fmt: skip
+        fields = {
+            "id": msg.id,
+            "outcome": "not_found",
+            "status": 404,
+            "reason": f"no cutover {msg.id} is under way{now}",
+        }
     else:
         if tickets:  # the cutover's own caller: 409, cancelled
             _answer(core, conn, tickets.pop(), fields)
@@ -277,9 +285,11 @@ def _begin_drain(core: Any, msg: Stop) -> _Drain:
     sched = core.scheduler
     if msg.drain_s > 0 and sched.has_work():
         core.receipts.emit(
-            schema.BOOT_DRAIN, reason=msg.reason, in_flight=len(sched.requests),
+            schema.BOOT_DRAIN,
+            reason=msg.reason,
+            in_flight=len(sched.requests),
             timeout_s=msg.drain_s,
-        )  # fmt: skip
+        )
         return _Drain(msg.reason, time.monotonic() + msg.drain_s, _ended(core), msg.cause)
     return _Drain(msg.reason, time.monotonic(), None, msg.cause)
 

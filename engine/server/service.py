@@ -99,16 +99,20 @@ class CompletionService:
         self.token_texts = TokenTexts(driver.tokenizer)
         vocab = driver.tokenizer.backend.get_vocab(with_added_tokens=True)
         self.limits = ModelLimits(
-            max_context=driver.max_context, kv_tokens=driver.kv_tokens,
-            vocab_size=driver.vocab_size, token_chars=longest_token_chars(vocab),
-        )  # fmt: skip
+            max_context=driver.max_context,
+            kv_tokens=driver.kv_tokens,
+            vocab_size=driver.vocab_size,
+            token_chars=longest_token_chars(vocab),
+        )
 
     def check_chars(self, chars: int, param: str) -> None:
         try:
             check_chars(
-                chars, max_context=self.limits.max_context, token_chars=self.limits.token_chars,
+                chars,
+                max_context=self.limits.max_context,
+                token_chars=self.limits.token_chars,
                 param=param,
-            )  # fmt: skip
+            )
         except PromptError as e:
             raise ProtocolError(str(e), e.param) from e
 
@@ -153,9 +157,11 @@ class CompletionService:
             # an earlier turn's calls are kept even when this one sends no tools
             messages = plan.messages(messages) if plan else history(messages, tok.knows_tools)
             ids = tok.encode_chat(
-                messages, req.add_generation_prompt, req.add_special_tokens,
+                messages,
+                req.add_generation_prompt,
+                req.add_special_tokens,
                 plan.template_tools() if plan is not None else None,
-            )  # fmt: skip
+            )
         except ChatTemplateError as e:
             raise ProtocolError(str(e), "messages") from e
         except GuideError as e:
@@ -187,9 +193,15 @@ class CompletionService:
             raise ProtocolError(str(e), e.param) from e
 
     async def run(
-        self, ids: list[int], req: Any, kind: str, request: Request, t0: int, echo: str = "",
+        self,
+        ids: list[int],
+        req: Any,
+        kind: str,
+        request: Request,
+        t0: int,
+        echo: str = "",
         tools: ToolPlan | None = None,
-    ) -> Response:  # fmt: skip
+    ) -> Response:
         """Submit and answer one checked request (``kind``: ``"text"`` or ``"chat"``);
         ``echo``: text each choice's output starts with; ``tools``: the output read for
         calls."""
@@ -223,8 +235,16 @@ class CompletionService:
             writer = LogprobsWriter(kind, self.token_texts, req.n, echo, scored)
         if req.stream:
             opts = req.stream_options
-            body = stream(job, kind, meta, bool(opts and opts.include_usage), echo,
-                          bool(opts and opts.continuous_usage_stats), writer, tools)  # fmt: skip
+            body = stream(
+                job,
+                kind,
+                meta,
+                bool(opts and opts.include_usage),
+                echo,
+                bool(opts and opts.continuous_usage_stats),
+                writer,
+                tools,
+            )
             return StreamingResponse(body, media_type="text/event-stream")
         return await self.collect(job, kind, meta, request, echo, writer, tools)
 
@@ -242,9 +262,15 @@ class CompletionService:
             raise ProtocolError(f"{param}: {ready.error}", param, ready.status, later)
 
     async def collect(
-        self, job: Job, kind: str, meta: dict[str, Any], request: Request, echo: str,
-        writer: LogprobsWriter | None, tools: ToolPlan | None,
-    ) -> Response:  # fmt: skip
+        self,
+        job: Job,
+        kind: str,
+        meta: dict[str, Any],
+        request: Request,
+        echo: str,
+        writer: LogprobsWriter | None,
+        tools: ToolPlan | None,
+    ) -> Response:
         """The whole response at once, unless the client hangs up first (then 499, aborted)."""
         n = len(job.subs)
         texts: list[list[str]] = [[echo] for _ in range(n)]
@@ -286,13 +312,22 @@ class CompletionService:
         try:
             op = "text_completion" if kind == "text" else "chat"
             attrs = tr.request_attributes(op, name, params, req.n, bool(req.stream))
-            attrs.update({"gen_ai.response.id": job.rid, "gen_ai.response.model": name,
-                          "attest.rid": job.rid, "http.request.method": "POST",
-                          "url.path": request.url.path})  # fmt: skip
+            attrs.update(
+                {
+                    "gen_ai.response.id": job.rid,
+                    "gen_ai.response.model": name,
+                    "attest.rid": job.rid,
+                    "http.request.method": "POST",
+                    "url.path": request.url.path,
+                }
+            )
             job.span = tracing.start_span(
-                f"{op} {name}", parent=tracing.context_from(headers), kind="SERVER",
-                start_ns=t0, attributes=attrs,
-            )  # fmt: skip
+                f"{op} {name}",
+                parent=tracing.context_from(headers),
+                kind="SERVER",
+                start_ns=t0,
+                attributes=attrs,
+            )
             job.trace = tr.traceparent_of(job.span)
         except Exception:
             job.span = None  # tracing never fails a request
@@ -306,8 +341,9 @@ def tool_plan(req: ChatCompletionRequest, native: bool) -> ToolPlan | None:
         return plan_of(
             [t.model_dump(exclude_none=True) for t in req.tools or ()] or None,
             choice.model_dump() if isinstance(choice, BaseModel) else choice,
-            req.parallel_tool_calls, native,
-        )  # fmt: skip
+            req.parallel_tool_calls,
+            native,
+        )
     except GuideError as e:
         raise ProtocolError(str(e), e.param) from e
 

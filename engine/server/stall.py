@@ -49,9 +49,13 @@ class StallWatch:
 def write_stall(receipts: Any, stall: Stall, limit_s: float, snapshot: Any) -> None:
     """``scheduler.stall``: when it began and the work held while it stood."""
     receipts.emit(
-        schema.SCHEDULER_STALL, since=round(stall.since, 6), limit_s=limit_s,
-        running=snapshot.running, waiting=snapshot.waiting, parked=snapshot.parked,
-    )  # fmt: skip
+        schema.SCHEDULER_STALL,
+        since=round(stall.since, 6),
+        limit_s=limit_s,
+        running=snapshot.running,
+        waiting=snapshot.waiting,
+        parked=snapshot.parked,
+    )
 
 
 def write_resume(receipts: Any, stall: Stall, arrived: int) -> None:

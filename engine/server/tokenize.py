@@ -82,17 +82,23 @@ async def tokenize(service: CompletionService, request: Request) -> dict[str, An
         service.check_chars(len(req.prompt), "prompt")
         ids = await service.off_loop(tok.encode, req.prompt, req.add_special_tokens)
     strs = [tok.token_text(i) for i in ids] if req.return_token_strs else None
-    return {"count": len(ids), "max_model_len": service.limits.max_context, "tokens": ids,
-            "token_strs": strs}  # fmt: skip
+    return {
+        "count": len(ids),
+        "max_model_len": service.limits.max_context,
+        "tokens": ids,
+        "token_strs": strs,
+    }
 
 
 async def detokenize(service: CompletionService, request: Request) -> dict[str, Any]:
-    req = validated(json_object(await read_body(request, service.http)), Detokenize,
-                    service.served_name)  # fmt: skip
+    req = validated(
+        json_object(await read_body(request, service.http)), Detokenize, service.served_name
+    )
     vocab = service.limits.vocab_size
     if (bad := next((t for t in req.tokens if t >= vocab), None)) is not None:
-        raise ProtocolError(f"tokens: token id {bad} is outside the vocabulary (0..{vocab - 1})",
-                            "tokens")  # fmt: skip
+        raise ProtocolError(
+            f"tokens: token id {bad} is outside the vocabulary (0..{vocab - 1})", "tokens"
+        )
     # special tokens kept, as vLLM's detokenize keeps them: the text of exactly those ids
     return {"prompt": service.driver.tokenizer.decode(req.tokens, skip_special_tokens=False)}
 
@@ -102,10 +108,16 @@ def tokenizer_info(service: CompletionService) -> dict[str, Any]:
     tokenizer.json, its special tokens, whether a prompt starts with BOS, the chat template."""
     tok = service.driver.tokenizer
     text = lambda tid: tok.token_text(tid) if tid is not None else None  # noqa: E731
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": text(tok.bos_id),
-            "eos_token": text(tok.eos_id), "pad_token": None, "add_bos_token": tok.add_bos,
-            "chat_template": tok.chat_template, "model_max_length": service.limits.max_context,
-            "vocab_size": service.limits.vocab_size}  # fmt: skip
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": text(tok.bos_id),
+        "eos_token": text(tok.eos_id),
+        "pad_token": None,
+        "add_bos_token": tok.add_bos,
+        "chat_template": tok.chat_template,
+        "model_max_length": service.limits.max_context,
+        "vocab_size": service.limits.vocab_size,
+    }
 
 
 def mount(app: FastAPI, service: CompletionService) -> None:

@@ -86,9 +86,10 @@ def create(core: Any, tokens: list[int], cid: str | None = None) -> dict[str, An
     if missing:  # why the last page the store was asked for is not there: the cap, the disk
         why = store.short or "their KV was not in memory to write"
         raise CheckpointError(
-            507, f"{missing} of the prompt's {len(keys)} pages are not in the store: {why}",
+            507,
+            f"{missing} of the prompt's {len(keys)} pages are not in the store: {why}",
             **numbers,
-        )  # fmt: skip
+        )
     try:
         made = store.create_checkpoint(cid, keys, n)
     except OSError as e:
@@ -97,9 +98,11 @@ def create(core: Any, tokens: list[int], cid: str | None = None) -> dict[str, An
         ) from e
     if isinstance(made, Refused):
         raise CheckpointError(
-            409, f"checkpoint {cid} would pin {made.want} more bytes on {made.held} pinned, over "
-            f"the pin budget of {made.budget} by {made.overshoot}", **made._asdict(),
-        )  # fmt: skip
+            409,
+            f"checkpoint {cid} would pin {made.want} more bytes on {made.held} pinned, over "
+            f"the pin budget of {made.budget} by {made.overshoot}",
+            **made._asdict(),
+        )
     return describe(made)
 
 

@@ -102,9 +102,13 @@ def size_host_pool(
     tokens = budget // bytes_per_token if cap is None else min(cap, budget // bytes_per_token)
     tokens -= tokens % page_size
     inputs = dict(
-        mem_available=avail, cgroup_limit=limit, cgroup_usage=usage, fraction=fraction,
-        budget_bytes=budget, cap_tokens=cap,
-    )  # fmt: skip
+        mem_available=avail,
+        cgroup_limit=limit,
+        cgroup_usage=usage,
+        fraction=fraction,
+        budget_bytes=budget,
+        cap_tokens=cap,
+    )
     if tokens < page_size:
         return HostSizing("off", 0, *fixed, reason="no host memory to spare", **inputs)
     return HostSizing("measured", tokens, *fixed, **inputs)

@@ -109,18 +109,28 @@ class HostTier:
             self.cache.allocator.free(dev)
         if forgot[0]:
             self.receipts.emit(
-                schema.TIER_DROP, reason="spill_failed", tokens=forgot[0], nodes=forgot[1],
-                need=need, host_free=self.alloc.available_size(),
-            )  # fmt: skip
+                schema.TIER_DROP,
+                reason="spill_failed",
+                tokens=forgot[0],
+                nodes=forgot[1],
+                need=need,
+                host_free=self.alloc.available_size(),
+            )
         tokens = sum(len(n.key) for n, _ in placed)
         seconds = time.perf_counter() - t0
         self.moved["spill_tokens"] += tokens
         self.moved["spill_s"] += seconds
         self.receipts.emit(
-            schema.TIER_SPILL, tokens=tokens, bytes=tokens * self.bytes_per_token,
-            seconds=round(seconds, 6), nodes=len(placed), dropped=dropped, rid=rid,
-            host_free=self.alloc.available_size(), **({"error": error} if error else {}),
-        )  # fmt: skip
+            schema.TIER_SPILL,
+            tokens=tokens,
+            bytes=tokens * self.bytes_per_token,
+            seconds=round(seconds, 6),
+            nodes=len(placed),
+            dropped=dropped,
+            rid=rid,
+            host_free=self.alloc.available_size(),
+            **({"error": error} if error else {}),
+        )
         return tokens
 
     def make_room(self, need: int, reason: str) -> int:
@@ -147,9 +157,13 @@ class HostTier:
                 if parent is not None and self._droppable(parent):
                     heapq.heappush(heap, (parent.last_access, parent.id, parent))
         self.receipts.emit(
-            schema.TIER_DROP, reason=reason, tokens=dropped, nodes=nodes, need=need,
+            schema.TIER_DROP,
+            reason=reason,
+            tokens=dropped,
+            nodes=nodes,
+            need=need,
             host_free=self.alloc.available_size(),
-        )  # fmt: skip
+        )
         return dropped
 
     def _droppable(self, node: TreeNode) -> bool:
@@ -191,9 +205,13 @@ class HostTier:
                 if top:
                     self.cache.detach(n)
         self.receipts.emit(
-            schema.TIER_DROP, reason="reset", tokens=tokens, nodes=len(held), need=0,
+            schema.TIER_DROP,
+            reason="reset",
+            tokens=tokens,
+            nodes=len(held),
+            need=0,
             host_free=self.alloc.available_size(),
-        )  # fmt: skip
+        )
 
     # -- host -> device -----------------------------------------------------------------------
 
@@ -223,9 +241,14 @@ class HostTier:
             except Exception as e:  # the hit stays on the host; the request computes instead
                 cache.allocator.free(slots)
                 self.receipts.emit(
-                    schema.TIER_LOAD, tokens=0, bytes=0, seconds=0.0, rid=rid,
-                    asked=match.host_len, error=f"{type(e).__name__}: {e}",
-                )  # fmt: skip
+                    schema.TIER_LOAD,
+                    tokens=0,
+                    bytes=0,
+                    seconds=0.0,
+                    rid=rid,
+                    asked=match.host_len,
+                    error=f"{type(e).__name__}: {e}",
+                )
                 return match
             at = 0
             for n in nodes:
@@ -239,9 +262,14 @@ class HostTier:
         self.moved["load_tokens"] += total
         self.moved["load_s"] += seconds
         self.receipts.emit(
-            schema.TIER_LOAD, tokens=total, bytes=total * self.bytes_per_token,
-            seconds=round(seconds, 6), nodes=len(nodes), rid=rid, asked=match.host_len,
-        )  # fmt: skip
+            schema.TIER_LOAD,
+            tokens=total,
+            bytes=total * self.bytes_per_token,
+            seconds=round(seconds, 6),
+            nodes=len(nodes),
+            rid=rid,
+            asked=match.host_len,
+        )
         host_node = None if total == match.host_len else match.host_node
         prefix = torch.cat([match.slots, slots])
         return MatchResult(prefix, nodes[-1], match.host_len - total, host_node)
@@ -284,15 +312,22 @@ class HostTier:
 
 
 def size_host_tier(
-    host_kv_tokens: int | None, device: str, device_kv: KVPool, allocator: TokenAllocator,
-    prefix_cache: bool, receipts: Receipts,
-) -> int:  # fmt: skip
+    host_kv_tokens: int | None,
+    device: str,
+    device_kv: KVPool,
+    allocator: TokenAllocator,
+    prefix_cache: bool,
+    receipts: Receipts,
+) -> int:
     """The host tier's size in tokens (``tier.sized`` says how); 0 when it is off (always
     without a prefix cache: the tier holds cached prefixes only)."""
     sizing = size_host_pool(
-        host_kv_tokens, device, device_kv.bytes_per_token, allocator.page_size,
+        host_kv_tokens,
+        device,
+        device_kv.bytes_per_token,
+        allocator.page_size,
         device_tokens=allocator.capacity,
-    )  # fmt: skip
+    )
     if sizing.host_kv_tokens and not prefix_cache:
         sizing = HostSizing("off", 0, sizing.bytes_per_token, sizing.page_size, "no prefix cache")
     receipts.emit(schema.TIER_SIZED, **sizing.as_fields())

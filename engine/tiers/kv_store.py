@@ -136,19 +136,29 @@ class PageStore(CheckpointStore):
         for cp in found.checkpoints:
             self._pin(cp)
             self.receipts.emit(
-                schema.CHECKPOINT_FOUND, id=cp.id, tokens=cp.tokens, pages=len(cp.keys),
-                missing=self.missing(cp), complete=cp.complete,
-            )  # fmt: skip
+                schema.CHECKPOINT_FOUND,
+                id=cp.id,
+                tokens=cp.tokens,
+                pages=len(cp.keys),
+                missing=self.missing(cp),
+                complete=cp.complete,
+            )
         for reason, paths in found.reaped.items():
             self._reap(reason, paths)
         for aside in found.aside:
             self._set_aside(*aside)
         self.receipts.emit(
-            schema.STORE_SCAN, files=found.files, pages=len(self.entries),
-            checkpoints=len(self.checkpoints), allocated=self.used, apparent=found.apparent,
-            reaped={r: len(p) for r, p in found.reaped.items()}, set_aside=len(found.aside),
-            seconds=round(found.seconds, 6), **self.capacity(),
-        )  # fmt: skip
+            schema.STORE_SCAN,
+            files=found.files,
+            pages=len(self.entries),
+            checkpoints=len(self.checkpoints),
+            allocated=self.used,
+            apparent=found.apparent,
+            reaped={r: len(p) for r, p in found.reaped.items()},
+            set_aside=len(found.aside),
+            seconds=round(found.seconds, 6),
+            **self.capacity(),
+        )
         return found
 
     def _count_identity(self) -> None:
@@ -171,10 +181,13 @@ class PageStore(CheckpointStore):
             except OSError as e:
                 failed.append(f"{path}: {e}")
         self.receipts.emit(
-            schema.STORE_REAP, reason=reason, files=len(paths),
-            allocated=sum(a for _, a, _ in paths), apparent=sum(s for _, _, s in paths),
+            schema.STORE_REAP,
+            reason=reason,
+            files=len(paths),
+            allocated=sum(a for _, a, _ in paths),
+            apparent=sum(s for _, _, s in paths),
             **({"failed": len(failed), "error": failed[0]} if failed else {}),
-        )  # fmt: skip
+        )
 
     def _set_aside(self, path: str, reason: str, detail: str, **fields: object) -> None:
         """Move ``path`` into ``quarantine/`` (a move, never a delete; what cannot be moved is
@@ -223,11 +236,18 @@ class PageStore(CheckpointStore):
             apparent += entry.apparent
         if todo:
             self.receipts.emit(
-                schema.STORE_WRITE, reason=reason, pages=written, tokens=tokens,
-                allocated=allocated, apparent=apparent, no_room=no_room, rid=rid,
-                seconds=round(time.perf_counter() - t0, 6), **self.capacity(),
+                schema.STORE_WRITE,
+                reason=reason,
+                pages=written,
+                tokens=tokens,
+                allocated=allocated,
+                apparent=apparent,
+                no_room=no_room,
+                rid=rid,
+                seconds=round(time.perf_counter() - t0, 6),
+                **self.capacity(),
                 **({"error": error} if error else {}),
-            )  # fmt: skip
+            )
         return written
 
     def _room(self, size: int, rid: str | None, keep: Collection[str] = ()) -> bool:
@@ -240,9 +260,13 @@ class PageStore(CheckpointStore):
 
     def _write_one(self, page: PageIn, keep: Collection[str], rid: str | None) -> Entry:
         header = PageHeader(
-            page.key, page.parent, list(page.tokens), self.identity, len(page.payload),
+            page.key,
+            page.parent,
+            list(page.tokens),
+            self.identity,
+            len(page.payload),
             checksum(page.payload),
-        )  # fmt: skip
+        )
         data, rel = encode_page(header, page.payload), page_rel(page.key)
         st = self.write_room(rel, data, self._charged(_file_size(page)), keep, rid)
         entry = Entry(page.parent, len(page.tokens), allocated_bytes(st), st.st_size)
@@ -274,11 +298,15 @@ class PageStore(CheckpointStore):
                 self.lru.move_to_end(key)
         n = len(out)
         self.receipts.emit(
-            schema.STORE_LOAD, pages=n, asked=len(keys),
-            tokens=sum(self.entries[k].tokens for k in keys[:n]), bytes=sum(map(len, out)),
-            seconds=round(time.perf_counter() - t0, 6), rid=rid,
+            schema.STORE_LOAD,
+            pages=n,
+            asked=len(keys),
+            tokens=sum(self.entries[k].tokens for k in keys[:n]),
+            bytes=sum(map(len, out)),
+            seconds=round(time.perf_counter() - t0, 6),
+            rid=rid,
             **({"error": error} if error else {}),
-        )  # fmt: skip
+        )
         return out
 
     def _fetch(self, key: str, size: int | None) -> tuple[bytes, tuple[str, str] | None]:
@@ -345,10 +373,17 @@ class PageStore(CheckpointStore):
             self.lru.pop(key)
             self.stuck.add(key)
         self.receipts.emit(
-            schema.STORE_EVICT, reason=reason, asked=need, freed=freed, pages=pages,
-            skipped=skipped, pinned_pages=sum(1 for e in self.entries.values() if e.pins),
-            rid=rid, **self.capacity(), **({"error": error} if error else {}),
-        )  # fmt: skip
+            schema.STORE_EVICT,
+            reason=reason,
+            asked=need,
+            freed=freed,
+            pages=pages,
+            skipped=skipped,
+            pinned_pages=sum(1 for e in self.entries.values() if e.pins),
+            rid=rid,
+            **self.capacity(),
+            **({"error": error} if error else {}),
+        )
         return freed
 
 

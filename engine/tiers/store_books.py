@@ -54,9 +54,11 @@ class StoreBooks:
     def capacity(self) -> dict[str, int]:
         """The store's numbers in allocated bytes: ``reclaimable`` is what eviction can free."""
         return {
-            "cap": self.cap, "used": self.used, "pinned": self.pinned,
+            "cap": self.cap,
+            "used": self.used,
+            "pinned": self.pinned,
             "reclaimable": self.reclaimable,
-        }  # fmt: skip
+        }
 
     def stored_above(self, key: str | None) -> set[str]:
         """``key`` and the stored pages above it, up to its chain's head or its first missing

@@ -87,9 +87,13 @@ def open_store(
         receipts.emit(schema.STORE_SIZED, path="unusable", reason=why, dir=d)
         return Opened(None, why)
     receipts.emit(
-        schema.STORE_SIZED, path="configured", dir=d, cap=store.cap, pin_budget=store.pin_budget,
+        schema.STORE_SIZED,
+        path="configured",
+        dir=d,
+        cap=store.cap,
+        pin_budget=store.pin_budget,
         identity=identity,
-    )  # fmt: skip
+    )
     store.scan()
     return Opened(store, None)
 
@@ -143,9 +147,14 @@ class StoreTier:
         return self._keep(cache, (node, pool, slots), reason, tokens, self.page_keys(tokens), start)
 
     def _keep(
-        self, cache: RadixCache, at: tuple[TreeNode, KVPool, torch.Tensor], reason: str,
-        tokens: list[int], keys: list[str], start: int,
-    ) -> int:  # fmt: skip
+        self,
+        cache: RadixCache,
+        at: tuple[TreeNode, KVPool, torch.Tensor],
+        reason: str,
+        tokens: list[int],
+        keys: list[str],
+        start: int,
+    ) -> int:
         """``keep`` of ``at`` (a node, the pool its KV is in, its slots there) that begins at
         token ``start``, with ``tokens`` (the prefix to its end, or longer) and their page
         ``keys`` known."""
@@ -160,22 +169,36 @@ class StoreTier:
             segs = self._segments(cache, node, pool, slots, start, lo)
             kv = torch.cat([self._gather(p, s) for p, s in segs], 2)
             pages = [
-                PageIn(keys[i], keys[i - 1] if i else None, tokens[i * b : (i + 1) * b],
-                       _bytes(kv[:, :, i * b - lo : (i + 1) * b - lo]))
+                PageIn(
+                    keys[i],
+                    keys[i - 1] if i else None,
+                    tokens[i * b : (i + 1) * b],
+                    _bytes(kv[:, :, i * b - lo : (i + 1) * b - lo]),
+                )
                 for i in todo
-            ]  # fmt: skip
+            ]
             return self.store.write(pages, reason=reason)
         except Exception as e:  # an error path must not raise into eviction
             self.store.receipts.emit(
-                schema.STORE_WRITE, reason=reason, pages=0, tokens=0, allocated=0, apparent=0,
+                schema.STORE_WRITE,
+                reason=reason,
+                pages=0,
+                tokens=0,
+                allocated=0,
+                apparent=0,
                 error=f"{type(e).__name__}: {e}",
-            )  # fmt: skip
+            )
             return 0
 
     def _segments(
-        self, cache: RadixCache, node: TreeNode, pool: KVPool, slots: torch.Tensor, at: int,
+        self,
+        cache: RadixCache,
+        node: TreeNode,
+        pool: KVPool,
+        slots: torch.Tensor,
+        at: int,
         lo: int,
-    ) -> list[tuple[KVPool, torch.Tensor]]:  # fmt: skip
+    ) -> list[tuple[KVPool, torch.Tensor]]:
         """Where the KV of the prefix's tokens from ``lo`` to ``node``'s end is (``node`` begins
         at token ``at``): (pool, slots) runs, top down; ``node``'s own given, its ancestors'
         read from them."""

@@ -16,9 +16,13 @@ from pathlib import Path
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 ARGS = [
-    "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 # every graph div has its SVG root: plotly has drawn them all
 _DRAWN_JS = """() => { const g = document.querySelectorAll('.plotly-graph-div');
   return g.length > 0 && Array.from(g).every(d => d.querySelector('svg.main-svg')) }"""

@@ -16,9 +16,16 @@ def boot_log(tmp_path_factory):
 def served(boot_log):
     """One default-model server shared by the e2e tests that do not stop it."""
     srv = ServerProc(
-        boot_log, "--kv-tokens", "4096", "--max-running", "8", "--served-model-name", "smol",
-        "--api-key", API_KEY,
-    )  # fmt: skip
+        boot_log,
+        "--kv-tokens",
+        "4096",
+        "--max-running",
+        "8",
+        "--served-model-name",
+        "smol",
+        "--api-key",
+        API_KEY,
+    )
     yield srv
     srv.stop()
 

@@ -13,8 +13,10 @@ import orjson
 
 def head(path: str, length: int | None, extra: str = "", method: str = "POST") -> bytes:
     size = "" if length is None else f"Content-Length: {length}\r\n"
-    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"{size}{extra}\r\n").encode()  # fmt: skip
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"{size}{extra}\r\n"
+    ).encode()
 
 
 def exchange(
@@ -40,8 +42,14 @@ def _answer(s: socket.socket, t0: float) -> tuple[int, dict, float]:
     while True:
         top, sep, body = data.partition(b"\r\n\r\n")
         if sep:
-            length = next((int(line.split(b":")[1]) for line in top.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), None)  # fmt: skip
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in top.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                None,
+            )
             if length is not None and len(body) >= length:
                 break
         try:

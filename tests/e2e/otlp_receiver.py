@@ -91,7 +91,7 @@ class OTLPReceiver:
                             [(e.name, _attrs(e.attributes)) for e in s.events],
                             resource,
                             s.status.code,
-                        )  # fmt: skip
+                        )
                     )
         with self._lock:
             self.posts += 1

@@ -37,12 +37,25 @@ class ServerProc:
         self.log_file = log_file
         # the key /metrics needs, where the server has one
         self.key = args[args.index("--api-key") + 1] if "--api-key" in args else None
-        cmd = [sys.executable, "-m", "cli.engine_app", "serve", "--port", str(self.port),
-               "--log-file", str(log_file), *args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "cli.engine_app",
+            "serve",
+            "--port",
+            str(self.port),
+            "--log-file",
+            str(log_file),
+            *args,
+        ]
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, **env} if env else None, start_new_session=new_session,
-        )  # fmt: skip
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **env} if env else None,
+            start_new_session=new_session,
+        )
         deadline = time.monotonic() + ready_timeout
         while True:
             if self.proc.poll() is not None:

@@ -56,9 +56,13 @@ def test_verdict_without_spec_runs_every_window_that_applies(tmp_path):
     r = audit("verdict", case_log(tmp_path, "boot_health", "pass"), "--json")
     d = orjson.loads(r.stdout)
     assert {s["spec"] for s in d["specs"]} == {
-        "boot_health", "no_request_lost", "admission_park", "eviction_honesty", "relief_ladder",
+        "boot_health",
+        "no_request_lost",
+        "admission_park",
+        "eviction_honesty",
+        "relief_ladder",
         "speculation",
-    }  # fmt: skip
+    }
     assert r.returncode == 2  # admission_park and others never engaged: UNDECIDED, not PASS
     text = tmp_path / "foreign.log"
     text.write_text("some other engine's log\n")

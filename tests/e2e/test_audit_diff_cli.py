@@ -42,8 +42,13 @@ def test_json_with_a_named_spec(logs):
     lost = rows[("verdicts", "no_request_lost")]
     assert (lost["a"], lost["b"], lost["changed"]) == ("PASS", "FAIL", True)
     assert rows[("receipts", "request.finish")] | {"section": 0} == {
-        "section": 0, "name": "request.finish", "a": 2, "b": 1, "changed": True, "delta": "-1"
-    }  # fmt: skip
+        "section": 0,
+        "name": "request.finish",
+        "a": 2,
+        "b": 1,
+        "changed": True,
+        "delta": "-1",
+    }
     assert (d["a"]["verdict"], d["b"]["verdict"]) == ("PASS", "FAIL")
 
 

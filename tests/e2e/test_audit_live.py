@@ -40,8 +40,7 @@ class Stream(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("POST", self.base + "/v1/completions", json=LONG,
-                              timeout=600) as r:  # fmt: skip
+            with httpx.stream("POST", self.base + "/v1/completions", json=LONG, timeout=600) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         self.first.set()
@@ -89,8 +88,11 @@ def test_a_live_servers_log_passes_boot_health_as_of_its_last_line(live_copy):
     (end,) = live["window_end"]["receipts"]
     last = max(recs, key=lambda r: r["seq"])
     assert (end["boot"], end["rank"], end["seq"], end["ts"]) == (
-        last["boot"], 0, last["seq"], last["ts"],
-    )  # fmt: skip
+        last["boot"],
+        0,
+        last["seq"],
+        last["ts"],
+    )
 
     code, lost = verdict(copy, "no_request_lost", "--live")
     every = {c["claim"]: c for c in lost["specs"][0]["claims"]}["every_request_ends"]

@@ -16,9 +16,14 @@ from tests.e2e.browser import view, why_no_browser
 from tests.unit.report_logs import busy_log
 
 FIGURES = [
-    "fig-pool-0", "fig-pool-1", "fig-timeline", "fig-queue", "fig-progress", "fig-latency",
+    "fig-pool-0",
+    "fig-pool-1",
+    "fig-timeline",
+    "fig-queue",
+    "fig-progress",
+    "fig-latency",
     "fig-floors",
-]  # fmt: skip
+]
 
 
 @pytest.fixture
@@ -33,8 +38,9 @@ def test_the_report_renders_in_chromium_with_no_console_error(tmp_path, browser_
     log = busy_log(tmp_path / "busy.jsonl")
     r = subprocess.run(
         [sys.executable, "-m", "cli.audit_app", "report", str(log), "-o", str(out)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
 
     seen = view(out, shot)

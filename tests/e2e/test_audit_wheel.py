@@ -21,9 +21,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOWS = {
-    "boot_health", "no_request_lost", "admission_park", "eviction_honesty", "relief_ladder",
+    "boot_health",
+    "no_request_lost",
+    "admission_park",
+    "eviction_honesty",
+    "relief_ladder",
     "speculation",
-}  # fmt: skip
+}
 
 
 def run(
@@ -51,8 +55,19 @@ def installed(tmp_path_factory) -> Path:
     """A fresh venv with the wheel and its base dependencies; returns its bin/ folder."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = source_copy(tmp_path_factory.mktemp("src"))
-    r = run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-            "-w", tmp / "dist", src, cwd=tmp)  # fmt: skip
+    r = run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        tmp / "dist",
+        src,
+        cwd=tmp,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (wheel,) = (tmp / "dist").glob("attest-*.whl")
     r = run(sys.executable, "-m", "venv", tmp / "venv", cwd=tmp)

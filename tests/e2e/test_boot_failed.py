@@ -27,10 +27,26 @@ def test_a_bad_tp_ends_the_log_with_boot_failed_the_exit_code_and_the_message(
     # the tiny model's 4 heads do not split over 3 ranks: known once its weights are read,
     # after boot.start (the bound is a hang's, not a speed's)
     done = subprocess.run(
-        [sys.executable, "-m", "cli.engine_app", "serve", "--model", tiny_model_dir,
-         "--kv-tokens", "1024", "--tp", "3", "--port", str(free_port()), "--log-file", str(log)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cli.engine_app",
+            "serve",
+            "--model",
+            tiny_model_dir,
+            "--kv-tokens",
+            "1024",
+            "--tp",
+            "3",
+            "--port",
+            str(free_port()),
+            "--log-file",
+            str(log),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 2, done.stderr
     assert BAD_TP in done.stderr
     recs = receipts(log)

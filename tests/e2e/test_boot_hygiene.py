@@ -35,9 +35,21 @@ def serve(model: str, *args: str) -> subprocess.CompletedProcess:
     """A second `engine serve`, run to its end. "At once" is what it printed (no model loaded,
     no pool built), not its seconds: a busy machine takes longer to start any Python."""
     return subprocess.run(
-        [sys.executable, "-m", "cli.engine_app", "serve", "--model", model, "--kv-tokens", "1024",
-         *args], capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cli.engine_app",
+            "serve",
+            "--model",
+            model,
+            "--kv-tokens",
+            "1024",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +60,16 @@ def live(tiny_model_dir, tmp_path_factory):
     pid_file = d / "attest.pid"
     gone = dead_pid()
     pid_file.write_text(f"{gone}\n")
-    srv = ServerProc(d / "boot.jsonl", "--model", tiny_model_dir, "--kv-tokens", "1024",
-                     "--pid-file", str(pid_file), env={"ATTEST_API_KEY": KEY})  # fmt: skip
+    srv = ServerProc(
+        d / "boot.jsonl",
+        "--model",
+        tiny_model_dir,
+        "--kv-tokens",
+        "1024",
+        "--pid-file",
+        str(pid_file),
+        env={"ATTEST_API_KEY": KEY},
+    )
     srv.pid_file, srv.predecessor = pid_file, gone
     yield srv
     srv.stop()
@@ -66,8 +86,15 @@ def test_a_held_port_is_refused_at_once_naming_the_port_and_the_pid(live, tiny_m
 
 def test_a_log_held_by_a_live_boot_is_refused_and_left_as_it_was(live, tiny_model_dir, tmp_path):
     before = receipts(live.log_file)
-    done = serve(tiny_model_dir, "--port", str(free_port()), "--log-file", str(live.log_file),
-                 "--pid-file", str(tmp_path / "second.pid"))  # fmt: skip
+    done = serve(
+        tiny_model_dir,
+        "--port",
+        str(free_port()),
+        "--log-file",
+        str(live.log_file),
+        "--pid-file",
+        str(tmp_path / "second.pid"),
+    )
     assert done.returncode == REFUSED, done.stderr
     assert str(live.log_file) in done.stderr and f"pid {live.proc.pid}" in done.stderr
     after = receipts(live.log_file)
@@ -76,8 +103,15 @@ def test_a_log_held_by_a_live_boot_is_refused_and_left_as_it_was(live, tiny_mode
 
 
 def test_a_held_pid_file_is_refused_naming_the_pid(live, tiny_model_dir, tmp_path):
-    done = serve(tiny_model_dir, "--port", str(free_port()),
-                 "--log-file", str(tmp_path / "second.jsonl"), "--pid-file", str(live.pid_file))  # fmt: skip
+    done = serve(
+        tiny_model_dir,
+        "--port",
+        str(free_port()),
+        "--log-file",
+        str(tmp_path / "second.jsonl"),
+        "--pid-file",
+        str(live.pid_file),
+    )
     assert done.returncode == REFUSED, done.stderr
     assert str(live.pid_file) in done.stderr and f"pid {live.proc.pid}" in done.stderr
     assert live.pid_file.read_text() == f"{live.proc.pid}\n"
@@ -87,8 +121,10 @@ def test_the_stale_pid_file_was_taken_over_with_a_receipt(live):
     recs = receipts(live.log_file)
     (stale,) = [r for r in recs if r["event"] == "boot.stale_pid"]
     assert (stale["path"], stale["pid"], stale["running"]) == (
-        str(live.pid_file), live.predecessor, False,
-    )  # fmt: skip
+        str(live.pid_file),
+        live.predecessor,
+        False,
+    )
     assert live.pid_file.read_text() == f"{live.proc.pid}\n"
 
 
@@ -133,10 +169,24 @@ def test_an_orderly_stop_releases_the_pid_file(live):
 def test_boot_ready_is_written_only_once_the_port_answers(tiny_model_dir, tmp_path):
     log, port = tmp_path / "boot.jsonl", free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.engine_app", "serve", "--model", tiny_model_dir,
-         "--kv-tokens", "1024", "--port", str(port), "--log-file", str(log)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cli.engine_app",
+            "serve",
+            "--model",
+            tiny_model_dir,
+            "--kv-tokens",
+            "1024",
+            "--port",
+            str(port),
+            "--log-file",
+            str(log),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (log.exists() and b'"boot.ready"' in log.read_bytes()):

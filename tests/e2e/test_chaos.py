@@ -42,8 +42,10 @@ def receipts(path) -> list[dict]:
 def audit(log, spec: str) -> tuple[int, dict[str, str]]:
     done = subprocess.run(
         [sys.executable, "-m", "cli.audit_app", "verdict", str(log), "--spec", spec, "--json"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     claims = orjson.loads(done.stdout)["specs"][0]["claims"]
     return done.returncode, {c["claim"]: c["verdict"] for c in claims}
 
@@ -89,8 +91,9 @@ class Client(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("POST", self.base + "/v1/completions", json=self.body,
-                              timeout=300) as r:  # fmt: skip
+            with httpx.stream(
+                "POST", self.base + "/v1/completions", json=self.body, timeout=300
+            ) as r:
                 self.status = r.status_code
                 if not self.stream or r.status_code != 200:
                     body = orjson.loads(r.read())
@@ -160,9 +163,17 @@ def test_sigterm_under_heavy_load_drains_within_its_bound_with_receipts(model, t
     # a pool all 25 requests fit at full length: retracted under memory pressure, the client
     # that is to hang up would wait for chunks that never come, and never hang up
     srv = ServerProc(
-        log, "--model", model, "--kv-tokens", "163840", "--max-running", "32",
-        "--drain-timeout", str(drain), *ONE,
-    )  # fmt: skip
+        log,
+        "--model",
+        model,
+        "--kv-tokens",
+        "163840",
+        "--max-running",
+        "32",
+        "--drain-timeout",
+        str(drain),
+        *ONE,
+    )
     try:
         longs = [Client(srv.base, longer, stream=i % 2 == 0) for i in range(12)]
         leave = threading.Event()  # a client that hangs up while the server drains
@@ -230,8 +241,18 @@ def test_a_frozen_scheduler_turns_health_to_503_naming_the_stall(model, tmp_path
     # The stall limit is ten heartbeats (0.5 s apart): a busy machine that delays a beat never
     # reaches it, and a stopped scheduler (which never beats) always does
     stall = 5
-    srv = ServerProc(tmp_path / "boot.jsonl", "--model", model, "--kv-tokens", "8192",
-                     "--max-running", "1", "--stall-timeout", str(stall), *ONE)  # fmt: skip
+    srv = ServerProc(
+        tmp_path / "boot.jsonl",
+        "--model",
+        model,
+        "--kv-tokens",
+        "8192",
+        "--max-running",
+        "1",
+        "--stall-timeout",
+        str(stall),
+        *ONE,
+    )
     # 8 choices of 4,000 tokens: ~100 KB to send the scheduler
     big = {"prompt": [256 + i * 7 % 64 for i in range(4000)], "max_tokens": 1, "n": 8}
 
@@ -335,16 +356,26 @@ EXPORT_S = 240
 def test_a_collector_that_hangs_or_refuses_costs_no_request(model, tmp_path, collector):
     col = collector()
     srv = ServerProc(
-        tmp_path / "boot.jsonl", "--model", model, "--kv-tokens", "1024",
-        "--otlp-endpoint", col.url, *ONE,
-        env={"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_EXPORTER_OTLP_TIMEOUT": str(EXPORT_S),
-             "OTEL_BSP_EXPORT_TIMEOUT": str(EXPORT_S * 1000)},
-    )  # fmt: skip
+        tmp_path / "boot.jsonl",
+        "--model",
+        model,
+        "--kv-tokens",
+        "1024",
+        "--otlp-endpoint",
+        col.url,
+        *ONE,
+        env={
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": str(EXPORT_S),
+            "OTEL_BSP_EXPORT_TIMEOUT": str(EXPORT_S * 1000),
+        },
+    )
     try:
         for i in range(6):
             t0 = time.monotonic()
-            r = httpx.post(srv.base + "/v1/completions", json={**SHORT, "prompt": [5, 6 + i]},
-                           timeout=300)  # fmt: skip
+            r = httpx.post(
+                srv.base + "/v1/completions", json={**SHORT, "prompt": [5, 6 + i]}, timeout=300
+            )
             assert r.status_code == 200, r.text
             # an export holds on for its timeout (never answers) or 1, 2, 4 ... s between
             # retries up to it (refuses): a request that waited on one would take that long

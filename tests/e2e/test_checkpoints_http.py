@@ -26,9 +26,19 @@ NEXT = CHAT + [{"role": "user", "content": "And three more?"}]
 
 def boot(tmp_path, model_dir, name: str, *extra: str) -> ServerProc:
     return ServerProc(
-        tmp_path / name, "--model", model_dir, "--kv-tokens", "2048", "--page-size", "16",
-        "--kv-store-dir", str(tmp_path / "store"), "--kv-store-pin-bytes", "1000000", *extra,
-    )  # fmt: skip
+        tmp_path / name,
+        "--model",
+        model_dir,
+        "--kv-tokens",
+        "2048",
+        "--page-size",
+        "16",
+        "--kv-store-dir",
+        str(tmp_path / "store"),
+        "--kv-store-pin-bytes",
+        "1000000",
+        *extra,
+    )
 
 
 def log(path) -> list[dict]:
@@ -36,8 +46,13 @@ def log(path) -> list[dict]:
 
 
 def answer(base: str) -> list[int]:
-    body = {"messages": NEXT, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
-            "logprobs": True}  # fmt: skip
+    body = {
+        "messages": NEXT,
+        "max_tokens": 6,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": True,
+    }
     r = httpx.post(base + "/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return [t["token"] for t in r.json()["choices"][0]["logprobs"]["content"]]
@@ -51,8 +66,16 @@ def model_dir(tmp_path_factory):
 
 
 def test_checkpoints_over_http_outlive_a_restart(tmp_path, model_dir):
-    plain = ServerProc(tmp_path / "plain.jsonl", "--model", model_dir, "--kv-tokens", "2048",
-                       "--page-size", "16", "--no-prefix-cache")  # fmt: skip
+    plain = ServerProc(
+        tmp_path / "plain.jsonl",
+        "--model",
+        model_dir,
+        "--kv-tokens",
+        "2048",
+        "--page-size",
+        "16",
+        "--no-prefix-cache",
+    )
     want = answer(plain.base)
     plain.stop()
     srv = boot(tmp_path, model_dir, "one.jsonl")
@@ -91,14 +114,19 @@ def test_checkpoints_over_http_outlive_a_restart(tmp_path, model_dir):
     cli = [sys.executable, "-m", "cli.engine_app", "checkpoint"]
     chat = tmp_path / "chat.json"
     chat.write_text(orjson.dumps({"messages": CHAT}).decode())
-    made_cli = subprocess.run([*cli, "create", "--messages", str(chat), "--id", "cli", "--url",
-                               srv.base], capture_output=True, text=True)  # fmt: skip
+    made_cli = subprocess.run(
+        [*cli, "create", "--messages", str(chat), "--id", "cli", "--url", srv.base],
+        capture_output=True,
+        text=True,
+    )
     assert made_cli.returncode == 0 and orjson.loads(made_cli.stdout)["shared_bytes"] > 0
-    nope = subprocess.run([*cli, "delete", "--id", "nope", "--url", srv.base],
-                          capture_output=True, text=True)  # fmt: skip
+    nope = subprocess.run(
+        [*cli, "delete", "--id", "nope", "--url", srv.base], capture_output=True, text=True
+    )
     assert nope.returncode == 1 and "404" in nope.stderr
-    deleted = subprocess.run([*cli, "delete", "--id", "cli", "--url", srv.base],
-                             capture_output=True, text=True)  # fmt: skip
+    deleted = subprocess.run(
+        [*cli, "delete", "--id", "cli", "--url", srv.base], capture_output=True, text=True
+    )
     assert deleted.returncode == 0, deleted.stderr
     listed = httpx.get(srv.base + "/v1/checkpoints", timeout=30).json()
     pinned = listed["capacity"]["pinned"]
@@ -122,12 +150,35 @@ def test_checkpoints_over_http_outlive_a_restart(tmp_path, model_dir):
     assert loads and loads[0]["tokens"] >= made["tokens"] - 16  # the history's whole pages
     # the auditor judges both boots as one window: every checkpoint found again, whole
     boots = [str(tmp_path / "two.jsonl"), str(tmp_path / "one.jsonl")]  # any order
-    got = subprocess.run([sys.executable, "-m", "cli.audit_app", "verdict", *boots, "--spec",
-                          "checkpoint_durability", "--json"], capture_output=True, text=True)  # fmt: skip
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.audit_app",
+            "verdict",
+            *boots,
+            "--spec",
+            "checkpoint_durability",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     report = orjson.loads(got.stdout)
     claims = {c["claim"]: c["verdict"] for w in report["specs"] for c in w["claims"]}
     assert claims == dict.fromkeys(claims, "PASS") and len(claims) == 5, got.stdout
     assert got.returncode == 0
-    alone = subprocess.run([sys.executable, "-m", "cli.audit_app", "verdict", boots[1], "--spec",
-                            "checkpoint_durability"], capture_output=True, text=True)  # fmt: skip
+    alone = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.audit_app",
+            "verdict",
+            boots[1],
+            "--spec",
+            "checkpoint_durability",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert alone.returncode == 2, alone.stdout  # one boot: no boot after it to find them

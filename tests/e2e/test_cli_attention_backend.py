@@ -13,8 +13,11 @@ def run(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return subprocess.run(
         [sys.executable, "-m", "cli.engine_app", *args],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize(
@@ -33,8 +36,17 @@ def test_generate_names_why_a_backend_cannot_run(tiny_model_dir, backend, reason
 
 def test_serve_names_why_a_backend_cannot_run(tiny_model_dir, tmp_path):
     r = run(
-        "serve", "--model", tiny_model_dir, "--attention-backend", "flashinfer",
-        "--kv-tokens", "256", "--port", "0", "--log-file", str(tmp_path / "boot.jsonl"),
-    )  # fmt: skip
+        "serve",
+        "--model",
+        tiny_model_dir,
+        "--attention-backend",
+        "flashinfer",
+        "--kv-tokens",
+        "256",
+        "--port",
+        "0",
+        "--log-file",
+        str(tmp_path / "boot.jsonl"),
+    )
     assert r.returncode == 2, r.stderr
     assert "attention backend 'flashinfer' needs a CUDA device" in r.stderr

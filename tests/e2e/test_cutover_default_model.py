@@ -36,8 +36,13 @@ def run(log, cutovers: list[dict]) -> tuple[dict[int, list[str]], list[dict]]:
     ends: list[dict] = []
 
     def stream(i: int) -> None:
-        body = {"prompt": f"Write about the number {i}.", "max_tokens": TOKENS, "temperature": 0,
-                "ignore_eos": True, "stream": True}  # fmt: skip
+        body = {
+            "prompt": f"Write about the number {i}.",
+            "max_tokens": TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
         parts = []
         with httpx.stream("POST", srv.base + "/v1/completions", json=body, timeout=600) as r:
             for line in r.iter_lines():
@@ -79,11 +84,15 @@ def test_cutovers_under_32_streams_change_no_token_and_the_window_passes(tmp_pat
         map("".join, (expected[i] for i in range(STREAMS)))
     )  # greedy, the same weights throughout: not one token differs
     for end in ends:
-        print(f"\ncutover {end['kind']} {end['mode']}: pause {end['pause_s'] * 1000:.1f} ms, "
-              f"{len(end['rids_before'])} in flight before, {len(end['ended'])} ended during it")  # fmt: skip
+        print(
+            f"\ncutover {end['kind']} {end['mode']}: pause {end['pause_s'] * 1000:.1f} ms, "
+            f"{len(end['rids_before'])} in flight before, {len(end['ended'])} ended during it"
+        )
     assert [e["outcome"] for e in ends] == ["ok"] * len(CUTOVERS)
     verdict = subprocess.run(
         [sys.executable, "-m", "cli.audit_app", "verdict", str(log), "--spec", "cutover"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert verdict.returncode == 0 and "overall: PASS" in verdict.stdout, verdict.stdout

@@ -37,9 +37,19 @@ def model_dir(tmp_path_factory) -> str:
 def srv(model_dir, receiver, tmp_path_factory):
     log = tmp_path_factory.mktemp("cutover-http") / "boot.jsonl"
     s = ServerProc(
-        log, "--model", model_dir, "--kv-tokens", str(POOL), "--max-running", "8",
-        "--api-key", KEY, "--otlp-endpoint", receiver.url, env={"OTEL_BSP_SCHEDULE_DELAY": "100"},
-    )  # fmt: skip
+        log,
+        "--model",
+        model_dir,
+        "--kv-tokens",
+        str(POOL),
+        "--max-running",
+        "8",
+        "--api-key",
+        KEY,
+        "--otlp-endpoint",
+        receiver.url,
+        env={"OTEL_BSP_SCHEDULE_DELAY": "100"},
+    )
     yield s
     s.stop()
 
@@ -55,10 +65,10 @@ def receipts(srv, kind: str) -> list[dict]:
 
 def stream(srv, prompt: str, n: int, got: dict) -> None:
     """Stream a greedy completion of ``n`` tokens; ``got[prompt]``: (status, finish reason)."""
-    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
-            "stream": True}  # fmt: skip
-    with httpx.stream("POST", srv.base + "/v1/completions", json=body, headers=AUTH,
-                      timeout=600) as r:  # fmt: skip
+    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream(
+        "POST", srv.base + "/v1/completions", json=body, headers=AUTH, timeout=600
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 if reason := orjson.loads(line[6:])["choices"][0].get("finish_reason"):
@@ -79,8 +89,11 @@ def wait_until(pred, timeout: float = 300) -> None:
 def test_the_route_needs_the_key_and_names_what_is_wrong(srv):
     r = httpx.post(srv.base + "/admin/cutover", json={"kind": "pool", "mode": "carry"})
     assert r.status_code == 401
-    for body, param in (({"mode": "carry"}, "kind"), ({"kind": 3, "mode": "carry"}, "kind"),
-                        ({"kind": "pool", "mode": "carry", "size": 9}, "size")):  # fmt: skip
+    for body, param in (
+        ({"mode": "carry"}, "kind"),
+        ({"kind": 3, "mode": "carry"}, "kind"),
+        ({"kind": "pool", "mode": "carry", "size": 9}, "size"),
+    ):
         r = cut(srv, **body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     r = cut(srv, kind="pool", mode="carry", kv_tokens=0)
@@ -142,8 +155,19 @@ def test_a_missing_weights_file_is_refused_and_serving_goes_on(srv, tmp_path):
 
 
 def test_engine_cutover_as_an_operator_runs_it(srv):
-    cmd = [sys.executable, "-m", "cli.engine_app", "cutover", "pool", "--kv-tokens", str(POOL),
-           "--url", srv.base, "--api-key", KEY]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "cli.engine_app",
+        "cutover",
+        "pool",
+        "--kv-tokens",
+        str(POOL),
+        "--url",
+        srv.base,
+        "--api-key",
+        KEY,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert orjson.loads(done.stdout)["outcome"] == "ok"
@@ -200,8 +224,18 @@ def test_a_cutover_under_way_is_cancelled_by_delete(srv, tmp_path):
     assert answer.status_code == 409 and answer.json()["cutover"]["outcome"] == "cancelled"
     again = httpx.delete(f"{srv.base}/admin/cutover/{cid}", headers=AUTH, timeout=60)
     assert again.status_code == 404 and "no cutover" in again.json()["error"]["message"]
-    cmd = [sys.executable, "-m", "cli.engine_app", "cutover", "--cancel", cid,
-           "--url", srv.base, "--api-key", KEY]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "cli.engine_app",
+        "cutover",
+        "--cancel",
+        cid,
+        "--url",
+        srv.base,
+        "--api-key",
+        KEY,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "404" in done.stderr, done.stderr
     try:  # the abandoned read ends (EOF) once a writer has come and gone
@@ -215,8 +249,11 @@ def test_the_cutover_span_has_its_phases_and_the_window_decides_the_log(srv, rec
     assert cut(srv, kind="pool", mode="carry", kv_tokens=POOL).status_code == 200
 
     def children(spans, kind: str) -> set[str]:
-        roots = [s.span_id for s in spans
-                 if s.name == "cutover" and s.attrs.get("attest.cutover.kind") == kind]  # fmt: skip
+        roots = [
+            s.span_id
+            for s in spans
+            if s.name == "cutover" and s.attrs.get("attest.cutover.kind") == kind
+        ]
         return {s.name for s in spans if s.parent_id in roots}
 
     spans = receiver.wait_for(
@@ -230,6 +267,8 @@ def test_the_cutover_span_has_its_phases_and_the_window_decides_the_log(srv, rec
         )
     verdict = subprocess.run(
         [sys.executable, "-m", "cli.audit_app", "verdict", str(srv.log_file), "--spec", "cutover"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert verdict.returncode == 0 and "overall: PASS" in verdict.stdout, verdict.stdout

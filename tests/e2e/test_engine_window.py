@@ -17,8 +17,12 @@ from tests.conftest import requires_default_model
 
 
 def window(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.engine_app", "window", *args],
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "cli.engine_app", "window", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def receipts(path) -> list[dict]:
@@ -53,10 +57,21 @@ def test_a_killed_window_takes_its_engine_with_it(tiny_model_dir, tmp_path):
     live on as an orphan holding a port and the CPU. It is stopped in order (SIGTERM: it drains
     and writes boot.stop)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.engine_app", "window", "boot_health", "--model",
-         tiny_model_dir, "--out-dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cli.engine_app",
+            "window",
+            "boot_health",
+            "--model",
+            tiny_model_dir,
+            "--out-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not any(b"boot.ready" in p.read_bytes() for p in tmp_path.glob("*.jsonl")):
@@ -95,8 +110,14 @@ def pids_mentioning(text: str) -> list[int]:
 
 def test_a_regime_not_reached_is_undecided_never_pass(tiny_model_dir, tmp_path):
     # a pool that holds every request at once: nothing parks, so the window cannot be judged
-    r = window("admission_park", "--model", tiny_model_dir, "--out-dir", str(tmp_path),
-               "--flag=--kv-tokens=8192")  # fmt: skip
+    r = window(
+        "admission_park",
+        "--model",
+        tiny_model_dir,
+        "--out-dir",
+        str(tmp_path),
+        "--flag=--kv-tokens=8192",
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "overall: UNDECIDED" in r.stdout and "PASS" not in r.stdout.split("parks_seen")[1][:40]
 
@@ -107,8 +128,14 @@ def test_a_window_without_a_recipe_is_a_usage_error(tmp_path):
 
 
 def test_an_engine_that_cannot_start_is_said_not_judged(tiny_model_dir, tmp_path):
-    r = window("boot_health", "--model", tiny_model_dir, "--out-dir", str(tmp_path),
-               "--flag=--chunk-tokens=0")  # fmt: skip
+    r = window(
+        "boot_health",
+        "--model",
+        tiny_model_dir,
+        "--out-dir",
+        str(tmp_path),
+        "--flag=--chunk-tokens=0",
+    )
     assert r.returncode == 69, r.stdout + r.stderr
     assert "the engine exited" in r.stderr and "overall" not in r.stdout
 

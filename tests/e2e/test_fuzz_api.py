@@ -29,29 +29,48 @@ CASES = 500  # generated requests, across the routes and both modes
 # a case that takes longer is a hang (and the server's own request deadline): every case is a
 # 400 or a few tokens of a tiny model, so only a hang comes near it, never a busy machine
 CASE_TIMEOUT_S = 120
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_schema_conformance]  # fmt: skip
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
 
 
 @pytest.fixture(scope="module")
 def fuzzed(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("fuzz") / "boot.jsonl"
     srv = ServerProc(
-        log, "--model", tiny_model_dir, "--kv-tokens", "256", "--max-model-len", "64",
-        "--request-timeout", str(CASE_TIMEOUT_S), "--read-timeout", "5",
-    )  # fmt: skip
+        log,
+        "--model",
+        tiny_model_dir,
+        "--kv-tokens",
+        "256",
+        "--max-model-len",
+        "64",
+        "--request-timeout",
+        str(CASE_TIMEOUT_S),
+        "--read-timeout",
+        "5",
+    )
     yield srv
     srv.stop()
 
 
 def test_generated_requests_find_no_5xx_no_hang_and_the_server_still_serves(fuzzed):
     schema = schemathesis.openapi.from_url(fuzzed.base + "/openapi.json")
-    cases = st.one_of(schema.as_strategy(GenerationMode.POSITIVE),
-                      schema.as_strategy(GenerationMode.NEGATIVE))  # fmt: skip
+    cases = st.one_of(
+        schema.as_strategy(GenerationMode.POSITIVE), schema.as_strategy(GenerationMode.NEGATIVE)
+    )
     seen: collections.Counter = collections.Counter()
 
-    @settings(max_examples=CASES, deadline=None, database=None,
-              phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=CASES,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=cases)
     def one(case):
         t0 = time.monotonic()

@@ -35,8 +35,9 @@ def guidellm():
 @pytest.fixture(scope="module")
 def srv(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("guidellm") / "boot.jsonl"
-    s = ServerProc(log, "--model", tiny_model_dir, "--kv-tokens", "2048",
-                   "--served-model-name", "tiny")  # fmt: skip
+    s = ServerProc(
+        log, "--model", tiny_model_dir, "--kv-tokens", "2048", "--served-model-name", "tiny"
+    )
     yield s
     code, out = s.stop()
     assert code == 0 and "Traceback" not in out, out[-3000:]
@@ -53,13 +54,23 @@ def test_guidellms_requests_are_all_answered_and_counted_by_the_servers_usage(
     guidellm, srv, tiny_model_dir, tmp_path, route
 ):
     out = tmp_path / "report.json"
-    cmd = [str(guidellm), "run",
-           "--backend", f"kind=openai_http,target={srv.base},request_format={route}",
-           "--profile", "kind=synchronous",
-           "--constraint", f"kind=max_requests,count={REQUESTS}",
-           "--data", f"kind=synthetic_text,prompt_tokens=32,output_tokens={OUTPUT}",
-           "--tokenizer", f"kind=huggingface_auto,model={tiny_model_dir}",
-           "--output", f"kind=json,path={out}", "--disable-console-interactive"]  # fmt: skip
+    cmd = [
+        str(guidellm),
+        "run",
+        "--backend",
+        f"kind=openai_http,target={srv.base},request_format={route}",
+        "--profile",
+        "kind=synchronous",
+        "--constraint",
+        f"kind=max_requests,count={REQUESTS}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens=32,output_tokens={OUTPUT}",
+        "--tokenizer",
+        f"kind=huggingface_auto,model={tiny_model_dir}",
+        "--output",
+        f"kind=json,path={out}",
+        "--disable-console-interactive",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

@@ -38,11 +38,28 @@ def lm_eval():
 
 def evaluate(lm_eval: Path, model: str, args: str, out: Path, extra: tuple[str, ...] = ()):
     """Run lm_eval on the shipped tasks: ({task: metric}, {(task, doc_id): resps})."""
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "HF_HOME": str(out / "hf-home"), "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-    cmd = [str(lm_eval), "--model", model, "--model_args", args, "--include_path",
-           "tests/lm_eval_tasks", "--tasks", ",".join(TASKS), "--log_samples", "--output_path",
-           str(out), *extra]  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(out / "hf-home"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    cmd = [
+        str(lm_eval),
+        "--model",
+        model,
+        "--model_args",
+        args,
+        "--include_path",
+        "tests/lm_eval_tasks",
+        "--tasks",
+        ",".join(TASKS),
+        "--log_samples",
+        "--output_path",
+        str(out),
+        *extra,
+    ]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]
@@ -73,12 +90,14 @@ def same_answers(server: tuple, hf: tuple) -> None:
 
 
 def serve_and_evaluate(lm_eval, model: str, tmp: Path, hf_args: str):
-    srv = ServerProc(tmp / "boot.jsonl", "--model", model, "--kv-tokens", "2048",
-                     "--served-model-name", "m")  # fmt: skip
+    srv = ServerProc(
+        tmp / "boot.jsonl", "--model", model, "--kv-tokens", "2048", "--served-model-name", "m"
+    )
     try:
         args = f"model=m,base_url={srv.base}/v1/completions,tokenizer_backend=remote,"
-        server = evaluate(lm_eval, "local-completions", args + "num_concurrent=1,max_retries=1",
-                          tmp / "server")  # fmt: skip
+        server = evaluate(
+            lm_eval, "local-completions", args + "num_concurrent=1,max_retries=1", tmp / "server"
+        )
     finally:
         code, out = srv.stop()
     assert code == 0 and "Traceback" not in out, out[-3000:]

@@ -31,17 +31,22 @@ def offline(tiny_model_dir):
     p = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
     chat = llm.chat([{"role": "user", "content": PROMPT}], p)[0]
     text = llm.generate(PROMPT, p)[0]
-    scored = llm.generate(PROMPT, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True,
-                                                  logprobs=1, prompt_logprobs=1))[0]  # fmt: skip
+    scored = llm.generate(
+        PROMPT,
+        SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, logprobs=1, prompt_logprobs=1),
+    )[0]
     llm.close()
     return chat, text, scored
 
 
 def test_chat_logprobs_are_the_engines(client, offline):
     r = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": PROMPT}], logprobs=True,
-        top_logprobs=2, **GREEDY,
-    )  # fmt: skip
+        model="m",
+        messages=[{"role": "user", "content": PROMPT}],
+        logprobs=True,
+        top_logprobs=2,
+        **GREEDY,
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == 6
     for got, (_, lp, top) in zip(content, offline[0].logprobs):
@@ -74,8 +79,15 @@ def test_an_echoed_completion_scores_its_prompt_as_evaluation_harnesses_ask(
     choice's logprobs cover the prompt's tokens (the first without one) and the new token, with
     the values the offline engine gives; offsets count from the prompt's first token."""
     scored = offline[2]
-    ask = {"model": "m", "prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 1,
-           "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    ask = {
+        "model": "m",
+        "prompt": PROMPT,
+        "echo": True,
+        "logprobs": 1,
+        "max_tokens": 1,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
     if stream:
         lp = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         text = ""

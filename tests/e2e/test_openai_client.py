@@ -46,9 +46,13 @@ def test_sync_chat_equals_the_offline_api(client, offline):
 def test_sync_streaming_chat_with_content_parts_equals_the_offline_api(client, offline):
     parts = [{"role": "user", "content": [{"type": "text", "text": CHAT[0]["content"]}]}]
     stream = client.chat.completions.create(
-        model="smol", messages=parts, max_completion_tokens=16, temperature=0, stream=True,
+        model="smol",
+        messages=parts,
+        max_completion_tokens=16,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == offline[0]

@@ -74,14 +74,26 @@ VERSION = get()  # a request pipelined behind a refused one: never answered
 HEADS = [  # (name, the request's head, status, words in the message)
     ("101 header fields", get(fields=lines(100, 16)), 431, "more than 100 header fields"),
     ("10,000 header fields", get(fields=lines(10_000, 16)), 431, "more than 100 header fields"),
-    ("a header field line of 8,193 bytes", get(fields=lines(1, 8195)), 431,
-     "a header field line exceeds 8192 bytes"),
-    ("32 KB of header fields in lines under 8 KB", get(fields=lines(5, 7000)), 431,
-     "exceeds 32768 bytes"),
+    (
+        "a header field line of 8,193 bytes",
+        get(fields=lines(1, 8195)),
+        431,
+        "a header field line exceeds 8192 bytes",
+    ),
+    (
+        "32 KB of header fields in lines under 8 KB",
+        get(fields=lines(5, 7000)),
+        431,
+        "exceeds 32768 bytes",
+    ),
     ("128 KB of header fields", get(fields=lines(20, 6600)), 431, "exceeds 32768 bytes"),
-    ("a request line of 9,000 bytes", get("/version?" + "q" * 9000), 414,
-     "request line exceeds 8192 bytes"),
-]  # fmt: skip
+    (
+        "a request line of 9,000 bytes",
+        get("/version?" + "q" * 9000),
+        414,
+        "request line exceeds 8192 bytes",
+    ),
+]
 
 
 @pytest.mark.parametrize(("name", "start", "status", "words"), HEADS, ids=[h[0] for h in HEADS])
@@ -124,11 +136,19 @@ def test_a_head_pipelined_behind_a_served_request_is_held_to_the_same_bounds(srv
 
 CHUNKED = head(COMPLETIONS, None, "Transfer-Encoding: chunked\r\n")
 CHUNKS = [  # (name, the chunk-size line and what follows, status, words)
-    ("a chunk size of 20 hex digits", b"ffffffffffffffffffff\r\n", 400,
-     "chunk size 0xffffffffffffffffffff is more than any body can have"),
-    ("a chunk of 5 MB", b"500000\r\n" + b"x" * 1000, 413,
-     "request body exceeds 4194304 bytes: a chunk declares 5241880 bytes more"),
-]  # fmt: skip
+    (
+        "a chunk size of 20 hex digits",
+        b"ffffffffffffffffffff\r\n",
+        400,
+        "chunk size 0xffffffffffffffffffff is more than any body can have",
+    ),
+    (
+        "a chunk of 5 MB",
+        b"500000\r\n" + b"x" * 1000,
+        413,
+        "request body exceeds 4194304 bytes: a chunk declares 5241880 bytes more",
+    ),
+]
 
 
 @pytest.mark.parametrize(("name", "chunk", "status", "words"), CHUNKS, ids=[c[0] for c in CHUNKS])

@@ -111,8 +111,14 @@ def test_continuous_usage_stats_puts_each_choices_usage_so_far_in_every_chunk(se
     """vLLM's ``stream_options.continuous_usage_stats`` (load generators such as guidellm send
     it): with ``include_usage``, every chunk carries the usage of its choice so far; the last
     event is still the whole request's usage. Without ``include_usage`` it adds nothing."""
-    req = {"messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 8,
-           "temperature": 0, "ignore_eos": True, "n": 2, "stream": True}  # fmt: skip
+    req = {
+        "messages": [{"role": "user", "content": "Count to ten."}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+        "n": 2,
+        "stream": True,
+    }
     opts = {"include_usage": True, "continuous_usage_stats": True}
     events = _events(server, "/v1/chat/completions", {**req, "stream_options": opts})
     *chunks, last = events
@@ -124,8 +130,16 @@ def test_continuous_usage_stats_puts_each_choices_usage_so_far_in_every_chunk(se
         assert done[0] == 0 and done[-1] == 8 and done == sorted(done), done
         assert all(c["usage"]["prompt_tokens"] == prompt for c in mine)
         assert all(c["usage"]["total_tokens"] == prompt + d for c, d in zip(mine, done))
-    plain = _events(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 4, "stream": True,
-                    "stream_options": {"continuous_usage_stats": True}})  # fmt: skip
+    plain = _events(
+        server,
+        "/v1/completions",
+        {
+            "prompt": "Hi",
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"continuous_usage_stats": True},
+        },
+    )
     assert plain and not any("usage" in e for e in plain)
 
 
@@ -148,12 +162,15 @@ def test_truncate_prompt_tokens_keeps_the_last_k_tokens_of_the_prompt(server):
     assert other["choices"][0]["text"] == cut["choices"][0]["text"]
     whole = complete(prompt=text, truncate_prompt_tokens=10_000)
     assert whole["usage"]["prompt_tokens"] > 20
-    chat = server.post("/v1/chat/completions", json={**base, "truncate_prompt_tokens": 3,
-                       "messages": [{"role": "user", "content": text}]})  # fmt: skip
+    chat = server.post(
+        "/v1/chat/completions",
+        json={**base, "truncate_prompt_tokens": 3, "messages": [{"role": "user", "content": text}]},
+    )
     assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == 3
     for bad in (0, -2):
-        r = server.post("/v1/completions", json={**base, "prompt": text,
-                        "truncate_prompt_tokens": bad})  # fmt: skip
+        r = server.post(
+            "/v1/completions", json={**base, "prompt": text, "truncate_prompt_tokens": bad}
+        )
         assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
 
 
@@ -202,11 +219,17 @@ def test_wrong_api_key_is_401(server):
 @pytest.mark.parametrize(
     ("authorization", "status"),
     [
-        (f"bearer {API_KEY}", 200), (f"BEARER {API_KEY}", 200), (f"bEaReR {API_KEY}", 200),
-        (f"Bearer {API_KEY}", 200), (f"bearer {API_KEY.upper()}", 401), ("bearer wrong", 401),
-        (f"Basic {API_KEY}", 401), ("bearer", 401), (API_KEY, 401),
+        (f"bearer {API_KEY}", 200),
+        (f"BEARER {API_KEY}", 200),
+        (f"bEaReR {API_KEY}", 200),
+        (f"Bearer {API_KEY}", 200),
+        (f"bearer {API_KEY.upper()}", 401),
+        ("bearer wrong", 401),
+        (f"Basic {API_KEY}", 401),
+        ("bearer", 401),
+        (API_KEY, 401),
     ],
-)  # fmt: skip
+)
 def test_the_auth_scheme_is_read_in_any_case_and_the_key_exactly(server, authorization, status):
     """RFC 9110 11.1: an authentication scheme is case-insensitive; the key is not."""
     r = httpx.get(str(server.base_url) + "/v1/models", headers={"Authorization": authorization})
@@ -219,8 +242,14 @@ def test_32_concurrent_streams_all_complete_and_memory_returns_to_idle(server):
     idle = server.get("/health").json()
 
     def one(i):
-        body = {"prompt": f"Count to {i}:", "max_tokens": 12, "temperature": 0,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        body = {
+            "prompt": f"Count to {i}:",
+            "max_tokens": 12,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         text, usage = [], None
         with server.stream(
             "POST", "/v1/completions", json=body, timeout=600
@@ -280,8 +309,14 @@ def test_a_client_that_goes_away_frees_its_memory(server, boot_log):
 
 
 def test_n_choices_are_separate_requests_with_one_usage(server):
-    body = {"prompt": "Name a colour:", "max_tokens": 6, "n": 3, "temperature": 1.0, "seed": 7,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "prompt": "Name a colour:",
+        "max_tokens": 6,
+        "n": 3,
+        "temperature": 1.0,
+        "seed": 7,
+        "ignore_eos": True,
+    }
     r = server.post("/v1/completions", json=body).json()
     assert [c["index"] for c in r["choices"]] == [0, 1, 2]
     assert r["usage"]["completion_tokens"] == 18
@@ -326,9 +361,16 @@ def test_metrics_count_what_the_server_did(served, server):
     assert grew("attest:inter_token_latency_seconds_count") == n_out - 3
     assert grew('attest:requests_total{finish_reason="length"}') == 3
     assert grew('attest:receipts_total{kind="request.finish"}') == 3
-    for name in ("attest:num_requests_running", "attest:num_requests_waiting",
-                 "attest:num_requests_parked", "attest:kv_usage_ratio", "attest:parks_total",
-                 "attest:retractions_total", "attest:evictions_total", "attest:aborts_total"):  # fmt: skip
+    for name in (
+        "attest:num_requests_running",
+        "attest:num_requests_waiting",
+        "attest:num_requests_parked",
+        "attest:kv_usage_ratio",
+        "attest:parks_total",
+        "attest:retractions_total",
+        "attest:evictions_total",
+        "attest:aborts_total",
+    ):
         assert name in after, name
     assert after["attest:kv_usage_ratio"] == 0.0
     assert after['attest:kv_tokens{state="total"}'] == 4096
@@ -338,8 +380,10 @@ def test_a_non_streaming_client_that_goes_away_frees_its_memory(served, server, 
     import socket
 
     body = orjson.dumps({"prompt": "Write a long story.", "max_tokens": 3000, "ignore_eos": True})
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     aborted = len([x for x in boot_log.read_bytes().splitlines() if b'"request.abort"' in x])
     with socket.create_connection(("127.0.0.1", served.port)) as s:
         s.sendall(head.encode() + body)
@@ -372,8 +416,11 @@ def test_a_bad_prompt_is_refused_in_the_words_of_the_one_prompt_check(server):
         r = server.post("/v1/completions", json={"prompt": ids, "max_tokens": 1})
         assert r.status_code == 400, r.text
         assert r.json()["error"] == {
-            "message": expected, "type": "invalid_request_error", "param": "prompt", "code": 400,
-        }  # fmt: skip
+            "message": expected,
+            "type": "invalid_request_error",
+            "param": "prompt",
+            "code": 400,
+        }
 
 
 def test_the_frontend_process_never_loads_torch(served, server):

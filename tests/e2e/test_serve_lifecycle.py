@@ -40,8 +40,9 @@ class Stream(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        with httpx.stream("POST", self.base + "/v1/completions", json={**LONG, "stream": True},
-                          timeout=60) as r:  # fmt: skip
+        with httpx.stream(
+            "POST", self.base + "/v1/completions", json={**LONG, "stream": True}, timeout=60
+        ) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     self.lines.append(line[6:])
@@ -104,13 +105,25 @@ def test_a_dead_scheduler_is_503_with_the_reason_then_exit_1(tmp_path):
         assert stop["event"] == "boot.stop" and stop["reason"] == "scheduler_died"
         assert stop["in_flight"] == 2
         assert (stop["boot"], stop["rank"], stop["seq"]) == (
-            before["boot"], before["rank"], before["seq"] + 1,
-        )  # fmt: skip
+            before["boot"],
+            before["rank"],
+            before["seq"] + 1,
+        )
         # ... so the auditor reads a crash, not a cut log
         verdict = subprocess.run(
-            [sys.executable, "-m", "cli.audit_app", "verdict", str(tmp_path / "boot.jsonl"),
-             "--spec", "boot_health", "--json"], capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "cli.audit_app",
+                "verdict",
+                str(tmp_path / "boot.jsonl"),
+                "--spec",
+                "boot_health",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert verdict.returncode == 1, verdict.stdout + verdict.stderr
         claims = {
             c["claim"]: c["verdict"] for c in orjson.loads(verdict.stdout)["specs"][0]["claims"]

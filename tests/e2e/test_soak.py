@@ -24,8 +24,15 @@ def _assert_nothing_lost(res: dict, min_oversubscription: float) -> None:
 
 
 def test_short_soak_loses_nothing(tiny_model_dir, tmp_path):
-    cfg = SoakConfig(duration_s=20, concurrency=24, kv_tokens=480, max_running=8,
-                     model=tiny_model_dir, prompt_words=(4, 40), sample_every_s=2)  # fmt: skip
+    cfg = SoakConfig(
+        duration_s=20,
+        concurrency=24,
+        kv_tokens=480,
+        max_running=8,
+        model=tiny_model_dir,
+        prompt_words=(4, 40),
+        sample_every_s=2,
+    )
     _assert_nothing_lost(run_soak(cfg, tmp_path / "boot.jsonl"), min_oversubscription=5)
 
 

@@ -35,8 +35,19 @@ def receipts(path) -> list[dict]:
 
 def test_a_stopped_scheduler_writes_its_stall_and_fails_no_wedge(model, tmp_path):
     log = tmp_path / "boot.jsonl"
-    srv = ServerProc(log, "--model", model, "--kv-tokens", "8192", "--threads", "1",
-                     "--request-timeout", str(DEADLINE), "--stall-timeout", "5")  # fmt: skip
+    srv = ServerProc(
+        log,
+        "--model",
+        model,
+        "--kv-tokens",
+        "8192",
+        "--threads",
+        "1",
+        "--request-timeout",
+        str(DEADLINE),
+        "--stall-timeout",
+        "5",
+    )
     try:
         running = [Plain(srv.base, LONG), Plain(srv.base, LONG)]
         deadline = time.monotonic() + 300
@@ -71,9 +82,20 @@ def test_a_stopped_scheduler_writes_its_stall_and_fails_no_wedge(model, tmp_path
     late = [a for a in aborts if received[a["rid"]]["seq"] > stall["seq"]]
     assert len(late) == 1  # the one handed in during the stall, seen only after it
     done = subprocess.run(
-        [sys.executable, "-m", "cli.audit_app", "verdict", str(log), "--spec", "boot_health",
-         "--json"], capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cli.audit_app",
+            "verdict",
+            str(log),
+            "--spec",
+            "boot_health",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     claims = {c["claim"]: c for c in orjson.loads(done.stdout)["specs"][0]["claims"]}
     assert done.returncode == 1, done.stdout
     assert claims["no_wedge"]["verdict"] == "FAIL", claims["no_wedge"]

@@ -34,10 +34,16 @@ def receipts(served, kind: str) -> list[dict]:
 
 def ask(client, prompt: str, schema: dict, **extra) -> list[str]:
     r = client.chat.completions.create(
-        model="smol", messages=[{"role": "user", "content": prompt}], temperature=0,
-        max_tokens=300, response_format={"type": "json_schema", "json_schema": {
-            "name": "answer", "schema": schema, "strict": True}}, **extra,
-    )  # fmt: skip
+        model="smol",
+        messages=[{"role": "user", "content": prompt}],
+        temperature=0,
+        max_tokens=300,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": schema, "strict": True},
+        },
+        **extra,
+    )
     for choice in r.choices:
         assert choice.finish_reason == "stop", choice  # the grammar ended it
     return [c.message.content for c in r.choices]
@@ -67,16 +73,22 @@ def test_the_openai_clients_pydantic_parse_works_unmodified(client, served):
         population: int = pydantic.Field(ge=0, le=100_000_000)
 
     r = client.chat.completions.parse(
-        model="smol", temperature=0, max_tokens=200, response_format=City,
+        model="smol",
+        temperature=0,
+        max_tokens=200,
+        response_format=City,
         messages=[{"role": "user", "content": "Describe Paris as JSON."}],
-    )  # fmt: skip
+    )
     city = r.choices[0].message.parsed
     assert isinstance(city, City) and city.name
     before = receipts(served, "grammar.compile")
     client.chat.completions.parse(
-        model="smol", temperature=0, max_tokens=200, response_format=City,
+        model="smol",
+        temperature=0,
+        max_tokens=200,
+        response_format=City,
         messages=[{"role": "user", "content": "Describe Rome as JSON."}],
-    )  # fmt: skip
+    )
     [again] = receipts(served, "grammar.compile")[len(before) :]
     assert (again["cache"], again["outcome"], again["kind"]) == ("hit", "ok", "json_schema")
     assert again["guide"] == before[-1]["guide"]
@@ -84,9 +96,14 @@ def test_the_openai_clients_pydantic_parse_works_unmodified(client, served):
 
 def test_json_object_streamed_with_two_choices(client, served):
     stream = client.chat.completions.create(
-        model="smol", messages=[{"role": "user", "content": "Give me a JSON object."}],
-        response_format={"type": "json_object"}, max_tokens=120, n=2, seed=7, stream=True,
-    )  # fmt: skip
+        model="smol",
+        messages=[{"role": "user", "content": "Give me a JSON object."}],
+        response_format={"type": "json_object"},
+        max_tokens=120,
+        n=2,
+        seed=7,
+        stream=True,
+    )
     texts, ends = ["", ""], [None, None]
     for chunk in stream:
         for c in chunk.choices:
@@ -102,13 +119,19 @@ def test_json_object_streamed_with_two_choices(client, served):
 
 def test_vllms_structured_outputs_regex_and_choice(client):
     r = client.completions.create(
-        model="smol", prompt="The date today is", max_tokens=20, temperature=0,
+        model="smol",
+        prompt="The date today is",
+        max_tokens=20,
+        temperature=0,
         extra_body={"structured_outputs": {"regex": r" [0-9]{4}-[0-9]{2}-[0-9]{2}"}},
-    )  # fmt: skip
+    )
     text = r.choices[0].text
     assert len(text) == 11 and text[5] == "-" and text[1:5].isdigit(), text
     r = client.completions.create(
-        model="smol", prompt="Is the sky blue? Answer:", max_tokens=5, temperature=0,
+        model="smol",
+        prompt="Is the sky blue? Answer:",
+        max_tokens=5,
+        temperature=0,
         extra_body={"structured_outputs": {"choice": [" yes", " no"]}},
-    )  # fmt: skip
+    )
     assert r.choices[0].text in (" yes", " no")

@@ -21,10 +21,12 @@ def test_a_prompts_tokens_are_the_ones_a_completion_counts_and_come_back_as_its_
     assert t["max_model_len"] > t["count"] and len(t["token_strs"]) == t["count"]
     assert server.post("/detokenize", json={"tokens": t["tokens"]}).json() == {"prompt": text}
     # the ids are the prompt: the same completion from them as from the text
-    by_ids = server.post("/v1/completions", json={"prompt": t["tokens"], "max_tokens": 4,
-                                                  "temperature": 0}).json()  # fmt: skip
-    by_text = server.post("/v1/completions", json={"prompt": text, "max_tokens": 4,
-                                                   "temperature": 0}).json()  # fmt: skip
+    by_ids = server.post(
+        "/v1/completions", json={"prompt": t["tokens"], "max_tokens": 4, "temperature": 0}
+    ).json()
+    by_text = server.post(
+        "/v1/completions", json={"prompt": text, "max_tokens": 4, "temperature": 0}
+    ).json()
     assert by_ids["choices"][0]["text"] == by_text["choices"][0]["text"]
 
 

@@ -20,29 +20,38 @@ pytestmark = requires_default_model
 
 WEATHER = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 20},
-                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
     "required": ["city", "unit"],
-}  # fmt: skip
+}
 FLIGHT = {
     "type": "object",
-    "properties": {"origin": {"type": "string", "maxLength": 20},
-                   "destination": {"type": "string", "maxLength": 20},
-                   "passengers": {"type": "integer", "minimum": 1, "maximum": 9}},
+    "properties": {
+        "origin": {"type": "string", "maxLength": 20},
+        "destination": {"type": "string", "maxLength": 20},
+        "passengers": {"type": "integer", "minimum": 1, "maximum": 9},
+    },
     "required": ["origin", "destination", "passengers"],
-}  # fmt: skip
+}
 TIMER = {
     "type": "object",
     "properties": {"minutes": {"type": "integer", "minimum": 1, "maximum": 120}},
     "required": ["minutes"],
-}  # fmt: skip
+}
 PARAMS = {"get_weather": WEATHER, "book_flight": FLIGHT, "set_timer": TIMER}
 TOOLS = [
-    {"type": "function", "function": {"name": name, "description": desc, "parameters": PARAMS[name]}}
-    for name, desc in (("get_weather", "The weather in a city now"),
-                       ("book_flight", "Book a flight between two cities"),
-                       ("set_timer", "Start a kitchen timer"))
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {"name": name, "description": desc, "parameters": PARAMS[name]},
+    }
+    for name, desc in (
+        ("get_weather", "The weather in a city now"),
+        ("book_flight", "Book a flight between two cities"),
+        ("set_timer", "Start a kitchen timer"),
+    )
+]
 PROMPTS = [
     "What is the weather in Paris?",
     "Book me a flight from Oslo to Rome for two people.",
@@ -142,9 +151,13 @@ def test_a_streamed_call_adds_up_to_the_whole_answer(client):
 def test_the_round_trip_call_tool_result_answer(client):
     messages = [{"role": "user", "content": PROMPTS[0]}]
     first = client.chat.completions.create(
-        model="smol", messages=messages, tools=TOOLS, tool_choice="required", temperature=0,
+        model="smol",
+        messages=messages,
+        tools=TOOLS,
+        tool_choice="required",
+        temperature=0,
         max_tokens=200,
-    )  # fmt: skip
+    )
     message = first.choices[0].message
     messages.append(message)  # the client's own message object, sent back as it is
     for call in message.tool_calls:
@@ -166,10 +179,14 @@ def test_the_clients_pydantic_tools_parse_unmodified(client):
         unit: Literal["celsius", "fahrenheit"]
 
     r = client.chat.completions.parse(
-        model="smol", messages=[{"role": "user", "content": PROMPTS[0]}],
-        tools=[openai.pydantic_function_tool(GetWeather)], tool_choice="required",
-        parallel_tool_calls=False, temperature=0, max_tokens=120,
-    )  # fmt: skip
+        model="smol",
+        messages=[{"role": "user", "content": PROMPTS[0]}],
+        tools=[openai.pydantic_function_tool(GetWeather)],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=120,
+    )
     [call] = r.choices[0].message.tool_calls
     assert call.function.name == "GetWeather"
     assert isinstance(call.function.parsed_arguments, GetWeather)

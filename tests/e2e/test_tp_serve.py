@@ -66,8 +66,9 @@ class Stream(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        with httpx.stream("POST", self.base + "/v1/completions", json={**LONG, "stream": True},
-                          timeout=300) as r:  # fmt: skip
+        with httpx.stream(
+            "POST", self.base + "/v1/completions", json={**LONG, "stream": True}, timeout=300
+        ) as r:
             self.status = r.status_code
             for line in r.iter_lines():
                 if line.startswith("data: "):
@@ -82,10 +83,19 @@ def test_tp2_serves_concurrent_completions_and_its_rank_logs_pass_the_audit(
     logs = tmp_path / "logs"
     logs.mkdir()
     srv = ServerProc(
-        logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2",
-        "--kv-tokens", ",".join(map(str, POOLS)), "--page-size", "4", "--check-invariants",
-        "--served-model-name", "tiny",
-    )  # fmt: skip
+        logs / "boot.jsonl",
+        "--model",
+        tiny_model_dir,
+        "--tp",
+        "2",
+        "--kv-tokens",
+        ",".join(map(str, POOLS)),
+        "--page-size",
+        "4",
+        "--check-invariants",
+        "--served-model-name",
+        "tiny",
+    )
     try:
         health = httpx.get(srv.base + "/health", timeout=60).json()
         assert health["status"] == "ok"
@@ -96,8 +106,11 @@ def test_tp2_serves_concurrent_completions_and_its_rank_logs_pass_the_audit(
         prompts = [[2 + (3 * i + j) % 300 for j in range(5 + i)] for i in range(8)]
 
         def complete(ids: list[int]) -> httpx.Response:
-            return httpx.post(srv.base + "/v1/completions", timeout=300, json={
-                "model": "tiny", "prompt": ids, "max_tokens": 80, "ignore_eos": True})  # fmt: skip
+            return httpx.post(
+                srv.base + "/v1/completions",
+                timeout=300,
+                json={"model": "tiny", "prompt": ids, "max_tokens": 80, "ignore_eos": True},
+            )
 
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(complete, prompts))
@@ -112,8 +125,9 @@ def test_tp2_serves_concurrent_completions_and_its_rank_logs_pass_the_audit(
     assert code == 0, out
 
     assert sorted(p.name for p in logs.iterdir() if p.suffix == ".jsonl") == [
-        "boot.jsonl", "boot.rank1.jsonl",
-    ]  # fmt: skip
+        "boot.jsonl",
+        "boot.rank1.jsonl",
+    ]
     r0, r1 = receipts(logs / "boot.jsonl"), receipts(logs / "boot.rank1.jsonl")
     assert {r["boot"] for r in r0} == {r["boot"] for r in r1} and len({r["boot"] for r in r0}) == 1
     assert ({r["rank"] for r in r0}, {r["rank"] for r in r1}) == ({0}, {1})
@@ -155,19 +169,34 @@ def test_two_nodes_on_loopback_serve_and_stop_together(tiny_model_dir, tmp_path)
     worker_out = tmp_path / "worker.out"
     with open(worker_out, "w") as f:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "cli.engine_app", "worker"], stdout=f,
-            stderr=subprocess.STDOUT, env={**os.environ, **group, "RANK": "1"},
-        )  # fmt: skip
+            [sys.executable, "-m", "cli.engine_app", "worker"],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **group, "RANK": "1"},
+        )
     try:
         srv = ServerProc(
-            logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2", "--dist-init", "env",
-            "--kv-tokens", "1024", "--threads", "1", env={**group, "RANK": "0"},
-        )  # fmt: skip
+            logs / "boot.jsonl",
+            "--model",
+            tiny_model_dir,
+            "--tp",
+            "2",
+            "--dist-init",
+            "env",
+            "--kv-tokens",
+            "1024",
+            "--threads",
+            "1",
+            env={**group, "RANK": "0"},
+        )
         try:
             assert spawned_ranks(srv) == []  # the worker is the other rank, not a child
             assert worker.poll() is None
-            r = httpx.post(srv.base + "/v1/completions", timeout=300,
-                           json={"prompt": [5, 6, 7, 8, 9], "max_tokens": 12, "ignore_eos": True})  # fmt: skip
+            r = httpx.post(
+                srv.base + "/v1/completions",
+                timeout=300,
+                json={"prompt": [5, 6, 7, 8, 9], "max_tokens": 12, "ignore_eos": True},
+            )
             assert r.status_code == 200, r.text
             assert r.json()["usage"]["completion_tokens"] == 12
         finally:
@@ -196,24 +225,38 @@ def test_two_nodes_on_loopback_serve_and_stop_together(tiny_model_dir, tmp_path)
     ("env", "message"),
     [
         ({}, "dist_init env needs MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK in the environment"),
-        ({"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2", "RANK": "1"},
-         "dist_init env needs MASTER_PORT in the environment"),
-        ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "0"},
-         "RANK 0 is the engine that serves: start it with `engine serve`"),
-        ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "x"},
-         "RANK and WORLD_SIZE must be integers with 0 <= RANK < WORLD_SIZE, got RANK='x'"),
-        ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "2"},
-         "0 <= RANK < WORLD_SIZE, got RANK='2' WORLD_SIZE='2'"),
+        (
+            {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2", "RANK": "1"},
+            "dist_init env needs MASTER_PORT in the environment",
+        ),
+        (
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "0"},
+            "RANK 0 is the engine that serves: start it with `engine serve`",
+        ),
+        (
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "x"},
+            "RANK and WORLD_SIZE must be integers with 0 <= RANK < WORLD_SIZE, got RANK='x'",
+        ),
+        (
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "2"},
+            "0 <= RANK < WORLD_SIZE, got RANK='2' WORLD_SIZE='2'",
+        ),
     ],
     ids=["no-env", "no-port", "rank-0", "rank-not-a-number", "rank-past-the-world"],
-)  # fmt: skip
+)
 def test_engine_worker_without_its_place_exits_2_naming_what_is_missing(env, message):
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")}  # fmt: skip
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "cli.engine_app", "worker"], env={**base, **env},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [sys.executable, "-m", "cli.engine_app", "worker"],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in " ".join(done.stderr.split())
     assert "Traceback" not in done.stderr
@@ -223,8 +266,17 @@ def test_a_rank_killed_mid_stream_ends_the_boot_rank_lost_503_and_exit_1(tiny_mo
     logs = tmp_path / "logs"
     logs.mkdir()
     # a group timeout far past any loaded machine's delay: the loss must be seen without it
-    srv = ServerProc(logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2",
-                     "--kv-tokens", "4096", "--group-timeout", "1200")  # fmt: skip
+    srv = ServerProc(
+        logs / "boot.jsonl",
+        "--model",
+        tiny_model_dir,
+        "--tp",
+        "2",
+        "--kv-tokens",
+        "4096",
+        "--group-timeout",
+        "1200",
+    )
     try:
         (rank1,) = spawned_ranks(srv)
         assert rank1.cmdline()[rank1.cmdline().index("engine.core.group_boot") + 1] == "1"
@@ -279,8 +331,17 @@ def test_a_rank_killed_mid_stream_ends_the_boot_rank_lost_503_and_exit_1(tiny_mo
 
 def test_a_rank_lost_while_idle_fails_the_next_request_and_names_the_rank(tiny_model_dir, tmp_path):
     log = tmp_path / "boot.jsonl"
-    srv = ServerProc(log, "--model", tiny_model_dir, "--tp", "2", "--kv-tokens", "1024",
-                     "--group-timeout", GROUP_TIMEOUT)  # fmt: skip
+    srv = ServerProc(
+        log,
+        "--model",
+        tiny_model_dir,
+        "--tp",
+        "2",
+        "--kv-tokens",
+        "1024",
+        "--group-timeout",
+        GROUP_TIMEOUT,
+    )
     try:
         (rank1,) = spawned_ranks(srv)
         rank1.kill()
@@ -307,11 +368,18 @@ def test_a_sigterm_to_the_whole_process_group_drains_every_rank_in_order(tiny_mo
     logs = tmp_path / "logs"
     logs.mkdir()
     srv = ServerProc(
-        logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2", "--kv-tokens", "1024",
+        logs / "boot.jsonl",
+        "--model",
+        tiny_model_dir,
+        "--tp",
+        "2",
+        "--kv-tokens",
+        "1024",
         new_session=True,
-    )  # fmt: skip
-    r = httpx.post(srv.base + "/v1/completions", timeout=300,
-                   json={"prompt": [5, 6, 7], "max_tokens": 4})  # fmt: skip
+    )
+    r = httpx.post(
+        srv.base + "/v1/completions", timeout=300, json={"prompt": [5, 6, 7], "max_tokens": 4}
+    )
     assert r.status_code == 200
     os.killpg(srv.proc.pid, signal.SIGTERM)
     code, out = srv.stop()
@@ -329,15 +397,29 @@ def test_a_split_while_serving_answers_503_exits_1_and_ends_every_rank_log(
     logs = tmp_path / "logs"
     logs.mkdir()
     srv = ServerProc(
-        logs / "boot.jsonl", "--model", tiny_model_dir, "--tp", "2", "--kv-tokens", "1024,640",
-        "--page-size", "4", "--check-invariants", "--own-pool", "--relief-ladder", "off",
-    )  # fmt: skip
+        logs / "boot.jsonl",
+        "--model",
+        tiny_model_dir,
+        "--tp",
+        "2",
+        "--kv-tokens",
+        "1024,640",
+        "--page-size",
+        "4",
+        "--check-invariants",
+        "--own-pool",
+        "--relief-ladder",
+        "off",
+    )
     prompts = [[2 + (3 * i + j) % 300 for j in range(60 + i)] for i in range(12)]
 
     def complete(ids: list[int]) -> int:
         try:
-            return httpx.post(srv.base + "/v1/completions", timeout=300, json={
-                "prompt": ids, "max_tokens": 60, "ignore_eos": True}).status_code  # fmt: skip
+            return httpx.post(
+                srv.base + "/v1/completions",
+                timeout=300,
+                json={"prompt": ids, "max_tokens": 60, "ignore_eos": True},
+            ).status_code
         except httpx.HTTPError:
             return -1
 
@@ -363,11 +445,26 @@ def test_a_layout_cutover_over_http_moves_a_serving_group_and_its_streams_finish
     logs = tmp_path / "logs"
     logs.mkdir()
     srv = ServerProc(
-        logs / "boot.jsonl", "--model", six_layers, "--tp", "2", "--kv-tokens", "2048",
-        "--page-size", "4", "--check-invariants", "--group-timeout", GROUP_TIMEOUT,
-    )  # fmt: skip
-    body = {"prompt": [5, 6, 7, 8], "max_tokens": 60, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+        logs / "boot.jsonl",
+        "--model",
+        six_layers,
+        "--tp",
+        "2",
+        "--kv-tokens",
+        "2048",
+        "--page-size",
+        "4",
+        "--check-invariants",
+        "--group-timeout",
+        GROUP_TIMEOUT,
+    )
+    body = {
+        "prompt": [5, 6, 7, 8],
+        "max_tokens": 60,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
     def stream() -> int:  # the tokens the stream's last chunk says it generated
         n = -1
@@ -384,14 +481,34 @@ def test_a_layout_cutover_over_http_moves_a_serving_group_and_its_streams_finish
             ask = {"kind": "layout", "mode": "carry", "tp": 1, "pp": 2}
             moved = httpx.post(srv.base + "/admin/cutover", json=ask, timeout=300)
             counts = [s.result() for s in streams]
-        bad = httpx.post(srv.base + "/admin/cutover", timeout=60,
-                         json={"kind": "layout", "mode": "carry", "tp": 2, "pp": 2})  # fmt: skip
+        bad = httpx.post(
+            srv.base + "/admin/cutover",
+            timeout=60,
+            json={"kind": "layout", "mode": "carry", "tp": 2, "pp": 2},
+        )
         back = subprocess.run(
-            [sys.executable, "-m", "cli.engine_app", "cutover", "layout", "--tp", "2", "--pp",
-             "1", "--url", srv.base], capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        after = httpx.post(srv.base + "/v1/completions", timeout=300,
-                           json={"prompt": [5, 6, 7, 8], "max_tokens": 8})  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "cli.engine_app",
+                "cutover",
+                "layout",
+                "--tp",
+                "2",
+                "--pp",
+                "1",
+                "--url",
+                srv.base,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        after = httpx.post(
+            srv.base + "/v1/completions",
+            timeout=300,
+            json={"prompt": [5, 6, 7, 8], "max_tokens": 8},
+        )
     finally:
         code, out = srv.stop()
     assert moved.status_code == 200, moved.text

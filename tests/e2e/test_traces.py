@@ -34,10 +34,23 @@ def traced(receiver, tiny_model_dir, tmp_path_factory):
     ladder off: admission's floor parks, and parks are among the events the spans must carry."""
     log = tmp_path_factory.mktemp("traces") / "boot.jsonl"
     srv = ServerProc(
-        log, "--model", tiny_model_dir, "--kv-tokens", "480", "--chunk-tokens", "32",
-        "--max-running", "8", "--served-model-name", "tiny", "--otlp-endpoint", receiver.url,
-        "--relief-ladder", "off", env=FAST_EXPORT,
-    )  # fmt: skip
+        log,
+        "--model",
+        tiny_model_dir,
+        "--kv-tokens",
+        "480",
+        "--chunk-tokens",
+        "32",
+        "--max-running",
+        "8",
+        "--served-model-name",
+        "tiny",
+        "--otlp-endpoint",
+        receiver.url,
+        "--relief-ladder",
+        "off",
+        env=FAST_EXPORT,
+    )
     yield srv
     srv.stop()
 
@@ -60,8 +73,12 @@ def spans_of(receiver, trace_id: str, n_requests: int = 1):
 
 def test_a_request_continues_the_callers_trace(traced, receiver):
     tp, trace_id, caller = traceparent(1)
-    body = {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 9,
-            "temperature": 0.5, "ignore_eos": True}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "Hello there"}],
+        "max_tokens": 9,
+        "temperature": 0.5,
+        "ignore_eos": True,
+    }
     r = httpx.post(traced.base + "/v1/chat/completions", json=body, headers={"traceparent": tp})
     assert r.status_code == 200, r.text
     resp = r.json()
@@ -98,16 +115,26 @@ def test_a_request_continues_the_callers_trace(traced, receiver):
     assert events[0] == "request.received" and events[-1] == "request.finish"
     assert "admission.admit" in events
     # the receipts name the trace: from a receipt to its trace and back
-    (rec,) = [x for x in receipts(traced.log_file) if x.get("rid") == resp["id"]
-              and x["event"] == "request.received"]  # fmt: skip
+    (rec,) = [
+        x
+        for x in receipts(traced.log_file)
+        if x.get("rid") == resp["id"] and x["event"] == "request.received"
+    ]
     assert rec["trace_id"] == trace_id
     assert dict(req.events)["request.received"]["trace_id"] == trace_id  # the receipt's fields
 
 
 def test_n_choices_stream_share_one_server_span(traced, receiver):
     tp, trace_id, caller = traceparent(2)
-    body = {"prompt": [5, 6, 7, 8, 9], "max_tokens": 6, "n": 2, "seed": 1, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "prompt": [5, 6, 7, 8, 9],
+        "max_tokens": 6,
+        "n": 2,
+        "seed": 1,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     usage = rid = None
     with httpx.stream(
         "POST", traced.base + "/v1/completions", json=body, headers={"traceparent": tp}
@@ -138,8 +165,11 @@ def test_a_request_without_traceparent_gets_a_trace_of_its_own(traced, receiver)
     )
     (server,) = [s for s in spans if s.kind == SERVER and s.attrs.get("attest.rid") == rid]
     assert server.parent_id == ""
-    (rec,) = [x for x in receipts(traced.log_file) if x.get("rid") == rid
-              and x["event"] == "request.received"]  # fmt: skip
+    (rec,) = [
+        x
+        for x in receipts(traced.log_file)
+        if x.get("rid") == rid and x["event"] == "request.received"
+    ]
     assert rec["trace_id"] == server.trace_id
 
 
@@ -203,11 +233,15 @@ def test_under_pressure_parks_and_retractions_are_on_the_right_request(traced, r
     for rid, span in req_span.items():
         assert span.trace_id == trace_of[rid]  # the rid's span is in that rid's trace
     span_parks = Counter(
-        {rid: n for rid, s in req_span.items() if (n := [e for e, _ in s.events].count("admission.park"))}
-    )  # fmt: skip
+        {
+            rid: n
+            for rid, s in req_span.items()
+            if (n := [e for e, _ in s.events].count("admission.park"))
+        }
+    )
     span_retracts = Counter(
         {rid: n for rid, s in req_span.items() if (n := [e for e, _ in s.events].count("retract"))}
-    )  # fmt: skip
+    )
     assert span_parks == parked
     assert span_retracts == retracted
     # the HTTP span reports the same counts, and the usage the client got
@@ -237,9 +271,15 @@ def test_a_closed_collector_port_drops_spans_not_requests(tiny_model_dir, tmp_pa
     log = tmp_path / "boot.jsonl"
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     srv = ServerProc(
-        log, "--model", tiny_model_dir, "--kv-tokens", "1024", "--otlp-endpoint", dead,
+        log,
+        "--model",
+        tiny_model_dir,
+        "--kv-tokens",
+        "1024",
+        "--otlp-endpoint",
+        dead,
         env={**FAST_EXPORT, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "1"},
-    )  # fmt: skip
+    )
     try:
         for i in range(4):
             r = httpx.post(
@@ -252,8 +292,11 @@ def test_a_closed_collector_port_drops_spans_not_requests(tiny_model_dir, tmp_pa
             time.sleep(0.3)  # several batches, each failing
 
         def notices():
-            return [x for x in receipts(log) if x["event"] == "notice"
-                    and x["text"].startswith("spans are being dropped")]  # fmt: skip
+            return [
+                x
+                for x in receipts(log)
+                if x["event"] == "notice" and x["text"].startswith("spans are being dropped")
+            ]
 
         deadline = time.monotonic() + 120
         while len(notices()) < 2 and time.monotonic() < deadline:

@@ -13,8 +13,9 @@ def test_latencies_count_from_the_arrival_the_frontend_saw(tiny_model_dir):
     llm = LLM(model=tiny_model_dir, kv_tokens=512, page_size=4)
     sched = llm.core.scheduler
     arrived = time.time() - 40.0  # it stood in line 40 s before the scheduler saw it
-    sched.add_request([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True), rid="late",
-                      arrived=arrived)  # fmt: skip
+    sched.add_request(
+        [5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True), rid="late", arrived=arrived
+    )
     sched.add_request([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True), rid="now")
     while sched.has_work():
         sched.step()

@@ -17,9 +17,14 @@ def greedy_tokens(model: str, backend: str, prompts, params) -> list[list[int]]:
     # small chunks and pages of 4: chunked prefill extends over a cached prefix, and the
     # shared prompt head is reused through the prefix cache
     llm = LLM(
-        model=model, attention_backend=backend, kv_tokens=4096, page_size=4, chunk_tokens=24,
-        max_running=8, check_invariants=True,
-    )  # fmt: skip
+        model=model,
+        attention_backend=backend,
+        kv_tokens=4096,
+        page_size=4,
+        chunk_tokens=24,
+        max_running=8,
+        check_invariants=True,
+    )
     assert llm.core.describe()["attention_backend"] == backend
     try:
         return [o.token_ids for o in llm.generate(prompts, params)]

@@ -167,9 +167,10 @@ def test_tokens_generated_counts_every_sampled_token(tiny_model_dir, tmp_path):
     snap = llm.core.scheduler.snapshot()
     assert snap.tokens_generated == sum(len(o.token_ids) for o in outs)
     assert snap.progress() == {
-        "tokens_generated": snap.tokens_generated, "admissions": snap.receipts["admission.admit"],
+        "tokens_generated": snap.tokens_generated,
+        "admissions": snap.receipts["admission.admit"],
         "requests_ended": snap.receipts["request.finish"],
-    }  # fmt: skip
+    }
     llm.close()
 
 

@@ -26,14 +26,23 @@ def tiny_hf_dir(tiny_model_dir, tmp_path):
 
 @requires_transformers
 def test_the_table_measures_each_arm_on_the_same_prompts(tiny_hf_dir):
-    spec = TableSpec(streams=[1, 3], prompt_len=8, output_len=4, prefill=16, runs=2,
-                     engines=["attest", "transformers"], attest=["exact", "bf16"],
-                     model=tiny_hf_dir)  # fmt: skip
+    spec = TableSpec(
+        streams=[1, 3],
+        prompt_len=8,
+        output_len=4,
+        prefill=16,
+        runs=2,
+        engines=["attest", "transformers"],
+        attest=["exact", "bf16"],
+        model=tiny_hf_dir,
+    )
     said: list[str] = []
     run = run_table(spec, said.append)
     assert [(a.name, a.engine) for a in run.arms] == [
-        ("attest exact", "attest"), ("attest bf16", "attest"), ("transformers", "transformers")
-    ]  # fmt: skip
+        ("attest exact", "attest"),
+        ("attest bf16", "attest"),
+        ("transformers", "transformers"),
+    ]
     for arm in run.arms:
         assert sorted(arm.decode) == [1, 3]
         assert all(
@@ -50,7 +59,8 @@ def test_the_table_measures_each_arm_on_the_same_prompts(tiny_hf_dir):
 
 
 def test_offline_mode_times_receipts_on_and_off(tiny_model_dir):
-    res = run_offline(tiny_model_dir, num_prompts=2, prompt_len=8, output_len=4, runs=1,
-                      baseline=False)  # fmt: skip
+    res = run_offline(
+        tiny_model_dir, num_prompts=2, prompt_len=8, output_len=4, runs=1, baseline=False
+    )
     assert [r.name for r in res] == ["attest (receipts on, boot log)", "attest (receipts off)"]
     assert all(r.output_tokens == 8 and r.tok_s > 0 for r in res)

@@ -38,8 +38,14 @@ def expected(tiny_model_dir):
 
 def serve_with(model, asks: dict[int, Cutover], log=None, **config):
     """The workload, with ``asks[i]`` cut over after step ``i``; (tokens, end fields, llm)."""
-    config = {"kv_tokens": 2048, "page_size": 4, "chunk_tokens": 64, "max_running": 8,
-              "check_invariants": True, **config}  # fmt: skip
+    config = {
+        "kv_tokens": 2048,
+        "page_size": 4,
+        "chunk_tokens": 64,
+        "max_running": 8,
+        "check_invariants": True,
+        **config,
+    }
     llm = LLM(model=model, log_file=None if log is None else str(log), **config)
     sched = llm.core.scheduler
     prompts, params = workload()

@@ -31,8 +31,14 @@ def of(log, kind: str) -> list[dict]:
 
 def serving(model, log=None, **config):
     """An engine with one promised request that has started decoding."""
-    llm = LLM(model=model, kv_tokens=1024, page_size=4, check_invariants=True,
-              log_file=None if log is None else str(log), **config)  # fmt: skip
+    llm = LLM(
+        model=model,
+        kv_tokens=1024,
+        page_size=4,
+        check_invariants=True,
+        log_file=None if log is None else str(log),
+        **config,
+    )
     sched = llm.core.scheduler
     req = sched.add_request(PROMPT, LONG, promise=True)
     while len(req.output_ids) < 5:

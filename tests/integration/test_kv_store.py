@@ -138,7 +138,11 @@ def test_checkpoints_pin_share_survive_a_restart_and_refuse_with_numbers(tiny_mo
     assert store.capacity()["pinned"] == before["pinned"] and "big" not in store.checkpoints
     (r,) = llm.core.receipts.of("checkpoint.refuse")
     assert (r["want"], r["held"], r["budget"], r["overshoot"]) == (
-        f["want"], f["held"], f["budget"], f["overshoot"])  # fmt: skip
+        f["want"],
+        f["held"],
+        f["budget"],
+        f["overshoot"],
+    )
     store.evict(store.used, reason="test")  # everything unpinned goes
     assert all(store.has(k) for k in store.checkpoints["root"].keys)
     llm.close()
@@ -209,8 +213,10 @@ def test_an_engine_killed_mid_write_again_and_again_loses_no_checkpoint(tiny_mod
     for seed in range(3):
         proc = subprocess.Popen(
             [sys.executable, "-c", ENGINE_WRITER, tiny_model_dir, str(store), str(seed)],
-            stdout=subprocess.PIPE, env=env, text=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         assert proc.stdout is not None
         for _ in range(10 + 4 * seed):
             line = proc.stdout.readline().split()

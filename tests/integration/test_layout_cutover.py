@@ -20,8 +20,15 @@ from tests.conftest import requires_default_model
 from tests.integration.test_cutover import workload
 from tests.integration.test_pp_group import read
 
-GROUP = dict(page_size=4, chunk_tokens=32, max_running=8, check_invariants=True,
-             group_check_interval=1, group_timeout=120, speculative="off")  # fmt: skip
+GROUP = dict(
+    page_size=4,
+    chunk_tokens=32,
+    max_running=8,
+    check_invariants=True,
+    group_check_interval=1,
+    group_timeout=120,
+    speculative="off",
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +59,10 @@ def serve_with(model: str, log: Path, asks: dict[int, Cutover], work=None, **con
 @pytest.mark.parametrize("mode", ["carry", "drain"])
 def test_tp_to_pp_and_back_under_load_changes_no_token(six_layers, expected, tmp_path, mode):
     log = tmp_path / "boot.jsonl"
-    asks = {3: Cutover(kind="layout", mode=mode, tp=1, pp=2),
-            9: Cutover(kind="layout", mode=mode, tp=2, pp=1)}  # fmt: skip
+    asks = {
+        3: Cutover(kind="layout", mode=mode, tp=1, pp=2),
+        9: Cutover(kind="layout", mode=mode, tp=2, pp=1),
+    }
     got, ends = serve_with(six_layers, log, asks)
     assert got == expected
     assert [(e["outcome"], e["tp"], e["pp"]) for e in ends] == [("ok", 1, 2), ("ok", 2, 1)]
@@ -85,8 +94,9 @@ def chunk_beside_decoders():
 def test_a_carry_takes_a_chunked_prefill_beside_max_running_decoders(six_layers, tmp_path):
     log = tmp_path / "boot.jsonl"
     ask = {4: Cutover(kind="layout", mode="carry", tp=1, pp=2)}
-    got, (end,) = serve_with(six_layers, log, ask, work=chunk_beside_decoders, max_running=2,
-                             chunk_tokens=16)  # fmt: skip
+    got, (end,) = serve_with(
+        six_layers, log, ask, work=chunk_beside_decoders, max_running=2, chunk_tokens=16
+    )
     assert end["outcome"] == "ok", end.get("reason")
     (begin,) = [x for x in read(log) if x["event"] == "cutover.begin"]
     assert len(begin["running"]) == 3 and begin["ceiling"] == 3  # max_running + the chunk
@@ -124,8 +134,14 @@ def test_the_phase_policy_flips_to_stages_on_a_backlog_and_back_as_it_drains(six
     the backlog at or below phase_exit_pp, it flips back. Two flips, each where its receipted
     numbers cross a threshold, every other decision a stay; the tokens are one rank's."""
     log = tmp_path / "boot.jsonl"
-    policy = dict(phase_policy="auto", phase_enter_pp=400, phase_exit_pp=40, phase_dwell=4,
-                  phase_interval=2, max_running=4)  # fmt: skip
+    policy = dict(
+        phase_policy="auto",
+        phase_enter_pp=400,
+        phase_exit_pp=40,
+        phase_dwell=4,
+        phase_interval=2,
+        max_running=4,
+    )
     got, _ = serve_with(six_layers, log, {}, work=long_prompts, **policy)
     ref = LLM(six_layers, kv_tokens=8192, speculative="off")
     assert got == [o.token_ids for o in ref.generate(*long_prompts())]
@@ -134,8 +150,9 @@ def test_the_phase_policy_flips_to_stages_on_a_backlog_and_back_as_it_drains(six
     decisions = [x for x in rank0 if x["event"] == "phase.decide"]
     flips = [x for x in decisions if x["decision"] == "flip"]
     assert [(f["layout"], f["to"], f["reason"]) for f in flips] == [
-        ("shards", "stages", "backlog_high"), ("stages", "shards", "backlog_low"),
-    ]  # fmt: skip
+        ("shards", "stages", "backlog_high"),
+        ("stages", "shards", "backlog_low"),
+    ]
     assert flips[0]["backlog"] >= 400 and flips[1]["backlog"] <= 40
     assert all(f["since"] >= 4 and f["outcome"] == "ok" for f in flips)
     assert all(d["reason"] in ("dwell", "steady") for d in decisions if d["decision"] == "stay")

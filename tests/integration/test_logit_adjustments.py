@@ -39,9 +39,12 @@ def test_a_repetition_penalty_changes_a_greedy_run_and_counts_the_prompt(llm):
     one of them (or itself) takes another course; 1 is plain greedy."""
     plain, penalised, off = llm.generate(
         [PROMPT] * 3,
-        [SamplingParams(**GREEDY), SamplingParams(**GREEDY, repetition_penalty=3.0),
-         SamplingParams(**GREEDY, repetition_penalty=1.0)],
-    )  # fmt: skip
+        [
+            SamplingParams(**GREEDY),
+            SamplingParams(**GREEDY, repetition_penalty=3.0),
+            SamplingParams(**GREEDY, repetition_penalty=1.0),
+        ],
+    )
     assert off.token_ids == plain.token_ids
     assert penalised.token_ids != plain.token_ids
 

@@ -25,8 +25,9 @@ def llm(tiny_model_dir):
 
 def test_a_greedy_runs_logprobs_are_the_models_own_and_its_tokens_the_most_likely(llm):
     greedy = dict(max_tokens=8, temperature=0, ignore_eos=True)
-    out, plain = llm.generate([PROMPT, PROMPT], [SamplingParams(**greedy, logprobs=3),
-                                                  SamplingParams(**greedy)])  # fmt: skip
+    out, plain = llm.generate(
+        [PROMPT, PROMPT], [SamplingParams(**greedy, logprobs=3), SamplingParams(**greedy)]
+    )
     assert plain.logprobs is None and out.token_ids == plain.token_ids  # asking changes nothing
     assert [t for t, _, _ in out.logprobs] == out.token_ids
     first = llm.core.sequence_logits(PROMPT)[-1]  # the model's logits after the prompt
@@ -39,8 +40,9 @@ def test_a_greedy_runs_logprobs_are_the_models_own_and_its_tokens_the_most_likel
 
 
 def test_logprobs_are_after_the_bias_and_the_grammar_mask(llm):
-    biased = SamplingParams(max_tokens=4, temperature=1.0, seed=1, logit_bias={7: 100.0},
-                            logprobs=1, ignore_eos=True)  # fmt: skip
+    biased = SamplingParams(
+        max_tokens=4, temperature=1.0, seed=1, logit_bias={7: 100.0}, logprobs=1, ignore_eos=True
+    )
     [out] = llm.generate([PROMPT], biased)
     assert all(t == 7 and lp > -1e-3 for t, lp, _ in out.logprobs)
     guide = choice_guide(["left", "right"], "c")

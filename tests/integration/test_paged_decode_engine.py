@@ -12,9 +12,13 @@ from engine import LLM, SamplingParams
 
 def greedy(model: str, backend: str, page_size: int, prompts) -> list[list[int]]:
     llm = LLM(
-        model=model, attention_backend=backend, kv_tokens=2048, page_size=page_size,
-        max_running=8, check_invariants=True,
-    )  # fmt: skip
+        model=model,
+        attention_backend=backend,
+        kv_tokens=2048,
+        page_size=page_size,
+        max_running=8,
+        check_invariants=True,
+    )
     assert llm.core.describe()["attention_backend"] == backend
     try:
         params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)

@@ -48,9 +48,15 @@ def test_stages_under_pressure_give_one_ranks_tokens(six_layers, tmp_path, refer
     # a group timeout far above any step here: a stage that waits on one that never sends
     # fails the group within it instead of hanging the test
     llm = LLM(
-        six_layers, tp=tp, pp=pp, kv_tokens=[900] + [700] * (world - 1), log_file=str(log),
-        group_check_interval=1, group_timeout=120, **PRESSURE,
-    )  # fmt: skip
+        six_layers,
+        tp=tp,
+        pp=pp,
+        kv_tokens=[900] + [700] * (world - 1),
+        log_file=str(log),
+        group_check_interval=1,
+        group_timeout=120,
+        **PRESSURE,
+    )
     out = llm.generate(prompts(), GREEDY)
     llm.close()
     assert [o.token_ids for o in out] == reference

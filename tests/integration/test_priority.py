@@ -22,14 +22,23 @@ def finish_order(llm, priorities: list[int]) -> tuple[list[str], list[dict]]:
 
 
 def test_the_line_waits_in_order_of_priority_then_arrival(tiny_model_dir):
-    llm = LLM(model=tiny_model_dir, kv_tokens=512, max_running=1, scheduling_policy="priority",
-              check_invariants=True)  # fmt: skip
+    llm = LLM(
+        model=tiny_model_dir,
+        kv_tokens=512,
+        max_running=1,
+        scheduling_policy="priority",
+        check_invariants=True,
+    )
     order, received = finish_order(llm, [5, 1, 5, 0, 1])
     llm.close()
     assert order == ["p3", "p1", "p4", "p0", "p2"]  # all in line before the first step
     assert [(r["priority"], r["overtook"]) for r in received] == [
-        (5, 0), (1, 1), (5, 0), (0, 3), (1, 2)
-    ]  # fmt: skip
+        (5, 0),
+        (1, 1),
+        (5, 0),
+        (0, 3),
+        (1, 2),
+    ]
 
 
 def test_first_come_first_served_ignores_priority(tiny_model_dir):

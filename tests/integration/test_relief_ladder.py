@@ -71,9 +71,13 @@ def test_every_engagement_asks_its_rungs_in_ladder_order(tiny_model_dir, host_kv
     throttle, retract), each at most once, and only where they serve."""
     prompts, params = workload(300, n=16, seed=3)
     llm = LLM(
-        model=tiny_model_dir, kv_tokens=three_at_once(prompts, params), chunk_tokens=32,
-        max_running=8, check_invariants=True, host_kv_tokens=host_kv_tokens,
-    )  # fmt: skip
+        model=tiny_model_dir,
+        kv_tokens=three_at_once(prompts, params),
+        chunk_tokens=32,
+        max_running=8,
+        check_invariants=True,
+        host_kv_tokens=host_kv_tokens,
+    )
     llm.generate(prompts, params)
     seen = engagements(llm.core.receipts)
     assert {site for site, _ in seen} >= {"decode", "admission"}
@@ -114,11 +118,16 @@ def test_a_faulty_rung_is_an_outcome_and_the_ladder_goes_on(tiny_model_dir, faul
     pay, the receipts say what each paid, and nothing is lost. A provider that claims tokens it
     did not free is not believed: decode funding measures what became available."""
     prompts, params = workload(300, n=16, seed=2)
-    expected = [o.token_ids for o in LLM(model=tiny_model_dir, kv_tokens=8192).generate(prompts, params)]  # fmt: skip
+    expected = [
+        o.token_ids for o in LLM(model=tiny_model_dir, kv_tokens=8192).generate(prompts, params)
+    ]
     llm = LLM(
-        model=tiny_model_dir, kv_tokens=three_at_once(prompts, params), chunk_tokens=32,
-        max_running=8, check_invariants=True,
-    )  # fmt: skip
+        model=tiny_model_dir,
+        kv_tokens=three_at_once(prompts, params),
+        chunk_tokens=32,
+        max_running=8,
+        check_invariants=True,
+    )
     asked: list[int] = []
 
     def faulty(n: int) -> int:
@@ -157,9 +166,13 @@ def test_a_faulty_rung_is_an_outcome_and_the_ladder_goes_on(tiny_model_dir, faul
 def test_the_throttle_closes_the_line_for_k_iterations(tiny_model_dir):
     prompts, params = workload(300)
     llm = LLM(
-        model=tiny_model_dir, kv_tokens=three_at_once(prompts, params), chunk_tokens=32,
-        max_running=8, check_invariants=True, relief_throttle_iterations=5,
-    )  # fmt: skip
+        model=tiny_model_dir,
+        kv_tokens=three_at_once(prompts, params),
+        chunk_tokens=32,
+        max_running=8,
+        check_invariants=True,
+        relief_throttle_iterations=5,
+    )
     llm.generate(prompts, params)
     r = llm.core.receipts
     throttles = r.of("relief.throttle")
@@ -180,9 +193,13 @@ def test_admission_spends_whole_pages_so_an_allocation_never_runs_short(tiny_mod
     """Law 3: a 68-token prompt on 16-token pages takes 80 slots, and the round's budget must
     count 80, or the last admission of a full round finds no page at its allocation."""
     llm = LLM(
-        model=tiny_model_dir, kv_tokens=256, page_size=16, max_running=6, check_invariants=True,
+        model=tiny_model_dir,
+        kv_tokens=256,
+        page_size=16,
+        max_running=6,
+        check_invariants=True,
         relief_ladder=False,
-    )  # fmt: skip
+    )
     prompts = [[5 + i] * n for i, n in enumerate([68, 36, 68, 36, 36, 36])]
     outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     assert [len(o.token_ids) for o in outs] == [4] * 6
@@ -195,9 +212,14 @@ def test_admission_spends_whole_pages_so_an_allocation_never_runs_short(tiny_mod
 def window_log(model: str, log, **kw) -> None:
     prompts, params = workload(300)
     llm = LLM(
-        model=model, kv_tokens=three_at_once(prompts, params), chunk_tokens=32, max_running=8,
-        check_invariants=True, log_file=str(log), **kw,
-    )  # fmt: skip
+        model=model,
+        kv_tokens=three_at_once(prompts, params),
+        chunk_tokens=32,
+        max_running=8,
+        check_invariants=True,
+        log_file=str(log),
+        **kw,
+    )
     llm.generate(prompts, params)
     llm.close("test")
 
@@ -212,10 +234,14 @@ def test_the_relief_ladder_window_passes_on_the_engines_own_receipts(tiny_model_
     report = evaluate([resolve("relief_ladder")], [on], control=off)
     got = {c.claim: (c.status.value, c.reason, c.why) for c in report.specs[0].claims}
     assert {k: v[0] for k, v in got.items()} == {
-        "ladder_engaged": "PASS", "rungs_paid": "PASS", "paid_rungs_met_the_ask": "PASS",
-        "rung_paid_what_it_freed": "PASS", "fewer_parks_than_control": "PASS",
-        "host_loads_were_spilled": "N/A", "host_drops_were_held": "N/A",  # no host tier here
-    }, got  # fmt: skip
+        "ladder_engaged": "PASS",
+        "rungs_paid": "PASS",
+        "paid_rungs_met_the_ask": "PASS",
+        "rung_paid_what_it_freed": "PASS",
+        "fewer_parks_than_control": "PASS",
+        "host_loads_were_spilled": "N/A",
+        "host_drops_were_held": "N/A",  # no host tier here
+    }, got
     # the control, ladder off, never engaged: alone it is UNDECIDED, never PASS
     alone = evaluate([resolve("relief_ladder")], [off])
     verdicts = {c.claim: (c.status.value, c.reason) for c in alone.specs[0].claims}
@@ -249,9 +275,12 @@ def test_the_host_tier_claims_pass_on_the_engines_own_receipts(tiny_model_dir, t
 
     log = tmp_path / "tier.jsonl"
     llm = LLM(
-        model=tiny_model_dir, kv_tokens=256, host_kv_tokens=64, check_invariants=True,
+        model=tiny_model_dir,
+        kv_tokens=256,
+        host_kv_tokens=64,
+        check_invariants=True,
         log_file=str(log),
-    )  # fmt: skip
+    )
     chats(llm, 300)
     llm.close("test")
     report = evaluate([resolve("relief_ladder")], [log])
@@ -266,11 +295,16 @@ def test_retraction_is_never_asked_once_the_batch_is_being_built(tiny_model_dir)
     forward after it left. With the evict rung broken at those sites the ladder ends without
     retraction and the cache's own eviction pays (the floor)."""
     prompts, params = workload(300, n=16, seed=4)
-    expected = [o.token_ids for o in LLM(model=tiny_model_dir, kv_tokens=8192).generate(prompts, params)]  # fmt: skip
+    expected = [
+        o.token_ids for o in LLM(model=tiny_model_dir, kv_tokens=8192).generate(prompts, params)
+    ]
     llm = LLM(
-        model=tiny_model_dir, kv_tokens=three_at_once(prompts, params), chunk_tokens=32,
-        max_running=8, check_invariants=True,
-    )  # fmt: skip
+        model=tiny_model_dir,
+        kv_tokens=three_at_once(prompts, params),
+        chunk_tokens=32,
+        max_running=8,
+        check_invariants=True,
+    )
     memory = llm.core.scheduler.memory
     name, evict, sites = memory.rungs[0]
     asked_at: list[str] = []

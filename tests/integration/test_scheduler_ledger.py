@@ -13,9 +13,13 @@ from engine import LLM, SamplingParams
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_random_workload_under_a_tight_pool_balances_every_step(tiny_model_dir, page_size):
     llm = LLM(
-        model=tiny_model_dir, kv_tokens=256, page_size=page_size, max_running=6,
-        chunk_tokens=48, check_invariants=True,
-    )  # fmt: skip
+        model=tiny_model_dir,
+        kv_tokens=256,
+        page_size=page_size,
+        max_running=6,
+        chunk_tokens=48,
+        check_invariants=True,
+    )
     rng = random.Random(page_size)
     prompts = [[rng.randrange(2, 300) for _ in range(rng.randint(1, 90))] for _ in range(24)]
     params = [

@@ -264,9 +264,13 @@ def test_iteration_receipt_at_the_interval_and_when_the_queue_moves(tiny_model_d
 def test_every_step_that_moved_the_queue_has_an_iteration_receipt_and_no_other(tiny_model_dir):
     prompts, params = workload(300, n=12, seed=2)
     llm = tiny(
-        tiny_model_dir, kv_tokens=three_at_once(prompts, params), chunk_tokens=32,
-        max_running=4, relief_ladder=False, iteration_receipt_interval=50,
-    )  # fmt: skip
+        tiny_model_dir,
+        kv_tokens=three_at_once(prompts, params),
+        chunk_tokens=32,
+        max_running=4,
+        relief_ladder=False,
+        iteration_receipt_interval=50,
+    )
     sched = llm.core.scheduler
     for p, q in zip(prompts[:6], params[:6]):
         sched.add_request(p, q)
@@ -313,8 +317,11 @@ def test_retraction_never_takes_the_last_running_request(tiny_model_dir):
     alloc = llm.core.allocator
     # more than retracting everyone could pay
     victims = pick_victims(
-        sched.running, need=10**6, available=alloc.available_size(),
-        evictable=sched.cache.evictable_size(), page_size=alloc.page_size,
-    )  # fmt: skip
+        sched.running,
+        need=10**6,
+        available=alloc.available_size(),
+        evictable=sched.cache.evictable_size(),
+        page_size=alloc.page_size,
+    )
     assert len(victims) == 2 and all(v in sched.running for v in victims)
     assert [v.prompt_len for v in victims] == [9, 7]  # equal output: longest prompts first

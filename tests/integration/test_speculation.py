@@ -26,8 +26,10 @@ def repetitive(vocab: int, n: int = 24, seed: int = 0):
     for _ in range(n):
         segment = [rng.randrange(2, vocab) for _ in range(rng.randint(3, 12))]
         prompts.append((segment * rng.randint(2, 6))[:120])
-    params = [SamplingParams(max_tokens=rng.randint(8, 60), temperature=0, ignore_eos=True)
-              for _ in prompts]  # fmt: skip
+    params = [
+        SamplingParams(max_tokens=rng.randint(8, 60), temperature=0, ignore_eos=True)
+        for _ in prompts
+    ]
     return prompts, params
 
 
@@ -50,8 +52,13 @@ def spec_totals(llm) -> tuple[int, int]:
 
 def test_drafts_change_no_token_in_a_roomy_pool(tiny_model_dir, plain):
     prompts, params, expected = plain
-    llm = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True, speculative="ngram",
-              spec_tokens=4)  # fmt: skip
+    llm = LLM(
+        model=tiny_model_dir,
+        kv_tokens=16384,
+        check_invariants=True,
+        speculative="ngram",
+        spec_tokens=4,
+    )
     llm.core.scheduler.spec.proposer = Oracle(prompts, expected, 320)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
     proposed, accepted = spec_totals(llm)
@@ -72,9 +79,16 @@ def test_under_pressure_drafts_are_cut_never_funded_by_relief_and_change_nothing
 ):
     """The oracle's drafts (most kept) in a pool of 3/5 of what three requests need at once."""
     prompts, params, expected = plain
-    llm = LLM(model=tiny_model_dir, kv_tokens=three_at_once(prompts, params) * 3 // 5,
-              chunk_tokens=32, max_running=8, page_size=page_size, check_invariants=True,
-              speculative="ngram", spec_tokens=4)  # fmt: skip
+    llm = LLM(
+        model=tiny_model_dir,
+        kv_tokens=three_at_once(prompts, params) * 3 // 5,
+        chunk_tokens=32,
+        max_running=8,
+        page_size=page_size,
+        check_invariants=True,
+        speculative="ngram",
+        spec_tokens=4,
+    )
     llm.core.scheduler.spec.proposer = Oracle(prompts, expected, 320)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
     kinds = Counter(r["event"] for r in llm.core.receipts.records)
@@ -122,14 +136,17 @@ def test_greedy_requests_of_every_kind_are_drafted_and_keep_their_tokens(
     min_tokens at each row, the grammar walked over the drafts: the same tokens and logprobs,
     with drafts that are mostly right (an oracle) and from prompt lookup."""
     prompts = plain[0][:8]
-    params = [SamplingParams(**({"max_tokens": 40, "temperature": 0, "ignore_eos": True}
-                                | GREEDY_KINDS[kind])) for _ in prompts]  # fmt: skip
+    params = [
+        SamplingParams(
+            **({"max_tokens": 40, "temperature": 0, "ignore_eos": True} | GREEDY_KINDS[kind])
+        )
+        for _ in prompts
+    ]
     ref = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True)
     want = [(o.token_ids, o.logprobs) for o in ref.generate(prompts, params)]
     ref.close()
     for proposer in ("oracle", "ngram"):
-        llm = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True,
-                  speculative="ngram")  # fmt: skip
+        llm = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True, speculative="ngram")
         if proposer == "oracle":
             llm.core.scheduler.spec.proposer = Oracle(prompts, [w for w, _ in want], 320)
         got = [(o.token_ids, o.logprobs) for o in llm.generate(prompts, params)]
@@ -149,8 +166,10 @@ def test_greedy_requests_of_every_kind_are_drafted_and_keep_their_tokens(
 def test_a_request_that_stops_inside_its_drafts_ends_where_it_would_have(tiny_model_dir, plain):
     prompts, params, expected = plain
     # each request stops at a token from the middle of its plain output
-    stops = [SamplingParams(max_tokens=p.max_tokens, temperature=0, stop_token_ids=[out[len(out) // 2]])
-             for p, out in zip(params, expected)]  # fmt: skip
+    stops = [
+        SamplingParams(max_tokens=p.max_tokens, temperature=0, stop_token_ids=[out[len(out) // 2]])
+        for p, out in zip(params, expected)
+    ]
     ref = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True)
     want = [(o.token_ids, o.text) for o in ref.generate(prompts, stops)]
     ref.close()
@@ -177,8 +196,11 @@ def test_a_request_whose_drafts_do_not_pay_steps_aside_and_tries_again(tiny_mode
     llm.core.scheduler.spec.proposer = Wrong(prompts[:1], [want], 320)
     [out] = llm.generate(prompts[:1], params)
     assert out.token_ids == want
-    seen = [(r["event"], r["scope"]) for r in llm.core.receipts.records
-            if r["event"] in ("spec.off", "spec.on")]  # fmt: skip
+    seen = [
+        (r["event"], r["scope"])
+        for r in llm.core.receipts.records
+        if r["event"] in ("spec.off", "spec.on")
+    ]
     assert seen[:3] == [("spec.off", "request"), ("spec.on", "request"), ("spec.off", "request")]
     offs = llm.core.receipts.of("spec.off")
     assert offs[1]["steps"] == 2 * offs[0]["steps"]  # off again: a longer pause
@@ -189,11 +211,19 @@ def test_a_request_whose_drafts_do_not_pay_steps_aside_and_tries_again(tiny_mode
 
 def test_a_batch_too_wide_drafts_for_none_until_it_narrows(tiny_model_dir, plain):
     prompts, params, expected = plain
-    llm = LLM(model=tiny_model_dir, kv_tokens=16384, max_running=24, check_invariants=True,
-              speculative="ngram")  # fmt: skip
+    llm = LLM(
+        model=tiny_model_dir,
+        kv_tokens=16384,
+        max_running=24,
+        check_invariants=True,
+        speculative="ngram",
+    )
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
-    seen = [(r["event"], r.get("decoding")) for r in llm.core.receipts.records
-            if r["event"] in ("spec.off", "spec.on")]  # fmt: skip
+    seen = [
+        (r["event"], r.get("decoding"))
+        for r in llm.core.receipts.records
+        if r["event"] in ("spec.off", "spec.on")
+    ]
     assert seen[0][0] == "spec.off" and seen[0][1] > MAX_BATCH
     assert any(kind == "spec.on" and n <= MAX_BATCH for kind, n in seen[1:])
     assert spec_totals(llm)[0] > 0
@@ -205,8 +235,13 @@ def test_suffix_proposes_what_an_earlier_request_wrote(tiny_model_dir):
     suffix proposer finds the first answer among recent outputs and most of it is kept."""
     prompt = random.Random(7).sample(range(2, 320), 40)
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    llm = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True, speculative="suffix",
-              iteration_receipt_interval=1)  # fmt: skip
+    llm = LLM(
+        model=tiny_model_dir,
+        kv_tokens=16384,
+        check_invariants=True,
+        speculative="suffix",
+        iteration_receipt_interval=1,
+    )
     [first] = llm.generate([prompt], params)
     [again] = llm.generate([prompt], params)
     assert again.token_ids == first.token_ids
@@ -269,8 +304,10 @@ def test_a_seeded_sampled_request_is_never_drafted_so_its_answer_holds_under_pre
     is not drafted for (an unseeded sampled one is), and its answer is the same from a roomy
     pool and from a tight one, with speculation on in both."""
     prompts = plain[0][:12]
-    seeded = [SamplingParams(max_tokens=40, temperature=1.0, seed=i, ignore_eos=True)
-              for i in range(len(prompts))]  # fmt: skip
+    seeded = [
+        SamplingParams(max_tokens=40, temperature=1.0, seed=i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     kw = dict(speculative="ngram", spec_tokens=4)
     roomy = LLM(model=tiny_model_dir, kv_tokens=16384, check_invariants=True, **kw)
     roomy.core.scheduler.spec.proposer = Oracle(prompts, plain[2][:12], 320)
@@ -282,8 +319,14 @@ def test_a_seeded_sampled_request_is_never_drafted_so_its_answer_holds_under_pre
     roomy.generate(prompts, unseeded)
     assert spec_totals(roomy)[0] > 0  # the same requests without a seed are drafted for
     roomy.close()
-    tight = LLM(model=tiny_model_dir, kv_tokens=three_at_once(prompts, seeded), chunk_tokens=32,
-                max_running=8, check_invariants=True, **kw)  # fmt: skip
+    tight = LLM(
+        model=tiny_model_dir,
+        kv_tokens=three_at_once(prompts, seeded),
+        chunk_tokens=32,
+        max_running=8,
+        check_invariants=True,
+        **kw,
+    )
     tight.core.scheduler.spec.proposer = Oracle(prompts, plain[2][:12], 320)
     assert [o.token_ids for o in tight.generate(prompts, seeded)] == want
     assert tight.core.receipts.of("retract")
@@ -294,8 +337,15 @@ def test_drafts_stay_within_the_step_budget(tiny_model_dir, plain):
     """The step budget bounds a forward's tokens; drafts come out of what the decodes and the
     chunks leave of it (cut with ``spec.cut`` rows), never on top."""
     prompts, params, expected = plain
-    llm = LLM(model=tiny_model_dir, kv_tokens=16384, step_tokens=12, max_running=6,
-              check_invariants=True, speculative="ngram", spec_tokens=4)  # fmt: skip
+    llm = LLM(
+        model=tiny_model_dir,
+        kv_tokens=16384,
+        step_tokens=12,
+        max_running=6,
+        check_invariants=True,
+        speculative="ngram",
+        spec_tokens=4,
+    )
     llm.core.scheduler.spec.proposer = Oracle(prompts, expected, 320)
     drafted = drafted_forwards(llm)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected

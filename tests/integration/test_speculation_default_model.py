@@ -58,8 +58,10 @@ def run(prompts: list[list[int]], **kw) -> tuple[list[list[int]], Counter]:
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
     llm = LLM(kv_tokens=1024, receipts=False)
-    chats = [llm.tokenizer.encode_chat([{"role": "user", "content": p}], True)
-             for p in COPYING + NOTHING_TO_COPY]  # fmt: skip
+    chats = [
+        llm.tokenizer.encode_chat([{"role": "user", "content": p}], True)
+        for p in COPYING + NOTHING_TO_COPY
+    ]
     llm.close()
     return chats
 

@@ -63,8 +63,14 @@ def reference(tiny_model_dir):
 def test_drafted_sampling_draws_from_the_same_distribution(tiny_model_dir, reference):
     second, third = reference
     draft = second.most_common(1)[0][0]
-    llm = LLM(model=tiny_model_dir, kv_tokens=65536, max_running=8, seed=4,
-              speculative="ngram", spec_tokens=2)  # fmt: skip
+    llm = LLM(
+        model=tiny_model_dir,
+        kv_tokens=65536,
+        max_running=8,
+        seed=4,
+        speculative="ngram",
+        spec_tokens=2,
+    )
     llm.core.scheduler.spec.proposer = Always(draft)
     got_second, got_third = draws(llm)
     fin = llm.core.receipts.of("request.finish")

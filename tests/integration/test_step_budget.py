@@ -104,13 +104,15 @@ def test_a_prompt_still_completes_when_decodes_alone_fill_the_budget(tiny_model_
     expected = mixed_load(tiny_model_dir, step_tokens=None, **kw).tokens
     assert got == expected
     prefilled = next(
-        i for i, r in enumerate(llm.core.receipts.records) if r["event"] == "admission.admit"
-        and r["rid"] == "L" and r["held"] + r["tokens"] == 100
-    )  # fmt: skip
+        i
+        for i, r in enumerate(llm.core.receipts.records)
+        if r["event"] == "admission.admit" and r["rid"] == "L" and r["held"] + r["tokens"] == 100
+    )
     ended = [
-        i for i, r in enumerate(llm.core.receipts.records) if r["event"] == "request.finish"
-        and r["rid"].startswith("s")
-    ]  # fmt: skip
+        i
+        for i, r in enumerate(llm.core.receipts.records)
+        if r["event"] == "request.finish" and r["rid"].startswith("s")
+    ]
     assert prefilled < min(ended), "the long prompt waited for the streams to end"
     bound = [max(step, 2 * d, d + page) for d in decodes]
     assert all(size(b) <= n for b, n in zip(batches, bound, strict=True))

@@ -94,8 +94,15 @@ def test_ranks_draft_alike_from_agreed_numbers_and_keep_every_token(tiny_model_d
     want = [o.token_ids for o in ref.generate(texts, params)]
     ref.close()
     log = tmp_path / "boot.log"
-    llm = LLM(str(tiny_model_dir), tp=2, kv_tokens=[640, 400], log_file=str(log),
-              speculative="ngram", group_check_interval=1, **PRESSURE)  # fmt: skip
+    llm = LLM(
+        str(tiny_model_dir),
+        tp=2,
+        kv_tokens=[640, 400],
+        log_file=str(log),
+        speculative="ngram",
+        group_check_interval=1,
+        **PRESSURE,
+    )
     out = llm.generate(texts, params)
     llm.close()
     assert [o.token_ids for o in out] == want
@@ -118,9 +125,13 @@ def test_a_rank_reading_its_own_pool_is_caught_as_a_split(tiny_model_dir, tmp_pa
     smaller cannot; the digests differ before the forward, and the group stops in order."""
     log = tmp_path / "boot.log"
     llm = LLM(
-        str(tiny_model_dir), tp=2, kv_tokens=[1024, 640], log_file=str(log),
-        published_floor=False, **PRESSURE,
-    )  # fmt: skip
+        str(tiny_model_dir),
+        tp=2,
+        kv_tokens=[1024, 640],
+        log_file=str(log),
+        published_floor=False,
+        **PRESSURE,
+    )
     # caught, never a hang: a hang would end in the group timeout's GroupFailure, not this
     with pytest.raises(GroupSplit, match="group split at iteration"):
         llm.generate(prompts(), SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))

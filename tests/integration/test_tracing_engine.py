@@ -72,10 +72,14 @@ def test_pressure_receipts_land_on_their_own_request_spans(tiny_model_dir, trace
     tracing, exporter = traced
     prompts, params = workload(300, n=16, seed=2)
     llm = LLM(
-        model=tiny_model_dir, kv_tokens=three_at_once(prompts, params), chunk_tokens=32,
-        max_running=8, check_invariants=True, relief_ladder=False,  # parks, not the ladder, pay
+        model=tiny_model_dir,
+        kv_tokens=three_at_once(prompts, params),
+        chunk_tokens=32,
+        max_running=8,
+        check_invariants=True,
+        relief_ladder=False,  # parks, not the ladder, pay
         tracing=tracing,
-    )  # fmt: skip
+    )
     sched = llm.core.scheduler
     rids = [
         sched.add_request(p, q, trace_id=traceparent(i)).rid
@@ -107,9 +111,7 @@ def test_pressure_receipts_land_on_their_own_request_spans(tiny_model_dir, trace
             assert s.context.trace_id == parent.context.trace_id
 
     def event_rids(kind: str) -> list[str]:
-        return sorted(
-            rid for rid, s in requests.items() for e in s.events if e.name == kind
-        )  # fmt: skip
+        return sorted(rid for rid, s in requests.items() for e in s.events if e.name == kind)
 
     parked = sorted(r["rid"] for r in receipts.of("admission.park"))
     retracted = sorted(rid for r in receipts.of("retract") for rid in r["rids"])
@@ -132,8 +134,9 @@ def test_pressure_receipts_land_on_their_own_request_spans(tiny_model_dir, trace
         assert len(prefills[rid]) == events.count("admission.admit")
         assert len(parks[rid]) == events.count("admission.park")
         # a decode span per run that sampled a token (a run can be retracted mid-prefill)
-        generated = [0] + [e.attributes["generated"] for e in requests[rid].events
-                           if e.name == "requeue"]  # fmt: skip
+        generated = [0] + [
+            e.attributes["generated"] for e in requests[rid].events if e.name == "requeue"
+        ]
         assert len(decodes[rid]) == 1 + sum(b > a for a, b in zip(generated, generated[1:]))
         assert requests[rid].attributes["attest.chunks"] == len(prefills[rid])
 
@@ -153,9 +156,7 @@ def test_every_span_ends_when_the_engine_stops_mid_request(tiny_model_dir, trace
     requests = [s for s in spans if s.name == "scheduler.request"]
     assert len(requests) == 3
     assert all(s.status.status_code is StatusCode.ERROR for s in requests)
-    assert all(
-        [e.name for e in s.events][-1] == "request.abort" for s in requests
-    )  # fmt: skip
+    assert all([e.name for e in s.events][-1] == "request.abort" for s in requests)
     names = {s.name for s in spans}
     assert {"scheduler.queue", "scheduler.prefill", "scheduler.decode"} <= names
 

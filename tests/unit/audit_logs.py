@@ -23,8 +23,16 @@ class LogText:
         key = (boot, rank)
         self.seq[key] = self.seq.get(key, 0) + 1
         self.ts = fields.pop("ts", self.ts + 0.01)
-        rec = {"ts": self.ts, "event": event, "v": 1, "boot": boot, "rank": rank,
-               "iter": fields.pop("iter", self.iter), "seq": self.seq[key], **fields}  # fmt: skip
+        rec = {
+            "ts": self.ts,
+            "event": event,
+            "v": 1,
+            "boot": boot,
+            "rank": rank,
+            "iter": fields.pop("iter", self.iter),
+            "seq": self.seq[key],
+            **fields,
+        }
         if not lose:
             self.lines.append(orjson.dumps(rec).decode())
         return self

@@ -13,9 +13,13 @@ TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endf
 
 def tokenizer() -> Tokenizer:
     return Tokenizer(
-        train_tokenizer(), bos_id=BOS, eos_id=EOS, stop_ids={EOS}, add_bos=True,
+        train_tokenizer(),
+        bos_id=BOS,
+        eos_id=EOS,
+        stop_ids={EOS},
+        add_bos=True,
         chat_template=TEMPLATE,
-    )  # fmt: skip
+    )
 
 
 def test_a_prompt_gets_bos_unless_asked_not_to():

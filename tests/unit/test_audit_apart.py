@@ -128,8 +128,9 @@ def test_a_share_that_reads_part_of_the_log_is_given_what_the_first_cannot_hold(
         [3, 3, 3, 1], 2, read=10, kinds=kinds, fraction=fraction, movable=[1, 1, 0, 1]
     )
     assert shares == [[1, 2], [0, 3]]
-    assert apart.share_out([3, 3], 2, read=100, kinds=kinds[:2], fraction=fraction,
-                           movable=[1, 1]) == [[], [0, 1]]  # fmt: skip
+    assert apart.share_out(
+        [3, 3], 2, read=100, kinds=kinds[:2], fraction=fraction, movable=[1, 1]
+    ) == [[], [0, 1]]
     assert apart.share_out([3, 3], 3, movable=[0, 0]) == [[0, 1]]  # an empty other is dropped
 
 

@@ -26,10 +26,19 @@ def weights_cutover(log: LogText, cid: str = "c-1") -> LogText:
     log.r("cutover.begin", id=cid, kind="weights", mode="carry", ceiling=9, path="w.gguf", **CENSUS)
     log.r("cutover.carry", id=cid, rids=[], tokens=0, requeued=["r-0"], requeued_tokens=3)
     return log.r(
-        "cutover.end", id=cid, kind="weights", mode="carry", outcome="ok", status=200,
-        **CENSUS | {"running": [], "waiting": ["r-0"]}, ended=[], backlog_before=0,
-        rids_before=["r-0"], ceiling=9, path="w.gguf",
-    )  # fmt: skip
+        "cutover.end",
+        id=cid,
+        kind="weights",
+        mode="carry",
+        outcome="ok",
+        status=200,
+        **CENSUS | {"running": [], "waiting": ["r-0"]},
+        ended=[],
+        backlog_before=0,
+        rids_before=["r-0"],
+        ceiling=9,
+        path="w.gguf",
+    )
 
 
 def weights_only_log() -> LogText:
@@ -84,17 +93,29 @@ def test_a_claim_that_applies_is_decided_as_before(tmp_path):
     log = LogText().ready()
     log.r("cutover.begin", id="c-1", kind="pool", mode="carry", kv_tokens=64, **CENSUS)
     log.r(
-        "cutover.end", id="c-1", kind="pool", mode="carry", outcome="ok", **CENSUS | {"backlog": 9},
+        "cutover.end",
+        id="c-1",
+        kind="pool",
+        mode="carry",
+        outcome="ok",
+        **CENSUS | {"backlog": 9},
         backlog_before=4,
-    )  # fmt: skip
+    )
     v = judge(tmp_path, log.stop()).specs[0].claims[0]
     assert v.status is Status.FAIL and "backlog <= backlog_before: 9 <= 4" in v.why
 
 
 def test_not_applicable_never_hides_a_fail(tmp_path):
     log = LogText().ready()  # a pool end whose begin the engine never wrote
-    log.r("cutover.end", id="c-1", kind="pool", mode="carry", outcome="ok", **CENSUS | {"backlog": 9},
-          backlog_before=4)  # fmt: skip
+    log.r(
+        "cutover.end",
+        id="c-1",
+        kind="pool",
+        mode="carry",
+        outcome="ok",
+        **CENSUS | {"backlog": 9},
+        backlog_before=4,
+    )
     assert judge(tmp_path, log.stop()).specs[0].claims[0].status is Status.FAIL
 
 

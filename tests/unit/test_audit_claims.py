@@ -243,19 +243,46 @@ ITER = dict(parked=0, token_usage=1.0)
         # deferred at t=0, an iteration 45 s later still with nothing running: a wedge
         ([("admission.defer", 0, {}), ("iteration", 45, dict(running=0, waiting=2))], "FAIL"),
         # the same span with decodes running in between: no wedge
-        ([("admission.defer", 0, {}), ("iteration", 20, dict(running=1, waiting=2)),
-          ("iteration", 45, dict(running=0, waiting=2))], "PASS"),
+        (
+            [
+                ("admission.defer", 0, {}),
+                ("iteration", 20, dict(running=1, waiting=2)),
+                ("iteration", 45, dict(running=0, waiting=2)),
+            ],
+            "PASS",
+        ),
         # waiting 29 s then admitted: under the threshold
         ([("admission.defer", 0, {}), ("admission.admit", 29, dict(rid="r-1", tokens=4))], "PASS"),
         # admitted after 1 s, then a quiet minute with nothing held back: the wait had ended
-        ([("admission.defer", 0, {}), ("admission.admit", 1, dict(rid="r-1", tokens=4)),
-          ("eviction", 60, dict(reason="decode", asked=1, evicted=1, staged=0,
-                                evictable_before=1, evictable_after=0))], "PASS"),
+        (
+            [
+                ("admission.defer", 0, {}),
+                ("admission.admit", 1, dict(rid="r-1", tokens=4)),
+                (
+                    "eviction",
+                    60,
+                    dict(
+                        reason="decode",
+                        asked=1,
+                        evicted=1,
+                        staged=0,
+                        evictable_before=1,
+                        evictable_after=0,
+                    ),
+                ),
+            ],
+            "PASS",
+        ),
         # an engine that hung silently and was stopped 60 s later
-        ([("admission.park", 0, dict(rid="r-1", reason="below_page", need=4, fundable=0)),
-          ("boot.stop", 60, dict(reason="sigterm", in_flight=1))], "FAIL"),
+        (
+            [
+                ("admission.park", 0, dict(rid="r-1", reason="below_page", need=4, fundable=0)),
+                ("boot.stop", 60, dict(reason="sigterm", in_flight=1)),
+            ],
+            "FAIL",
+        ),
     ],
-)  # fmt: skip
+)
 def test_wedge_is_work_waiting_without_tokens_scheduled_past_the_threshold(tmp_path, steps, status):
     log = LogText().ready()
     t0 = log.ts

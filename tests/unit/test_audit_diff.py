@@ -51,13 +51,23 @@ def rows_by_name(d) -> dict[tuple[str, str], Row]:
 def test_counts_latency_and_pool_peaks_of_each_side(tmp_path):
     d = compare(baseline().write(tmp_path / "a.log"), regressed().write(tmp_path / "b.log"))
     rows = rows_by_name(d)
-    got = {k: (rows[k].a, rows[k].b, rows[k].delta()) for k in [
-        ("receipts", "request.received"), ("receipts", "admission.park"),
-        ("receipts", "request.finish"), ("latency", "ttft_s n"), ("latency", "ttft_s p50"),
-        ("latency", "ttft_s p99"), ("latency", "e2e_s p90"), ("pool", "iteration receipts"),
-        ("pool", "token_usage max"), ("pool", "waiting max"), ("pool", "parked max"),
-        ("read", "complete"),
-    ]}  # fmt: skip
+    got = {
+        k: (rows[k].a, rows[k].b, rows[k].delta())
+        for k in [
+            ("receipts", "request.received"),
+            ("receipts", "admission.park"),
+            ("receipts", "request.finish"),
+            ("latency", "ttft_s n"),
+            ("latency", "ttft_s p50"),
+            ("latency", "ttft_s p99"),
+            ("latency", "e2e_s p90"),
+            ("pool", "iteration receipts"),
+            ("pool", "token_usage max"),
+            ("pool", "waiting max"),
+            ("pool", "parked max"),
+            ("read", "complete"),
+        ]
+    }
     assert got == {
         ("receipts", "request.received"): (2, 3, "+1"),
         ("receipts", "admission.park"): (0, 1, "+1"),  # a kind only one side has counts 0

@@ -88,8 +88,10 @@ def test_request_keys_close_at_a_request_ending_by_default_other_keys_only_at_bo
     claim = parse(REQUEUED).claims[0]
     assert claim.close_key == "rid"
     assert [s.kind for s in claim.closes] == ["request.finish", "request.abort", "request.reject"]
-    other = parse('kind = "every"\nwhen = { kind = "eviction" }\nthen = { kind = "eviction" }\n'
-                  'key = "reason"\n').claims[0]  # fmt: skip
+    other = parse(
+        'kind = "every"\nwhen = { kind = "eviction" }\nthen = { kind = "eviction" }\n'
+        'key = "reason"\n'
+    ).claims[0]
     assert other.closes == ()
 
 
@@ -158,9 +160,12 @@ def test_claims_reading_one_kind_by_different_keys_each_get_their_own(tmp_path):
     )
     by_trace = by_rid + 'key = "trace_id"\n'
     spec = parse_spec(
-        'description = "t"\n[[claim]]\nid = "rid"\n' + by_rid
-        + '[[claim]]\nid = "trace"\n' + by_trace, Path("t/spec.toml")
-    )  # fmt: skip
+        'description = "t"\n[[claim]]\nid = "rid"\n'
+        + by_rid
+        + '[[claim]]\nid = "trace"\n'
+        + by_trace,
+        Path("t/spec.toml"),
+    )
     log = LogText().ready().received("r-1", trace_id="t-1").received("r-2", trace_id="t-2")
     log.finish("r-1", trace_id="t-1").finish("r-2", trace_id="t-9").stop()
     rid, trace = evaluate([spec], [log.write(tmp_path / "a.log")]).specs[0].claims

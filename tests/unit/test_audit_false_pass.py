@@ -17,10 +17,8 @@ from audit.spec import load_spec, shipped
 from audit.verdict import evaluate
 
 CASES = [
-    (window, case)
-    for window in shipped()
-    for case in sorted((window / "cases").glob("*.toml"))
-]  # fmt: skip
+    (window, case) for window in shipped() for case in sorted((window / "cases").glob("*.toml"))
+]
 
 DECOY_TEXT = [
     "INFO ack-service: 72 acknowledgements, acked=72 status=PASS",
@@ -43,9 +41,21 @@ def decoy_receipts(n: int) -> list[str]:
     """Receipts of an unrelated kind, from an unrelated boot, carrying the same field names."""
     out = []
     for i in range(n):
-        rec = {"ts": 1.0 + i, "event": "notice", "v": 1, "boot": "b-decoy000", "rank": 0,
-               "iter": 1, "seq": i + 1, "text": "admission.park request.finish alloc.oom",
-               "rid": "r-1", "rids": ["r-2"], "evicted": 0, "asked": 99, "parks": 72}  # fmt: skip
+        rec = {
+            "ts": 1.0 + i,
+            "event": "notice",
+            "v": 1,
+            "boot": "b-decoy000",
+            "rank": 0,
+            "iter": 1,
+            "seq": i + 1,
+            "text": "admission.park request.finish alloc.oom",
+            "rid": "r-1",
+            "rids": ["r-2"],
+            "evicted": 0,
+            "asked": 99,
+            "parks": 72,
+        }
         out.append(orjson.dumps(rec).decode())
     return out
 

@@ -29,8 +29,15 @@ CLOSES = (
     (ReceiptSel("requeue", (Pred("x", "==", 2),)), "rid"),
 )
 STOPS = (ReceiptSel("cutover.end"),)
-KINDS = ("retract", "request.received", "requeue", "admission.admit", "request.finish",
-         "cutover.end", "boot.stop")  # fmt: skip
+KINDS = (
+    "retract",
+    "request.received",
+    "requeue",
+    "admission.admit",
+    "request.finish",
+    "cutover.end",
+    "boot.stop",
+)
 
 
 def windows(compiled: bool) -> tuple[Followups, dict[str, list[Any]]]:
@@ -40,9 +47,16 @@ def windows(compiled: bool) -> tuple[Followups, dict[str, list[Any]]]:
         if not compiled:
             m.setattr(native, "fast_follower", lambda: None)
         f = Followups(
-            WHEN, THEN, CLOSES, STOPS, when_key="rid", opened="retract", ended="boot.stop",
-            subscribe=lambda s, fn: routes.setdefault(s.kind, []).append(fn), exact=False,
-        )  # fmt: skip
+            WHEN,
+            THEN,
+            CLOSES,
+            STOPS,
+            when_key="rid",
+            opened="retract",
+            ended="boot.stop",
+            subscribe=lambda s, fn: routes.setdefault(s.kind, []).append(fn),
+            exact=False,
+        )
     return f, routes
 
 

@@ -17,10 +17,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 KINDS = (
-    schema.ADMISSION_DEFER, schema.ADMISSION_PARK, schema.ADMISSION_ADMIT, schema.REQUEST_FINISH,
-    schema.REQUEST_ABORT, schema.ITERATION, schema.EVICTION, schema.BOOT_STOP,
-    schema.SCHEDULER_STALL, schema.SCHEDULER_RESUME, "request.received",
-)  # fmt: skip
+    schema.ADMISSION_DEFER,
+    schema.ADMISSION_PARK,
+    schema.ADMISSION_ADMIT,
+    schema.REQUEST_FINISH,
+    schema.REQUEST_ABORT,
+    schema.ITERATION,
+    schema.EVICTION,
+    schema.BOOT_STOP,
+    schema.SCHEDULER_STALL,
+    schema.SCHEDULER_RESUME,
+    "request.received",
+)
 odd_times = st.sampled_from([None, True, "12", 7])  # missing, a bool, not a number, an int
 
 

@@ -99,7 +99,7 @@ COLLECTED = [
         "(_AsyncLLMEngine pid=1974) " + V_LINE,
         "stats",
         {"proc": "_AsyncLLMEngine pid=1974"},
-    ),  # fmt: skip
+    ),
     ("SkyPilot task", "(task, pid=17415) " + SG_LINE, "retract", {}),
     ("srun --label", "0: " + V_LINE, "stats", {}),
     (
@@ -144,7 +144,7 @@ COLLECTED = [
         "[2025-01-01 12:00:13.123 TP0] " + SG_MSG,
         "retract",
         {"time": "2025-01-01 12:00:13.123"},
-    ),  # fmt: skip
+    ),
     (
         "vLLM: Python logging's '%(asctime)s - %(name)s - %(levelname)s - %(message)s'",
         "2025-03-01 10:00:00,123 - vllm.engine.metrics - INFO - " + V_MSG,

@@ -33,8 +33,9 @@ def claims(tmp_path: Path, window: str, log: LogText, live: bool) -> dict[str, t
 
 def test_a_live_window_decides_how_the_boot_ended_as_of_its_last_line(tmp_path):
     assert claims(tmp_path, "boot_health", busy(), live=False)["stopped_in_order"] == (
-        "UNDECIDED", "in_flight_at_end",
-    )  # fmt: skip
+        "UNDECIDED",
+        "in_flight_at_end",
+    )
     got = claims(tmp_path, "boot_health", busy(), live=True)
     assert got.pop("no_store_set_aside") == ("N/A", "not_applicable")  # it opened no store
     assert got == {c: ("PASS", None) for c in got}
@@ -45,8 +46,9 @@ def test_a_request_in_flight_at_the_window_end_stays_undecided_never_fails(tmp_p
     assert got["every_request_ends"] == ("UNDECIDED", "in_flight_at_end")
     done = busy().finish("r-3")
     assert claims(tmp_path, "no_request_lost", done, live=True)["every_request_ends"] == (
-        "PASS", None,
-    )  # fmt: skip
+        "PASS",
+        None,
+    )
 
 
 def test_a_stop_inside_a_live_window_still_counts(tmp_path):

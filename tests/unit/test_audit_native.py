@@ -27,9 +27,22 @@ from tests.unit.test_audit_reader_pass import step as verdict_step
 
 KINDS = ["request.received", "admission.admit", "admission.defer", "request.finish", "eviction"]
 HOW = ["keep"] * 10 + [
-    "no_v", "no_field", "deep", "other_rank", "other_boot", "jump", "back", "big_iter",
-    "unknown", "text", "bool_rank", "float_seq", "list", "str_boot_int", "nested_event",
-]  # fmt: skip
+    "no_v",
+    "no_field",
+    "deep",
+    "other_rank",
+    "other_boot",
+    "jump",
+    "back",
+    "big_iter",
+    "unknown",
+    "text",
+    "bool_rank",
+    "float_seq",
+    "list",
+    "str_boot_int",
+    "nested_event",
+]
 
 
 def run_log(steps, limit_seq: int = 0) -> str:

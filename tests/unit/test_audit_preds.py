@@ -13,9 +13,13 @@ from hypothesis import strategies as st
 from audit.model import OPS, Pred, ReceiptSel
 
 values = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 3), st.floats(-3, 3), st.sampled_from(["a", "ab"]),
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.floats(-3, 3),
+    st.sampled_from(["a", "ab"]),
     st.lists(st.integers(0, 2), max_size=2),
-)  # fmt: skip
+)
 
 
 def rule(op: str, v: Any, value: Any) -> bool:
@@ -47,9 +51,13 @@ def operand(op: str, draw_number: float, draw_list: list, flag: bool) -> Any:
 
 @settings(max_examples=500)
 @given(
-    op=st.sampled_from(OPS), v=values, number=st.integers(-2, 2) | st.floats(-2, 2),
-    listed=st.lists(values, max_size=3), flag=st.booleans(), present=st.booleans(),
-)  # fmt: skip
+    op=st.sampled_from(OPS),
+    v=values,
+    number=st.integers(-2, 2) | st.floats(-2, 2),
+    listed=st.lists(values, max_size=3),
+    flag=st.booleans(),
+    present=st.booleans(),
+)
 def test_a_predicate_tests_a_field_as_its_operator_states(op, v, number, listed, flag, present):
     value = operand(op, number, [x for x in listed if not isinstance(x, list)], flag)
     rec = {"f": v, "other": 1} if present else {"other": 1}

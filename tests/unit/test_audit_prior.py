@@ -33,9 +33,18 @@ def cutover(log: LogText, cid: str, before: tuple[str, ...], after: tuple[str, .
         **census(*before),
     )
     return log.r(
-        "cutover.end", id=cid, kind="pool", mode="carry", outcome="ok", status=200,
-        **census(*after), ended=[], backlog_before=0, rids_before=list(before), ceiling=9,
-    )  # fmt: skip
+        "cutover.end",
+        id=cid,
+        kind="pool",
+        mode="carry",
+        outcome="ok",
+        status=200,
+        **census(*after),
+        ended=[],
+        backlog_before=0,
+        rids_before=list(before),
+        ceiling=9,
+    )
 
 
 def test_a_rid_dropped_by_one_cutover_and_listed_by_a_later_one_fails_the_census(tmp_path):
@@ -132,9 +141,14 @@ def test_an_end_is_judged_against_the_begin_of_its_own_id(tmp_path):
 def test_an_end_without_its_begin_cannot_be_checked(tmp_path):
     log = LogText().ready()
     log.r(
-        "cutover.end", id="c-9", kind="pool", mode="carry", outcome="ok", **census("r-0"),
+        "cutover.end",
+        id="c-9",
+        kind="pool",
+        mode="carry",
+        outcome="ok",
+        **census("r-0"),
         backlog_before=0,
-    )  # fmt: skip
+    )
     v = decide(tmp_path, PAIR, log.stop())
     assert (v.status.value, v.reason) == ("UNDECIDED", "missing_field")
     assert "(id c-9): no earlier cutover.begin" in v.why
@@ -151,14 +165,22 @@ def test_a_long_list_is_cut_short_in_the_sentence(tmp_path):
 @pytest.mark.parametrize(
     ("claim", "said"),
     [
-        ('kind = "prior"\nselect = { kind = "tier.load" }\ncheck = "tokens <= 1"\n', "needs 'sum' or 'last'"),
+        (
+            'kind = "prior"\nselect = { kind = "tier.load" }\ncheck = "tokens <= 1"\n',
+            "needs 'sum' or 'last'",
+        ),
         (HOST.replace("spilled =", "tokens ="), "'tokens' is a field of the selected records"),
         (PAIR.replace('key = "id"', 'key = "rid"'), "has no field 'rid'"),
         (PAIR.replace("begin.rids", "begin.nope"), "begin.nope"),
-        (PAIR.replace('last = { begin', 'sum = { begin = { select = { kind = "tier.load" }, field = "tokens" } }\nlast = { begin'),
-         "a sum and a last record"),
+        (
+            PAIR.replace(
+                "last = { begin",
+                'sum = { begin = { select = { kind = "tier.load" }, field = "tokens" } }\nlast = { begin',
+            ),
+            "a sum and a last record",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_prior_claim_names_only_what_exists(claim, said):
     with pytest.raises(SpecError, match=re.escape(said)):
         parse_spec('description = "t"\n[[claim]]\nid = "c"\n' + claim, Path("t/spec.toml"))

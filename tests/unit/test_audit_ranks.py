@@ -34,9 +34,16 @@ def decide(tmp_path: Path, claim: str, *logs: LogText):
     return evaluate([spec], paths).specs[0].claims[0]
 
 
-def rank_log(rank: int, *, tp: int | None = 2, boot: str = "b-00000001", skip: int | None = None,
-             change: dict[int, list] | None = None, until: int = 3, pp: int | None = None,
-             ) -> LogText:  # fmt: skip
+def rank_log(
+    rank: int,
+    *,
+    tp: int | None = 2,
+    boot: str = "b-00000001",
+    skip: int | None = None,
+    change: dict[int, list] | None = None,
+    until: int = 3,
+    pp: int | None = None,
+) -> LogText:
     """One rank's log: iterations 1..until, each with the digest of its batch (``change``
     swaps a batch, ``skip`` leaves an iteration's receipt unwritten), then boot.stop."""
     log = LogText(boot)

@@ -117,12 +117,23 @@ def test_interleaved_ranks_each_keep_their_own_seq(tmp_path):
 
 line_text = st.one_of(
     st.text(max_size=200),
-    st.builds(json.dumps, st.dictionaries(
-        st.sampled_from(["event", "v", "boot", "rank", "seq", "rid", "iter", "ts", "rids", "x"]),
-        st.one_of(st.none(), st.integers(-5, 2**70), st.text(max_size=8), st.floats(),
-                  st.lists(st.integers(), max_size=3), st.sampled_from(["request.received", "retract", "boot.stop"])),
-    )),
-)  # fmt: skip
+    st.builds(
+        json.dumps,
+        st.dictionaries(
+            st.sampled_from(
+                ["event", "v", "boot", "rank", "seq", "rid", "iter", "ts", "rids", "x"]
+            ),
+            st.one_of(
+                st.none(),
+                st.integers(-5, 2**70),
+                st.text(max_size=8),
+                st.floats(),
+                st.lists(st.integers(), max_size=3),
+                st.sampled_from(["request.received", "retract", "boot.stop"]),
+            ),
+        ),
+    ),
+)
 
 
 @given(st.lists(line_text, max_size=40), st.booleans(), st.booleans())
@@ -139,9 +150,18 @@ def test_arbitrary_lines_never_crash_the_reader_or_the_shipped_specs(
     report = evaluate([load_spec(s) for s in shipped()], [p])
     st_ = report.stats
     assert st_.lines == sum(
-        [st_.receipts, st_.text, st_.foreign_json, st_.blank, st_.garbage, st_.truncated,
-         st_.unknown_kind, st_.malformed, st_.seq_invalid]
-    )  # fmt: skip
+        [
+            st_.receipts,
+            st_.text,
+            st_.foreign_json,
+            st_.blank,
+            st_.garbage,
+            st_.truncated,
+            st_.unknown_kind,
+            st_.malformed,
+            st_.seq_invalid,
+        ]
+    )
     assert sum(st_.kinds.values()) == st_.receipts  # every evaluated receipt counted by kind
 
 
@@ -217,9 +237,18 @@ def test_a_receipt_nested_too_deep_is_counted_deep_even_when_it_lacks_fields_too
     deep = json.loads("[" * 257 + "]" * 257)
     lines = [
         {"event": "request.received", "v": 1, "boot": "b", "rank": 0, "seq": 1, "rid": deep},
-        {"event": "request.received", "v": 1, "boot": "b", "rank": 0, "seq": 2, "rid": "r-1",
-         "prompt_tokens": 1, "max_new_tokens": 1, "note": deep},
-    ]  # fmt: skip
+        {
+            "event": "request.received",
+            "v": 1,
+            "boot": "b",
+            "rank": 0,
+            "seq": 2,
+            "rid": "r-1",
+            "prompt_tokens": 1,
+            "max_new_tokens": 1,
+            "note": deep,
+        },
+    ]
     (tmp_path / "a.log").write_text("".join(json.dumps(x) + "\n" for x in lines))
     stats, receipts, _ = collect([tmp_path / "a.log"])
     assert receipts == [] and (stats.malformed, stats.deep) == (2, 2)

@@ -89,17 +89,29 @@ def depth(v) -> int:
     n, level = 0, [v]
     while level:
         n += 1
-        level = [x for c in level for x in (c.values() if isinstance(c, dict) else c)
-                 if isinstance(x, dict | list)]  # fmt: skip
+        level = [
+            x
+            for c in level
+            for x in (c.values() if isinstance(c, dict) else c)
+            if isinstance(x, dict | list)
+        ]
     return n
 
 
 def tracks(stats: ReadStats) -> dict:
     return {
-        k: (t.distinct, t.duplicates, t.invalid, t.top, t.top_iter, t.first_missing(),
-            bytes(t.bits), sorted(t.overflow))
+        k: (
+            t.distinct,
+            t.duplicates,
+            t.invalid,
+            t.top,
+            t.top_iter,
+            t.first_missing(),
+            bytes(t.bits),
+            sorted(t.overflow),
+        )
         for k, t in stats.seqs.items()
-    }  # fmt: skip
+    }
 
 
 def read_both(paths, **kw):
@@ -119,31 +131,55 @@ def read_both(paths, **kw):
 
 KINDS = ["request.received", "admission.admit", "admission.park", "boot.stop", "no.such.kind"]
 receipt = st.fixed_dictionaries(
-    {"event": st.sampled_from(KINDS),
-     "boot": st.one_of(st.sampled_from(["b-1", "b-2"]), st.just(3)),
-     "rank": st.one_of(st.integers(0, 2), st.just(True), st.just(1.0))},
+    {
+        "event": st.sampled_from(KINDS),
+        "boot": st.one_of(st.sampled_from(["b-1", "b-2"]), st.just(3)),
+        "rank": st.one_of(st.integers(0, 2), st.just(True), st.just(1.0)),
+    },
     optional={
         "v": st.just(1),
-        "seq": st.one_of(st.integers(-1, 30), st.just(BITMAP_LIMIT + 1), st.just(2**64),
-                         st.just(1.5), st.none()),
+        "seq": st.one_of(
+            st.integers(-1, 30), st.just(BITMAP_LIMIT + 1), st.just(2**64), st.just(1.5), st.none()
+        ),
         "iter": st.one_of(st.integers(0, 5), st.just("7")),
-        "rid": st.sampled_from(["r-1", "r-2"]), "tokens": st.integers(0, 3),
-        "reason": st.just("x"), "need": st.integers(0, 5), "fundable": st.just(0),
-        "prompt_tokens": st.just(3), "max_new_tokens": st.just(2), "in_flight": st.just(0),
+        "rid": st.sampled_from(["r-1", "r-2"]),
+        "tokens": st.integers(0, 3),
+        "reason": st.just("x"),
+        "need": st.integers(0, 5),
+        "fundable": st.just(0),
+        "prompt_tokens": st.just(3),
+        "max_new_tokens": st.just(2),
+        "in_flight": st.just(0),
     },
-)  # fmt: skip
+)
 line = st.one_of(
     st.builds(json.dumps, receipt),
     st.builds(lambda r: "[rank1]: " + json.dumps(r), receipt),
-    st.sampled_from(["", "  ", "\r", "plain text", "Traceback (most recent call last):",
-                     '{"level": "info"}', '{"event": "request.received", ', "[x] y", "{"]),
+    st.sampled_from(
+        [
+            "",
+            "  ",
+            "\r",
+            "plain text",
+            "Traceback (most recent call last):",
+            '{"level": "info"}',
+            '{"event": "request.received", ',
+            "[x] y",
+            "{",
+        ]
+    ),
     # receipts 256 and 257 containers deep (themselves included), and one with a flat list of
     # 300 lists: only the one past the limit (256) is malformed
-    st.builds(lambda r, n, flat: json.dumps(r | {"rid": [[]] * 300 if flat else
-                                                 json.loads("[" * n + "]" * n)}),
-              receipt, st.sampled_from([255, 256]), st.booleans()),
+    st.builds(
+        lambda r, n, flat: json.dumps(
+            r | {"rid": [[]] * 300 if flat else json.loads("[" * n + "]" * n)}
+        ),
+        receipt,
+        st.sampled_from([255, 256]),
+        st.booleans(),
+    ),
     st.text(max_size=30),
-)  # fmt: skip
+)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -174,9 +210,22 @@ def test_any_lines_read_as_the_line_by_line_loop_read_them(
 @given(st.integers(0, 10**6), st.sampled_from([7, 100, 1 << 20]))
 def test_a_gzip_cut_anywhere_reads_as_before(tmp_path, monkeypatch, cut_at, block):
     monkeypatch.setattr(reader, "_BLOCK", block)
-    lines = [json.dumps({"event": "request.received", "v": 1, "boot": "b", "rank": 0, "seq": i,
-                         "rid": f"r-{i}", "prompt_tokens": 1, "max_new_tokens": 1, "pad": "x" * (i % 50)})
-             for i in range(1, 400)]  # fmt: skip
+    lines = [
+        json.dumps(
+            {
+                "event": "request.received",
+                "v": 1,
+                "boot": "b",
+                "rank": 0,
+                "seq": i,
+                "rid": f"r-{i}",
+                "prompt_tokens": 1,
+                "max_new_tokens": 1,
+                "pad": "x" * (i % 50),
+            }
+        )
+        for i in range(1, 400)
+    ]
     data = gzip.compress(("\n".join(lines) + "\n").encode())
     p = tmp_path / "cut.gz"
     p.write_bytes(data[: 11 + cut_at % (len(data) - 11)])
@@ -204,8 +253,11 @@ def test_a_run_of_seqs_written_at_once_is_each_seq_added(before, lo, n):
         one.add(s)
     run.add_run(lo, lo + n)
     assert (run.bits, run.distinct, run.duplicates, run.top) == (
-        one.bits, one.distinct, one.duplicates, one.top
-    )  # fmt: skip
+        one.bits,
+        one.distinct,
+        one.duplicates,
+        one.top,
+    )
 
 
 def test_a_run_of_seqs_across_the_bitmap_end_goes_on_in_the_overflow_set(tmp_path, monkeypatch):
@@ -213,8 +265,12 @@ def test_a_run_of_seqs_across_the_bitmap_end_goes_on_in_the_overflow_set(tmp_pat
         monkeypatch.setattr(module, "BITMAP_LIMIT", 20)
     seqs = [*range(1, 26), 19, 21, 0]
     p = tmp_path / "a.log"
-    p.write_text("".join(json.dumps({"event": "x", "v": 1, "boot": "b", "rank": 0, "seq": s}) + "\n"
-                         for s in seqs))  # fmt: skip
+    p.write_text(
+        "".join(
+            json.dumps({"event": "x", "v": 1, "boot": "b", "rank": 0, "seq": s}) + "\n"
+            for s in seqs
+        )
+    )
     stats = read_both([p])
     track = stats.seqs[("b", 0)]
     assert sorted(track.overflow) == [20, 21, 22, 23, 24, 25]
@@ -222,10 +278,23 @@ def test_a_run_of_seqs_across_the_bitmap_end_goes_on_in_the_overflow_set(tmp_pat
 
 
 VERDICT_KINDS = [
-    "boot.start", "boot.ready", "request.received", "admission.admit", "admission.defer",
-    "admission.park", "admission.unpark", "request.finish", "request.abort", "retract", "requeue",
-    "eviction", "iteration", "boot.stop", "alloc.oom", "relief.engage",
-]  # fmt: skip
+    "boot.start",
+    "boot.ready",
+    "request.received",
+    "admission.admit",
+    "admission.defer",
+    "admission.park",
+    "admission.unpark",
+    "request.finish",
+    "request.abort",
+    "retract",
+    "requeue",
+    "eviction",
+    "iteration",
+    "boot.stop",
+    "alloc.oom",
+    "relief.engage",
+]
 step = st.tuples(
     st.integers(0, 1),  # rank
     st.sampled_from(VERDICT_KINDS),
@@ -246,8 +315,18 @@ def verdict_log(steps) -> str:
             f |= {"running": n % 2, "waiting": n, "parked": n // 2}
             if n > 1:
                 f |= dict(zip(schema.PROGRESS, (n, n, n)))
-        rec = {"ts": ts, "event": kind, "v": 1, "boot": "b-1", "rank": rank, "iter": it,
-               "seq": seq[rank], **f, "rid": f"r-{n}", "rids": [f"r-{n}"]}  # fmt: skip
+        rec = {
+            "ts": ts,
+            "event": kind,
+            "v": 1,
+            "boot": "b-1",
+            "rank": rank,
+            "iter": it,
+            "seq": seq[rank],
+            **f,
+            "rid": f"r-{n}",
+            "rids": [f"r-{n}"],
+        }
         text = json.dumps(rec)
         out += {"keep": [text], "lose": [], "twice": [text, text], "text": [text, "Killed"]}[fate]
     return "\n".join(out) + "\n"
@@ -265,8 +344,13 @@ def verdict_log(steps) -> str:
     ]
 )
 # a wedge by the progress rule: counters unchanged, then a receipt of the same iter 40 s later
-@example([(0, "boot.ready", 0.01, False, 0, "keep"), (0, "iteration", 0.01, False, 3, "keep"),
-          (0, "eviction", 40.0, False, 0, "keep")])  # fmt: skip
+@example(
+    [
+        (0, "boot.ready", 0.01, False, 0, "keep"),
+        (0, "iteration", 0.01, False, 3, "keep"),
+        (0, "eviction", 40.0, False, 0, "keep"),
+    ]
+)
 def test_every_shipped_verdict_is_what_the_line_by_line_loop_and_full_dispatch_gave(
     tmp_path, steps
 ):
@@ -279,8 +363,11 @@ def test_every_shipped_verdict_is_what_the_line_by_line_loop_and_full_dispatch_g
     new = verdict.evaluate(specs, [p]).as_dict()
     with pytest.MonkeyPatch.context() as mp:  # before: each receipt through Bus.receipt, and
         mp.setattr(verdict, "receivers", lambda bus: bus)  # the wedge detector fed in full
-        mp.setattr(verdict, "scan", lambda logs, on_text, routes, **_: reference_scan(
-            logs, routes.receipt, on_text))  # fmt: skip
+        mp.setattr(
+            verdict,
+            "scan",
+            lambda logs, on_text, routes, **_: reference_scan(logs, routes.receipt, on_text),
+        )
         mp.setattr(wedge, "_STARTS", frozenset(schema.CATALOG))
         assert new == verdict.evaluate(specs, [p]).as_dict()
 
@@ -297,8 +384,20 @@ def test_ranks_agree_hashes_a_list_or_an_object_in_a_field_by_value(tmp_path, ri
         for seq, (kind, f) in enumerate(
             [("boot.start", {"config": {}}), ("admission.admit", {"rid": rid, "tokens": 1})], 1
         ):
-            lines.append(json.dumps({"ts": 1.0, "event": kind, "v": 1, "boot": "b", "rank": rank,
-                                     "iter": 1, "seq": seq, **f}))  # fmt: skip
+            lines.append(
+                json.dumps(
+                    {
+                        "ts": 1.0,
+                        "event": kind,
+                        "v": 1,
+                        "boot": "b",
+                        "rank": rank,
+                        "iter": 1,
+                        "seq": seq,
+                        **f,
+                    }
+                )
+            )
     p = tmp_path / "a.log"
     p.write_text("\n".join(lines) + "\n")
     spec = next(s for s in shipped() if s.name == "admission_park")

@@ -18,9 +18,15 @@ def paid_at_decode(
     log.r("relief.engage", shortfall=asked, rungs=3, site="decode")
     freed = paid if freed is None else freed
     log.r(
-        "eviction", reason="decode", asked=asked, evicted=freed, staged=0,
-        evictable_before=64, evictable_after=64 - freed, available_after=freed,
-    )  # fmt: skip
+        "eviction",
+        reason="decode",
+        asked=asked,
+        evicted=freed,
+        staged=0,
+        evictable_before=64,
+        evictable_after=64 - freed,
+        available_after=freed,
+    )
     outcome = "paid" if paid >= asked else "short"
     return log.r(
         "relief.rung", rung="evict", asked=asked, paid=paid, outcome=outcome, site="decode"
@@ -75,9 +81,15 @@ def test_a_rung_that_says_paid_while_paying_less_than_asked_fails(tmp_path):
         paid_at_decode(log)
     log.r("relief.engage", shortfall=32, rungs=3, site="decode")
     log.r(
-        "eviction", reason="decode", asked=32, evicted=8, staged=0, evictable_before=8,
-        evictable_after=0, available_after=8,
-    )  # fmt: skip
+        "eviction",
+        reason="decode",
+        asked=32,
+        evicted=8,
+        staged=0,
+        evictable_before=8,
+        evictable_after=0,
+        available_after=8,
+    )
     log.r("relief.rung", rung="evict", asked=32, paid=8, outcome="paid", site="decode").stop()
     report, got = judge(tmp_path, log, control_with_parks(2))
     assert report.status.value == "FAIL"
@@ -141,7 +153,10 @@ def test_without_a_host_tier_the_host_claims_do_not_apply(tmp_path):
     for _ in range(3):
         paid_at_decode(log)
     report, got = judge(tmp_path, log.stop(), control_with_parks(2))
-    assert {c: got[c].status.value for c in ("host_loads_were_spilled", "host_drops_were_held")} == {
-        "host_loads_were_spilled": "N/A", "host_drops_were_held": "N/A",
-    }  # fmt: skip
+    assert {
+        c: got[c].status.value for c in ("host_loads_were_spilled", "host_drops_were_held")
+    } == {
+        "host_loads_were_spilled": "N/A",
+        "host_drops_were_held": "N/A",
+    }
     assert report.status.value == "PASS", {c: v.why for c, v in got.items()}

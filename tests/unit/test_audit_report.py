@@ -123,16 +123,22 @@ def test_a_sparse_40s_boot_has_points_for_its_first_seconds_from_the_other_recei
     d = collect([sparse_boot_log(tmp_path / "sparse.jsonl")])
     assert [round(d.rel(s.t), 2) for s in d.pool[KEY]] == [23.0, 28.0, 33.0, 38.0]  # stacked
     assert early(d, "evictable") == [
-        (1.0, 0, "admission.admit"), (2.0, 32, "admission.admit"), (3.0, 48, "admission.defer"),
-        (4.0, 48, "admission.defer"), (14.0, 0, "retract"), (16.0, 0, "eviction"),
-    ]  # fmt: skip
+        (1.0, 0, "admission.admit"),
+        (2.0, 32, "admission.admit"),
+        (3.0, 48, "admission.defer"),
+        (4.0, 48, "admission.defer"),
+        (14.0, 0, "retract"),
+        (16.0, 0, "eviction"),
+    ]
     # admission's local_avail is its budget term (less this step's decode slots), not free
     assert early(d, "free") == [(14.0, 16, "retract"), (16.0, 96, "eviction")]
     # the stall's numbers are the work held from its `since`; a defer naming a rid counts its
     # in-flight chunk, not the line
     assert early(d, "waiting") == [
-        (3.0, 4, "admission.defer"), (5.0, 4, "scheduler.stall"), (15.0, 5, "relief.throttle"),
-    ]  # fmt: skip
+        (3.0, 4, "admission.defer"),
+        (5.0, 4, "scheduler.stall"),
+        (15.0, 5, "relief.throttle"),
+    ]
     # the `running` of a defer or the throttle counts parked requests in: not the series
     assert early(d, "running") == [(5.0, 2, "scheduler.stall")]
     assert early(d, "parked") == [(5.0, 1, "scheduler.stall")]
@@ -161,16 +167,26 @@ def test_rank_local_pool_numbers_count_on_a_boot_of_one_rank_only(tmp_path):
     assert {p.kind for p in one.series[KEY]["free"]} == {"retract", "eviction", "iteration"}
     assert {p.kind for p in two.series[KEY]["free"]} == {"retract", "iteration"}
     log = LogText().ready()
-    log.r("eviction", reason="load", asked=8, evicted=8, staged=0, evictable_before=8,
-          evictable_after=4, available_after=20, scope="host_backed")  # fmt: skip
+    log.r(
+        "eviction",
+        reason="load",
+        asked=8,
+        evicted=8,
+        staged=0,
+        evictable_before=8,
+        evictable_after=4,
+        available_after=20,
+        scope="host_backed",
+    )
     log.r("alloc.oom", need=64, available=3, staged=5, evictable=0, capacity=64, site="decode")
     d = collect([log.write(tmp_path / "tier.jsonl")])
     got = {name: [(p.value, p.kind) for p in pts] for name, pts in d.series[KEY].items()}
     # host_backed: evictable_after is what such a pass can reach, not the pool's evictable
     assert got == {
-        "free": [(20, "eviction"), (3, "alloc.oom")], "staged": [(5, "alloc.oom")],
+        "free": [(20, "eviction"), (3, "alloc.oom")],
+        "staged": [(5, "alloc.oom")],
         "evictable": [(0, "alloc.oom")],
-    }  # fmt: skip
+    }
 
 
 def test_stalls_are_spans_from_since_to_the_resume_on_every_time_figure(tmp_path):
@@ -200,8 +216,10 @@ def test_progress_counters_come_from_iterations_over_time(tmp_path):
     }
     fig = progress_figure(d)
     assert sorted(t.name for t in fig.data) == [
-        "rank 0 admissions", "rank 0 requests_ended", "rank 0 tokens_generated",
-    ]  # fmt: skip
+        "rank 0 admissions",
+        "rank 0 requests_ended",
+        "rank 0 tokens_generated",
+    ]
     log = LogText().ready()
     log.r("iteration", running=1, waiting=0, avail=10)  # an engine that predates the counters
     old = collect([log.write(tmp_path / "old.jsonl")])
@@ -219,9 +237,14 @@ def test_the_page_has_every_section_its_verdicts_and_fetches_nothing(busy):
         assert f'<h2 id="{anchor}">' in html
     figures = re.findall(r'<div id="(fig-[a-z0-9-]+)" class="plotly-graph-div"', html)
     assert figures == [
-        "fig-pool-0", "fig-pool-1", "fig-timeline", "fig-queue", "fig-progress", "fig-latency",
+        "fig-pool-0",
+        "fig-pool-1",
+        "fig-timeline",
+        "fig-queue",
+        "fig-progress",
+        "fig-latency",
         "fig-floors",
-    ]  # fmt: skip
+    ]
     # every figure id is unique in the page (a heading with a figure's id hides the figure)
     for f in figures:
         assert html.count(f'id="{f}"') == 1

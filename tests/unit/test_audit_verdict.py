@@ -46,9 +46,12 @@ def test_json_carries_every_verdict_reason_and_number():
 def test_junit_undecided_is_an_error_never_skipped():
     root = ET.fromstring(to_junit(report()))
     suite = root.find("testsuite")
-    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == (
-        "3", "1", "1", "0"
-    )  # fmt: skip
+    assert (
+        suite.get("tests"),
+        suite.get("failures"),
+        suite.get("errors"),
+        suite.get("skipped"),
+    ) == ("3", "1", "1", "0")
     cases = {c.get("name"): c for c in suite.findall("testcase")}
     assert cases["a"].find("failure") is None and cases["a"].find("error") is None
     assert cases["b"].find("failure").get("message").startswith("1 of 3 rids lost")
@@ -70,8 +73,11 @@ def test_report_of_no_spec_is_undecided():
 
 
 def test_the_table_prints_spec_and_log_text_as_written_never_as_markup():
-    claims = [ClaimVerdict("q", "final", F, "last sglang_batch line[queue == 0]: [bold]7[/bold]",
-                           None, {})]  # fmt: skip
+    claims = [
+        ClaimVerdict(
+            "q", "final", F, "last sglang_batch line[queue == 0]: [bold]7[/bold]", None, {}
+        )
+    ]
     rep = Report(
         ["x"], [SpecVerdict("w", "see [red]this[/red] line[queue == 0]", claims)], ReadStats()
     )

@@ -61,8 +61,12 @@ def test_work_waiting_while_the_counters_stand_still_is_a_wedge_even_with_reques
 
 def test_a_sampled_summary_cannot_hide_a_wedge_between_samples(tmp_path):
     # nothing ran between the samples: the second one, 45 s later, shows the same counters
-    steps = [("iteration", 0, 50, counters(40)), ("defer", 10, 51, {}), ("defer", 30, 70, {}),
-             ("iteration", 45, 100, {**counters(40), "running": 0})]  # fmt: skip
+    steps = [
+        ("iteration", 0, 50, counters(40)),
+        ("defer", 10, 51, {}),
+        ("defer", 30, 70, {}),
+        ("iteration", 45, 100, {**counters(40), "running": 0}),
+    ]
     assert decide(tmp_path, WEDGE, run(steps)).status == "FAIL"
 
 
@@ -70,27 +74,52 @@ def test_a_sampled_summary_cannot_hide_a_wedge_between_samples(tmp_path):
     ("steps", "status"),
     [
         # a progress receipt between the samples: an admission
-        ([("iteration", 0, 50, counters(40)),
-          ("admission.admit", 20, 60, dict(rid="r-1", tokens=4)),
-          ("iteration", 45, 100, counters(40, admissions=4))], "PASS"),
+        (
+            [
+                ("iteration", 0, 50, counters(40)),
+                ("admission.admit", 20, 60, dict(rid="r-1", tokens=4)),
+                ("iteration", 45, 100, counters(40, admissions=4)),
+            ],
+            "PASS",
+        ),
         # a request aborted between steps is progress: the span starts over (none is left)
-        ([("iteration", 0, 50, counters(40)),
-          ("request.abort", 20, 50, dict(rid="r-1", reason="client_disconnect")),
-          ("boot.stop", 45, 50, dict(reason="sigterm", in_flight=1))], "PASS"),
+        (
+            [
+                ("iteration", 0, 50, counters(40)),
+                ("request.abort", 20, 50, dict(rid="r-1", reason="client_disconnect")),
+                ("boot.stop", 45, 50, dict(reason="sigterm", in_flight=1)),
+            ],
+            "PASS",
+        ),
         # no step ran after the sample and the engine was stopped 60 s later: nothing progressed
-        ([("iteration", 0, 50, counters(40)),
-          ("boot.stop", 60, 50, dict(reason="sigterm", in_flight=2))], "FAIL"),
+        (
+            [
+                ("iteration", 0, 50, counters(40)),
+                ("boot.stop", 60, 50, dict(reason="sigterm", in_flight=2)),
+            ],
+            "FAIL",
+        ),
         # one step ran after the sample and took 60 s: a slow step, not proof of a wedge
-        ([("iteration", 0, 50, counters(40)),
-          ("boot.stop", 60, 51, dict(reason="sigterm", in_flight=2))], "PASS"),
+        (
+            [
+                ("iteration", 0, 50, counters(40)),
+                ("boot.stop", 60, 51, dict(reason="sigterm", in_flight=2)),
+            ],
+            "PASS",
+        ),
         # nothing waited at the second sample: the span ends there
-        ([("iteration", 0, 50, counters(40)),
-          ("iteration", 20, 100, {**counters(40), "waiting": 0}),
-          ("iteration", 45, 150, counters(40))], "PASS"),
+        (
+            [
+                ("iteration", 0, 50, counters(40)),
+                ("iteration", 20, 100, {**counters(40), "waiting": 0}),
+                ("iteration", 45, 150, counters(40)),
+            ],
+            "PASS",
+        ),
         # just under the threshold
         ([("iteration", 0, 50, counters(40)), ("iteration", 29.9, 100, counters(40))], "PASS"),
     ],
-)  # fmt: skip
+)
 def test_progress_is_a_counter_rising_or_a_progress_receipt(tmp_path, steps, status):
     v = decide(tmp_path, WEDGE, run(steps))
     assert v.status == status, v.why
@@ -133,9 +162,10 @@ def stood(seconds: float, arrived: int = 0, **held) -> LogText:
 
 
 @pytest.mark.parametrize(
-    "held", [dict(running=2), dict(waiting=1), dict(parked=1), dict(arrived=3)],
+    "held",
+    [dict(running=2), dict(waiting=1), dict(parked=1), dict(arrived=3)],
     ids=["running", "waiting", "parked", "arrived-while-it-stood"],
-)  # fmt: skip
+)
 def test_a_stall_past_the_threshold_holding_work_is_a_wedge(tmp_path, held):
     v = decide(tmp_path, WEDGE, stood(35.0, **held))
     assert (v.status, v.numbers["found"]) == ("FAIL", 1), v.why
@@ -144,9 +174,10 @@ def test_a_stall_past_the_threshold_holding_work_is_a_wedge(tmp_path, held):
 
 
 @pytest.mark.parametrize(
-    ("seconds", "held"), [(35.0, {}), (20.0, dict(running=2, arrived=1))],
+    ("seconds", "held"),
+    [(35.0, {}), (20.0, dict(running=2, arrived=1))],
     ids=["idle", "short"],
-)  # fmt: skip
+)
 def test_a_stall_that_held_nothing_or_was_short_is_no_wedge(tmp_path, seconds, held):
     v = decide(tmp_path, WEDGE, stood(seconds, **held))
     assert (v.status, v.numbers["found"]) == ("PASS", 0), v.why

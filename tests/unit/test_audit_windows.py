@@ -15,9 +15,15 @@ from audit.selftest import self_test
 from audit.spec import load_spec, shipped
 
 WINDOWS = {
-    "boot_health", "no_request_lost", "admission_park", "eviction_honesty", "relief_ladder", "cutover",
-    "group_agreement", "speculation",
-}  # fmt: skip
+    "boot_health",
+    "no_request_lost",
+    "admission_park",
+    "eviction_honesty",
+    "relief_ladder",
+    "cutover",
+    "group_agreement",
+    "speculation",
+}
 
 
 def test_the_five_windows_ship():

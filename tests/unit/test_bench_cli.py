@@ -43,7 +43,8 @@ def test_an_attest_arm_whose_option_the_engine_lacks_is_refused_before_any_arm(m
     from measure import table, three_way
 
     monkeypatch.setitem(table.ATTEST_ARMS, "future", {"no_such_option": 1})
-    spec = table.TableSpec(engines=["attest", "llamacpp"], attest=["exact", "future"],
-                           llamacpp_env="/nonexistent")  # fmt: skip
+    spec = table.TableSpec(
+        engines=["attest", "llamacpp"], attest=["exact", "future"], llamacpp_env="/nonexistent"
+    )
     with pytest.raises(ValueError, match=r"--attest future: LLM\(no_such_option=1\): unknown"):
         three_way.run_table(spec, say=pytest.fail)

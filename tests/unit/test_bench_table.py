@@ -71,8 +71,12 @@ def test_bad_streams_are_refused_naming_the_value(text):
 
 def test_spec_from_text_checks_every_list_and_number():
     s = TableSpec.from_text("1,16,64", "attest,llamacpp", "exact,int8", prefill=0)
-    assert (s.streams, s.engines, s.attest, s.prefill) == ([1, 16, 64], ["attest", "llamacpp"],
-                                                           ["exact", "int8"], 0)  # fmt: skip
+    assert (s.streams, s.engines, s.attest, s.prefill) == (
+        [1, 16, 64],
+        ["attest", "llamacpp"],
+        ["exact", "int8"],
+        0,
+    )
     with pytest.raises(ValueError, match=r"--engines 'attest,vllm'.*'vllm' is not one"):
         TableSpec.from_text("1", "attest,vllm", "exact")
     with pytest.raises(ValueError, match=r"--attest 'fp8'.*exact, bf16, int8, int4"):
@@ -89,13 +93,18 @@ def test_kv_pool_holds_the_largest_batch_or_the_prefill():
 
 
 def _arms() -> list[ArmFigures]:
-    attest = ArmFigures("attest exact", "attest", {1: [(50, 40), (60, 42), (55, 41)],
-                                                   16: [(400, 200), (300, 190), (350, 210)]},
-                        [900, 1000, 1100])  # fmt: skip
-    hf = ArmFigures("transformers", "transformers", {1: [(20, 10)] * 3, 16: [(100, 50)] * 3},
-                    [500, 500, 500])  # fmt: skip
-    ll = ArmFigures("llama.cpp", "llamacpp", {1: [(110, 55)] * 3, 16: [(350, 105)] * 3},
-                    [250, 250, 250])  # fmt: skip
+    attest = ArmFigures(
+        "attest exact",
+        "attest",
+        {1: [(50, 40), (60, 42), (55, 41)], 16: [(400, 200), (300, 190), (350, 210)]},
+        [900, 1000, 1100],
+    )
+    hf = ArmFigures(
+        "transformers", "transformers", {1: [(20, 10)] * 3, 16: [(100, 50)] * 3}, [500, 500, 500]
+    )
+    ll = ArmFigures(
+        "llama.cpp", "llamacpp", {1: [(110, 55)] * 3, 16: [(350, 105)] * 3}, [250, 250, 250]
+    )
     return [attest, hf, ll]
 
 
@@ -123,8 +132,10 @@ def test_the_table_text():
 
 def test_a_column_an_arm_did_not_measure_is_a_dash_and_has_no_ratio():
     spec = TableSpec(streams=[1], prefill=0)
-    arms = [ArmFigures("attest int4", "attest", {1: [(80, 60)]}), ArmFigures("transformers",
-            "transformers", {})]  # fmt: skip
+    arms = [
+        ArmFigures("attest int4", "attest", {1: [(80, 60)]}),
+        ArmFigures("transformers", "transformers", {}),
+    ]
     assert format_table(arms, spec).splitlines()[2:] == [
         "| attest int4 | 80.0 | 60.0 | - |",
         "| transformers | - | - | - |",

@@ -100,15 +100,22 @@ def test_a_conflict_shows_the_holders_command_line_in_whole_arguments():
     whole arguments and saying how many it left out: cut at a fixed width, ``--kv-tokens 8192``
     once read ``--kv-tokens 819``."""
     port = free_port()
-    hold = "import os, socket, sys, time; s = socket.socket(); " \
-           "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print(1, flush=True); time.sleep(120)"  # fmt: skip
+    hold = (
+        "import os, socket, sys, time; s = socket.socket(); "
+        "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print(1, flush=True); time.sleep(120)"
+    )
     head = ["python", "-c", "exec(__import__('os').environ['HOLD'])", str(port)]
     # as the width cut read it (arguments joined by spaces): its 120th character ends in "819"
     filler = "--log-file=/var/log/attest/" + "b" * (104 - len(" ".join(head) + " ") - 27)
     argv = [*head, filler, "--kv-tokens", "8192", "--served-model-name", "smol", "--tp", "1"]
     assert " ".join(argv)[:120].endswith("--kv-tokens 819")
-    p = subprocess.Popen(argv, executable=sys.executable, stdout=subprocess.PIPE, text=True,
-                         env={**os.environ, "HOLD": hold})  # fmt: skip
+    p = subprocess.Popen(
+        argv,
+        executable=sys.executable,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HOLD": hold},
+    )
     try:
         assert p.stdout.readline().strip() == "1"  # it listens
         with pytest.raises(BootRefused) as e:

@@ -29,18 +29,37 @@ FLAGS = BrowserPolicy.of(
 
 @pytest.mark.parametrize(
     "host",
-    [None, "localhost", "LOCALHOST:1", "localhost.:8000", "app.localhost:8000", "127.0.0.1",
-     "127.0.0.2:8000", "127.255.255.254", "[::1]", "[::1]:8000", "[::ffff:127.0.0.1]:8000"],
-)  # fmt: skip
+    [
+        None,
+        "localhost",
+        "LOCALHOST:1",
+        "localhost.:8000",
+        "app.localhost:8000",
+        "127.0.0.1",
+        "127.0.0.2:8000",
+        "127.255.255.254",
+        "[::1]",
+        "[::1]:8000",
+        "[::ffff:127.0.0.1]:8000",
+    ],
+)
 def test_the_loopback_names_are_served_on_any_port(host):
     assert host_refusal(DEFAULT, host, local="127.0.0.1") is None
 
 
 @pytest.mark.parametrize(
     "host",
-    ["attacker.example", "attacker.example:8000", "localhost.attacker.example", "127.0.0.1.nip.io",
-     "10.0.0.5:8000", "[2001:db8::1]", "0.0.0.0:8000", "gpu1"],
-)  # fmt: skip
+    [
+        "attacker.example",
+        "attacker.example:8000",
+        "localhost.attacker.example",
+        "127.0.0.1.nip.io",
+        "10.0.0.5:8000",
+        "[2001:db8::1]",
+        "0.0.0.0:8000",
+        "gpu1",
+    ],
+)
 def test_any_other_host_is_403_naming_it_and_the_flag_that_would_serve_it(host):
     no = host_refusal(DEFAULT, host, local="127.0.0.1")
     assert no is not None and no.status == 403
@@ -57,12 +76,15 @@ def test_a_malformed_host_is_400(host):
 
 @pytest.mark.parametrize(
     ("host", "local"),
-    [("0.0.0.0:8000", "127.0.0.1"),  # the bind address, as uvicorn's banner shows it
-     ("10.0.0.5:8000", "10.0.0.5"),  # the address a client used to reach a wildcard bind
-     ("10.0.0.5:8000", "::ffff:10.0.0.5"),  # the same through an IPv6 socket
-     ("[2001:db8::5]:8000", "2001:db8::5"),
-     ("gpu1:8000", "10.0.0.5"), ("GPU1.corp", "10.0.0.5")],  # the machine's names
-)  # fmt: skip
+    [
+        ("0.0.0.0:8000", "127.0.0.1"),  # the bind address, as uvicorn's banner shows it
+        ("10.0.0.5:8000", "10.0.0.5"),  # the address a client used to reach a wildcard bind
+        ("10.0.0.5:8000", "::ffff:10.0.0.5"),  # the same through an IPv6 socket
+        ("[2001:db8::5]:8000", "2001:db8::5"),
+        ("gpu1:8000", "10.0.0.5"),
+        ("GPU1.corp", "10.0.0.5"),
+    ],  # the machine's names
+)
 def test_a_wildcard_bound_server_answers_to_its_addresses_and_the_machines_names(host, local):
     assert host_refusal(BOUND, host, local=local) is None
 
@@ -85,28 +107,32 @@ def test_allowed_hosts_add_names_on_any_port_or_on_one_and_star_serves_any():
 
 @pytest.mark.parametrize(
     ("origin", "host"),
-    [(None, "localhost:8000"),  # no page, or a same-origin GET
-     ("http://localhost:8000", "localhost:8000"),  # the server's own pages (/docs)
-     ("http://127.0.0.1:8000", "127.0.0.1:8000"),
-     ("http://[::1]:8000", "[::1]:8000"),
-     ("https://llm.example", "llm.example"),  # behind a TLS proxy: the Host has no port
-     ("http://llm.example", "llm.example"),
-     ("http://localhost:3000", "localhost:8000"),  # listed
-     ("https://app.example", "localhost:8000")],  # listed, the default port left out
-)  # fmt: skip
+    [
+        (None, "localhost:8000"),  # no page, or a same-origin GET
+        ("http://localhost:8000", "localhost:8000"),  # the server's own pages (/docs)
+        ("http://127.0.0.1:8000", "127.0.0.1:8000"),
+        ("http://[::1]:8000", "[::1]:8000"),
+        ("https://llm.example", "llm.example"),  # behind a TLS proxy: the Host has no port
+        ("http://llm.example", "llm.example"),
+        ("http://localhost:3000", "localhost:8000"),  # listed
+        ("https://app.example", "localhost:8000"),
+    ],  # listed, the default port left out
+)
 def test_no_origin_the_servers_own_and_a_listed_one_pass(origin, host):
     assert origin_refusal(FLAGS, origin, host) is None
 
 
 @pytest.mark.parametrize(
     ("origin", "host"),
-    [("http://evil.example", "localhost:8000"),
-     ("http://localhost:3000", "localhost:8000"),  # another port is another origin
-     ("http://localhost:8000", "localhost"),  # a Host without a port: port 80
-     ("https://localhost:8000", "localhost:8001"),
-     ("ftp://localhost:8000", "localhost:8000"),
-     ("http://127.0.0.1:8000", "localhost:8000")],
-)  # fmt: skip
+    [
+        ("http://evil.example", "localhost:8000"),
+        ("http://localhost:3000", "localhost:8000"),  # another port is another origin
+        ("http://localhost:8000", "localhost"),  # a Host without a port: port 80
+        ("https://localhost:8000", "localhost:8001"),
+        ("ftp://localhost:8000", "localhost:8000"),
+        ("http://127.0.0.1:8000", "localhost:8000"),
+    ],
+)
 def test_another_origin_is_403_naming_it_and_the_flag_that_would_allow_it(origin, host):
     no = origin_refusal(DEFAULT, origin, host)
     assert no is not None and no.status == 403
@@ -125,13 +151,22 @@ def test_an_opaque_origin_is_refused_and_named_as_one_no_flag_lists(origin):
 
 @pytest.mark.parametrize(
     ("content_type", "ok"),
-    [("application/json", True), ("Application/JSON; charset=utf-8", True),
-     ("application/merge-patch+json", True), ("application/vnd.api+json;v=1", True),
-     ("text/plain", False), ("text/plain;charset=UTF-8", False), ("text/json", False),
-     ("application/x-www-form-urlencoded", False), ("multipart/form-data; boundary=x", False),
-     ("application/jsonx", False), ("application/+json", False), ("application", False),
-     ("", False)],
-)  # fmt: skip
+    [
+        ("application/json", True),
+        ("Application/JSON; charset=utf-8", True),
+        ("application/merge-patch+json", True),
+        ("application/vnd.api+json;v=1", True),
+        ("text/plain", False),
+        ("text/plain;charset=UTF-8", False),
+        ("text/json", False),
+        ("application/x-www-form-urlencoded", False),
+        ("multipart/form-data; boundary=x", False),
+        ("application/jsonx", False),
+        ("application/+json", False),
+        ("application", False),
+        ("", False),
+    ],
+)
 def test_json_is_declared_by_application_json_or_a_plus_json_type(content_type, ok):
     assert json_declared(content_type) is ok
 
@@ -139,10 +174,12 @@ def test_json_is_declared_by_application_json_or_a_plus_json_type(content_type, 
 @pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE", "post"])
 @pytest.mark.parametrize(
     "headers",
-    [{"content-length": "5", "content-type": "text/plain;charset=UTF-8"},
-     {"content-length": "5"},  # a fetch() of a Blob sends no type
-     {"transfer-encoding": "chunked", "content-type": "application/x-www-form-urlencoded"}],
-)  # fmt: skip
+    [
+        {"content-length": "5", "content-type": "text/plain;charset=UTF-8"},
+        {"content-length": "5"},  # a fetch() of a Blob sends no type
+        {"transfer-encoding": "chunked", "content-type": "application/x-www-form-urlencoded"},
+    ],
+)
 def test_a_state_changing_body_not_declared_json_is_415_naming_the_type_it_needs(method, headers):
     no = body_refusal(method, headers)
     assert no is not None and no.status == 415
@@ -155,13 +192,18 @@ def test_a_state_changing_body_not_declared_json_is_415_naming_the_type_it_needs
 
 @pytest.mark.parametrize(
     ("method", "headers"),
-    [("POST", {"content-length": "5", "content-type": "application/json"}),
-     ("POST", {"transfer-encoding": "chunked", "content-type": "application/json; charset=utf-8"}),
-     ("DELETE", {}),  # no body: nothing to declare
-     ("POST", {"content-length": "0", "content-type": "text/plain"}),
-     ("GET", {"content-length": "5", "content-type": "text/plain"}),
-     ("OPTIONS", {"content-length": "5"})],
-)  # fmt: skip
+    [
+        ("POST", {"content-length": "5", "content-type": "application/json"}),
+        (
+            "POST",
+            {"transfer-encoding": "chunked", "content-type": "application/json; charset=utf-8"},
+        ),
+        ("DELETE", {}),  # no body: nothing to declare
+        ("POST", {"content-length": "0", "content-type": "text/plain"}),
+        ("GET", {"content-length": "5", "content-type": "text/plain"}),
+        ("OPTIONS", {"content-length": "5"}),
+    ],
+)
 def test_a_json_body_no_body_and_a_method_that_changes_nothing_pass(method, headers):
     assert body_refusal(method, headers) is None
 

@@ -73,9 +73,15 @@ def test_defaults_and_good_values_are_accepted():
     c = EngineConfig()
     assert c.model.dtype == "float32" and DTYPES[c.model.dtype] is torch.float32
     c = EngineConfig.from_kwargs(
-        model="m.gguf", dtype="bfloat16", kv_tokens=1, max_running=1, chunk_tokens=1,
-        max_model_len=1, threads=1, seed=-7,
-    )  # fmt: skip
+        model="m.gguf",
+        dtype="bfloat16",
+        kv_tokens=1,
+        max_running=1,
+        chunk_tokens=1,
+        max_model_len=1,
+        threads=1,
+        seed=-7,
+    )
     assert DTYPES[c.model.dtype] is torch.bfloat16
     assert c.as_dict() == {
         "model": "m.gguf",

@@ -92,9 +92,14 @@ def test_a_library_is_keyed_by_the_cpu_it_was_built_for(monkeypatch):
 
 def run_status(env: dict[str, str]) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "kernels.cpu_ops", "status"], cwd=ROOT, capture_output=True,
-        text=True, env={**os.environ, **env}, timeout=300, check=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "kernels.cpu_ops", "status"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+        check=True,
+    )
     return done.stdout
 
 

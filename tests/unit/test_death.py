@@ -42,8 +42,9 @@ def test_each_request_in_flight_ends_with_an_abort_before_the_stop(tmp_path):
     assert write_death(log, "scheduler_died", ["r-0", "r-2"], exit_code=1)
     *_, a0, a2, stop = records(log)
     assert [(a["event"], a["rid"], a["reason"]) for a in (a0, a2)] == [
-        ("request.abort", "r-0", "scheduler_died"), ("request.abort", "r-2", "scheduler_died"),
-    ]  # fmt: skip
+        ("request.abort", "r-0", "scheduler_died"),
+        ("request.abort", "r-2", "scheduler_died"),
+    ]
     assert [a0["seq"], a2["seq"], stop["seq"]] == [4, 5, 6]
     assert stop["exit_code"] == 1 and "signal" not in stop
 
@@ -96,8 +97,9 @@ def begun(path, pid: int, n: int = 2) -> Receipts:
 def test_a_failed_boot_ends_the_boot_its_process_began_with_the_exit_code_and_message(tmp_path):
     log = tmp_path / "boot.jsonl"
     older = begun(log, pid=41)  # an earlier boot in the same file, by another process
-    Receipts(log, boot=older.boot, after=(older.seq, 0)).emit("boot.stop", reason="sigterm",
-                                                            in_flight=0)  # fmt: skip
+    Receipts(log, boot=older.boot, after=(older.seq, 0)).emit(
+        "boot.stop", reason="sigterm", in_flight=0
+    )
     failed = begun(log, pid=42)
     assert write_boot_failed(log, 42, 2, "tp 3 does not divide the model's 4 attention heads")
     *_, before, stop = records(log)
@@ -121,8 +123,7 @@ def test_a_failed_boot_with_no_boot_start_of_its_own_writes_nothing(tmp_path, ca
 def test_a_boot_that_ended_already_is_not_ended_twice(tmp_path):
     log = tmp_path / "boot.jsonl"
     r = begun(log, pid=42)
-    Receipts(log, boot=r.boot, after=(r.seq, 0)).emit("boot.stop", reason="rank_lost",
-                                                      in_flight=0)  # fmt: skip
+    Receipts(log, boot=r.boot, after=(r.seq, 0)).emit("boot.stop", reason="rank_lost", in_flight=0)
     before = log.read_bytes()
     assert not write_boot_failed(log, 42, 1, "the group failed")
     assert log.read_bytes() == before

@@ -267,8 +267,9 @@ def test_flush_emits_a_truly_incomplete_tail(tok):
 def make_request(
     tok: Tokenizer, prompt_len: int = 3, max_context: int = 10_000, **params
 ) -> Request:
-    return Request.create("r-0", [tid(tok, "h")] * prompt_len, SamplingParams(**params), tok,
-                          max_context)  # fmt: skip
+    return Request.create(
+        "r-0", [tid(tok, "h")] * prompt_len, SamplingParams(**params), tok, max_context
+    )
 
 
 def stream(req: Request, ids: list[int]) -> list[str]:

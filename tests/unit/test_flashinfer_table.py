@@ -23,5 +23,6 @@ def test_page_table_addresses_exactly_each_requests_slots(page_size):
         assert (len(mine) - 1) * page_size + last[i] == ctx
         # FlashInfer's view of the pool: token j at page mine[j // P], offset j % P
         j = torch.arange(ctx)
-        assert torch.equal(mine[j // page_size] * page_size + j % page_size,
-                           b.meta.req_to_token[row, :ctx])  # fmt: skip
+        assert torch.equal(
+            mine[j // page_size] * page_size + j % page_size, b.meta.req_to_token[row, :ctx]
+        )

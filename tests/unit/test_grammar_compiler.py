@@ -45,13 +45,17 @@ IGNORED = {
     "not": ({"not": {"type": "string"}}, '"x"'),
     "if": ({"type": "string", "if": {"const": "x"}, "then": {"minLength": 3}}, '"x"'),
     "dependentRequired": ({"type": "object", "dependentRequired": {"a": ["b"]}}, '{"a": 1}'),
-    "dependentSchemas": ({"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}},
-                         '{"a": 1}'),
+    "dependentSchemas": (
+        {"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}},
+        '{"a": 1}',
+    ),
     "uniqueItems": ({"type": "array", "uniqueItems": True}, "[1, 1]"),
     "contains": ({"type": "array", "contains": {"type": "string"}}, "[1]"),
-    "unevaluatedProperties": ({"type": "object", "properties": {"a": {}},
-                               "unevaluatedProperties": False}, '{"b": 1}'),
-}  # fmt: skip
+    "unevaluatedProperties": (
+        {"type": "object", "properties": {"a": {}}, "unevaluatedProperties": False},
+        '{"b": 1}',
+    ),
+}
 
 
 @pytest.mark.parametrize("keyword", sorted(IGNORED))
@@ -68,12 +72,14 @@ def test_xgrammar_holds_the_keywords_the_guide_lets_through(grammars):
         "pattern": ({"type": "string", "pattern": "^[0-9]+$"}, '"ab"'),
         "enum": ({"enum": ["a", 1]}, '"b"'),
         "required": ({"type": "object", "properties": {"a": {}}, "required": ["a"]}, "{}"),
-        "additionalProperties": ({"type": "object", "properties": {"a": {}},
-                                  "additionalProperties": False}, '{"b": 1}'),
+        "additionalProperties": (
+            {"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+            '{"b": 1}',
+        ),
         "maxItems": ({"type": "array", "maxItems": 1}, "[1, 2]"),
         "anyOf": ({"anyOf": [{"type": "integer"}, {"type": "string"}]}, "true"),
         "$ref": ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}, '"a"'),
-    }  # fmt: skip
+    }
     for keyword, (schema, forbidden) in held.items():
         assert not compiles(grammars, forbidden, schema), keyword
 

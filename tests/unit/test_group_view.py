@@ -35,8 +35,11 @@ class Pool:
 
     def __init__(self, available: int, evictable: int, staged: int, capacity: int) -> None:
         self.available, self.evictable, self.staged, self.capacity = (
-            available, evictable, staged, capacity,
-        )  # fmt: skip
+            available,
+            evictable,
+            staged,
+            capacity,
+        )
 
     def available_size(self) -> int:
         return self.available

@@ -21,9 +21,12 @@ def test_a_given_count_decides_in_whole_pages():
 
 def test_zero_is_off_and_the_cpu_default_is_off():
     assert size_host_pool(0, "cuda", BPT, 1).as_fields() == {
-        "path": "off", "host_kv_tokens": 0, "bytes_per_token": BPT, "page_size": 1,
+        "path": "off",
+        "host_kv_tokens": 0,
+        "bytes_per_token": BPT,
+        "page_size": 1,
         "reason": "host_kv_tokens=0",
-    }  # fmt: skip
+    }
     cpu = size_host_pool(None, "cpu", BPT, 1, mem_available=64 * GiB, cgroup=(None, None))
     assert cpu.path == "off" and cpu.host_kv_tokens == 0 and "cpu" in cpu.reason
 

@@ -160,16 +160,30 @@ def test_the_bound_stays_where_a_rank_or_matrix_could_compute_a_row_another_way(
     g = torch.Generator().manual_seed(0)
 
     def layer(integer: bool) -> dict:
-        return {k: QuantWeight(torch.randn(32, 64, generator=g), "int8", plan.dtype,
-                               plan.small_rows, int_vnni=integer) for k in MATRICES}  # fmt: skip
+        return {
+            k: QuantWeight(
+                torch.randn(32, 64, generator=g),
+                "int8",
+                plan.dtype,
+                plan.small_rows,
+                int_vnni=integer,
+            )
+            for k in MATRICES
+        }
 
     def model(world: int = 1, stages: int = 1, integer: bool = True) -> SimpleNamespace:
-        return SimpleNamespace(quant=plan, layers=[layer(True), layer(integer)],
-                               comm=SimpleNamespace(world=world),
-                               stage=SimpleNamespace(count=stages))  # fmt: skip
+        return SimpleNamespace(
+            quant=plan,
+            layers=[layer(True), layer(integer)],
+            comm=SimpleNamespace(world=world),
+            stage=SimpleNamespace(count=stages),
+        )
 
-    kw = {"two ranks": {"world": 2}, "two stages": {"stages": 2},
-          "one matrix not in integers": {"integer": False}}[why]  # fmt: skip
+    kw = {
+        "two ranks": {"world": 2},
+        "two stages": {"stages": 2},
+        "one matrix not in integers": {"integer": False},
+    }[why]
     m = model(**kw)
     widen(m, MATRICES, _dense)
     assert plan.small_rows == SMALL_ROWS

@@ -53,8 +53,9 @@ class FakeScheduler:
 
 
 def final(rid: str, reason: str) -> StepOutput:
-    return StepOutput(rid=rid, new_token_ids=[1], text_delta="x", finished=True,
-                      finish_reason=reason)  # fmt: skip
+    return StepOutput(
+        rid=rid, new_token_ids=[1], text_delta="x", finished=True, finish_reason=reason
+    )
 
 
 def endings(metrics: ServerMetrics) -> dict[str, float]:
@@ -125,8 +126,14 @@ def test_an_abort_the_client_did_not_ask_for_is_an_error_never_a_200():
         job, metrics = make_job(sched, 2)
         job.submit()
         sub = sched.subs.pop("cmpl-x-0")  # the engine ends it: nobody asked
-        ended = StepOutput(rid="cmpl-x-0", new_token_ids=[], text_delta="", finished=True,
-                           finish_reason="abort", abort_reason="exceeds_pool")  # fmt: skip
+        ended = StepOutput(
+            rid="cmpl-x-0",
+            new_token_ids=[],
+            text_delta="",
+            finished=True,
+            finish_reason="abort",
+            abort_reason="exceeds_pool",
+        )
         sub.loop.call_soon(sub.out.put_nowait, ended)
         with pytest.raises(JobFailed) as e:
             await drain(job)
@@ -150,8 +157,10 @@ def test_an_abort_that_loses_the_race_counts_as_the_ending_that_won():
         return sched, metrics
 
     sched, metrics = asyncio.run(run())
-    assert sorted(sched.aborts) == [("cmpl-x-0", "client_disconnect"),
-                                    ("cmpl-x-1", "client_disconnect")]  # fmt: skip
+    assert sorted(sched.aborts) == [
+        ("cmpl-x-0", "client_disconnect"),
+        ("cmpl-x-1", "client_disconnect"),
+    ]
     assert endings(metrics) == {"stop": 1.0, "abort": 1.0}
     assert sched.receipts == {"request.abort": 1, "request.finish": 1}
 

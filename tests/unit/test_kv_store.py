@@ -243,8 +243,10 @@ def test_writers_killed_mid_write_leave_whole_pages_and_every_pin(tmp_path: Path
     for _round in range(5):
         proc = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(root), str(start)],
-            stdout=subprocess.PIPE, env=env, text=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         assert proc.stdout is not None
         done = [int(proc.stdout.readline()) for _ in range(20 + 7 * _round)]
         proc.send_signal(signal.SIGKILL)  # somewhere in the middle of the next writes

@@ -34,13 +34,34 @@ from tests.unit.test_kv_store_hostile import DEEP, chain, snapshot, victim_tree
 
 ID = "model-a"
 SLOTS = [
-    "pages", "pins", "checkpoints", "quarantine", "fan1", "fan2", "fan1_new", "page",
-    "page_new", "tmp", "pins_file", "manifest", "pins_new", "odd",
-]  # fmt: skip
+    "pages",
+    "pins",
+    "checkpoints",
+    "quarantine",
+    "fan1",
+    "fan2",
+    "fan1_new",
+    "page",
+    "page_new",
+    "tmp",
+    "pins_file",
+    "manifest",
+    "pins_new",
+    "odd",
+]
 KINDS = [
-    "link_dir", "link_file", "hardlink", "fifo", "folder", "garbage", "truncated", "mistyped",
-    "deep", "wrong_tokens", "foreign",
-]  # fmt: skip
+    "link_dir",
+    "link_file",
+    "hardlink",
+    "fifo",
+    "folder",
+    "garbage",
+    "truncated",
+    "mistyped",
+    "deep",
+    "wrong_tokens",
+    "foreign",
+]
 FILE_SLOTS = {"page", "page_new", "tmp", "pins_file", "manifest", "pins_new"}
 
 

@@ -64,7 +64,7 @@ def test_the_engine_top_level_is_its_public_api_and_its_rooms():
     assert top == ENGINE_TOP, f"new: {sorted(top - ENGINE_TOP)}, gone: {sorted(ENGINE_TOP - top)}"
 
 
-def long_functions(sources: dict[str, str], limit: int = 60) -> dict[str, int]:
+def long_functions(sources: dict[str, str], limit: int = 100) -> dict[str, int]:
     """Functions (and methods) of ``sources`` longer than ``limit`` lines, docstring included."""
     out = {}
     for path, text in sources.items():
@@ -76,11 +76,33 @@ def long_functions(sources: dict[str, str], limit: int = 60) -> dict[str, int]:
     return out
 
 
-def test_no_function_over_60_lines():
+def test_no_function_over_100_lines():
+    # Counted as the formatter lays the code out (nothing packed to pass): a function past a
+    # hundred lines holds two steps that want names of their own.
     assert long_functions(product_files()) == {}
 
 
 def test_the_function_check_counts_a_long_one():
-    body = "\n".join(f"    x{i} = {i}" for i in range(60))
-    assert long_functions({"m.py": f"def f():\n{body}\n"}) == {"m.py:1 f": 61}
+    body = "\n".join(f"    x{i} = {i}" for i in range(100))
+    assert long_functions({"m.py": f"def f():\n{body}\n"}) == {"m.py:1 f": 101}
     assert long_functions({"m.py": f"def f():\n{body[:-12]}\n"}) == {}
+
+
+# Where the formatter would wreck a table, it is told to leave it: each place here, and only here.
+# Everywhere else the formatter decides.
+TABLES_KEPT = {
+    "engine/server/protocol.py": 1,  # REFUSED: a field, its test and its message, a row each
+    "engine/observability/metrics.py": 2,  # the latency and the token-count buckets
+    "engine/observability/schema.py": 1,  # the receipt catalog, a kind a row
+    "audit/report_series.py": 1,  # CARRIERS: a receipt kind and the series it carries
+}
+
+
+def test_the_formatter_is_told_to_skip_tables_only():
+    marks = {}
+    for path, text in product_files().items():
+        for line in text.splitlines():
+            if "# fmt: skip" in line or "# fmt: off" in line:
+                assert line.lstrip()[:1] in ")]}", f"{path}: not a table's end: {line.strip()}"
+                marks[path] = marks.get(path, 0) + 1
+    assert marks == TABLES_KEPT

@@ -27,9 +27,15 @@ ENTRIES = [(1, -0.5, ((1, -0.5), (2, -1.5))), (4, -math.inf, ((3, -0.1), (4, -ma
 def test_a_chats_logprobs_are_one_object_per_token_with_bytes_and_alternatives():
     obj = LogprobsWriter("chat", Texts(), 1).of(0, ENTRIES)
     first, second = obj["content"]
-    assert first == {"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108],
-                     "top_logprobs": [{"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108]},
-                                      {"token": "lo", "logprob": -1.5, "bytes": [108, 111]}]}  # fmt: skip
+    assert first == {
+        "token": "Hel",
+        "logprob": -0.5,
+        "bytes": [72, 101, 108],
+        "top_logprobs": [
+            {"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108]},
+            {"token": "lo", "logprob": -1.5, "bytes": [108, 111]},
+        ],
+    }
     assert second["logprob"] == FLOOR and second["bytes"] == [0xEF, 0xBF, 0xBD]
     assert obj["refusal"] is None
 
@@ -38,8 +44,12 @@ def test_a_completions_offsets_continue_across_chunks_after_the_echo():
     w = LogprobsWriter("text", Texts(), 2, echo="Say: ")
     a = w.of(0, ENTRIES[:1])
     b = w.of(0, [(2, -1.0, ()), (3, -2.0, ())])
-    assert a == {"tokens": ["Hel"], "token_logprobs": [-0.5], "text_offset": [5],
-                 "top_logprobs": [{"Hel": -0.5, "lo": -1.5}]}  # fmt: skip
+    assert a == {
+        "tokens": ["Hel"],
+        "token_logprobs": [-0.5],
+        "text_offset": [5],
+        "top_logprobs": [{"Hel": -0.5, "lo": -1.5}],
+    }
     assert b["text_offset"] == [8, 10] and b["top_logprobs"] == [{}, {}]
     assert w.of(1, [(2, -1.0, ())])["text_offset"] == [5]  # each choice its own
 

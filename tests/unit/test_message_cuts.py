@@ -31,9 +31,11 @@ def test_a_load_failure_is_kept_in_whole_words():
 def test_a_group_failure_reaches_boot_stop_in_whole_words():
     ended: dict = {}
     core = SimpleNamespace(
-        _stopped=False, member=None, comm=SimpleNamespace(close=lambda: None),
+        _stopped=False,
+        member=None,
+        comm=SimpleNamespace(close=lambda: None),
         _end_boot=lambda reason, outs, **fields: ended.update(fields, reason=reason),
-    )  # fmt: skip
+    )
     EngineCore.fail(core, GroupFailure(WORDS))
     assert ended["reason"] == "rank_lost"
     _whole_words(ended["error"], WORDS)

@@ -25,13 +25,19 @@ def test_gauges_and_counters_come_from_the_latest_snapshot():
     assert idle["attest:parks_total"] == 0.0
     snaps.append(
         PoolSnapshot(
-            running=3, parked=1, waiting=2, kv_used=30, kv_cached=20, kv_evictable=12,
-            kv_free=50, kv_total=100,
+            running=3,
+            parked=1,
+            waiting=2,
+            kv_used=30,
+            kv_cached=20,
+            kv_evictable=12,
+            kv_free=50,
+            kv_total=100,
             receipts={schema.ADMISSION_PARK: 4, schema.REQUEUE: 1, schema.EVICTION: 7},
             receipts_written={schema.ADMISSION_PARK: 3, schema.REQUEUE: 1, schema.EVICTION: 7},
             receipts_failed={schema.ADMISSION_PARK: 1},
         )
-    )  # fmt: skip
+    )
     s = _samples(m)  # read at scrape time: the new snapshot, not the one at construction
     assert s["attest:num_requests_running"] == 3
     assert s["attest:num_requests_parked"] == 1

@@ -40,11 +40,18 @@ def _batch(model: LlamaModel, spec: list[tuple[int, int]], seed: int):
     cfg = model.cfg
     pools = []
     for layer in range(cfg.num_layers):
-        b = make_paged_batch(spec, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                             dtype=model.quant.kv_dtype, seed=seed + layer)  # fmt: skip
+        b = make_paged_batch(
+            spec,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            dtype=model.quant.kv_dtype,
+            seed=seed + layer,
+        )
         pools.append(b.kv)
-    ids = torch.randint(3, cfg.vocab_size, (b.meta.num_tokens,),
-                        generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    ids = torch.randint(
+        3, cfg.vocab_size, (b.meta.num_tokens,), generator=torch.Generator().manual_seed(seed)
+    )
     return ids, b.meta, pools
 
 
@@ -116,6 +123,18 @@ def test_the_call_refuses_lists_of_the_wrong_lengths(tiny_model_dir):
     cos, sin = model.rope_cos_sin(meta.positions)
     with pytest.raises(RuntimeError, match="2 pools a layer"):
         torch.ops.attest.decode_layers(
-            h, h.clone(), cos, sin, step.mats, step.scales, step.groups, step.norms,
-            [pools[0].k], meta.out_slots, *native_slots(meta), step.dims, step.scale, step.eps,
-        )  # fmt: skip
+            h,
+            h.clone(),
+            cos,
+            sin,
+            step.mats,
+            step.scales,
+            step.groups,
+            step.norms,
+            [pools[0].k],
+            meta.out_slots,
+            *native_slots(meta),
+            step.dims,
+            step.scale,
+            step.eps,
+        )

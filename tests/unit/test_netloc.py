@@ -31,28 +31,65 @@ def test_a_host_header_is_its_normalized_host_and_port(value, want):
 
 @pytest.mark.parametrize(
     "value",
-    ["", ":80", "::1", "::1:80", "[::1", "[::1]x", "[::1]:x", "[zz]", "[127.0.0.1]",
-     "a:b", "a:8000:1", "a:99999", "a:123456", "a:-1", "a:+1", "x@y", "user@localhost",
-     "evil.example@127.0.0.1", "a b", "a/b", "localhost/", "[::1]/x", "a:٣"],
-)  # fmt: skip
+    [
+        "",
+        ":80",
+        "::1",
+        "::1:80",
+        "[::1",
+        "[::1]x",
+        "[::1]:x",
+        "[zz]",
+        "[127.0.0.1]",
+        "a:b",
+        "a:8000:1",
+        "a:99999",
+        "a:123456",
+        "a:-1",
+        "a:+1",
+        "x@y",
+        "user@localhost",
+        "evil.example@127.0.0.1",
+        "a b",
+        "a/b",
+        "localhost/",
+        "[::1]/x",
+        "a:٣",
+    ],
+)
 def test_what_is_not_a_host_is_none(value):
     assert parse_host(value) is None
 
 
 @pytest.mark.parametrize(
     ("text", "want"),
-    [("::1", "::1"), ("[::1]", "::1"), ("::ffff:10.0.0.5", "10.0.0.5"), ("0.0.0.0", "0.0.0.0"),
-     ("Gpu1.Corp.", "gpu1.corp"), ("testserver", "testserver"), ("a b", None), ("[x]", None)],
-)  # fmt: skip
+    [
+        ("::1", "::1"),
+        ("[::1]", "::1"),
+        ("::ffff:10.0.0.5", "10.0.0.5"),
+        ("0.0.0.0", "0.0.0.0"),
+        ("Gpu1.Corp.", "gpu1.corp"),
+        ("testserver", "testserver"),
+        ("a b", None),
+        ("[x]", None),
+    ],
+)
 def test_a_host_alone_normalizes_a_bare_ipv6_address_as_a_socket_writes_it(text, want):
     assert host_name(text) == want
 
 
 @pytest.mark.parametrize(
     ("host", "want"),
-    [("127.0.0.1", True), ("127.255.0.9", True), ("::1", True), ("localhost", False),
-     ("128.0.0.1", False), ("::2", False), ("10.0.0.1", False)],
-)  # fmt: skip
+    [
+        ("127.0.0.1", True),
+        ("127.255.0.9", True),
+        ("::1", True),
+        ("localhost", False),
+        ("128.0.0.1", False),
+        ("::2", False),
+        ("10.0.0.1", False),
+    ],
+)
 def test_loopback_is_127_slash_8_and_colon_colon_1(host, want):
     assert is_loopback(host) is want
 
@@ -65,10 +102,13 @@ def test_loopback_is_127_slash_8_and_colon_colon_1(host, want):
         ("https://app.example:443", ("https", "app.example", 443), "https://app.example"),
         ("http://app.example:80", ("http", "app.example", 80), "http://app.example"),
         ("http://[::1]:8000", ("http", "::1", 8000), "http://[::1]:8000"),
-        ("chrome-extension://abcdef", ("chrome-extension", "abcdef", None),
-         "chrome-extension://abcdef"),
+        (
+            "chrome-extension://abcdef",
+            ("chrome-extension", "abcdef", None),
+            "chrome-extension://abcdef",
+        ),
     ],
-)  # fmt: skip
+)
 def test_an_origin_is_its_scheme_host_and_port_written_as_a_browser_writes_it(
     value, want, serialized
 ):
@@ -79,8 +119,20 @@ def test_an_origin_is_its_scheme_host_and_port_written_as_a_browser_writes_it(
 
 @pytest.mark.parametrize(
     "value",
-    ["null", "", "localhost:3000", "http://", "http://a/", "http://a/path", "http://u@a",
-     "http://a:x", "1http://a", "http//a", "http://[::1", "file:///etc/passwd"],
-)  # fmt: skip
+    [
+        "null",
+        "",
+        "localhost:3000",
+        "http://",
+        "http://a/",
+        "http://a/path",
+        "http://u@a",
+        "http://a:x",
+        "1http://a",
+        "http//a",
+        "http://[::1",
+        "file:///etc/passwd",
+    ],
+)
 def test_what_is_not_an_origin_is_none(value):
     assert parse_origin(value) is None

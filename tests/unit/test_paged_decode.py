@@ -65,8 +65,9 @@ def test_native_decode_equals_the_padded_reference(gqa, page_size, lens, head_di
 
 def check_against_padded(path, gqa, page_size, lens, head_dim, seed) -> None:
     heads, kv_heads = gqa
-    b = make_paged_batch([(p, 1) for p in lens], heads, kv_heads, head_dim, torch.float32,
-                         page_size, seed)  # fmt: skip
+    b = make_paged_batch(
+        [(p, 1) for p in lens], heads, kv_heads, head_dim, torch.float32, page_size, seed
+    )
     got, want = both_paths(b, path)
     assert got.shape == want.shape == b.q.shape and got.dtype == torch.float32
     torch.testing.assert_close(got, want, **TOL[torch.float32])

@@ -24,8 +24,10 @@ def run(backlogs: list[int], t: Thresholds, layout: str = SHARDS) -> list[tuple[
 
 thresholds = st.builds(
     lambda exit_, gap, dwell: Thresholds(exit_ + gap, exit_, dwell),
-    st.integers(0, 5000), st.integers(1, 5000), st.integers(1, 8),
-)  # fmt: skip
+    st.integers(0, 5000),
+    st.integers(1, 5000),
+    st.integers(1, 8),
+)
 
 
 @given(st.lists(st.integers(0, 12000), max_size=200), thresholds, st.sampled_from([SHARDS, STAGES]))
@@ -59,5 +61,8 @@ def test_a_load_that_rises_and_falls_twice_flips_four_times():
     t = Thresholds(enter=1000, exit=100, dwell=2)
     load = [0] * 3 + [5000] * 5 + [50] * 5 + [5000] * 5 + [0] * 5
     assert [(f, to) for _, f, to in run(load, t)] == [
-        (SHARDS, STAGES), (STAGES, SHARDS), (SHARDS, STAGES), (STAGES, SHARDS),
-    ]  # fmt: skip
+        (SHARDS, STAGES),
+        (STAGES, SHARDS),
+        (SHARDS, STAGES),
+        (STAGES, SHARDS),
+    ]

@@ -65,15 +65,25 @@ def test_a_default_is_capped_by_the_room_left():
 @pytest.mark.parametrize(
     ("prompt", "asked", "context", "pool", "message"),
     [
-        (1000, 100, 8192, 1024,
-         "max_tokens 100 + prompt 1000 tokens exceed the KV pool of 1024 tokens: this request "
-         "could never run to its end here; ask for at most 24"),
-        (10, 100, 100, 1000,
-         "max_tokens 100 + prompt 10 tokens exceed the context limit of 100 tokens; ask for at "
-         "most 90"),
+        (
+            1000,
+            100,
+            8192,
+            1024,
+            "max_tokens 100 + prompt 1000 tokens exceed the KV pool of 1024 tokens: this request "
+            "could never run to its end here; ask for at most 24",
+        ),
+        (
+            10,
+            100,
+            100,
+            1000,
+            "max_tokens 100 + prompt 10 tokens exceed the context limit of 100 tokens; ask for at "
+            "most 90",
+        ),
         (10, 0, 100, 1000, "max_tokens must be at least 1, got 0"),
     ],
-)  # fmt: skip
+)
 def test_a_request_that_can_never_fit_is_refused_naming_max_tokens_and_the_limit(
     prompt, asked, context, pool, message
 ):

@@ -12,12 +12,19 @@ def test_a_validation_error_names_the_request_field_not_the_union_branch():
     cases = [
         (CompletionRequest, {"prompt": 12}, "prompt"),
         (CompletionRequest, {"prompt": "x", "max_tokens": "many"}, "max_tokens"),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "user", "content": 5}]},
+            "messages.0.content",
+        ),
         (ChatCompletionRequest, {"messages": [{"content": "hi"}]}, "messages.0.role"),
         (ChatCompletionRequest, {"messages": []}, "messages"),
-        (CompletionRequest, {"prompt": "x", "stream_options": {"include_usage": "?"}},
-         "stream_options.include_usage"),
-    ]  # fmt: skip
+        (
+            CompletionRequest,
+            {"prompt": "x", "stream_options": {"include_usage": "?"}},
+            "stream_options.include_usage",
+        ),
+    ]
     for model, body, want in cases:
         try:
             model.model_validate(body)

@@ -32,7 +32,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
         ({"use_beam_search": True}, "use_beam_search", "not a supported request field"),
         ({"frobnicate": True}, "frobnicate", "not a supported request field"),
     ],
-)  # fmt: skip
+)
 def test_a_field_that_asks_for_what_is_not_built_is_refused_by_name(extra, param, words):
     with pytest.raises(ProtocolError) as e:
         refuse_unbuilt({**CHAT, **extra}, ChatCompletionRequest)
@@ -43,20 +43,28 @@ def test_a_field_that_asks_for_what_is_not_built_is_refused_by_name(extra, param
 @pytest.mark.parametrize(
     "extra",
     [
-        {"functions": None}, {"best_of": 1},
-        {"best_of": 2, "n": 2}, {"suffix": ""},
-        {"metadata": {"k": "v"}}, {"store": False}, {"modalities": ["text"]},
+        {"functions": None},
+        {"best_of": 1},
+        {"best_of": 2, "n": 2},
+        {"suffix": ""},
+        {"metadata": {"k": "v"}},
+        {"store": False},
+        {"modalities": ["text"]},
     ],
-)  # fmt: skip
+)
 def test_a_field_that_asks_for_nothing_is_accepted_and_dropped(extra):
     kept = refuse_unbuilt({**CHAT, **extra}, ChatCompletionRequest)
     assert set(kept) == set(CHAT) | ({"n"} & set(extra))
     ChatCompletionRequest.model_validate(kept)
 
 
-@pytest.mark.parametrize("extra", [
-    {"tools": [{"type": "function", "function": {"name": "f"}}]}, {"tool_choice": "auto"},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"tool_choice": "auto"},
+    ],
+)
 def test_tools_are_a_chat_field_refused_on_completions_by_name(extra):
     (param,) = extra
     with pytest.raises(ProtocolError) as e:
@@ -82,39 +90,103 @@ def _error(model, body) -> ProtocolError:
 @pytest.mark.parametrize(
     ("model", "body", "param", "words"),
     [
-        (ChatCompletionRequest, {"messages": [{"role": "tool", "content": "x"}]},
-         "messages.0", "has a tool_call_id"),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x", "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
-         "messages.0", "belong to an assistant"),
-        (ChatCompletionRequest, {"messages": [{"role": "assistant", "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "f"}}]}]},
-         "messages.0.tool_calls.0.function.arguments", "Field required"),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}],
-                                 "tool_choice": "sometimes"}, "tool_choice", "'auto'"),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}],
-                                 "tools": [{"type": "function", "function": {"name": "a b"}}]},
-         "tools.0.function.name", "pattern"),
-        (ChatCompletionRequest,
-         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-         "messages.0.content.0.type", "'text'"),
-        (CompletionRequest, {"prompt": "x", "seed": 2**64 - 1}, "seed",
-         "less than or equal to 9223372036854775807 (got 18446744073709551615)"),
-        (CompletionRequest, {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop",
-         "at most 4"),
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "tool", "content": "x"}]},
+            "messages.0",
+            "has a tool_call_id",
+        ),
+        (
+            ChatCompletionRequest,
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": "x",
+                        "tool_calls": [
+                            {
+                                "id": "c",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": "{}"},
+                            }
+                        ],
+                    }
+                ]
+            },
+            "messages.0",
+            "belong to an assistant",
+        ),
+        (
+            ChatCompletionRequest,
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}],
+                    }
+                ]
+            },
+            "messages.0.tool_calls.0.function.arguments",
+            "Field required",
+        ),
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"},
+            "tool_choice",
+            "'auto'",
+        ),
+        (
+            ChatCompletionRequest,
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "a b"}}],
+            },
+            "tools.0.function.name",
+            "pattern",
+        ),
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages.0.content.0.type",
+            "'text'",
+        ),
+        (
+            CompletionRequest,
+            {"prompt": "x", "seed": 2**64 - 1},
+            "seed",
+            "less than or equal to 9223372036854775807 (got 18446744073709551615)",
+        ),
+        (
+            CompletionRequest,
+            {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]},
+            "stop",
+            "at most 4",
+        ),
         (CompletionRequest, {"prompt": "x", "stop": 5}, "stop", "valid"),
         (CompletionRequest, {"prompt": "x", "stop": [""]}, "stop.0", "at least 1"),
         (CompletionRequest, {"prompt": "x", "n": 17}, "n", "less than or equal to 16"),
-        (CompletionRequest, {"prompt": "x", "presence_penalty": 2.5}, "presence_penalty",
-         "less than or equal to 2"),
+        (
+            CompletionRequest,
+            {"prompt": "x", "presence_penalty": 2.5},
+            "presence_penalty",
+            "less than or equal to 2",
+        ),
         (CompletionRequest, {"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias", "pattern"),
-        (CompletionRequest, {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias",
-         "less than or equal to 100"),
+        (
+            CompletionRequest,
+            {"prompt": "x", "logit_bias": {"5": 101}},
+            "logit_bias",
+            "less than or equal to 100",
+        ),
         (CompletionRequest, {"prompt": "x", "max_tokens": -3}, "max_tokens", "(got -3)"),
-        (CompletionRequest, {"prompt": "x", "stream_options": {"x": 1}}, "stream_options.x",
-         "not supported"),
+        (
+            CompletionRequest,
+            {"prompt": "x", "stream_options": {"x": 1}},
+            "stream_options.x",
+            "not supported",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_schema_fault_names_the_deepest_field_and_the_value(model, body, param, words):
     e = _error(model, body)
     assert e.param == param and words in str(e), str(e)
@@ -132,8 +204,15 @@ def _params(body, prompt_len=10, model=CompletionRequest):
 
 
 def test_penalties_bias_and_seed_reach_the_sampler():
-    p = _params({"prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -1,
-                 "logit_bias": {"7": -100, "3": 2.5}, "seed": -5})  # fmt: skip
+    p = _params(
+        {
+            "prompt": "x",
+            "presence_penalty": 0.5,
+            "frequency_penalty": -1,
+            "logit_bias": {"7": -100, "3": 2.5},
+            "seed": -5,
+        }
+    )
     assert (p.presence_penalty, p.frequency_penalty, p.seed) == (0.5, -1, -5)
     assert p.logit_bias == {7: -100, 3: 2.5}
     # leading zeros do not make a key long: it is the id it spells
@@ -148,8 +227,9 @@ def test_vllms_output_fields_reach_the_request():
     err = _parse(CompletionRequest, {"prompt": "x", "skip_special_tokens": "no"})
     assert isinstance(err, ProtocolError) and err.param == "skip_special_tokens"
     assert p.spaces_between_special_tokens is True
-    p = _params({"prompt": "x", "skip_special_tokens": False,
-                 "spaces_between_special_tokens": False})  # fmt: skip
+    p = _params(
+        {"prompt": "x", "skip_special_tokens": False, "spaces_between_special_tokens": False}
+    )
     assert (p.skip_special_tokens, p.spaces_between_special_tokens) == (False, False)
     assert _params({"prompt": "x", "repetition_penalty": 1.3}).repetition_penalty == 1.3
     for bad in (0, -1.5, "2", 1e-300, 1e6):
@@ -194,10 +274,16 @@ def test_the_pool_bounds_max_tokens_before_anything_runs():
 
 @pytest.mark.parametrize(
     ("status", "kind"),
-    [(400, "invalid_request_error"), (404, "not_found_error"), (405, "invalid_request_error"),
-     (408, "timeout_error"), (429, "rate_limit_error"), (503, "server_error"),
-     (504, "timeout_error")],
-)  # fmt: skip
+    [
+        (400, "invalid_request_error"),
+        (404, "not_found_error"),
+        (405, "invalid_request_error"),
+        (408, "timeout_error"),
+        (429, "rate_limit_error"),
+        (503, "server_error"),
+        (504, "timeout_error"),
+    ],
+)
 def test_every_error_is_the_openai_error_object(status, kind):
     assert error_body("m", status, "p") == {
         "error": {"message": "m", "type": kind, "param": "p", "code": status}
@@ -234,10 +320,18 @@ PROMPT = {"prompt": "x"}
         (CompletionRequest, {"stream": 1}, "stream", "valid boolean"),
         (CompletionRequest, {"echo": 1}, "echo", "valid boolean"),
         (CompletionRequest, {"ignore_eos": "no"}, "ignore_eos", "valid boolean"),
-        (CompletionRequest, {"stream_options": {"include_usage": "yes"}},
-         "stream_options.include_usage", "valid boolean"),
-        (CompletionRequest, {"stream_options": {"include_usage": 1}},
-         "stream_options.include_usage", "valid boolean"),
+        (
+            CompletionRequest,
+            {"stream_options": {"include_usage": "yes"}},
+            "stream_options.include_usage",
+            "valid boolean",
+        ),
+        (
+            CompletionRequest,
+            {"stream_options": {"include_usage": 1}},
+            "stream_options.include_usage",
+            "valid boolean",
+        ),
         (CompletionRequest, {"prompt": [1, True]}, "prompt.1", "valid integer"),
         (CompletionRequest, {"stop_token_ids": [2.0]}, "stop_token_ids.0", "valid integer"),
         (CompletionRequest, {"temperature": True}, "temperature", "valid number"),
@@ -247,19 +341,35 @@ PROMPT = {"prompt": "x"}
         (CompletionRequest, {"top_logprobs": False}, "top_logprobs", "valid integer"),
         (CompletionRequest, {"best_of": 1.0}, "best_of", "valid integer"),
         (CompletionRequest, {"best_of": True}, "best_of", "valid integer"),
-        (ChatCompletionRequest, {"max_completion_tokens": "5"}, "max_completion_tokens",
-         "valid integer"),
-        (ChatCompletionRequest, {"max_completion_tokens": 5.0}, "max_completion_tokens",
-         "valid integer"),
-        (ChatCompletionRequest, {"add_generation_prompt": "yes"}, "add_generation_prompt",
-         "valid boolean"),
+        (
+            ChatCompletionRequest,
+            {"max_completion_tokens": "5"},
+            "max_completion_tokens",
+            "valid integer",
+        ),
+        (
+            ChatCompletionRequest,
+            {"max_completion_tokens": 5.0},
+            "max_completion_tokens",
+            "valid integer",
+        ),
+        (
+            ChatCompletionRequest,
+            {"add_generation_prompt": "yes"},
+            "add_generation_prompt",
+            "valid boolean",
+        ),
         (ChatCompletionRequest, {"logprobs": "yes"}, "logprobs", "valid boolean"),
         (ChatCompletionRequest, {"logprobs": 0}, "logprobs", "valid boolean"),
-        (ChatCompletionRequest, {"parallel_tool_calls": "yes"}, "parallel_tool_calls",
-         "valid boolean"),
+        (
+            ChatCompletionRequest,
+            {"parallel_tool_calls": "yes"},
+            "parallel_tool_calls",
+            "valid boolean",
+        ),
         (ChatCompletionRequest, {"store": "no"}, "store", "valid boolean"),
     ],
-)  # fmt: skip
+)
 def test_integers_are_integers_and_booleans_booleans(model, extra, param, words):
     """As the OpenAI API types them: a string, a float or a boolean where an integer belongs is
     refused (pydantic's lax mode would read "3", 1.0 and true as 3, 1 and 1), and so is
@@ -274,12 +384,22 @@ def test_integers_are_integers_and_booleans_booleans(model, extra, param, words)
 @pytest.mark.parametrize(
     "extra",
     [
-        {"temperature": 1}, {"top_p": 1}, {"min_p": 0}, {"presence_penalty": -1},
-        {"frequency_penalty": 2}, {"logit_bias": {"5": 1}}, {"seed": -(2**63)},
-        {"seed": 2**63 - 1}, {"max_tokens": 3}, {"n": 2}, {"stream": True},
-        {"top_logprobs": 0}, {"best_of": 1}, {"logprobs": None},
+        {"temperature": 1},
+        {"top_p": 1},
+        {"min_p": 0},
+        {"presence_penalty": -1},
+        {"frequency_penalty": 2},
+        {"logit_bias": {"5": 1}},
+        {"seed": -(2**63)},
+        {"seed": 2**63 - 1},
+        {"max_tokens": 3},
+        {"n": 2},
+        {"stream": True},
+        {"top_logprobs": 0},
+        {"best_of": 1},
+        {"logprobs": None},
     ],
-)  # fmt: skip
+)
 def test_a_float_field_takes_an_integer_number_as_openai_does(extra):
     req = _parse(CompletionRequest, {**PROMPT, **extra})
     assert isinstance(req, CompletionRequest), req

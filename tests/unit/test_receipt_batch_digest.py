@@ -52,8 +52,10 @@ def test_entries_cannot_run_into_each_other():
     assert computed.batch_digest([("r-1", 12)]) != computed.batch_digest([("r-11", 2)])
 
 
-@given(st.lists(st.tuples(st.text(max_size=8), st.integers(0, 1 << 20)), max_size=6),
-       st.lists(st.tuples(st.text(max_size=8), st.integers(0, 1 << 20)), max_size=6))  # fmt: skip
+@given(
+    st.lists(st.tuples(st.text(max_size=8), st.integers(0, 1 << 20)), max_size=6),
+    st.lists(st.tuples(st.text(max_size=8), st.integers(0, 1 << 20)), max_size=6),
+)
 def test_different_batches_digest_differently(a, b):
     if a != b:
         assert computed.batch_digest(a) != computed.batch_digest(b)

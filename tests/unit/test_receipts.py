@@ -65,8 +65,15 @@ def test_file_sink_writes_one_json_line_per_receipt_with_the_common_fields(tmp_p
     r = Receipts(path, boot="b-test", rank=3)
     r.emit(schema.BOOT_READY, startup_s=1.5)
     r.iter = 7
-    r.emit(schema.EVICTION, reason="r", asked=4, evicted=4, staged=0, evictable_before=8,
-           evictable_after=4)  # fmt: skip
+    r.emit(
+        schema.EVICTION,
+        reason="r",
+        asked=4,
+        evicted=4,
+        staged=0,
+        evictable_before=8,
+        evictable_after=4,
+    )
     r.emit("no.such.kind")  # lost: no line, but a seq gap
     r.emit(schema.NOTICE, text="x" * 3, nested={"a": [1, 2]})
     r.close()

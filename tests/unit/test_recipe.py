@@ -16,19 +16,26 @@ CLAIM = '\n[[claim]]\nid = "c"\nkind = "engaged"\nselect = { kind = "boot.ready"
 
 
 def spec_with(regime: str):
-    return parse_spec('[regime]\napplies = { kind = "boot.start" }\n' + regime + CLAIM,
-                      Path("w/spec.toml"))  # fmt: skip
+    return parse_spec(
+        '[regime]\napplies = { kind = "boot.start" }\n' + regime + CLAIM, Path("w/spec.toml")
+    )
 
 
 def test_a_recipe_reads_flags_load_and_control():
-    s = spec_with('[regime.engine]\nkv_tokens = 540\nprefix_cache = false\n'
-                  '[regime.load]\nrequests = 4\nprompt_tokens = [2, 9]\n'
-                  '[regime.control]\nrelief_ladder = "off"\n')  # fmt: skip
+    s = spec_with(
+        "[regime.engine]\nkv_tokens = 540\nprefix_cache = false\n"
+        "[regime.load]\nrequests = 4\nprompt_tokens = [2, 9]\n"
+        '[regime.control]\nrelief_ladder = "off"\n'
+    )
     r = s.regime.recipe
     assert r.serve_args() == ["--kv-tokens", "540", "--no-prefix-cache"]
     assert r.serve_args(control=True) == [
-        "--kv-tokens", "540", "--no-prefix-cache", "--relief-ladder", "off"
-    ]  # fmt: skip
+        "--kv-tokens",
+        "540",
+        "--no-prefix-cache",
+        "--relief-ladder",
+        "off",
+    ]
     assert r.load == {**LOAD_DEFAULTS, "requests": 4, "prompt_tokens": [2, 9]}
 
 
@@ -68,9 +75,17 @@ def test_the_engine_drives_every_key_the_auditor_accepts():
 
 def test_every_shipped_attest_window_has_a_recipe_and_the_foreign_ones_none():
     recipes = {p.name: load_spec(p).regime.recipe for p in shipped()}
-    engine_windows = {"boot_health", "no_request_lost", "admission_park", "eviction_honesty",
-                      "relief_ladder", "group_agreement", "speculation",
-                      "checkpoint_durability", "phase_flip"}  # fmt: skip
+    engine_windows = {
+        "boot_health",
+        "no_request_lost",
+        "admission_park",
+        "eviction_honesty",
+        "relief_ladder",
+        "group_agreement",
+        "speculation",
+        "checkpoint_durability",
+        "phase_flip",
+    }
     assert {w for w, r in recipes.items() if isinstance(r, Recipe)} == engine_windows
     assert recipes["relief_ladder"].control == (("relief_ladder", "off"),)
 

@@ -32,8 +32,10 @@ from engine.server.loop_watch import LoopWatch
 from engine.server.responses import error_response, install_error_handlers, stream
 from engine.server.scheduler_proc import _serve_loop
 
-GLOO = ("all_reduce failed on rank 0: [/usr/lib/python3/dist-packages/torch/gloo/transport/tcp/"
-        "pair.cc:534] Connection closed by peer [10.0.0.1]:29500")  # fmt: skip
+GLOO = (
+    "all_reduce failed on rank 0: [/usr/lib/python3/dist-packages/torch/gloo/transport/tcp/"
+    "pair.cc:534] Connection closed by peer [10.0.0.1]:29500"
+)
 INTERNALS = ("/usr/lib", "pair.cc", "10.0.0.1", "29500", "gloo")
 
 
@@ -107,8 +109,15 @@ def test_a_cutover_that_failed_answers_500_without_the_exception_text(capsys):
     async def receive() -> dict:
         return {"type": "http.request", "body": body, "more_body": False}
 
-    request = Request({"type": "http", "method": "POST", "path": "/admin/cutover",
-                       "headers": [(b"content-length", str(len(body)).encode())]}, receive)  # fmt: skip
+    request = Request(
+        {
+            "type": "http",
+            "method": "POST",
+            "path": "/admin/cutover",
+            "headers": [(b"content-length", str(len(body)).encode())],
+        },
+        receive,
+    )
     r = asyncio.run(admin.cutover(request, driver, metrics, HttpLimits()))
     assert r.status_code == 500
     _plain(r.body.decode())

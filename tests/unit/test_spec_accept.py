@@ -23,8 +23,11 @@ def target(prefix: list[int]) -> int:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, V - 1), max_size=10), st.lists(st.integers(0, V - 1), max_size=6),
-       st.integers(0, 6))  # fmt: skip
+@given(
+    st.lists(st.integers(0, V - 1), max_size=10),
+    st.lists(st.integers(0, V - 1), max_size=6),
+    st.integers(0, 6),
+)
 def test_greedy_emits_what_one_token_at_a_time_would(prompt, noise, right):
     ahead = list(prompt)
     for _ in range(right):  # the first `right` drafts are what the target would say

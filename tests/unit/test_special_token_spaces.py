@@ -21,8 +21,9 @@ def tok() -> Tokenizer:
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     backend.decoder = decoders.WordPiece()
     backend.add_special_tokens(["[A]", "[B]"])
-    return Tokenizer(backend, bos_id=None, eos_id=None, stop_ids=set(), add_bos=False,
-                     chat_template=None)  # fmt: skip
+    return Tokenizer(
+        backend, bos_id=None, eos_id=None, stop_ids=set(), add_bos=False, chat_template=None
+    )
 
 
 def text(tok: Tokenizer, ids: list[int], **kw: bool) -> tuple[str, str]:

@@ -147,9 +147,13 @@ def test_the_first_chunk_always_moves_when_memory_funds_a_page(
 ):
     room = step_room(step_tokens=step_tokens, decodes=decodes, planned=0, page_size=page_size)
     got = plan_in_step(
-        held=held, remaining=remaining, chunk_tokens=2048, room=room, budget=page_size,
+        held=held,
+        remaining=remaining,
+        chunk_tokens=2048,
+        room=room,
+        budget=page_size,
         page_size=page_size,
-    )  # fmt: skip
+    )
     assert isinstance(got.plan, Admit) and got.plan.tokens >= 1
     # the forward stays within the budget, or within twice the decodes (a page more with few)
     assert decodes + got.plan.tokens <= max(step_tokens, 2 * decodes, decodes + page_size)

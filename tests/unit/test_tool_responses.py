@@ -32,7 +32,7 @@ class FakeJob:
                 text_delta=p,
                 finished=k == last,
                 finish_reason="stop" if k == last else None,
-            )  # fmt: skip
+            )
             for k, p in enumerate(pieces)
         ]
 

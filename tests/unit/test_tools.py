@@ -27,17 +27,30 @@ def fn(name: str, params: dict | None = None) -> dict:
     return {"type": "function", "function": f}
 
 
-WEATHER = fn("get_weather", {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
-    "required": ["city", "unit"],
-})  # fmt: skip
+WEATHER = fn(
+    "get_weather",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"],
+    },
+)
 # a pydantic-made schema: its nested model is a reference into its own $defs
-BOOK = fn("book", {
-    "$defs": {"Seat": {"type": "object", "properties": {"row": {"type": "integer", "minimum": 1}},
-                       "required": ["row"]}},
-    "type": "object", "properties": {"seat": {"$ref": "#/$defs/Seat"}}, "required": ["seat"],
-})  # fmt: skip
+BOOK = fn(
+    "book",
+    {
+        "$defs": {
+            "Seat": {
+                "type": "object",
+                "properties": {"row": {"type": "integer", "minimum": 1}},
+                "required": ["row"],
+            }
+        },
+        "type": "object",
+        "properties": {"seat": {"$ref": "#/$defs/Seat"}},
+        "required": ["seat"],
+    },
+)
 NOW = fn("now")  # no parameters: no arguments
 TOOLS = [WEATHER, BOOK, NOW]
 CALL_W = {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}
@@ -72,15 +85,26 @@ def test_required_named_and_one_at_a_time_narrow_the_output():
     assert not valid(named, {"tool_calls": [CALL_W]})
 
 
-@pytest.mark.parametrize(("tools", "choice", "param", "words"), [
-    ([], "required", "tool_choice", "needs tools"),
-    (TOOLS, {"type": "function", "function": {"name": "fly"}}, "tool_choice.function.name",
-     "not one of the tools"),
-    ([WEATHER, WEATHER], None, "tools.1", "names two tools"),
-    ([fn("f", {"type": "object", "uniqueItems": True})], None,
-     "tools.0.function.parameters.uniqueItems", "not supported"),
-    ([fn("f", {"type": "frob"})], None, "tools.0.function.parameters.type", "not a valid"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tools", "choice", "param", "words"),
+    [
+        ([], "required", "tool_choice", "needs tools"),
+        (
+            TOOLS,
+            {"type": "function", "function": {"name": "fly"}},
+            "tool_choice.function.name",
+            "not one of the tools",
+        ),
+        ([WEATHER, WEATHER], None, "tools.1", "names two tools"),
+        (
+            [fn("f", {"type": "object", "uniqueItems": True})],
+            None,
+            "tools.0.function.parameters.uniqueItems",
+            "not supported",
+        ),
+        ([fn("f", {"type": "frob"})], None, "tools.0.function.parameters.type", "not a valid"),
+    ],
+)
 def test_a_plan_that_cannot_be_honoured_names_the_field(tools, choice, param, words):
     with pytest.raises(GuideError) as e:
         plan_of(tools, choice, True, native=False)
@@ -111,22 +135,43 @@ def test_the_generic_format_describes_the_tools_in_the_system_message():
 def test_earlier_calls_and_their_results_are_written_back_as_the_format_has_them():
     history = [
         {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "c"}'}},
-            {"id": "c2", "type": "function", "function": {"name": "now", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": '{"city": "Oslo", "unit": "c"}',
+                    },
+                },
+                {"id": "c2", "type": "function", "function": {"name": "now", "arguments": "{}"}},
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "4 C"},
         {"role": "tool", "tool_call_id": "c2", "content": "noon"},
-    ]  # fmt: skip
+    ]
     out = generic_history(history)
     assert [m["role"] for m in out] == ["user", "assistant", "user"]
     assert json.loads(out[1]["content"]) == {
         "tool_calls": [CALL_W, {"name": "now", "arguments": {}}]
     }
-    assert json.loads(out[2]["content"]) == {"tool_results": [
-        {"name": "get_weather", "content": "4 C"}, {"name": "now", "content": "noon"}]}  # fmt: skip
-    bad = [{**history[1], "tool_calls": [{**history[1]["tool_calls"][0],
-            "function": {"name": "now", "arguments": "[1]"}}]}]  # fmt: skip
+    assert json.loads(out[2]["content"]) == {
+        "tool_results": [
+            {"name": "get_weather", "content": "4 C"},
+            {"name": "now", "content": "noon"},
+        ]
+    }
+    bad = [
+        {
+            **history[1],
+            "tool_calls": [
+                {**history[1]["tool_calls"][0], "function": {"name": "now", "arguments": "[1]"}}
+            ],
+        }
+    ]
     with pytest.raises(GuideError) as e:
         generic_history(bad)
     assert e.value.param == "messages.0.tool_calls.0.function.arguments"
@@ -135,10 +180,19 @@ def test_earlier_calls_and_their_results_are_written_back_as_the_format_has_them
 # a turn that called a tool, and the tool's result
 CALLED = [
     {"role": "user", "content": "time?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "now", "arguments": '{"tz": "UTC"}'}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "now", "arguments": '{"tz": "UTC"}'},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "c1", "content": "noon"},
-]  # fmt: skip
+]
 
 
 def test_a_history_with_calls_keeps_them_when_this_turn_sends_no_tools():
@@ -196,9 +250,11 @@ def test_a_generic_call_is_announced_before_its_arguments_are_whole():
 
 @pytest.mark.parametrize("step", [1, 4, 1000])
 def test_hermes_blocks_are_calls_and_the_rest_is_content(step):
-    text = ('Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", '
-            '"unit": "c"}}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n'
-            "</tool_call>")  # fmt: skip
+    text = (
+        'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", '
+        '"unit": "c"}}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n'
+        "</tool_call>"
+    )
     deltas, reason = feed(HermesParser(), text, step)
     content, calls = merged(deltas)
     assert reason == "tool_calls" and content == "Let me check."

@@ -29,9 +29,7 @@ def test_heads_mlp_and_vocab_split_contiguously():
 
 def test_one_rank_holds_everything():
     s = plan_shard(9, 3, 100, 320, 1, 0)
-    assert (s.heads, s.kv_heads, s.inter, s.vocab) == (
-        range(9), range(3), range(100), range(320)
-    )  # fmt: skip
+    assert (s.heads, s.kv_heads, s.inter, s.vocab) == (range(9), range(3), range(100), range(320))
 
 
 @pytest.mark.parametrize(

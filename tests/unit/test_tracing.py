@@ -30,14 +30,24 @@ def otel_threads() -> list[str]:
         ("http://c:4318/v1/traces", {}, "http://c:4318/v1/traces"),
         (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, "http://c:4318/v1/traces"),
         # the signal-specific variable is used as given, and wins over the generic one
-        (None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:1/x",
-                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, "http://t:1/x"),
-        ("http://flag:1", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, "http://flag:1/v1/traces"),
+        (
+            None,
+            {
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:1/x",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+            },
+            "http://t:1/x",
+        ),
+        (
+            "http://flag:1",
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"},
+            "http://flag:1/v1/traces",
+        ),
         ("http://flag:1", {"OTEL_SDK_DISABLED": "TRUE"}, None),
         (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, None),
         (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "  "}, None),
     ],
-)  # fmt: skip
+)
 def test_endpoint_rules(flag, env, want):
     assert tr.resolve_endpoint(flag, env) == want
 

@@ -61,10 +61,20 @@ def run_extend(
     out = torch.full_like(b.q, float("nan"))
     tk.store_kv(b.k, b.v, b.kv.k, b.kv.v, b.meta.out_slots)
     tk.extend_attention(
-        b.q, b.kv.k, b.kv.v, b.meta.req_to_token, rows, prefix, ext, start,
-        max_extend or max(b.meta.extend_lens), b.scale if scale is None else scale, out=out,
-        block_m=block, block_n=block,
-    )  # fmt: skip
+        b.q,
+        b.kv.k,
+        b.kv.v,
+        b.meta.req_to_token,
+        rows,
+        prefix,
+        ext,
+        start,
+        max_extend or max(b.meta.extend_lens),
+        b.scale if scale is None else scale,
+        out=out,
+        block_m=block,
+        block_n=block,
+    )
     return out
 
 
@@ -76,10 +86,19 @@ def run_decode(tk, b: PagedBatch, splits: int, scale: float | None = None) -> to
     part_lse = torch.full((bsz, heads, splits), float("nan"))
     tk.store_kv(b.k, b.v, b.kv.k, b.kv.v, b.meta.out_slots)
     tk.decode_attention(
-        b.q, b.kv.k, b.kv.v, b.meta.req_to_token, rows, prefix + 1,
-        b.scale if scale is None else scale, splits, out=out, part_o=part_o, part_lse=part_lse,
+        b.q,
+        b.kv.k,
+        b.kv.v,
+        b.meta.req_to_token,
+        rows,
+        prefix + 1,
+        b.scale if scale is None else scale,
+        splits,
+        out=out,
+        part_o=part_o,
+        part_lse=part_lse,
         block_n=16,
-    )  # fmt: skip
+    )
     return out
 
 

@@ -39,16 +39,23 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from engine.config import EngineConfig
+from engine.memory.kv_pool import KVPool
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model.shard import check_layout
 from engine.observability import schema
+from engine.observability.receipts import Receipts
 from engine.request.messages import Cutover
 from engine.scheduler import carry, checks, promises
 from engine.scheduler.admission import running_ceiling
 from engine.scheduler.census import Census, take_census
 from engine.scheduler.group import Relayout
+from engine.scheduler.request import Request
+from engine.scheduler.scheduler import Scheduler
 
 # the numbers of a model that must match for its weights to replace the serving ones
 SHAPE = (
@@ -63,6 +70,22 @@ SHAPE = (
     "tie_word_embeddings",
 )
 EMPTY = Census((), (), (), 0)
+
+
+class CutoverTarget(Protocol):
+    """What a cutover reads and changes of its engine (``EngineCore``, which builds its
+    ``Cutovers`` and so cannot be imported here): the parts it counts and the three changes."""
+
+    config: EngineConfig
+    scheduler: Scheduler
+    receipts: Receipts
+    kv: KVPool
+    model_config: ModelConfig
+
+    def build_model(self, loaded: LoadedModel) -> LlamaModel: ...
+    def swap_model(self, loaded: LoadedModel, model: LlamaModel) -> None: ...
+    def relayout(self, op: Relayout) -> carry.Carried: ...
+    def weights_fields(self) -> dict[str, Any]: ...
 
 
 class Refused(Exception):
@@ -84,7 +107,8 @@ class Active:
     paused: float | None = None  # when new work stopped starting (a hold, or the change)
     hold: carry.Hold | None = None
     loading: threading.Thread | None = None
-    loaded: tuple[LoadedModel, Any] | None = None  # the file read, and the model built from it
+    # the file read, and the model built from it
+    loaded: tuple[LoadedModel, LlamaModel] | None = None
     load_error: BaseException | None = None
     phases: list[tuple[str, int, int, dict[str, Any]]] = field(default_factory=list)
     t0_ns: int = field(default_factory=time.time_ns)
@@ -94,13 +118,13 @@ class Active:
 class Cutovers:
     """The cutovers of one engine: at most one at a time (another is refused, 409)."""
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: CutoverTarget) -> None:
         self.core = core
         self.active: Active | None = None
         self._ids = itertools.count(1)
 
     @property
-    def sched(self) -> Any:
+    def sched(self) -> Scheduler:
         return self.core.scheduler
 
     # -- bookkeeping (never raises into a cutover) --------------------------------------------
@@ -207,7 +231,7 @@ class Cutovers:
         except ValueError as e:
             raise Refused(str(e)) from None
 
-    def _promises(self, ask: Cutover) -> list[Any]:
+    def _promises(self, ask: Cutover) -> list[Request]:
         """The promised requests a pool of the asked size breaks; refused (409, naming them)
         unless the cutover asks to cap them."""
         capacity = ask.kv_tokens - ask.kv_tokens % self.sched.page_size

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -22,7 +22,7 @@ from engine.memory.radix import RadixCache
 from engine.memory.req_table import ReqToTokenPool
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
-from engine.model.quant import plan_quant
+from engine.model.quant import QuantPlan, plan_quant
 from engine.model.runner import BatchEntry, ModelRunner
 from engine.model.shard import check_layout
 from engine.observability import schema
@@ -33,16 +33,35 @@ from engine.observability.tracing import Tracing
 from engine.request.messages import EngineInfo, Launch, StepOutput
 from engine.scheduler import carry
 from engine.scheduler.admission import running_ceiling
-from engine.scheduler.group import GroupView, PublishedGroup
+from engine.scheduler.group import GroupView, PublishedGroup, Relayout
 from engine.scheduler.scheduler import Scheduler
 from engine.scheduler.traces import RequestTraces
 from engine.tiers.host_tier import HostTier, size_host_tier
 from engine.tiers.store_tier import StoreTier, model_identity, open_store
 from kernels import cpu_ops
+from kernels.attention import AttentionBackend
 from kernels.select import choose_backend, get_backend
 
 # the dtypes EngineConfig accepts (validated there, torch-free), as torch knows them
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class Membership(Protocol):
+    """This process's place in its group (``engine.core.group_boot.Member``, whose module
+    builds the engine and so cannot be imported here)."""
+
+    boot: str | None
+
+    @property
+    def comm(self) -> Comm: ...
+    @property
+    def rank(self) -> int: ...
+    def lost(self, grace: float = ...) -> list[int]: ...
+    def reap(self, timeout: float = ...) -> None: ...
+
+
+# how rank 0 joins its group once the model's shapes are checked: (config, boot id) -> its place
+Join = Callable[[EngineConfig, str], Membership]
 
 
 class EngineCore:
@@ -54,8 +73,8 @@ class EngineCore:
         config: EngineConfig,
         loaded: LoadedModel | None = None,
         launch: Launch | None = None,
-        member: Any = None,
-        join: Any = None,
+        member: Membership | None = None,
+        join: Join | None = None,
         tracing: Tracing | None = None,
         group: GroupView | None = None,
     ) -> None:
@@ -118,7 +137,7 @@ class EngineCore:
         if threads is not None:
             torch.set_num_threads(threads)
 
-    def _choose_backend(self) -> Any:
+    def _choose_backend(self) -> AttentionBackend:
         """Fast mode's plan (the activations' dtype by what the CPU has), and the attention
         backend, which fails now, before any weight is loaded, if it cannot run here."""
         c = self.config
@@ -130,7 +149,9 @@ class EngineCore:
             print(f"attest: {choice.note}", file=sys.stderr, flush=True)
         return get_backend(choice.name, c.model.device, self.dtype, c.memory.page_size)
 
-    def _load(self, loaded: LoadedModel | None, backend: Any, join: Any) -> None:
+    def _load(
+        self, loaded: LoadedModel | None, backend: AttentionBackend, join: Join | None
+    ) -> None:
         """The weights, checked against ``tp`` before any other rank starts (a ValueError
         naming the numbers, exit 2), then rank 0 joins its group and the model is built."""
         c = self.config
@@ -281,7 +302,7 @@ class EngineCore:
         if self.member is not None:
             self.member.reap(2.0)  # the others fail at the same collective; a hung one is killed
 
-    def _plan_quant(self) -> Any:
+    def _plan_quant(self) -> QuantPlan | None:
         """Fast mode's plan for this CPU (None in exact or bfloat16 mode): the boot's model and
         a weights cutover's new one are quantised alike."""
         m = self.config.model
@@ -295,7 +316,9 @@ class EngineCore:
         loaded.weights = {}
         return model
 
-    def _new_model(self, loaded: LoadedModel, backend: Any, quant: Any) -> LlamaModel:
+    def _new_model(
+        self, loaded: LoadedModel, backend: AttentionBackend, quant: QuantPlan | None
+    ) -> LlamaModel:
         return LlamaModel(
             loaded.config,
             loaded.weights,
@@ -315,7 +338,7 @@ class EngineCore:
         if (keeper := self.scheduler.cache.keeper) is not None:  # it holds the old weights' KV
             keeper.retire("a weights cutover: the store holds KV of the weights before it")
 
-    def relayout(self, op: Any) -> Any:
+    def relayout(self, op: Relayout) -> carry.Carried:
         """A layout cutover's change (``group.Relayout``), made by every rank of the group at one
         boundary: the residents back in line to re-prefill (the carry, within the running
         ceiling) and the cached prefixes dropped, their KV being the old layout's; then the

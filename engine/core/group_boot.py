@@ -34,7 +34,7 @@ from engine.model.loader import LoadedModel
 from engine.observability.death import write_boot_failed
 from engine.observability.stacks import dump_stacks_on_signal
 from engine.observability.tracing import Tracing
-from engine.request.messages import AddRequest
+from engine.request.messages import AddRequest, Launch
 from engine.scheduler.group import GroupSplit, Intake, Line, Op, Relayout
 
 JOIN_GRACE_S = 10.0  # how long rank 0 waits for the others to stop before killing them
@@ -43,12 +43,16 @@ EXIT_FAILED = 1  # a rank above 0 whose part of the engine failed, at boot or la
 _STOPPED = "SIGTERM while this rank built its part of the engine (its rank 0 died, or was told)"
 
 
+# rank 0's greeting, broadcast to every rank: its boot id and its configuration (``as_dict``)
+Hello = tuple[str, dict[str, Any]]
+
+
 @dataclass(slots=True)
 class Member:
     """This process's place in the group: its comm, the shared boot id, and (rank 0 of a
     spawned group) the other ranks' processes."""
 
-    comm: Any
+    comm: TorchComm
     boot: str | None
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)
 
@@ -95,8 +99,8 @@ def env_rank() -> tuple[int, int]:
 
 
 def _connect(
-    rank: int, world: int, init: str, timeout_s: float, device: str, hello: Any = None
-) -> tuple[Member, Any]:
+    rank: int, world: int, init: str, timeout_s: float, device: str, hello: Hello | None = None
+) -> tuple[Member, dict[str, Any]]:
     """Join the group; rank 0's ``hello`` (its boot id and configuration) comes back on every
     rank: each writes under rank 0's boot id, with rank 0's configuration."""
     comm = TorchComm(rank, world, init, timeout_s, device)
@@ -146,7 +150,7 @@ def join_as_rank0(config: EngineConfig, boot: str) -> Member:
 def boot(
     config: EngineConfig,
     loaded: LoadedModel | None = None,
-    launch: Any = None,
+    launch: Launch | None = None,
     tracing: Tracing | None = None,
 ) -> EngineCore:
     """The engine of ``config``: with more than one rank (``tp`` x ``pp``), rank 0 of its group

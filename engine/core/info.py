@@ -2,12 +2,43 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
+import torch
+
+from engine.config import EngineConfig
+from engine.memory.allocator import TokenAllocator
+from engine.memory.kv_pool import KVPool, PoolSizing
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaModel
+from engine.model.loader import LoadedModel
+from engine.model.quant import QuantPlan
 from engine.request.messages import EngineInfo
+from engine.scheduler.scheduler import Scheduler
 
 
-def engine_info(core: Any) -> EngineInfo:
+class Described(Protocol):
+    """What the description reads of an engine (``EngineCore``, which describes itself with
+    it and so cannot be imported here)."""
+
+    config: EngineConfig
+    loaded: LoadedModel
+    model_config: ModelConfig
+    model: LlamaModel
+    quant: QuantPlan | None
+    dtype: torch.dtype
+    max_context: int
+    sizing: PoolSizing
+    allocator: TokenAllocator
+    kv: KVPool
+    scheduler: Scheduler
+    startup_seconds: float
+    store_off: str | None
+
+    def weights_fields(self) -> dict[str, Any]: ...
+
+
+def engine_info(core: Described) -> EngineInfo:
     """``core``'s description (an ``EngineCore``): what ``engine info`` prints and the
     scheduler process sends the frontend at boot."""
     cfg, weights = core.model_config, core.weights_fields()

@@ -21,12 +21,17 @@ boundary; one refused or failed leaves the layout as it was and says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from engine.config import EngineConfig
+from engine.core.cutover import Cutovers
+from engine.model.config import ModelConfig
 from engine.model.shard import check_layout
 from engine.observability import schema
+from engine.observability.receipts import Receipts
 from engine.request.messages import Cutover
 from engine.scheduler.census import backlog
+from engine.scheduler.scheduler import Scheduler
 
 STAGES, SHARDS = "stages", "shards"
 
@@ -38,7 +43,17 @@ class Thresholds:
     dwell: int  # iterations a layout is kept at least
 
 
-def check_layouts(cfg: Any, world: int) -> None:
+class Flippable(Protocol):
+    """What the policy reads of its engine (``EngineCore``, which builds the policy and so
+    cannot be imported here) and the cutovers it flips the layout with."""
+
+    config: EngineConfig
+    scheduler: Scheduler
+    receipts: Receipts
+    cutovers: Cutovers
+
+
+def check_layouts(cfg: ModelConfig, world: int) -> None:
     """Boot: both layouts the policy flips between fit ``cfg`` (a model config) on ``world``
     ranks, or a ValueError naming the one that does not (a flip to it would be refused every
     time the backlog asked for it)."""
@@ -67,7 +82,7 @@ class PhasePolicy:
     """Rank 0's policy over ``core`` (an ``EngineCore`` of a group): ``after_step`` once per
     iteration."""
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Flippable) -> None:
         g = core.config.group
         self.core, self.world, self.every = core, g.world, g.phase_interval
         self.thresholds = Thresholds(g.phase_enter_pp, g.phase_exit_pp, g.phase_dwell)

@@ -10,11 +10,12 @@ the slices are views, so the caller casts and moves only what this rank keeps.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from engine.group.pipeline import stage_layers
+from engine.model.config import ModelConfig
 
 
 class TPShard(NamedTuple):
@@ -100,7 +101,7 @@ def vocab_rows(w: torch.Tensor, rows: range) -> torch.Tensor:
     return torch.cat([part, part.new_zeros(short, w.shape[1])])
 
 
-def check_layout(cfg: Any, tp: int, pp: int) -> None:
+def check_layout(cfg: ModelConfig, tp: int, pp: int) -> None:
     """``cfg`` (a model config) fits ``tp`` shards x ``pp`` stages: its heads, MLP and vocabulary
     divide by ``tp`` and it has at least ``pp`` layers; else a ValueError naming the numbers."""
     plan_shard(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, cfg.vocab_size, tp, 0)

@@ -10,8 +10,12 @@ diagnostic must never raise into the loop it observes (law 8).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
+from engine.config import EngineConfig
+from engine.memory.allocator import TokenAllocator
+from engine.memory.radix import RadixCache
+from engine.observability.receipts import Receipts
 from engine.scheduler.admission import running_ceiling
 from engine.scheduler.ledger import ledger_violations
 from engine.scheduler.memory import Memory
@@ -23,14 +27,17 @@ Violation = tuple[str, dict[str, object]]
 class Checked(Protocol):
     """What the checks read of a scheduler (the scheduler itself, structurally)."""
 
-    allocator: Any
-    cache: Any
-    receipts: Any
-    config: Any
-    waiting: Sequence[Request]
-    running: Sequence[Request]
+    allocator: TokenAllocator
+    cache: RadixCache
+    receipts: Receipts
+    config: EngineConfig
     requests: dict[str, Request]
     memory: Memory
+
+    @property
+    def waiting(self) -> Sequence[Request]: ...
+    @property
+    def running(self) -> Sequence[Request]: ...
 
 
 def violations(sched: Checked) -> list[Violation]:

@@ -25,10 +25,10 @@ rather than running different batches into a collective that would hang.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from engine.group.comm import GroupFailure
+from engine.group.comm import Comm, GroupFailure
 from engine.observability import schema
+from engine.observability.receipts import Receipts
 from engine.request.messages import AbortRequest, AddRequest
 
 
@@ -85,7 +85,7 @@ class GroupView:
     rank = 0
     surplus = NONE
 
-    def publish(self, local: Terms, receipts: Any) -> int | None:
+    def publish(self, local: Terms, receipts: Receipts) -> int | None:
         """Once per iteration, before any branch: publish this rank's terms, return the floor
         (a floor set from outside is written down each iteration it is read)."""
         floor = self.published_floor()
@@ -129,7 +129,12 @@ class PublishedGroup(GroupView):
     every that many iterations."""
 
     def __init__(
-        self, comm: Any, receipts: Any, capacity: int, check_every: int, reads_floor: bool = True
+        self,
+        comm: Comm,
+        receipts: Receipts,
+        capacity: int,
+        check_every: int,
+        reads_floor: bool = True,
     ) -> None:
         self.comm = comm
         self.world, self.rank = comm.world, comm.rank
@@ -143,7 +148,7 @@ class PublishedGroup(GroupView):
     def capacity(self, local: int) -> int:
         return self._capacity
 
-    def publish(self, local: Terms, receipts: Any) -> int | None:
+    def publish(self, local: Terms, receipts: Receipts) -> int | None:
         mins = self.comm.min_ints(
             [local.available, local.evictable, local.staged, local.available + local.evictable]
         )

@@ -3,18 +3,50 @@ the grammar masks' time, the drafts proposed and kept since the last one)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
+from engine.config import EngineConfig
+from engine.guided.masks import Masks
+from engine.memory.allocator import TokenAllocator
+from engine.memory.radix import RadixCache
 from engine.observability import computed, schema
+from engine.observability.receipts import Receipts
 from engine.request.messages import PoolSnapshot
-from engine.scheduler.request import State
+from engine.scheduler.admission import NewTokenRatio
+from engine.scheduler.group import GroupView
+from engine.scheduler.memory import Memory
+from engine.scheduler.request import Request, State
+from engine.scheduler.speculate import Speculator
+
+
+class Reported(Protocol):
+    """What the ``iteration`` receipt and the snapshot read of a scheduler (``Scheduler``,
+    which builds its ``IterationLog`` and so cannot be imported here): read, never written."""
+
+    config: EngineConfig
+    receipts: Receipts
+    group: GroupView
+    cache: RadixCache
+    memory: Memory
+    allocator: TokenAllocator
+    ratio: NewTokenRatio
+    masks: Masks
+    spec: Speculator | None
+    generated: int
+
+    @property
+    def running(self) -> Sequence[Request]: ...
+    @property
+    def waiting(self) -> Sequence[Request]: ...
+    def snapshot(self) -> PoolSnapshot: ...
 
 
 class IterationLog:
     """One scheduler's iteration receipts: the last one's queue counts and the last iteration
     whose receipt carried a batch digest."""
 
-    def __init__(self, sched: Any) -> None:  # the Scheduler that owns it (read, never written)
+    def __init__(self, sched: Reported) -> None:  # the Scheduler that owns it
         self.sched = sched
         self.digest_iter = -1  # the last iteration whose receipt carried a batch digest
         self.queue_written = (0, 0, 0)  # running, waiting, parked of the last receipt
@@ -65,7 +97,7 @@ class IterationLog:
         )
 
 
-def snapshot_of(sched: Any) -> PoolSnapshot:
+def snapshot_of(sched: Reported) -> PoolSnapshot:
     """A scheduler's state after a step: the ``iteration`` receipt, /metrics and /health read
     it (with several ranks, the memory numbers are the group's, agreed)."""
     cache, mem, running = sched.cache, sched.memory, sched.running

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine.observability import schema
+from engine.observability.receipts import Receipts
 from engine.observability.tracing import Tracing, clean, set_error
 
 if TYPE_CHECKING:
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class _Live:
-    """The open spans of one scheduled request."""
+    """The open spans of one scheduled request (OpenTelemetry's, a package imported only when
+    tracing is on: hence ``Any``)."""
 
     span: Any  # the request (one choice), received -> finished or aborted
     queue: Any = None  # received or requeued -> admitted
@@ -41,14 +43,14 @@ class RequestTraces:
     receipt's fields, on that request's span. Never raises: a failure is said once as a notice
     and tracing goes on for the other requests."""
 
-    def __init__(self, tracing: Tracing, receipts: Any) -> None:
+    def __init__(self, tracing: Tracing, receipts: Receipts) -> None:
         self.tracing = tracing
         self.receipts = receipts
         self.live: dict[str, _Live] = {}
         receipts.listen(self.on_receipt)
 
     @classmethod
-    def of(cls, tracing: Tracing | None, receipts: Any) -> RequestTraces | None:
+    def of(cls, tracing: Tracing | None, receipts: Receipts) -> RequestTraces | None:
         """The request spans of the scheduler writing ``receipts`` (it calls ``open`` and
         ``step_done``); None when tracing is off."""
         if tracing is None or not tracing.enabled:

@@ -31,12 +31,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from engine.group.comm import Comm
+from engine.group.pipeline import Stage
 from engine.model.orient import fastest
-from engine.model.quant import SMALL_ROWS, QuantWeight
+from engine.model.quant import SMALL_ROWS, QuantPlan, QuantWeight
 
 ROWS = (SMALL_ROWS, 8, 16, 32, 64, 128, 256)  # the row counts timed, from the floor up
 
@@ -78,7 +80,17 @@ def choose(
     raise ValueError(f"ATTEST_INT_ROWS must be a row count (1 or more) or measure, got {how!r}")
 
 
-def widen(model: Any, matrices: Sequence[str], dense: Dense) -> None:
+class Widened(Protocol):
+    """What the bound is set on (``LlamaModel``, which calls ``widen`` at load and so cannot be
+    imported here): its layers' matrices and its quant plan, one rank and one stage only."""
+
+    quant: QuantPlan | None
+    comm: Comm
+    stage: Stage
+    layers: list[dict[str, Any]]  # a layer's weights by name: tensors, quantised matrices
+
+
+def widen(model: Widened, matrices: Sequence[str], dense: Dense) -> None:
     """Set the bound of ``model``'s (a ``LlamaModel``'s) layer matrices and its quant plan, where
     it applies (see the module's doc); elsewhere they keep ``SMALL_ROWS``."""
     plan = model.quant

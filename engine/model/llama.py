@@ -148,7 +148,7 @@ class LlamaModel:
         final = take("model.norm.weight")
         boundary = f"model.layers.{self.span.stop}.input_layernorm.weight"
         self.norm = self._put(final if last else w[boundary])
-        self._next_norms = [layer["attn_norm"] for layer in self.layers[1:]] + [self.norm]
+        self.next_norms = [layer["attn_norm"] for layer in self.layers[1:]] + [self.norm]
         head = take("lm_head.weight") if "lm_head.weight" in w else None
         self.lm_head = self._lm_head(head, embed) if last else None
         for name in [k for k in w if k.startswith("model.layers.")]:  # other stages' layers
@@ -255,7 +255,7 @@ class LlamaModel:
             h, x = stage.recv((T, cfg.hidden_size), self.dtype, 2)
         if self.native_step is not None and T <= self.native_step.rows:
             return self.native_step(h, x, cos, sin, meta, kv_layers)  # the same bits
-        for layer, kv, next_norm in zip(self.layers, kv_layers, self._next_norms):
+        for layer, kv, next_norm in zip(self.layers, kv_layers, self.next_norms):
             qkv = linear(x, layer["qkv"], self.orient)
             qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
             # Q's and K's heads rotated in one pass (elementwise: the same numbers as two)

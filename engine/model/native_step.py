@@ -29,20 +29,40 @@ stream they take most of its step, not the dispatch between them.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from engine.model.quant import SMALL_ROWS, QuantWeight
+from engine.group.comm import Comm
+from engine.group.pipeline import Stage
+from engine.model.config import ModelConfig
+from engine.model.quant import SMALL_ROWS, QuantPlan, QuantWeight
 from kernels import cpu_ops
-from kernels.attention import AttentionMetadata, LayerKV
+from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
 from kernels.paged_decode import native_slots
 
 STEP_ROWS = SMALL_ROWS
 MATRICES = ("qkv", "o", "gate_up", "down")  # a layer's linear matrices, in their order
 
 
-def why_not(model: Any) -> str | None:
+class Stepped(Protocol):
+    """What the native call reads of a model (``LlamaModel``, which builds its ``NativeStep``
+    and so cannot be imported here)."""
+
+    cfg: ModelConfig
+    quant: QuantPlan | None
+    device: torch.device
+    backend: AttentionBackend
+    comm: Comm
+    stage: Stage
+    layers: list[dict[str, Any]]  # a layer's weights by name: tensors, quantised matrices
+    next_norms: list[torch.Tensor]  # the norm each layer's last residual add feeds
+    local_heads: int
+    local_kv_heads: int
+    scale: float
+
+
+def why_not(model: Stepped) -> str | None:
     """Why ``model``'s (a ``LlamaModel``'s) small decode forwards run layer by layer in Python
     (None: they can run as one native call)."""
     if os.environ.get("ATTEST_NATIVE_STEP", "").strip() == "0":
@@ -69,14 +89,14 @@ def why_not(model: Any) -> str | None:
 class NativeStep:
     """A model's layers as the native call takes them: built once at load."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Stepped) -> None:
         forms = [layer[k].packed_form() for layer in model.layers for k in MATRICES]
         self.mats = [f[0] for f in forms]
         self.scales = [f[1] for f in forms]
         self.groups = [f[2] for f in forms]
         self.norms = [
             n
-            for layer, nxt in zip(model.layers, model._next_norms)
+            for layer, nxt in zip(model.layers, model.next_norms)
             for n in (layer["mlp_norm"], nxt)
         ]
         self.dims = [model.local_heads, model.local_kv_heads, model.cfg.head_dim]
@@ -84,7 +104,7 @@ class NativeStep:
         self.rows = STEP_ROWS
 
     @classmethod
-    def build(cls, model: Any) -> NativeStep | None:
+    def build(cls, model: Stepped) -> NativeStep | None:
         return cls(model) if why_not(model) is None else None
 
     def __call__(

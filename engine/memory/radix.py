@@ -28,12 +28,13 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
 from engine.memory import radix_walk
 from engine.memory.allocator import TokenAllocator
+from engine.memory.kv_pool import KVPool
 from engine.observability.receipts import Receipts
 
 
@@ -95,10 +96,14 @@ class Tier(Protocol):
 
 
 class Keeper(Protocol):  # the durable store below the cache (``store_tier.StoreTier``)
-    def keep(self, cache: Any, node: TreeNode, pool: Any, slots: Any, reason: str) -> int: ...
-    def load(self, cache: Any, tokens: list[int], match: Any, limit: int, rid: Any) -> Any: ...
-    def flush(self, cache: Any) -> int: ...
-    def hit(self, cache: Any, node: TreeNode) -> int: ...
+    def keep(
+        self, cache: RadixCache, node: TreeNode, pool: KVPool, slots: torch.Tensor, reason: str
+    ) -> int: ...
+    def load(
+        self, cache: RadixCache, tokens: list[int], match: MatchResult, limit: int, rid: str | None
+    ) -> MatchResult: ...
+    def flush(self, cache: RadixCache) -> int: ...
+    def hit(self, cache: RadixCache, node: TreeNode) -> int: ...
 
 
 class RadixCache:
@@ -114,7 +119,7 @@ class RadixCache:
         receipts: Receipts | None = None,
         tier: Callable[[RadixCache], Tier] | None = None,
         keeper: Keeper | None = None,
-        kv: Any = None,
+        kv: KVPool | None = None,
     ) -> None:
         self.allocator = allocator
         self.page_size = allocator.page_size

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
+from engine.config import EngineConfig
+from engine.memory.radix import RadixCache
 from engine.request.messages import StepOutput
 from engine.request.sampling_params import SamplingParams
-from engine.tiers.kv_store import Refused
+from engine.tiers.kv_store import Checkpoint, Refused
+from engine.tiers.store_tier import StoreTier
 
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -44,9 +47,31 @@ class CheckpointError(Exception):
         return {"message": str(self), **self.fields}
 
 
-def _keeper(core: Any) -> Any:
+class Admits(Protocol):
+    """What a checkpoint uses of the scheduler (a room above this one): its prefix cache, with
+    the store below it, and its intake, where a checkpoint's prompt runs first."""
+
+    @property
+    def cache(self) -> RadixCache: ...
+    def add_request(
+        self, prompt_ids: list[int], params: SamplingParams, rid: str | None = ...
+    ) -> object: ...
+
+
+class CheckpointHost(Protocol):
+    """What checkpoints use of an engine (``EngineCore``, a room above this one): its scheduler,
+    and why a store asked for is off."""
+
+    config: EngineConfig
+    store_off: str | None
+
+    @property
+    def scheduler(self) -> Admits: ...
+
+
+def _keeper(core: CheckpointHost) -> StoreTier:
     keeper = core.scheduler.cache.keeper
-    if keeper is not None:
+    if isinstance(keeper, StoreTier):  # the one keeper the engine builds (the cache's ``Keeper``)
         return keeper
     if core.store_off is not None:  # asked for, and not there: the server's state, not the ask
         d = core.config.store.kv_store_dir
@@ -63,7 +88,7 @@ def check_id(cid: str | None) -> str:
     return cid
 
 
-def create(core: Any, tokens: list[int], cid: str | None = None) -> dict[str, Any]:
+def create(core: CheckpointHost, tokens: list[int], cid: str | None = None) -> dict[str, Any]:
     """Pin the whole pages of ``tokens`` (whose KV is computed: cached, or in the store) under
     ``cid``. Returns the checkpoint's numbers; raises CheckpointError."""
     keeper, cache = _keeper(core), core.scheduler.cache
@@ -106,7 +131,7 @@ def create(core: Any, tokens: list[int], cid: str | None = None) -> dict[str, An
     return describe(made)
 
 
-def describe(cp: Any, missing: int = 0) -> dict[str, Any]:
+def describe(cp: Checkpoint, missing: int = 0) -> dict[str, Any]:
     """A checkpoint for its client; ``missing``: its pages not in the store (then incomplete)."""
     return {
         "id": cp.id,
@@ -121,14 +146,14 @@ def describe(cp: Any, missing: int = 0) -> dict[str, Any]:
     }
 
 
-def listing(core: Any) -> dict[str, Any]:
+def listing(core: CheckpointHost) -> dict[str, Any]:
     store = _keeper(core).store
     cps = sorted(store.checkpoints.values(), key=lambda c: c.created)
     data = [describe(cp, store.missing(cp)) for cp in cps]
     return {"object": "list", "data": data, "capacity": store.capacity()}
 
 
-def delete(core: Any, cid: str) -> dict[str, Any]:
+def delete(core: CheckpointHost, cid: str) -> dict[str, Any]:
     try:
         cp = _keeper(core).store.delete_checkpoint(cid)
     except OSError as e:  # its files would not go (checkpoint.delete_failed says which)
@@ -155,7 +180,7 @@ class Pending:
     def __init__(self) -> None:
         self.waiting: dict[str, Waiting] = {}
 
-    def begin(self, core: Any, ticket: int, tokens: list[int], cid: str | None) -> None:
+    def begin(self, core: CheckpointHost, ticket: int, tokens: list[int], cid: str | None) -> None:
         """Run the prompt; ``finish`` answers once it has. Raises CheckpointError at once for
         what needs no prefill to refuse."""
         _keeper(core)
@@ -164,7 +189,9 @@ class Pending:
         core.scheduler.add_request(tokens, prefill(), rid=rid)
         self.waiting[rid] = Waiting(ticket, tokens, cid)
 
-    def finish(self, core: Any, outs: list[StepOutput]) -> tuple[list[StepOutput], list[tuple]]:
+    def finish(
+        self, core: CheckpointHost, outs: list[StepOutput]
+    ) -> tuple[list[StepOutput], list[tuple]]:
         """Outputs that are the frontend's, and (ticket, status, body) for checkpoints whose
         prompt ended in ``outs``."""
         mine, answers = [], []

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from engine.config.store import StoreSection
 from engine.memory.kv_pool import KVPool
 from engine.memory.radix import MatchResult, RadixCache, TreeNode
 from engine.observability import schema
@@ -59,12 +60,12 @@ class Opened(NamedTuple):
 
 
 def open_store(
-    memory: Any, prefix_cache: bool, tp: int, identity: str, receipts: Receipts
+    asked: StoreSection, prefix_cache: bool, tp: int, identity: str, receipts: Receipts
 ) -> Opened:
-    """The store ``memory`` (the config's store section) asks for, scanned; ``store.sized``
+    """The store ``asked`` (the config's store section) asks for, scanned; ``store.sized``
     says whether, and why not: ``off`` (none asked, or more than one rank, or no prefix
     cache), ``unusable`` (a directory given that it cannot make, write or claim)."""
-    d = memory.kv_store_dir
+    d = asked.kv_store_dir
     why = None
     if tp > 1:
         why = "more than one rank (the store holds one rank's pages)"
@@ -79,8 +80,8 @@ def open_store(
         free = shutil.disk_usage(root).free
     except OSError as e:
         free, why = 0, f"cannot use {root}: {type(e).__name__}: {e}"
-    cap = memory.kv_store_bytes or min(DEFAULT_CAP, free // 4)
-    pins = cap // 2 if memory.kv_store_pin_bytes is None else memory.kv_store_pin_bytes
+    cap = asked.kv_store_bytes or min(DEFAULT_CAP, free // 4)
+    pins = cap // 2 if asked.kv_store_pin_bytes is None else asked.kv_store_pin_bytes
     store = PageStore(root, cap, identity, receipts, pin_budget=pins)
     why = why or store.claim()
     if why is not None:

@@ -280,7 +280,9 @@ class Launch:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ready:
     info: EngineInfo
-    tokenizer: Any  # engine.model.tokenizer.Tokenizer (torch-free, pickled across)
+    # engine.model.tokenizer.Tokenizer (torch-free, pickled across); the model room is above
+    # this one, so only its reader (the driver) names the type
+    tokenizer: Any
     snapshot: PoolSnapshot
 
 

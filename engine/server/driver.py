@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.model.tokenizer import Tokenizer
 from engine.observability.death import how_it_ended
 from engine.request.messages import (
     AbortRequest,
@@ -48,7 +49,7 @@ from engine.request.messages import (
     ToFrontend,
     ToScheduler,
 )
-from engine.server.scheduler_proc import scheduler_main
+from engine.server.scheduler_entry import run_scheduler
 from engine.server.submission import SchedulerDied, StartStopped, Submission
 
 START_POLL_S = 0.1  # how often a start that waits for Ready looks for a stop asked meanwhile
@@ -75,7 +76,7 @@ class EngineDriver:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=scheduler_main,
+            target=run_scheduler,
             args=(config, child, launch),
             name="attest-scheduler",
             daemon=True,
@@ -104,7 +105,7 @@ class EngineDriver:
         self.stopping: str | None = None  # the reason, once an orderly stop has begun
         self.on_dead = on_dead
         self.info: EngineInfo | None = None  # set by start()
-        self.tokenizer: Any = None
+        self.tokenizer: Tokenizer | None = None  # set by start()
         self._reader = threading.Thread(target=self._read, name="attest-ipc-reader", daemon=True)
         self._writer = threading.Thread(target=self._write, name="attest-ipc-writer", daemon=True)
 

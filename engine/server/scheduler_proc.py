@@ -1,9 +1,13 @@
 """The scheduler process: build the engine, then step while there is work, answering the
-frontend's messages (``engine.request.messages``) over the pipe.
+frontend's messages (``engine.request.messages``) over the pipe, every kind in one ``match``
+(``_handle``).
 
-This module runs in the scheduler process only. Its imports of the engine are inside
-``scheduler_main`` so that the frontend, which names it as the process's target, never loads
-torch or the model (import-linter's frontend contract ignores exactly those imports).
+This module runs in the scheduler process only: the frontend names the process's entry
+(``engine.server.scheduler_entry``), which imports this module once that process runs, so the
+HTTP process never loads torch or the model (import-linter's frontend contract ignores exactly
+that import). Its runtime imports of the engine are inside ``scheduler_main`` all the same: the
+process ignores Ctrl-C before torch loads, and an engine that fails to import is a ``Dead``
+saying why, over the pipe.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ import os
 import signal
 import time
 import traceback
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.config import EngineConfig
 from engine.observability import schema
+from engine.observability.receipts import Receipts
 from engine.observability.stacks import dump_stacks_on_signal
 from engine.request.messages import (
     HEARTBEAT_S,
@@ -31,7 +37,6 @@ from engine.request.messages import (
     CutoverDone,
     Dead,
     EngineInfo,
-    GuideReady,
     Heartbeat,
     Launch,
     Notice,
@@ -41,13 +46,28 @@ from engine.request.messages import (
     Record,
     Rejected,
     Serving,
+    StepOutput,
     Stop,
     Stopped,
+    ToFrontend,
     ToScheduler,
 )
 from engine.server.stall import StallWatch, write_resume, write_stall
 
+if TYPE_CHECKING:
+    from engine.core.engine_core import EngineCore
+    from engine.tiers.checkpoints import Pending
+
 GUIDE_POLL_S = 0.002  # how often an idle loop looks for a finished grammar compile
+
+
+class Pipe(Protocol):
+    """The scheduler's end of the pipe (``multiprocessing``'s ``Connection``): the frontend's
+    messages in, the scheduler's out."""
+
+    def poll(self, timeout: float = ...) -> bool: ...
+    def recv(self) -> ToScheduler: ...
+    def send(self, obj: ToFrontend) -> None: ...
 
 
 @dataclass(slots=True)
@@ -57,10 +77,22 @@ class _Drain:
     reason: str
     deadline: float
     ended_before: int | None  # requests ended when a timed drain began; None: no drain
-    cause: Any = None  # boot.stop's fields besides the reason (``Stop.cause``)
+    cause: Mapping[str, Any] | None = None  # boot.stop's fields besides the reason (``Stop.cause``)
 
 
-def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None) -> None:
+@dataclass(slots=True)
+class _Serving:
+    """What the loop keeps between messages: the engine, the pipe, the checkpoints whose prompt
+    is being computed, whom to answer when the cutover under way ends, and a stop under way."""
+
+    core: EngineCore
+    conn: Pipe
+    pending: Pending
+    tickets: list[int] = field(default_factory=list)  # the cutover under way (at most one)
+    drain: _Drain | None = None
+
+
+def scheduler_main(config: EngineConfig, conn: Pipe, launch: Launch | None = None) -> None:
     """The scheduler process: build the engine, then step while there is work. ``launch``:
     the frontend's facts for the boot receipts (``boot.ready`` then waits for ``Serving``)."""
     # the frontend owns the terminal's signals; this process stops when told, over the pipe.
@@ -75,7 +107,8 @@ def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None
             raise
     from engine.observability.tracing import setup_tracing
 
-    sink: list[Any] = []  # the receipts, once the engine is built: where a dropped-span notice goes
+    # the receipts, once the engine is built: where a dropped-span notice goes
+    sink: list[Receipts] = []
     tracing = setup_tracing(
         config.observability.otlp_endpoint,
         "scheduler",
@@ -102,7 +135,7 @@ def scheduler_main(config: EngineConfig, conn: Any, launch: Launch | None = None
         tracing.shutdown()  # bounded: a dead collector must not hold up the exit
 
 
-def _boot_attributes(core: Any, info: EngineInfo) -> dict[str, Any]:
+def _boot_attributes(core: EngineCore, info: EngineInfo) -> dict[str, Any]:
     return {
         "attest.boot": core.receipts.boot,
         "attest.model": info.model,
@@ -117,14 +150,12 @@ def _boot_attributes(core: Any, info: EngineInfo) -> dict[str, Any]:
     }
 
 
-def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
+def _serve_loop(core: EngineCore, conn: Pipe, stall_s: float = STALL_S) -> None:
     from engine.group.comm import GroupFailure
     from engine.tiers.checkpoints import Pending  # the engine's side: the scheduler's process only
 
     sched = core.scheduler
-    drain: _Drain | None = None
-    tickets: list[int] = []  # the cutover under way (at most one): whom to answer
-    pending = Pending()  # checkpoints whose prompt is being computed
+    serving = _Serving(core, conn, Pending())
     beat = time.monotonic() + HEARTBEAT_S
     watch = StallWatch(stall_s)
     try:
@@ -138,25 +169,20 @@ def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
                 msg = conn.recv()
                 if stall is not None and isinstance(msg, AddRequest):
                     arrived += msg.arrived is not None and msg.arrived < stall.seen
-                if isinstance(msg, Stop) and drain is None:
-                    drain = _begin_drain(core, msg)
-                elif isinstance(msg, Cutover):
-                    _cutover(core, conn, msg, tickets)
-                elif isinstance(msg, CancelCutover):
-                    _cancel(core, conn, msg, tickets)
-                elif not isinstance(msg, Stop):
-                    _handle(core, conn, msg, pending)
+                _handle(serving, msg)
             if stall is not None:
                 write_resume(core.receipts, stall, arrived)
             for ready in sched.grammars.poll():  # the prepared guides answered meanwhile
                 conn.send(ready)
-            if tickets and (fields := core.cutovers.advance()) is not None:
-                _answer(core, conn, tickets.pop(), fields)
-            if drain is not None and (not sched.has_work() or time.monotonic() >= drain.deadline):
-                _stop(core, conn, drain, tickets)
+            if serving.tickets and (fields := core.cutovers.advance()) is not None:
+                _answer(serving, serving.tickets.pop(), fields)
+            if (drain := serving.drain) is not None and (
+                not sched.has_work() or time.monotonic() >= drain.deadline
+            ):
+                _stop(serving, drain)
                 return
             if sched.has_work():
-                outs, answers = pending.finish(core, core.step())
+                outs, answers = serving.pending.finish(core, core.step())
                 for ticket, status, body in answers:
                     conn.send(CheckpointDone(ticket=ticket, status=status, body=body))
                 if outs:  # a step that only prefilled has nothing to say yet
@@ -177,15 +203,6 @@ def _serve_loop(core: Any, conn: Any, stall_s: float = STALL_S) -> None:
             pass
 
 
-def _answer_guides(sched: Any, conn: Any) -> None:
-    """Each prepared guide the grammars answered since the last turn, to its request."""
-    for a in sched.grammars.poll():
-        ready = GuideReady(
-            ticket=a.ticket, error=a.error, status=a.status, retry_after=a.retry_after
-        )
-        conn.send(ready)
-
-
 # a failed group in a client's words: the collective's own text names source paths and the
 # peers' addresses, which are the operator's to read (on stderr and in boot.stop), not a client's
 _GROUP_FAILED = {
@@ -194,9 +211,9 @@ _GROUP_FAILED = {
 }
 
 
-def _handle(core: Any, conn: Any, msg: ToScheduler, pending: Any) -> None:
-    """Act on one message from the frontend (``Stop`` is the loop's own)."""
-    sched = core.scheduler
+def _handle(serving: _Serving, msg: ToScheduler) -> None:
+    """Act on one message from the frontend: every kind the pipe carries, here."""
+    core, conn, sched = serving.core, serving.conn, serving.core.scheduler
     match msg:
         case AddRequest(
             rid=rid, prompt_ids=ids, params=params, trace=trace, promise=promise, arrived=arrived
@@ -217,55 +234,67 @@ def _handle(core: Any, conn: Any, msg: ToScheduler, pending: Any) -> None:
             core.receipts.notice(key, text, **fields)
         case Record(kind=kind, fields=fields) if kind in schema.FRONTEND_KINDS:
             core.receipts.emit(kind, **{**fields, "process": "frontend"})
+        case Record():
+            pass  # a kind that is not the frontend's to write: dropped
         case Serving(host=host, port=port):
             core.ready(host=host, port=port)
         case CheckpointOp():
-            _checkpoint(core, conn, msg, pending)
+            _checkpoint(serving, msg)
+        case Cutover():
+            _cutover(serving, msg)
+        case CancelCutover():
+            _cancel(serving, msg)
+        case Stop() if serving.drain is None:
+            serving.drain = _begin_drain(core, msg)
+        case Stop():
+            pass  # a stop under way already: the first one's drain goes on
 
 
-def _checkpoint(core: Any, conn: Any, msg: CheckpointOp, pending: Any) -> None:
+def _checkpoint(serving: _Serving, msg: CheckpointOp) -> None:
     """Begin a checkpoint (its prompt runs first; ``Pending.finish`` answers it), or list or
     delete them, answered at once."""
     from engine.tiers import checkpoints
 
     try:
         if msg.op == "create":
-            pending.begin(core, msg.ticket, list(msg.tokens or ()), msg.id)
+            serving.pending.begin(serving.core, msg.ticket, list(msg.tokens or ()), msg.id)
             return
         status = 200
         body = (
-            checkpoints.listing(core)
+            checkpoints.listing(serving.core)
             if msg.op == "list"
-            else checkpoints.delete(core, msg.id or "")
+            else checkpoints.delete(serving.core, msg.id or "")
         )
     except checkpoints.CheckpointError as e:
         status, body = e.status, e.body()
     except ValueError as e:  # a prompt the scheduler refuses (too long, out of the vocabulary)
         status, body = 400, checkpoints.CheckpointError(400, str(e)).body()
-    conn.send(CheckpointDone(ticket=msg.ticket, status=status, body=body))
+    serving.conn.send(CheckpointDone(ticket=msg.ticket, status=status, body=body))
 
 
-def _cutover(core: Any, conn: Any, msg: Cutover, tickets: list[int]) -> None:
+def _cutover(serving: _Serving, msg: Cutover) -> None:
     """Begin a cutover; answered at once when refused or done at this boundary, else when the
     loop's ``advance`` ends it."""
-    fields = core.cutovers.begin(msg)
+    fields = serving.core.cutovers.begin(msg)
     if fields is None:
-        tickets.append(msg.ticket)
+        serving.tickets.append(msg.ticket)
     else:
-        _answer(core, conn, msg.ticket, fields)
+        _answer(serving, msg.ticket, fields)
 
 
-def _answer(core: Any, conn: Any, ticket: int, fields: dict[str, Any]) -> None:
+def _answer(serving: _Serving, ticket: int, fields: dict[str, Any]) -> None:
     """A cutover's end, with the pool as it left it: /health and /metrics show it at once."""
-    conn.send(CutoverDone(ticket=ticket, fields=fields, snapshot=core.scheduler.snapshot()))
+    serving.conn.send(
+        CutoverDone(ticket=ticket, fields=fields, snapshot=serving.core.scheduler.snapshot())
+    )
 
 
-def _cancel(core: Any, conn: Any, msg: CancelCutover, tickets: list[int]) -> None:
+def _cancel(serving: _Serving, msg: CancelCutover) -> None:
     """Cancel the cutover ``msg.id`` under way: its own caller and the canceller both get its
     end; a cutover that is not under way is a 404 to the canceller."""
-    fields = core.cutovers.cancel(msg.id)
+    fields = serving.core.cutovers.cancel(msg.id)
     if fields is None:
-        under = core.cutovers.active
+        under = serving.core.cutovers.active
         now = f"; {under.id} is under way" if under is not None else "; none is under way"
         fields = {
             "id": msg.id,
@@ -274,13 +303,13 @@ def _cancel(core: Any, conn: Any, msg: CancelCutover, tickets: list[int]) -> Non
             "reason": f"no cutover {msg.id} is under way{now}",
         }
     else:
-        if tickets:  # the cutover's own caller: 409, cancelled
-            _answer(core, conn, tickets.pop(), fields)
+        if serving.tickets:  # the cutover's own caller: 409, cancelled
+            _answer(serving, serving.tickets.pop(), fields)
         fields = {**fields, "status": 200}  # the canceller's: done
-    _answer(core, conn, msg.ticket, fields)
+    _answer(serving, msg.ticket, fields)
 
 
-def _begin_drain(core: Any, msg: Stop) -> _Drain:
+def _begin_drain(core: EngineCore, msg: Stop) -> _Drain:
     """A stop with time to drain says so (``boot.drain``) when there is something to drain."""
     sched = core.scheduler
     if msg.drain_s > 0 and sched.has_work():
@@ -294,21 +323,22 @@ def _begin_drain(core: Any, msg: Stop) -> _Drain:
     return _Drain(msg.reason, time.monotonic(), None, msg.cause)
 
 
-def _ended(core: Any) -> int:
+def _ended(core: EngineCore) -> int:
     counts = core.receipts.counts
     return counts[schema.REQUEST_FINISH] + counts[schema.REQUEST_ABORT]
 
 
-def _stop(core: Any, conn: Any, drain: _Drain, tickets: list[int]) -> None:
+def _stop(serving: _Serving, drain: _Drain) -> None:
     """An orderly stop: a cutover under way ends ``stopped`` (its caller is answered), what is
     still in flight aborts with receipts, ``boot.stop`` is written
     (with how many finished while draining), and each waiting client hears its request ended."""
-    outs: list[Any] = []
-    if (fields := core.cutovers.halt(drain.reason)) is not None and tickets:
-        _answer(core, conn, tickets.pop(), fields)
+    core = serving.core
+    outs: list[StepOutput] = []
+    if (fields := core.cutovers.halt(drain.reason)) is not None and serving.tickets:
+        _answer(serving, serving.tickets.pop(), fields)
     before = drain.ended_before
     drained = None if before is None else _ended(core) - before
     n = core.shutdown(drain.reason, outs, drained, drain.cause)
     if outs:
-        conn.send(Outputs(outputs=outs, snapshot=core.scheduler.snapshot()))
-    conn.send(Stopped(reason=drain.reason, in_flight=n))
+        serving.conn.send(Outputs(outputs=outs, snapshot=core.scheduler.snapshot()))
+    serving.conn.send(Stopped(reason=drain.reason, in_flight=n))

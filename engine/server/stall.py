@@ -14,9 +14,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from engine.observability import schema
+from engine.observability.receipts import Receipts
+from engine.request.messages import PoolSnapshot
 
 
 @dataclass(slots=True, frozen=True)
@@ -46,7 +47,7 @@ class StallWatch:
         return stall
 
 
-def write_stall(receipts: Any, stall: Stall, limit_s: float, snapshot: Any) -> None:
+def write_stall(receipts: Receipts, stall: Stall, limit_s: float, snapshot: PoolSnapshot) -> None:
     """``scheduler.stall``: when it began and the work held while it stood."""
     receipts.emit(
         schema.SCHEDULER_STALL,
@@ -58,6 +59,6 @@ def write_stall(receipts: Any, stall: Stall, limit_s: float, snapshot: Any) -> N
     )
 
 
-def write_resume(receipts: Any, stall: Stall, arrived: int) -> None:
+def write_resume(receipts: Receipts, stall: Stall, arrived: int) -> None:
     """``scheduler.resume``: the stall's length and the requests handed in while it stood."""
     receipts.emit(schema.SCHEDULER_RESUME, stalled_s=round(stall.seconds, 3), arrived=arrived)

@@ -24,6 +24,7 @@ import sysconfig
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 NAME = "attest_fastscan"  # the module name the C file initializes (PyInit_attest_fastscan)
@@ -72,7 +73,7 @@ def fast_feeder() -> Callable[..., Any] | None:
 
 
 @cache
-def _loaded() -> Any:
+def _loaded() -> ModuleType:
     path = library_path()
     spec = importlib.util.spec_from_file_location(NAME, path)
     if spec is None or spec.loader is None:

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.group.pipeline import Stage, TorchStage
+
+if TYPE_CHECKING:  # torch.distributed is imported when a group is made, not before
+    from torch.distributed import ProcessGroup
 
 # how long a follower waits for the next iteration's intake: an engine may idle for days
 IDLE_WAIT = timedelta(days=365)
@@ -157,7 +160,7 @@ class TorchComm(Comm):
 class _Shard(Comm):
     """The ``tp`` ranks of one pipeline stage: the model's collectives stay within it."""
 
-    def __init__(self, parent: TorchComm, group: Any, tp: int) -> None:
+    def __init__(self, parent: TorchComm, group: ProcessGroup, tp: int) -> None:
         self.parent, self.group = parent, group
         self.rank, self.world = parent.rank % tp, tp
 
@@ -168,7 +171,7 @@ class _Shard(Comm):
         return _all_gather(self.parent, self.group, self.world, t, dim)
 
 
-def _all_reduce_sum(comm: TorchComm, group: Any, t: torch.Tensor) -> torch.Tensor:
+def _all_reduce_sum(comm: TorchComm, group: ProcessGroup | None, t: torch.Tensor) -> torch.Tensor:
     # gloo reduces the storage from the first element on: a view that skips elements (one row
     # of a padded product) would be summed wrong, silently
     t = t.contiguous()
@@ -176,7 +179,9 @@ def _all_reduce_sum(comm: TorchComm, group: Any, t: torch.Tensor) -> torch.Tenso
     return t
 
 
-def _all_gather(comm: TorchComm, group: Any, world: int, t: torch.Tensor, dim: int) -> torch.Tensor:
+def _all_gather(
+    comm: TorchComm, group: ProcessGroup | None, world: int, t: torch.Tensor, dim: int
+) -> torch.Tensor:
     t = t.contiguous()
     parts = [torch.empty_like(t) for _ in range(world)]
     comm._call("all_gather", comm.dist.all_gather, parts, t, group=group)

@@ -10,6 +10,8 @@ the sends before the batch ends). ``Stage`` is one stage alone: nothing crosses.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -60,7 +62,15 @@ class TorchStage(Stage):
     shard of the stages beside it; the last stage's first shard broadcasts the logits over the
     whole group. ``call`` turns a failed send or wait into the group's failure."""
 
-    def __init__(self, dist: Any, rank: int, tp: int, pp: int, device: torch.device, call: Any):
+    def __init__(
+        self,
+        dist: ModuleType,  # torch.distributed, imported by the comm that makes the group
+        rank: int,
+        tp: int,
+        pp: int,
+        device: torch.device,
+        call: Callable[..., Any],  # ``TorchComm._call``: a failed send or wait, the group's
+    ):
         self.dist, self.call, self.device = dist, call, device
         self.index, self.count = rank // tp, pp
         self.prev, self.next = rank - tp, rank + tp

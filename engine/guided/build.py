@@ -4,13 +4,15 @@ the scheduler's process and in a compile worker's (``engine/guided/compile_worke
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
 from engine.request.guide import Guide
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # xgrammar loads on the first guided request, not before
+    import xgrammar as xgr
+
     from engine.model.tokenizer import Tokenizer
 
 _ORIGIN = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # xgrammar's "[hh:mm:ss] file.cc:line: "
@@ -24,7 +26,7 @@ class CompileError(ValueError):
         self.outcome = outcome
 
 
-def token_info(tokenizer: Tokenizer, vocab_size: int) -> Any:
+def token_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
     """xgrammar's view of the vocabulary: its own reading of the tokenizer (byte-level, byte
     fallback or raw) over the logits' width (ids past the tokenizer's are never allowed), with
     the model's stop tokens as the ones that end a finished grammar."""
@@ -37,8 +39,8 @@ def token_info(tokenizer: Tokenizer, vocab_size: int) -> Any:
     )
 
 
-def compile_guide(compiler: Any, guide: Guide) -> Any:
-    """``guide`` compiled by ``compiler`` (an ``xgrammar.GrammarCompiler``); a CompileError
+def compile_guide(compiler: xgr.GrammarCompiler, guide: Guide) -> xgr.CompiledGrammar:
+    """``guide`` compiled by ``compiler``; a CompileError
     (``invalid``) in xgrammar's words, without its source location, when it does not compile."""
     try:
         match guide.kind:

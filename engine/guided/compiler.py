@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,6 +38,9 @@ from engine.guided.masks import Guided
 from engine.model.tokenizer import Tokenizer
 from engine.observability import schema
 from engine.observability.receipts import Receipts
+
+if TYPE_CHECKING:  # xgrammar loads on the first guided request, not before
+    import xgrammar as xgr
 from engine.request.guide import JSON_KINDS, Guide
 from engine.request.messages import GuideReady
 
@@ -81,8 +84,8 @@ class Grammars:
         self._pool: list[Worker] = []
         self._answers: list[GuideReady] = []
         self._lock = threading.Lock()  # the compiler is built once, by whichever thread is first
-        self._xgr_compiler: Any = None
-        self._info: Any = None
+        self._xgr_compiler: xgr.GrammarCompiler | None = None
+        self._info: xgr.TokenizerInfo | None = None
         self._controls: torch.Tensor | None = None
 
     @classmethod
@@ -311,7 +314,7 @@ class Grammars:
         grammar = compile_guide(compiler, guide)
         return grammar, (time.perf_counter() - t0) * 1e3
 
-    def _compiler(self) -> Any:
+    def _compiler(self) -> xgr.GrammarCompiler:
         with self._lock:
             if self._xgr_compiler is None:
                 import xgrammar as xgr

@@ -16,8 +16,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from engine.guided.tool_parsers import merged, parser_for
+from engine.guided.tool_parsers import GenericParser, HermesParser, merged, parser_for
 from engine.guided.tools import ToolPlan
+from engine.request.messages import StepOutput
 from engine.server.errors import ProtocolError, error_body
 from engine.server.job import Job, JobFailed
 from engine.server.limits import ClientGone, went_away
@@ -150,7 +151,7 @@ def _chunk(
 
 
 def _deltas(
-    item: Any, parser: Any, logprobs: bool
+    item: StepOutput, parser: GenericParser | HermesParser | None, logprobs: bool
 ) -> tuple[list[dict[str, Any] | None], str | None]:
     """One output's chunks' deltas (``parser``: read for tool calls) and its finish reason; a
     delta of None: a chunk without text (the ending, or the step's logprobs)."""

@@ -1,4 +1,6 @@
-"""EngineDriver: the scheduler in its own process, spoken to over a local pipe.
+"""EngineDriver: the scheduler in its own process, spoken to over a local pipe; what the frontend
+hands it for one request (``Submission``), and the errors a dying scheduler (``SchedulerDied``)
+and a start stopped before the engine was built (``StartStopped``) raise.
 
 The frontend never touches the scheduler: it sends the small typed messages of
 ``engine.request.messages`` (add, abort, notice, stop) and receives each step's outputs, together with a
@@ -22,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
@@ -49,10 +52,38 @@ from engine.request.messages import (
     ToFrontend,
     ToScheduler,
 )
+from engine.request.sampling_params import SamplingParams
 from engine.server.scheduler_entry import run_scheduler
-from engine.server.submission import SchedulerDied, StartStopped, Submission
 
 START_POLL_S = 0.1  # how often a start that waits for Ready looks for a stop asked meanwhile
+
+
+@dataclass(slots=True)
+class Submission:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue
+    arrived: float | None = None  # the wall time the HTTP request came in
+
+
+class SchedulerDied(RuntimeError):
+    """The scheduler process said it is dying (``Dead``): the whole text, and ``said``."""
+
+    def __init__(self, reason: str, said: str) -> None:
+        super().__init__(reason)
+        self.said = said
+
+
+class StartStopped(Exception):
+    """A stop was asked (``reason``: the signal's name) while the scheduler process built its
+    engine; the process was ended (it reads no message before it is ready, and nothing was in
+    flight)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"stopped by {reason} while the engine was being built")
+        self.reason = reason
 
 
 class EngineDriver:

@@ -46,9 +46,8 @@ from engine.observability.tracing import Tracing, setup_tracing
 from engine.request.messages import Launch
 from engine.server.app import create_app
 from engine.server.boot_guard import claim
-from engine.server.driver import EngineDriver
+from engine.server.driver import EngineDriver, StartStopped
 from engine.server.limits import HttpLimits, http_options
-from engine.server.submission import StartStopped
 
 EXIT_SCHEDULER_DIED = 1
 EXIT_BOOT_FAILED = 2  # the engine could not be built (a bad option's code: a bad --tp, say)

@@ -2,9 +2,9 @@
 allocator, the request table, the radix cache (and the host tier and the durable store under
 it), the relief ladder and what each request holds (``holdings``), and answers:
 
-* the numbers a decision reads (``available``, ``evictable``, ``staged``, ``capacity``,
-  ``fresh_slots``): this rank's own, less what it holds above the group's MIN this iteration
-  (law 2; one rank: its own);
+* the numbers a decision reads (``available``, ``evictable``, ``staged``, ``capacity``): this
+  rank's own, less what it holds above the group's MIN this iteration (law 2; one rank: its
+  own); and ``fresh_slots``, what more tokens of a request take (the same on every rank);
 * ``make_room(short, site)``: find ``short`` more tokens where memory runs short (``site``): the
   ladder, in the order written once in ``_ladder`` (evict -> spill -> throttle -> retract), each
   rung fallible (law 4), then the backstop every boot has (eviction; retraction at ``decode``);

@@ -12,5 +12,5 @@ def drop_request(sched: Scheduler, rid: str) -> None:
     req = sched.requests.pop(rid)
     if req in sched.waiting:
         sched.waiting.remove(req)
-    sched.memory.release(req)
+    sched.memory.holdings.release(req)
     req.state = State.FINISHED

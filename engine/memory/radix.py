@@ -87,7 +87,7 @@ def _cut(t: torch.Tensor | None, n: int) -> tuple[torch.Tensor | None, torch.Ten
 
 
 class Tier(Protocol):
-    """What the cache and admission ask of the host tier (``host_tier.HostTier``)."""
+    """What the cache and the memory authority ask of the host tier (``host_tier.HostTier``)."""
 
     def spill(self, victims: list[tuple[TreeNode, torch.Tensor]], rid: str | None) -> int: ...
     def adopt(self, node: TreeNode) -> None: ...

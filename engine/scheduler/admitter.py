@@ -1,4 +1,6 @@
-"""Admission, wired: the round's two phases over the pure decisions of ``admission.py``.
+"""Admission, wired: the round's two phases over the pure decisions of ``admission.py``. It asks
+and decides; the memory authority (``memory.Memory``) answers the numbers and does the memory
+work it decides on: a waiting request's prefix claimed and loaded, its start, room made.
 
 1. The in-flight chunked prefill (at most one) continues first. It takes what the budget funds;
    below one page the relief ladder is asked first (site ``park``: the throttle closes the line,
@@ -22,10 +24,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-import torch
-
 from engine.config import SchedulerSection
-from engine.memory.radix import MatchResult
 from engine.observability import schema
 from engine.observability.receipts import Receipts
 from engine.scheduler.admission import (
@@ -40,6 +39,7 @@ from engine.scheduler.admission import (
     plan_in_step,
     step_room,
 )
+from engine.scheduler.holdings import Prefix
 from engine.scheduler.memory import Memory
 from engine.scheduler.request import Request, State
 
@@ -48,7 +48,8 @@ Planned = list[tuple[Request, int]]  # (request, tokens scheduled for it this ro
 
 class Admitter:
     """Plans each round's prefill chunks. It shares the scheduler's ``running`` list and
-    ``waiting`` queue (it moves requests from the second into the first)."""
+    ``waiting`` queue: it takes a request it admits off the second, and memory's ``start``
+    puts it in the first."""
 
     def __init__(
         self,
@@ -60,9 +61,7 @@ class Admitter:
         waiting: deque[Request],
     ) -> None:
         self.config = config
-        self.memory = memory  # the numbers its budget reads (agreed across the ranks of a group)
-        self.cache = memory.cache
-        self.req_table = memory.req_table
+        self.memory = memory  # the numbers its budget reads (agreed across a group) and the work
         self.receipts = receipts
         self.ratio = ratio
         self.running = running
@@ -160,12 +159,7 @@ class Admitter:
             if reason is not None:
                 break
             req = self.waiting[0]
-            fill = req.fill_ids
-            # leave one token to compute; all of them when its prompt's logprobs are to come
-            cached = fill[: 0 if req.scores_prompt(0) else len(fill) - 1]
-            match = self.cache.match_prefix(cached)
-            if match.length:  # lock first: its own prefix is not evictable for its budget
-                self.cache.inc_lock_ref(match.node)
+            prefix = self.memory.holdings.claim_prefix(req)  # locked: not evictable for itself
             budget.evictable = self.memory.evictable()
             # the decode tokens it is expected to need come out of the same budget; with nothing
             # running there is no one to protect, and an estimate must not wedge an idle engine
@@ -174,9 +168,9 @@ class Admitter:
                 reserve = decode_reserve(
                     [req.params.max_tokens - len(req.output_ids)], self.ratio.value
                 )
-            match = self._reach(req, cached, match, budget, reserve)
-            remaining = len(fill) - match.length
-            step = self._plan(match.length, remaining, cap, room, budget, reserve)
+            prefix = self._reach(req, prefix, budget, reserve)
+            remaining = len(req.fill_ids) - prefix.length
+            step = self._plan(prefix.length, remaining, cap, room, budget, reserve)
             plan = step.plan
             chunked = isinstance(plan, Admit) and plan.tokens < remaining
             reason = defer_reason(
@@ -187,12 +181,15 @@ class Admitter:
                 max_running=self.config.max_running,
             )
             if reason is not None:
-                if match.length:
-                    self.cache.dec_lock_ref(match.node)
+                if prefix.length:
+                    self.memory.holdings.let_go(prefix)
                     budget.evictable = self.memory.evictable()
                 break
             self.waiting.popleft()
-            self._start(req, match.node, match.slots)
+            self.memory.holdings.start(req, prefix)  # its row and prefix; it joins the running
+            if req.admitted_at is None:  # its first admission (a retracted one comes back)
+                req.admitted_at = time.monotonic()
+                req.cached_tokens = min(req.cached_len, req.prompt_len)
             self._emit_admit(req, step, budget, room, chunked=chunked)
             budget.spend(plan.pages * self.page_size + reserve)
             cap -= plan.tokens
@@ -235,7 +232,7 @@ class Admitter:
     def _reread(self, budget: Budget) -> None:
         """The budget's memory terms, read from the pool and the step's decoders now."""
         mem = self.memory
-        pending = sum(mem.allocator.fresh_slots(r.kv_len, 1) for r in self.decode)
+        pending = sum(mem.fresh_slots(r, 1) for r in self.decode)
         avail = mem.available()
         if avail < pending:  # the net flushes staged frees before such an allocation fails
             avail += mem.staged()
@@ -256,45 +253,19 @@ class Admitter:
         self._reread(budget)
         return budget.remaining > before
 
-    def _reach(
-        self, req: Request, cached: list[int], match: MatchResult, budget: Budget, reserve: int
-    ) -> MatchResult:
-        """A hit carried on below the device: its host part loaded, then on in the durable
-        store, as far as the round's budget funds."""
-        keeper = self.cache.keeper
-        if keeper is not None and match.length:  # a reused prefix: the store may want it now
-            keeper.hit(self.cache, match.node)
-        if match.host_len and self.cache.tier is not None:  # a hit in the host tier
-            match = self._load(req, match, budget, reserve)
-        if keeper is not None and not match.host_len:  # and on, in the store
-            limit = budget.remaining - reserve
-            match = keeper.load(self.cache, cached, match, limit, req.rid)
+    def _reach(self, req: Request, prefix: Prefix, budget: Budget, reserve: int) -> Prefix:
+        """A hit carried on below the device, as far as the round's budget funds: memory loads
+        its host part, then goes on in the durable store. Loaded tokens take device memory as
+        computed ones would (eviction may pay for them), so the budget reads the pool again
+        after each."""
+        holdings = self.memory.holdings
+        if prefix.host_len:  # a hit in the host tier
+            prefix = holdings.load_host(prefix, budget.remaining - reserve, req.rid)
             self._reread(budget)
-        return match
-
-    def _load(self, req: Request, match: MatchResult, budget: Budget, reserve: int) -> MatchResult:
-        """Load the host part of ``req``'s prefix hit back into device pages, as much as the
-        round's budget funds (loaded tokens take device memory as computed ones would). The
-        lock moves to the loaded end; the budget reads the pool again (eviction may have paid
-        for the load)."""
-        match = self.cache.tier.load(match, budget.remaining - reserve, req.rid)
-        self._reread(budget)
-        return match
-
-    def _start(self, req: Request, node: object, prefix: torch.Tensor) -> None:
-        """Give a request its row and its cached prefix (which the caller has locked)."""
-        req.row = self.req_table.alloc()
-        n = int(prefix.numel())
-        if n:  # the caller locked `node` already
-            self.req_table.write(req.row, 0, prefix)
-            req.prefix_node = node
-        req.cached_len = req.kv_len = n
-        req.prefill_target = len(req.fill_ids)
-        if req.admitted_at is None:
-            req.admitted_at = time.monotonic()
-            req.cached_tokens = min(n, req.prompt_len)
-        req.state = State.RUNNING
-        self.running.append(req)
+        if holdings.stored and not prefix.host_len:  # and on, in the store
+            prefix = holdings.load_stored(prefix, budget.remaining - reserve, req.rid)
+            self._reread(budget)
+        return prefix
 
     def _emit_admit(
         self, req: Request, step: StepPlan, budget: Budget, room: int | None, *, chunked: bool

@@ -42,7 +42,7 @@ class Checked(Protocol):
 
 def violations(sched: Checked) -> list[Violation]:
     """Broken invariants, each reported once per kind as a receipt."""
-    found = ledger_violations(sched.allocator, sched.cache, sched.memory.private_tokens())
+    found = ledger_violations(sched.allocator, sched.cache, sched.memory.holdings.private_tokens())
     found += state_violations(sched)
     for what, numbers in found:
         sched.receipts.violation(what, **numbers)

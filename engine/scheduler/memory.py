@@ -1,15 +1,19 @@
-"""Memory: the one authority over KV memory. It owns the allocator, the request table, the
-radix cache (and the host tier under it) and the relief ladder, and answers four questions:
+"""Memory: the one authority over KV memory: how it is made, taken and given back. It owns the
+allocator, the request table, the radix cache (and the host tier and the durable store under
+it), the relief ladder and what each request holds (``holdings``), and answers:
 
 * the numbers a decision reads (``available``, ``evictable``, ``staged``, ``capacity``): this
-  rank's own, less what it holds above the group's MIN this iteration (law 2; one rank: its own);
+  rank's own, less what it holds above the group's MIN this iteration (law 2; one rank: its
+  own); and ``fresh_slots``, what more tokens of a request take (the same on every rank);
 * ``make_room(short, site)``: find ``short`` more tokens where memory runs short (``site``): the
   ladder, in the order written once in ``_ladder`` (evict -> spill -> throttle -> retract), each
   rung fallible (law 4), then the backstop every boot has (eviction; retraction at ``decode``);
 * ``alloc(req, n, site)``: the allocation-site net (law 5): flush the staged frees, one
   ``make_room``, one retry of the same call, then the original error with the numbers;
-* ``release`` and ``retract``: a request's KV handed back (computed pages to the prefix cache),
-  and the one actuator that takes running requests back to the front of the line.
+* ``frees_together()``: the frees made inside it staged and applied as one group;
+* ``retract``: the one actuator that takes running requests back to the front of the line;
+* ``holdings`` (``holdings.py``): a request's prefix claimed, loaded from the host tier and the
+  store, its start (its row, its prefix slots), its release and the shrink of its drafts.
 
 Admission, decode funding, the net, retraction and a cutover all come here; none of them takes
 the scheduler. Every rung is rank-local: it frees this rank's own memory, no collective.
@@ -29,8 +33,9 @@ prediction was not what left no room, and it stays.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -43,6 +48,7 @@ from engine.observability import schema
 from engine.observability.receipts import Receipts
 from engine.scheduler.admission import NewTokenRatio
 from engine.scheduler.group import GroupView, Terms
+from engine.scheduler.holdings import Holdings
 from engine.scheduler.request import Request, State
 from engine.scheduler.victims import pick_victims, victim_order
 
@@ -110,6 +116,7 @@ class Memory:
         self.allocator, self.req_table, self.cache = allocator, req_table, cache
         self.group, self.receipts, self.ratio = group, receipts, ratio
         self.running, self.waiting = lines
+        self.holdings = Holdings(allocator, req_table, cache, self.running)
         self.page_size = allocator.page_size
         self.throttle = Throttle(throttle_iterations)
         self.rungs: list[Rung] = self._ladder() if ladder else []
@@ -159,13 +166,10 @@ class Memory:
         """Whether ``tokens`` fit the whole pool at all (whole pages)."""
         return whole_pages(tokens, self.page_size) <= self.capacity
 
-    def private_of(self, req: Request) -> int:
-        """KV slots ``req`` owns privately (not the prefix cache's)."""
-        return 0 if req.row is None else whole_pages(req.kv_len, self.page_size) - req.cached_len
-
-    def private_tokens(self) -> int:
-        """KV slots the running requests own privately (the ledger's ``private`` term)."""
-        return sum(self.private_of(r) for r in self.running)
+    def fresh_slots(self, req: Request, n: int) -> int:
+        """Fresh slots ``n`` more tokens of ``req`` take from the pool (its partial last page
+        holds some of them for nothing)."""
+        return self.allocator.fresh_slots(req.kv_len, n)
 
     # -- making room (law 4) ------------------------------------------------------------------
 
@@ -312,9 +316,7 @@ class Memory:
         """Slots for ``n`` new tokens of ``req``, written into its row of the table, through
         the net: flush, one ``make_room``, one retry of the same call, then raise."""
         alloc = self.allocator
-        # the last slot matters only when the last page has room (never with page_size 1)
-        partial = req.kv_len % self.page_size
-        last = int(self.req_table.table[req.row, req.kv_len - 1]) if partial else None
+        last = self.holdings.last_slot(req)  # an extension continues on its last page
 
         def call() -> torch.Tensor | None:
             return alloc.alloc_extend(req.kv_len, n, last)
@@ -347,8 +349,22 @@ class Memory:
             r.emit(schema.ALLOC_RETRY, need=need, ok=slots is not None, site=site, rid=req.rid)
             if slots is None:
                 self._exhausted(need, site, req.rid)
-        self.req_table.write(req.row, req.kv_len, slots)
+        self.holdings.write(req, slots)
         return slots
+
+    @contextlib.contextmanager
+    def frees_together(self) -> Iterator[None]:
+        """The frees made inside are staged and applied together at its end (one group,
+        opened once: an inner one joins the group already open). Staged frees are not
+        available (law 1); the net flushes them before an allocation fails (law 5)."""
+        opened = not self.allocator.group_open
+        if opened:
+            self.allocator.free_group_begin()
+        try:
+            yield
+        finally:
+            if opened:
+                self.allocator.free_group_end()
 
     def _exhausted(self, need: int, site: str, rid: str) -> None:
         a = self.allocator
@@ -365,34 +381,6 @@ class Memory:
             + ", ".join(f"{k} {v}" for k, v in numbers.items())
         )
 
-    def release(self, req: Request) -> None:
-        """Hand a request's KV back: computed pages into the prefix cache (for reuse), the
-        partial last page to the allocator, the prefix lock released, the row freed."""
-        if req.row is not None:
-            slots = self.req_table.slots(req.row, req.kv_len)
-            self.cache.insert(req.fill_ids[: req.kv_len], slots)
-            aligned = req.kv_len - req.kv_len % self.page_size
-            if aligned < req.kv_len:
-                self.allocator.free(slots[aligned:])
-            if req.prefix_node is not None:
-                self.cache.dec_lock_ref(req.prefix_node)
-            self.req_table.free(req.row)
-        if req in self.running:
-            self.running.remove(req)
-        req.row, req.prefix_node = None, None
-        req.kv_len = req.cached_len = req.prefill_target = 0
-
-    def shrink(self, req: Request, keep: int) -> None:
-        """Give back the KV of positions [keep, kv_len): a request's rejected drafts. The pages
-        only they occupy are freed (staged while the step's free group is open); a page that
-        also holds kept positions stays, its tail rewritten by the next tokens."""
-        if keep >= req.kv_len:
-            return
-        boundary = -(-keep // self.page_size) * self.page_size
-        if boundary < req.kv_len:
-            self.allocator.free(self.req_table.slots(req.row, req.kv_len)[boundary:])
-        req.kv_len = keep
-
     def retract(self, victims: list[Request], need: int, site: str) -> None:
         """Running ``victims`` back to the front of the line, first victim first, to free
         ``need`` tokens at ``site``: one ``retract`` receipt with the numbers the choice was made
@@ -407,8 +395,8 @@ class Memory:
         remaining = sum(r.params.max_tokens - len(r.output_ids) for r in running)
         freed = 0
         for req in victims:
-            freed += self.private_of(req) + req.cached_len
-            self.release(req)
+            freed += self.holdings.private_of(req) + req.cached_len
+            self.holdings.release(req)
             req.retractions += 1
             req.state = State.WAITING
         old = new = self.ratio.value

@@ -1,4 +1,6 @@
-"""The scheduler core: continuous batching with chunked prefill, usable step by step.
+"""The scheduler core: continuous batching with chunked prefill, usable step by step. It owns
+intake, the ordered step, decode funding and endings; it holds no memory of its own: every
+slot it takes, frees or stages is the memory authority's work (``memory.py``), asked for.
 
 One ``step()`` is one forward over a flat batch: a decode token for every decoding request,
 plus prefill chunks admitted within this round's budget. The order inside a step is fixed:
@@ -8,22 +10,21 @@ plus prefill chunks admitted within this round's budget. The order inside a step
 3. admit: the in-flight chunked request first (before it parks memory is asked at ``park``,
    and may retract decoders: no slot of the step is taken yet), then waiting requests, all
    within what the step budget leaves after the decodes (``step_tokens``);
-4. take the step's slots, forward, sample, and apply the results inside a free group.
+4. take the step's slots, forward, sample, and apply the results inside one group of frees
+   (``Memory.frees_together``).
 
 Every decision writes a receipt with its inputs. The decisions themselves are pure functions
 elsewhere (``admission.py``, ``victims.py``); admission's two phases are wired in
-``admitter.py``; memory (the numbers, making room, the allocation-site net, release and
-retraction) is ``memory.py``'s; the invariant checks live in ``checks.py``. This module keeps
-intake, the ordered step, decode funding and endings.
+``admitter.py``; memory (the numbers, making room, the allocation-site net, the free group,
+retraction, and in ``holdings.py`` what each request holds: its prefix, its start, its
+release) is ``memory.py``'s; the invariant checks live in ``checks.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterator
 from typing import NoReturn
 
 import torch
@@ -72,11 +73,11 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.runner = runner
-        self.allocator = allocator
+        self.allocator = allocator  # read (the snapshot, the checks); memory's to change
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.receipts = receipts
-        self.cache = cache
+        self.cache = cache  # read too (the snapshot, the checks, the store at a stop)
         self.group = group
         self.traces = traces
         self.ratio = NewTokenRatio()
@@ -211,7 +212,7 @@ class Scheduler:
         decode = self._fund_decode(outs)
         chunks = self.admitter.admit(decode)  # before any slot is taken: it may retract
         decode = [r for r in decode if r.state is State.RUNNING]  # what a retraction left
-        need = sum(self.allocator.fresh_slots(r.kv_len, n) for r, n in chunks)
+        need = sum(self.memory.fresh_slots(r, n) for r, n in chunks)
         # drafts from what the decodes and chunks leave (agreed numbers: every rank drafts alike)
         spare = self.memory.available() - need
         drafts = self.spec.fund(decode, spare, chunks) if self.spec and decode else {}
@@ -303,7 +304,7 @@ class Scheduler:
         memory = self.memory  # agreed numbers: every rank retracts the same victims
         while True:
             decode = [r for r in self.running if r.state is State.RUNNING and not r.prefilling]
-            need = sum(self.allocator.fresh_slots(r.kv_len, 1) for r in decode)
+            need = sum(memory.fresh_slots(r, 1) for r in decode)
             if need <= memory.available() + memory.staged():  # staged: the net flushes them
                 return decode
             if memory.make_room(need - memory.available(), "decode").progress:
@@ -333,7 +334,7 @@ class Scheduler:
                 req.logprobs.append(token_logprobs(row, tid, p, req.output_ids, req.prompt_ids))
         self.generated += len(tokens)
         outs = []
-        with self._frees_together():
+        with self.memory.frees_together():
             for req, tid in zip(reqs, tokens):
                 if req.guided is not None and not req.guided.accept(tid):  # a mask not applied
                     outs.append(self._end(req, "grammar", tokens=[]))
@@ -348,28 +349,16 @@ class Scheduler:
     ) -> list[StepOutput]:
         """Each drafted request takes what its rows accept; its rejected drafts' KV goes back."""
         assert self.spec is not None
-        outs = []
-        with self._frees_together():
+        outs, holdings = [], self.memory.holdings
+        with self.memory.frees_together():
             for req, rows in spans:
-                tokens, refused = self.spec.advance(req, drafts[req.rid], rows, self.memory)
+                tokens, refused = self.spec.advance(req, drafts[req.rid], rows, holdings)
                 self.generated += len(tokens)
                 if refused or req.finish_reason is not None:  # refused: a mask not applied
                     outs.append(self._end(req, "grammar" if refused else None, tokens=tokens))
                 else:
                     outs.append(req.output(tokens))
         return outs
-
-    @contextlib.contextmanager
-    def _frees_together(self) -> Iterator[None]:
-        """The step's frees are staged and applied together (one group, opened once)."""
-        opened = not self.allocator.group_open
-        if opened:
-            self.allocator.free_group_begin()
-        try:
-            yield
-        finally:
-            if opened:
-                self.allocator.free_group_end()
 
     def _end(
         self,
@@ -383,7 +372,7 @@ class Scheduler:
             req.finish_reason, req.abort_reason = "abort", abort_reason
             if req.promised is not None:
                 numbers["promised"] = req.promised
-        self.memory.release(req)
+        self.memory.holdings.release(req)
         if self.spec is not None:
             self.spec.finished(req)
         req.state = State.FINISHED

@@ -33,7 +33,7 @@ from engine.model.sampling import prompt_logprobs
 from engine.observability import schema
 from engine.observability.receipts import Receipts
 from engine.request.messages import SpecCounts
-from engine.scheduler.memory import Memory
+from engine.scheduler.holdings import Holdings
 from engine.scheduler.request import Request
 from engine.speculative.pace import MAX_BATCH
 from engine.speculative.propose import PromptLookup, Proposer, SuffixLookup
@@ -174,7 +174,7 @@ class Speculator:
         return verify(drafts, rows, p, req.generator, req.output_ids, req.prompt_ids)
 
     def advance(
-        self, req: Request, drafts: list[int], rows: torch.Tensor, memory: Memory
+        self, req: Request, drafts: list[int], rows: torch.Tensor, holdings: Holdings
     ) -> tuple[list[int], bool]:
         """Append what the rows accept (up to the token that ends the request) and give back
         the KV of the drafts not kept: the tokens appended, and whether the grammar refused
@@ -195,7 +195,7 @@ class Speculator:
                 break
         kept = min(len(emitted) - 1, len(applied))  # drafts appended
         # K/V is in the pool for the last token and each kept draft
-        memory.shrink(req, start + 1 + kept)
+        holdings.shrink(req, start + 1 + kept)
         self._count(req, len(drafts), kept)
         return applied, refused
 

@@ -86,7 +86,10 @@ def test_both_ledgers_balance_after_every_step(tiny_model_dir, page_size):
     history = [system + [rng.randrange(2, 300) for _ in range(20)] for _ in range(6)]
 
     def balanced() -> None:
-        assert ledger_violations(core.allocator, sched.cache, sched.memory.private_tokens()) == []
+        assert (
+            ledger_violations(core.allocator, sched.cache, sched.memory.holdings.private_tokens())
+            == []
+        )
         host = read_host_ledger(core.host_tier)
         assert host.free + host.used == host.capacity == 1024 - 1024 % page_size
 

@@ -22,7 +22,7 @@ def speculator() -> Speculator:
 
 
 class Shrinks:
-    """Memory's ``shrink`` as the step calls it: the position kept, recorded."""
+    """The holdings' ``shrink`` as the step calls it: the position kept, recorded."""
 
     def __init__(self) -> None:
         self.kept: list[int] = []

@@ -4,7 +4,6 @@ per row count, a product taking the bucket at or below its rows, and recorded at
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
@@ -14,7 +13,23 @@ from engine import LLM
 from engine.model.llama import linear
 from engine.model.orient import ROWS, Orientation, choose, measure
 
-SLOW = 0.02  # seconds added to one way's call: far above a tiny product's microseconds
+
+class VirtualClock:
+    """A clock that only the slowed way moves (by a second a call): which way is faster is then
+    what the test says, whatever else runs on the machine's cores."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def slowed(self, real):
+        def call(x, w):
+            self.now += 1.0
+            return real(x, w)
+
+        return call
 
 
 def _mats() -> list[torch.Tensor]:
@@ -31,13 +46,12 @@ def test_a_product_takes_the_bucket_at_or_below_its_rows():
 @pytest.mark.parametrize("slow", ["by_mm", "linear"])
 def test_the_measure_picks_the_faster_way_at_every_row_count(monkeypatch, slow):
     """One way slowed by far more than the products take: the other is chosen everywhere."""
+    clock = VirtualClock()
     if slow == "by_mm":
-        real = orient.by_mm
-        monkeypatch.setattr(orient, "by_mm", lambda x, w: time.sleep(SLOW) or real(x, w))
+        monkeypatch.setattr(orient, "by_mm", clock.slowed(orient.by_mm))
     else:
-        real = orient.F.linear
-        monkeypatch.setattr(orient.F, "linear", lambda x, w: time.sleep(SLOW) or real(x, w))
-    got, took = measure(_mats(), (1, 4, 16))
+        monkeypatch.setattr(orient.F, "linear", clock.slowed(orient.F.linear))
+    got, took = measure(_mats(), (1, 4, 16), clock=clock)
     assert got.mm == ((slow == "linear"),) * 3, took
     assert sorted(took) == [1, 4, 16]
 

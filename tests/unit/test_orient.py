@@ -4,7 +4,6 @@ per row count, a product taking the bucket at or below its rows, and recorded at
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
@@ -13,8 +12,7 @@ import engine.model.orient as orient
 from engine import LLM
 from engine.model.llama import linear
 from engine.model.orient import ROWS, Orientation, choose, measure
-
-SLOW = 0.02  # seconds added to one way's call: far above a tiny product's microseconds
+from tests.fakes import Charged
 
 
 def _mats() -> list[torch.Tensor]:
@@ -30,14 +28,14 @@ def test_a_product_takes_the_bucket_at_or_below_its_rows():
 
 @pytest.mark.parametrize("slow", ["by_mm", "linear"])
 def test_the_measure_picks_the_faster_way_at_every_row_count(monkeypatch, slow):
-    """One way slowed by far more than the products take: the other is chosen everywhere."""
+    """One way charged far more than the products take (on the measure's own clock, which
+    the real products leave still): the other is chosen everywhere."""
+    clock = Charged()
     if slow == "by_mm":
-        real = orient.by_mm
-        monkeypatch.setattr(orient, "by_mm", lambda x, w: time.sleep(SLOW) or real(x, w))
+        monkeypatch.setattr(orient, "by_mm", clock.slowed(orient.by_mm))
     else:
-        real = orient.F.linear
-        monkeypatch.setattr(orient.F, "linear", lambda x, w: time.sleep(SLOW) or real(x, w))
-    got, took = measure(_mats(), (1, 4, 16))
+        monkeypatch.setattr(orient.F, "linear", clock.slowed(orient.F.linear))
+    got, took = measure(_mats(), (1, 4, 16), clock=clock)
     assert got.mm == ((slow == "linear"),) * 3, took
     assert sorted(took) == [1, 4, 16]
 

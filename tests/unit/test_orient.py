@@ -12,24 +12,7 @@ import engine.model.orient as orient
 from engine import LLM
 from engine.model.llama import linear
 from engine.model.orient import ROWS, Orientation, choose, measure
-
-
-class VirtualClock:
-    """A clock that only the slowed way moves (by a second a call): which way is faster is then
-    what the test says, whatever else runs on the machine's cores."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def slowed(self, real):
-        def call(x, w):
-            self.now += 1.0
-            return real(x, w)
-
-        return call
+from tests.fakes import Charged
 
 
 def _mats() -> list[torch.Tensor]:
@@ -45,8 +28,9 @@ def test_a_product_takes_the_bucket_at_or_below_its_rows():
 
 @pytest.mark.parametrize("slow", ["by_mm", "linear"])
 def test_the_measure_picks_the_faster_way_at_every_row_count(monkeypatch, slow):
-    """One way slowed by far more than the products take: the other is chosen everywhere."""
-    clock = VirtualClock()
+    """One way charged far more than the products take (on the measure's own clock, which
+    the real products leave still): the other is chosen everywhere."""
+    clock = Charged()
     if slow == "by_mm":
         monkeypatch.setattr(orient, "by_mm", clock.slowed(orient.by_mm))
     else:

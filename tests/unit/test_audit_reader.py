@@ -8,6 +8,7 @@ import json
 import os
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -210,8 +211,13 @@ def test_a_fifo_is_read_once_as_the_file_is_and_refused_the_second_time(tmp_path
     idle.start()
     with pytest.raises(UnreadableLog, match="reads once"):
         scan([path])
-    os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # the idle writer's open returns
-    idle.join(60)
+    # the idle writer's open returns once a reader comes; refused at once, the test may get
+    # here before that open began, and a reader come and gone then would leave it waiting
+    deadline = time.monotonic() + 60
+    while idle.is_alive() and time.monotonic() < deadline:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        idle.join(0.05)
+    assert not idle.is_alive(), "the idle writer's open never returned"
 
 
 def test_a_stream_spooled_is_copied_once_under_its_name_and_the_copy_removed(tmp_path):

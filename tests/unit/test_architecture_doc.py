@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.product import PACKAGES, ROOT, source_files
+
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
-PRODUCT = ("engine", "audit", "cli", "kernels", "measure")
-TOPS = (*PRODUCT, "tests", "bench", "runbooks", "docs", ".ci")
+TOPS = (*PACKAGES, "tests", "bench", "runbooks", "docs", ".ci")
 # Names the doc uses that are not ours to define: HTTP's, the libraries', the shell's.
 FOREIGN = {"None", "True", "False", "Host", "Origin", "Bearer", "CORSMiddleware", "Starlette"}
 PATH = re.compile(r"^(?:\.ci|[a-z_]+)/[\w./-]*$|^[\w/-]+\.(?:py|c|cpp|h|md|toml|json)$")
@@ -27,21 +27,18 @@ def definitions() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """Module basename -> names defined at its top; class name -> names defined on it."""
     modules: dict[str, set[str]] = {}
     classes: dict[str, set[str]] = {}
-    for pkg in (*PRODUCT, "tests"):
-        for path in (ROOT / pkg).rglob("*.py"):
-            tree = ast.parse(path.read_text())
-            top = modules.setdefault(
-                path.stem if path.stem != "__init__" else path.parent.name, set()
-            )
-            for node in tree.body:
-                top |= _names(node)
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ClassDef):
-                    members = classes.setdefault(node.name, set())
-                    for item in ast.walk(node):
-                        members |= _names(item)
-                        if isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store):
-                            members.add(item.attr)
+    for where, text in source_files((*PACKAGES, "tests")).items():
+        path, tree = Path(where), ast.parse(text)
+        top = modules.setdefault(path.stem if path.stem != "__init__" else path.parent.name, set())
+        for node in tree.body:
+            top |= _names(node)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                members = classes.setdefault(node.name, set())
+                for item in ast.walk(node):
+                    members |= _names(item)
+                    if isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store):
+                        members.add(item.attr)
     return modules, classes
 
 
@@ -66,13 +63,18 @@ def receipt_kinds() -> frozenset[str]:
 
 @cache
 def product_text() -> str:
-    return "\n".join(p.read_text() for pkg in PRODUCT for p in (ROOT / pkg).rglob("*.py"))
+    return "\n".join(source_files().values())
+
+
+@cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
 
 
 def defined_in(path: Path, name: str) -> bool:
     return any(
         isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
-        for n in ast.walk(ast.parse(path.read_text()))
+        for n in ast.walk(parsed(path))
     )
 
 
@@ -87,7 +89,7 @@ def wrong_names(text: str) -> list[str]:
                 wrong.append(span)
             continue
         head, _, test = span.partition("::")
-        if PATH.match(head) and head.split("/")[0] in TOPS + tuple(m for m in ("Makefile",)):
+        if PATH.match(head) and head.split("/")[0] in TOPS:
             path = ROOT / head
             if not path.exists():
                 wrong.append(span)

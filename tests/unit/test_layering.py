@@ -11,8 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("engine", "kernels", "audit", "cli", "measure")
+from tests.product import ROOT, source_files
 
 
 def lint_imports() -> str:
@@ -31,11 +30,7 @@ def test_import_contracts_are_kept():
 
 
 def product_files() -> dict[str, str]:
-    return {
-        str(p.relative_to(ROOT)): p.read_text()
-        for pkg in PACKAGES
-        for p in sorted((ROOT / pkg).rglob("*.py"))
-    }
+    return source_files()
 
 
 # The public API (``LLM``, ``SamplingParams``, ``EngineConfig``, ``RequestOutput``) and the rooms.

@@ -13,10 +13,8 @@ and so is a function of such a name that returns ``Any`` (a property). Genuinely
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("engine", "kernels", "audit", "cli", "measure")
+from tests.product import source_files
 
 # names that, in this code base, stand for an object another part hands over
 COLLABORATORS = frozenset(
@@ -127,16 +125,8 @@ def untyped_collaborators(sources: dict[str, str]) -> set[str]:
     return found
 
 
-def _product() -> dict[str, str]:
-    return {
-        str(p.relative_to(ROOT)): p.read_text()
-        for pkg in PACKAGES
-        for p in sorted((ROOT / pkg).rglob("*.py"))
-    }
-
-
 def test_no_collaborator_is_typed_any():
-    found = untyped_collaborators(_product())
+    found = untyped_collaborators(source_files())
     untyped, stale = sorted(found - ALLOWED), sorted(ALLOWED - found)
     assert not untyped, f"name the type, or a Protocol of the slice used: {untyped}"
     assert not stale, f"typed now, take it off ALLOWED: {stale}"

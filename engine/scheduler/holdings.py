@@ -152,7 +152,7 @@ class Holdings:
         also holds kept positions stays, its tail rewritten by the next tokens."""
         if keep >= req.kv_len:
             return
-        boundary = -(-keep // self.page_size) * self.page_size
+        boundary = whole_pages(keep, self.page_size)
         if boundary < req.kv_len:
             self.allocator.free(self.req_table.slots(req.row, req.kv_len)[boundary:])
         req.kv_len = keep

@@ -28,6 +28,7 @@ import torch
 
 from engine.config.store import StoreSection
 from engine.memory.kv_pool import KVPool
+from engine.memory.pages import whole_pages
 from engine.memory.radix import MatchResult, RadixCache, TreeNode
 from engine.observability import schema
 from engine.observability.receipts import Receipts
@@ -109,7 +110,7 @@ class StoreTier:
     ) -> None:
         self.store, self.kv, self.page_size, self.write = store, kv, page_size, write
         self.retired: str | None = None  # why the store is off since boot (None: it is on)
-        self.block = page_size * -(-MIN_BLOCK // page_size)
+        self.block = whole_pages(MIN_BLOCK, page_size)
         layer = kv.layers[0].k
         self.page_shape = (len(kv.layers), 2, self.block, *layer.shape[1:])
         self.dtype = kv.dtype

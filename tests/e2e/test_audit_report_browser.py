@@ -13,17 +13,7 @@ import sys
 import pytest
 
 from tests.e2e.browser import view, why_no_browser
-from tests.unit.report_logs import busy_log
-
-FIGURES = [
-    "fig-pool-0",
-    "fig-pool-1",
-    "fig-timeline",
-    "fig-queue",
-    "fig-progress",
-    "fig-latency",
-    "fig-floors",
-]
+from tests.unit.report_logs import FIGURES, busy_log
 
 
 @pytest.fixture

@@ -265,3 +265,15 @@ def sparse_boot_log(path: Path, tp: int = 1) -> Path:
     )
     log.r("boot.stop", ts=at(40.0), iter=200, reason="test", in_flight=0)
     return log.write(path)
+
+
+# The figures `audit report` draws for ``busy_log``, in page order (their div ids).
+FIGURES = [
+    "fig-pool-0",
+    "fig-pool-1",
+    "fig-timeline",
+    "fig-queue",
+    "fig-progress",
+    "fig-latency",
+    "fig-floors",
+]

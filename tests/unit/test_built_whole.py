@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 
-from tests.unit.test_layering import product_files
+from tests.product import source_files
 
 RECORD_BASES = {"NamedTuple", "TypedDict", "Protocol", "Enum"}
 
@@ -85,7 +85,7 @@ def survey(sources: dict[str, str]) -> list[str]:
 
 
 def test_no_product_code_sets_another_objects_attribute():
-    assert survey(product_files()) == []
+    assert survey(source_files()) == []
 
 
 WIRED_FROM_OUTSIDE = """

@@ -29,10 +29,6 @@ def test_import_contracts_are_kept():
     assert "0 broken" in done.stdout
 
 
-def product_files() -> dict[str, str]:
-    return source_files()
-
-
 # The public API (``LLM``, ``SamplingParams``, ``EngineConfig``, ``RequestOutput``) and the rooms.
 # A new room is a decision for docs/ARCHITECTURE.md's map and the "rooms" contract, made there
 # first; a new loose file belongs in a room.
@@ -74,7 +70,7 @@ def long_functions(sources: dict[str, str], limit: int = 100) -> dict[str, int]:
 def test_no_function_over_100_lines():
     # Counted as the formatter lays the code out (nothing packed to pass): a function past a
     # hundred lines holds two steps that want names of their own.
-    assert long_functions(product_files()) == {}
+    assert long_functions(source_files()) == {}
 
 
 def test_the_function_check_counts_a_long_one():
@@ -95,7 +91,7 @@ TABLES_KEPT = {
 
 def test_the_formatter_is_told_to_skip_tables_only():
     marks = {}
-    for path, text in product_files().items():
+    for path, text in source_files().items():
         for line in text.splitlines():
             if "# fmt: skip" in line or "# fmt: off" in line:
                 assert line.lstrip()[:1] in ")]}", f"{path}: not a table's end: {line.strip()}"

@@ -6,7 +6,6 @@ at boot."""
 from __future__ import annotations
 
 import json
-import time
 from functools import partial
 
 import pytest
@@ -21,8 +20,7 @@ from engine.model.quant import SMALL_ROWS, QuantWeight
 from kernels.cpu_ops import cpu_flags
 from tests.fakes import Charged
 
-SLOW = 0.02  # seconds added to one way's call: far above a tiny product's microseconds
-# (charged on the measure's own clock where the test hands it one: tests.fakes.Charged)
+SLOW = 0.02  # seconds a slowed call is charged on the measure's clock (tests.fakes.Charged)
 ROWS = (SMALL_ROWS, 8, 16)
 
 needs_ints = pytest.mark.skipif(
@@ -119,14 +117,15 @@ def test_a_measured_bound_is_what_each_product_takes_and_is_recorded(
     monkeypatch.setattr(int_rows, "ROWS", ROWS)
     import engine.model.llama as llama
 
-    real = llama.linear
+    real, clock = llama.linear, Charged()
 
     def slowed(x, w, orient=None):  # the dense values' products only
         if not isinstance(w, QuantWeight):
-            time.sleep(SLOW)
+            clock.now += SLOW
         return real(x, w, orient)
 
     monkeypatch.setattr(llama, "linear", slowed)
+    monkeypatch.setattr(int_rows, "measure", partial(int_rows.measure, clock=clock))
     log = tmp_path / "boot.jsonl"
     llm = LLM(model=tiny_model_dir, kv_tokens=4096, quant="int8", log_file=str(log))
     model = llm.core.model

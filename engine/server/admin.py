@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse, Response
 from engine.observability.metrics import ServerMetrics
 from engine.request.messages import CancelCutover, Cutover
 from engine.server.driver import EngineDriver
-from engine.server.errors import ProtocolError, error_body, json_object
-from engine.server.limits import HttpLimits, read_body
+from engine.server.errors import ProtocolError, error_body
+from engine.server.limits import HttpLimits, json_object, read_body
 from engine.server.responses import error_response
 
 _FIELDS = {

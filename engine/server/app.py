@@ -16,11 +16,10 @@ from engine.observability import tracing as tr
 from engine.observability.metrics import CONTENT_TYPE, ServerMetrics
 from engine.server import admin, checkpoints, openapi, origin, tokenize
 from engine.server.driver import EngineDriver
-from engine.server.errors import check_model
 from engine.server.frontdoor import FrontDoor
 from engine.server.limits import MAX_BODY_BYTES, HttpLimits
 from engine.server.loop_watch import LoopWatch
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest, check_model
 from engine.server.responses import error_response, install_error_handlers
 from engine.server.service import CompletionService
 

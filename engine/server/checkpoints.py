@@ -26,8 +26,8 @@ from engine.model.chat import ChatTemplateError, normalize_messages
 from engine.request.guide import GuideError
 from engine.request.messages import CheckpointOp
 from engine.server import openapi
-from engine.server.errors import ProtocolError, error_body, json_object
-from engine.server.limits import read_body
+from engine.server.errors import ProtocolError, error_body
+from engine.server.limits import read_json
 from engine.server.protocol import ChatMessage, TokenId, _Strict
 from engine.server.responses import error_response
 from engine.server.tokenize import validated
@@ -84,7 +84,7 @@ async def _ask(service: CompletionService, op: str, **kw: Any) -> Response:
 
 
 async def create(service: CompletionService, request: Request) -> Response:
-    data = json_object(await read_body(request, service.http))
+    data = await read_json(request, service.http)
     req = validated(data, CheckpointCreate, service.served_name)
     ids = await _tokens(service, req)
     if not ids:

@@ -27,27 +27,6 @@ class ProtocolError(ValueError):
         self.headers = dict(headers or {})
 
 
-def json_object(body: bytes) -> dict[str, Any]:
-    """A request body parsed as a JSON object; a ProtocolError (400) saying what it is not."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise ProtocolError(f"request body is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise ProtocolError("request body must be a JSON object")
-    return data
-
-
-def check_model(name: str | None, served_model_name: str) -> None:
-    """A request naming a model this server does not serve is a 404 naming ``model``."""
-    if name not in (None, served_model_name):
-        raise ProtocolError(
-            f"model {name!r} does not exist; this server serves {served_model_name!r}",
-            "model",
-            404,
-        )
-
-
 def validation_error(model: type[BaseModel], e: ValidationError) -> ProtocolError:
     """A pydantic error as the client should read it: the field, the rule, the value sent."""
     errors = e.errors()

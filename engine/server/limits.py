@@ -82,6 +82,22 @@ def refuse_encoded(request: Request) -> None:
         )
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body parsed as a JSON object; a ProtocolError (400) saying what it is not."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ProtocolError(f"request body is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ProtocolError("request body must be a JSON object")
+    return data
+
+
+async def read_json(request: Request, limits: HttpLimits) -> dict[str, Any]:
+    """The body (``read_body``) as a JSON object; a ProtocolError (400) saying what it is not."""
+    return json_object(await read_body(request, limits))
+
+
 async def read_body(request: Request, limits: HttpLimits) -> bytes:
     """The whole body, within ``max_body_bytes`` (413) and ``read_timeout`` (408), in no
     Content-Encoding but identity (415, ``refuse_encoded``)."""

@@ -37,15 +37,16 @@ from engine.request.guide import Guide, GuideError
 from engine.request.messages import PrepareGuide, TokenLogprobs
 from engine.request.prompt import PromptError, check_chars, check_prompt, longest_token_chars
 from engine.server.driver import EngineDriver
-from engine.server.errors import ProtocolError, check_model, json_object, validation_error
-from engine.server.guided import guide_of
+from engine.server.errors import ProtocolError, validation_error
 from engine.server.job import Job, JobFailed
-from engine.server.limits import HttpLimits, read_body
+from engine.server.limits import HttpLimits, read_json
 from engine.server.logprobs import LogprobsWriter, TokenTexts
 from engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelLimits,
+    check_model,
+    guide_of,
     refuse_unbuilt,
     sampling_params,
 )
@@ -59,7 +60,7 @@ async def parse(
     request: Request, model: type[BaseModel], served_model_name: str, limits: HttpLimits
 ) -> Any:
     """The request body as ``model``; every fault is a ProtocolError naming the field."""
-    data = json_object(await read_body(request, limits))
+    data = await read_json(request, limits)
     try:
         req = model.model_validate(refuse_unbuilt(data, model))
     except ValidationError as e:

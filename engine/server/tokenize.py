@@ -21,9 +21,9 @@ from engine.guided.tools import history
 from engine.model.chat import ChatTemplateError, normalize_messages
 from engine.request.guide import GuideError
 from engine.server import openapi
-from engine.server.errors import ProtocolError, check_model, json_object, validation_error
-from engine.server.limits import read_body
-from engine.server.protocol import ChatMessage, TokenId, _Strict
+from engine.server.errors import ProtocolError, validation_error
+from engine.server.limits import read_json
+from engine.server.protocol import ChatMessage, TokenId, _Strict, check_model
 
 if TYPE_CHECKING:
     from engine.server.service import CompletionService
@@ -62,7 +62,7 @@ def validated(data: dict[str, Any], model: type[BaseModel], served: str) -> Any:
 
 
 async def tokenize(service: CompletionService, request: Request) -> dict[str, Any]:
-    data = json_object(await read_body(request, service.http))
+    data = await read_json(request, service.http)
     tok = service.driver.tokenizer
     if "messages" in data:
         req = validated(data, TokenizeChat, service.served_name)
@@ -91,9 +91,7 @@ async def tokenize(service: CompletionService, request: Request) -> dict[str, An
 
 
 async def detokenize(service: CompletionService, request: Request) -> dict[str, Any]:
-    req = validated(
-        json_object(await read_body(request, service.http)), Detokenize, service.served_name
-    )
+    req = validated(await read_json(request, service.http), Detokenize, service.served_name)
     vocab = service.limits.vocab_size
     if (bad := next((t for t in req.tokens if t >= vocab), None)) is not None:
         raise ProtocolError(

@@ -175,9 +175,10 @@ _CATALOG = (
          "a request was handed in; promised: prompt + max_new_tokens, checked against the pool "
          "(the server's requests): it is never ended for the pool's size; arrived: the wall time "
          "the frontend took it in (its latencies count from then, queueing before the scheduler "
-         "saw it included); under the priority policy its priority and how many waiting "
+         "saw it included); api: the HTTP API it came by (completions, chat.completions, "
+         "responses, messages); under the priority policy its priority and how many waiting "
          "requests it was placed ahead of (overtook)",
-         ("trace_id", "promised", "arrived", "priority", "overtook")),
+         ("trace_id", "promised", "arrived", "api", "priority", "overtook")),
     Kind(REQUEST_FINISH, ("rid", "reason", "tokens"), "a request ended normally", _ENDING),
     Kind(REQUEST_ABORT, ("rid", "reason"), "a request ended abnormally",
          _ENDING + ("need", "capacity", "promised")),

@@ -159,6 +159,7 @@ class AddRequest:
     # ended for the pool's size once admitted (the offline API lets one run until it cannot)
     promise: bool = False
     arrived: float | None = None  # the wall time the frontend took it in (latencies count from it)
+    api: str | None = None  # the HTTP API it came by, named in its request.received receipt
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

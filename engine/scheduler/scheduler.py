@@ -119,6 +119,7 @@ class Scheduler:
         trace_id: str | None = None,
         promise: bool = False,
         arrived: float | None = None,
+        api: str | None = None,
     ) -> Request:
         """``trace_id``: a W3C traceparent (its spans go under that span; receipts carry its
         trace id) or a bare trace id. ``promise``: the request is refused unless its prompt and
@@ -159,6 +160,8 @@ class Scheduler:
             extra |= {"priority": params.priority, "overtook": overtook}
         if arrived is not None:
             extra["arrived"] = round(arrived, 6)
+        if api is not None:
+            extra["api"] = api
         self.receipts.emit(
             schema.REQUEST_RECEIVED,
             rid=rid,

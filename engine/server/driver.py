@@ -66,6 +66,7 @@ class Submission:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
     arrived: float | None = None  # the wall time the HTTP request came in
+    api: str | None = None  # the HTTP API it came by (``chat.completions``, ``messages``, ...)
 
 
 class SchedulerDied(RuntimeError):
@@ -290,6 +291,7 @@ class EngineDriver:
                     trace=trace_id,
                     promise=True,
                     arrived=sub.arrived,
+                    api=sub.api,
                 )
             )
 

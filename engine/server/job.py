@@ -66,6 +66,7 @@ class Job:
         n: int,
         t0_ns: int,
         deadline_s: float | None = None,
+        api: str | None = None,
     ) -> None:
         self.driver = driver
         self.rid = rid
@@ -74,7 +75,7 @@ class Job:
         self.rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
         self.subs = [
             # several seeded choices must still differ: each draws from its own seed
-            Submission(r, ids, choice_params(params, i), loop, _Inbox(self, i), t0_ns / 1e9)
+            Submission(r, ids, choice_params(params, i), loop, _Inbox(self, i), t0_ns / 1e9, api)
             for i, r in enumerate(self.rids)
         ]
         self.index = {r: i for i, r in enumerate(self.rids)}

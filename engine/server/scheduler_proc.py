@@ -215,12 +215,16 @@ def _handle(serving: _Serving, msg: ToScheduler) -> None:
     """Act on one message from the frontend: every kind the pipe carries, here."""
     core, conn, sched = serving.core, serving.conn, serving.core.scheduler
     match msg:
-        case AddRequest(
-            rid=rid, prompt_ids=ids, params=params, trace=trace, promise=promise, arrived=arrived
-        ):
+        case AddRequest(rid=rid, prompt_ids=ids, params=params, trace=trace, promise=promise):
             try:
                 sched.add_request(
-                    ids, params, rid=rid, trace_id=trace, promise=promise, arrived=arrived
+                    ids,
+                    params,
+                    rid=rid,
+                    trace_id=trace,
+                    promise=promise,
+                    arrived=msg.arrived,
+                    api=msg.api,
                 )
             except ValueError as e:
                 conn.send(Rejected(rid=rid, message=str(e)))

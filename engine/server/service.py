@@ -36,6 +36,7 @@ from engine.observability.metrics import ServerMetrics
 from engine.request.guide import Guide, GuideError
 from engine.request.messages import PrepareGuide, TokenLogprobs
 from engine.request.prompt import PromptError, check_chars, check_prompt, longest_token_chars
+from engine.request.sampling_params import SamplingParams
 from engine.server.driver import EngineDriver
 from engine.server.errors import ProtocolError, validation_error
 from engine.server.job import Job, JobFailed
@@ -142,11 +143,18 @@ class CompletionService:
     async def chat(self, request: Request) -> Response:
         t0 = time.time_ns()
         req = await parse(request, ChatCompletionRequest, self.served_name, self.http)
+        plan, ids = await self.chat_turn(req)
+        return await self.run(ids, req, "chat", request, t0, tools=plan)
+
+    async def chat_turn(self, req: ChatCompletionRequest) -> tuple[ToolPlan | None, list[int]]:
+        """A chat's prompt, checked: its characters, then (off the loop) its tools' plan and the
+        template's tokens, cut as ``truncate_prompt_tokens`` asks and checked against the
+        context. Every API that reads as a chat (Responses, Messages) comes this way."""
         self.check_chars(chat_chars(req), "messages")
         plan, ids = await self.off_loop(self.chat_prompt, req)
         ids = req.truncated(ids, self.limits.max_context)
         self.check_prompt(ids)
-        return await self.run(ids, req, "chat", request, t0, tools=plan)
+        return plan, ids
 
     def chat_prompt(self, req: ChatCompletionRequest) -> tuple[ToolPlan | None, list[int]]:
         """The chat's tools as a plan (their schemas checked) and its prompt: the template
@@ -206,30 +214,13 @@ class CompletionService:
         """Submit and answer one checked request (``kind``: ``"text"`` or ``"chat"``);
         ``echo``: text each choice's output starts with; ``tools``: the output read for
         calls."""
-        # the pool as it is now (a cutover may have resized it); the scheduler checks again
-        limits = dataclasses.replace(self.limits, kv_tokens=self.driver.kv_tokens)
-        if req.priority and self.driver.config.scheduler.scheduling_policy != "priority":
-            raise ProtocolError(
-                "priority: this server schedules first come, first served (start it with "
-                "--scheduling-policy priority; 0, the default, asks for nothing)",
-                "priority",
-            )
-        guide, param = await self.off_loop(
-            guide_of, req.response_format, req.structured_outputs, tools
-        )
-        params = sampling_params(req, len(ids), limits, DEFAULT_MAX_TOKENS, guide)
-        if guide is not None:  # compiled before anything is submitted: a 400 on a stream too
-            await self.prepare(guide, param)
-        rid = f"{'cmpl' if kind == 'text' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
-        deadline = self.http.request_timeout
-        job = Job(self.driver, self.metrics, rid, ids, params, req.n, t0, deadline)
-        self.trace(job, request, kind, req, params, t0)
+        api = "completions" if kind == "text" else "chat.completions"
+        prefix = "cmpl" if kind == "text" else "chatcmpl"
         try:
-            job.submit()
+            job, params = await self.submit(ids, req, api, prefix, request, t0, tools)
         except JobFailed as e:
-            job.end_span(e.status, str(e))
             return error_response(str(e), e.status)
-        meta = {"id": rid, "created": int(time.time()), "model": self.served_name}
+        meta = {"id": job.rid, "created": int(time.time()), "model": self.served_name}
         writer = None  # each choice's logprobs, written as its API writes them
         if params.logprobs is not None:
             scored = ids if params.prompt_logprobs is not None else None
@@ -248,6 +239,46 @@ class CompletionService:
             )
             return StreamingResponse(body, media_type="text/event-stream")
         return await self.collect(job, kind, meta, request, echo, writer, tools)
+
+    async def submit(
+        self,
+        ids: list[int],
+        req: Any,
+        api: str,
+        prefix: str,
+        request: Request,
+        t0: int,
+        tools: ToolPlan | None = None,
+    ) -> tuple[Job, SamplingParams]:
+        """One checked request (its prompt ``ids``; ``req``: the fields of the chat or completion
+        request it reads as) in the scheduler, by way of ``api``, its id ``prefix``-...: its
+        guide compiled, its params, its job and its trace. Every API's route comes this way, so
+        each writes the same receipts and spans; each writes its own answer. A ProtocolError for
+        what cannot run, JobFailed when the scheduler could not take it."""
+        # the pool as it is now (a cutover may have resized it); the scheduler checks again
+        limits = dataclasses.replace(self.limits, kv_tokens=self.driver.kv_tokens)
+        if req.priority and self.driver.config.scheduler.scheduling_policy != "priority":
+            raise ProtocolError(
+                "priority: this server schedules first come, first served (start it with "
+                "--scheduling-policy priority; 0, the default, asks for nothing)",
+                "priority",
+            )
+        guide, param = await self.off_loop(
+            guide_of, req.response_format, req.structured_outputs, tools
+        )
+        params = sampling_params(req, len(ids), limits, DEFAULT_MAX_TOKENS, guide)
+        if guide is not None:  # compiled before anything is submitted: a 400 on a stream too
+            await self.prepare(guide, param)
+        rid = f"{prefix}-{uuid.uuid4().hex[:24]}"
+        deadline = self.http.request_timeout
+        job = Job(self.driver, self.metrics, rid, ids, params, req.n, t0, deadline, api)
+        self.trace(job, request, api, req, params, t0)
+        try:
+            job.submit()
+        except JobFailed as e:
+            job.end_span(e.status, str(e))
+            raise
+        return job, params
 
     async def prepare(self, guide: Guide, param: str) -> None:
         """Have the scheduler process compile ``guide``; a ProtocolError when it does not
@@ -302,22 +333,24 @@ class CompletionService:
             logprobs = [writer.of(i, e, scored[i]) for i, e in enumerate(entries)]
         return JSONResponse(completion_body(job, kind, meta, texts, logprobs, tools))
 
-    def trace(self, job: Job, request: Request, kind: str, req: Any, params: Any, t0: int) -> None:
+    def trace(self, job: Job, request: Request, api: str, req: Any, params: Any, t0: int) -> None:
         """The request's trace context: a server span (tracing on), else an incoming
-        traceparent passed through so the receipts still name the caller's trace."""
+        traceparent passed through so the receipts still name the caller's trace. ``api``: the
+        HTTP API it came by (``attest.api``)."""
         headers, tracing, name = request.headers, self.tracing, self.served_name
         if not tracing.enabled:
             incoming = headers.get("traceparent")
             job.trace = incoming if tr.parse_traceparent(incoming) else None
             return
         try:
-            op = "text_completion" if kind == "text" else "chat"
+            op = "text_completion" if api == "completions" else "chat"
             attrs = tr.request_attributes(op, name, params, req.n, bool(req.stream))
             attrs.update(
                 {
                     "gen_ai.response.id": job.rid,
                     "gen_ai.response.model": name,
                     "attest.rid": job.rid,
+                    "attest.api": api,
                     "http.request.method": "POST",
                     "url.path": request.url.path,
                 }

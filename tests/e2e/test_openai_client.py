@@ -89,3 +89,14 @@ def test_client_errors_arrive_as_the_clients_own_exceptions(client):
     bad = openai.OpenAI(base_url=str(client.base_url), api_key="wrong")
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
+
+
+def test_each_request_names_its_api_in_its_received_receipt(client, served):
+    import orjson
+
+    chat = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=1)
+    text = client.completions.create(model="smol", prompt=PROMPTS[0], max_tokens=1)
+    lines = served.log_file.read_bytes().splitlines()
+    received = [orjson.loads(x) for x in lines if b'"request.received"' in x]
+    api = {r["rid"]: r.get("api") for r in received}
+    assert api[chat.id] == "chat.completions" and api[text.id] == "completions"

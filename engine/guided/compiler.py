@@ -128,6 +128,10 @@ class Grammars:
         """Whether a prepared request still waits for its answer."""
         return bool(self._running or self._line or self._answers)
 
+    def answered(self) -> bool:
+        """Whether an answer is ready for ``poll`` to hand out."""
+        return bool(self._answers)
+
     def running(self) -> dict[Guide, int | None]:
         """The guides compiling now, each with its worker's pid (None: compiled here again)."""
         return {g: None if c.worker is None else c.worker.pid for g, c in self._running.items()}

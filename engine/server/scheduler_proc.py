@@ -70,6 +70,21 @@ class Pipe(Protocol):
     def send(self, obj: ToFrontend) -> None: ...
 
 
+class Prepared(Protocol):
+    """The prepared guides (``Grammars``): answers to send, compiles under way."""
+
+    def answered(self) -> bool: ...
+    def pending(self) -> bool: ...
+
+
+class Waits(Protocol):
+    """What the loop's wait reads of the scheduler."""
+
+    grammars: Prepared
+
+    def has_work(self) -> bool: ...
+
+
 @dataclass(slots=True)
 class _Drain:
     """An orderly stop under way: what is in flight may finish until ``deadline``."""
@@ -163,9 +178,7 @@ def _serve_loop(core: EngineCore, conn: Pipe, stall_s: float = STALL_S) -> None:
             if (stall := watch.turn()) is not None:
                 write_stall(core.receipts, stall, stall_s, sched.snapshot())
             arrived = 0  # requests handed in while a stall stood
-            # block briefly when idle (a little while a grammar compiles); never with work to do
-            wait = HEARTBEAT_S if not sched.grammars.pending() else GUIDE_POLL_S
-            while conn.poll(0 if sched.has_work() else wait):
+            while conn.poll(_wait(sched)):  # asked again after each message: it may change it
                 msg = conn.recv()
                 if stall is not None and isinstance(msg, AddRequest):
                     arrived += msg.arrived is not None and msg.arrived < stall.seen
@@ -201,6 +214,15 @@ def _serve_loop(core: EngineCore, conn: Pipe, stall_s: float = STALL_S) -> None:
             conn.send(Dead(reason=f"{type(e).__name__}: {e}", said=said))
         except Exception:
             pass
+
+
+def _wait(sched: Waits) -> float:
+    """How long the loop may block on the pipe: not at all with work to do or a prepared guide's
+    answer to send (a guide found compiled is answered on this turn), a moment while a grammar
+    compiles (its answer comes from a worker), else a heartbeat's interval."""
+    if sched.has_work() or sched.grammars.answered():
+        return 0.0
+    return GUIDE_POLL_S if sched.grammars.pending() else HEARTBEAT_S
 
 
 # a failed group in a client's words: the collective's own text names source paths and the

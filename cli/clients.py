@@ -1,4 +1,4 @@
-"""`engine client-env NAME`: a real client's own virtualenv (lm-eval, guidellm), made on demand."""
+"""`engine client-env NAME`: a real client's own virtualenv (lm-eval, guidellm, agents), made on demand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import typer
 
 
 def client_env(
-    name: Annotated[str, typer.Argument(help="The client: lm-eval or guidellm.")],
+    name: Annotated[
+        str, typer.Argument(help="The client: lm-eval, guidellm or agents (the agent frameworks).")
+    ],
     root: Annotated[str, typer.Option(help="Where the environments live.")] = "build/clients",
 ) -> None:
     """Create the client's virtualenv (a no-op when it is there and imports) and print its

@@ -12,6 +12,7 @@ from measure.clients import CLIENTS, MissingClient, check
 def test_every_client_is_pinned_to_one_version():
     for name, c in CLIENTS.items():
         assert c.pin == f"{c.dist}{c.extras}=={c.version}" and c.version[0].isdigit(), name
+        assert all(p.count("==") == 1 and p.split("==")[1][0].isdigit() for p in c.pins), name
 
 
 def test_a_missing_environment_names_the_command_that_makes_it(tmp_path):

@@ -1,4 +1,4 @@
-"""`engine client-env NAME`: a real client's own virtualenv (lm-eval, guidellm, agents), made on demand."""
+"""`engine client-env NAME`: a real client's own virtualenv (lm-eval, guidellm, agents, phoenix), made on demand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import typer
 
 def client_env(
     name: Annotated[
-        str, typer.Argument(help="The client: lm-eval, guidellm or agents (the agent frameworks).")
+        str,
+        typer.Argument(
+            help="The client: lm-eval, guidellm, agents (the agent frameworks) or phoenix (a trace store)."
+        ),
     ],
     root: Annotated[str, typer.Option(help="Where the environments live.")] = "build/clients",
 ) -> None:

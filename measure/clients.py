@@ -1,5 +1,6 @@
-"""Real clients of the server (lm-eval, guidellm, and the agent frameworks: openai-agents,
-pydantic-ai, langchain-openai, anthropic, litellm, together in ``agents``), each in a virtualenv
+"""Real clients of the server (lm-eval, guidellm, the agent frameworks: openai-agents,
+pydantic-ai, langchain-openai, anthropic, litellm, together in ``agents``, and Arize Phoenix, the
+trace store its OTLP export is read back from), each in a virtualenv
 of its own, created on demand and never by `make setup`: their dependencies are heavy and pinned
 their own ways.
 
@@ -50,6 +51,8 @@ CLIENTS = {
     # api: the local-completions model's own dependencies (tenacity, aiohttp)
     "lm-eval": Client("lm-eval", "0.4.13", "[api]", "lm_eval, tenacity"),
     "guidellm": Client("guidellm", "0.8.1", "", "guidellm"),
+    # a trace store with a UI and a REST API: where an operator looks at Attest's traces
+    "phoenix": Client("arize-phoenix", "20.26.1", "", "phoenix"),
     # the frameworks agents are written with, in one environment (they agree on openai 3.x):
     # pydantic-ai as its slim distribution with the OpenAI provider, the one it is tried with
     "agents": Client(

@@ -49,6 +49,13 @@ class ServerSection(_Section):
         "(503 with Retry-After: the server is too busy to check it).",
     )
 
+    enable_per_request_metrics: bool = _knob(
+        False,
+        "Answer each request's timings beside its usage, as vLLM's flag of this name does: a "
+        "`metrics` object (queue, first token, decode, mean gap between tokens, tokens per "
+        "second) from the numbers of its request.finish receipt; streamed, in the usage chunk.",
+    )
+
     def validate(self) -> None:
         need(seconds(self.read_timeout), self, "read_timeout", "a number of seconds > 0")
         need(

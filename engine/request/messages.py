@@ -45,6 +45,8 @@ class StepOutput:
     logprobs: list[TokenLogprobs] | None = None
     # asked for: the prompt's tokens' after the first, once, with the first new token
     prompt_logprobs: list[TokenLogprobs] | None = None
+    # set on the final output: its ending receipt's queue_s, ttft_s and e2e_s, the same numbers
+    timing: Mapping[str, float | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ release) is ``memory.py``'s; the invariant checks live in ``checks.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import deque
@@ -380,6 +381,7 @@ class Scheduler:
             self.spec.finished(req)
         req.state = State.FINISHED
         self.requests.pop(req.rid, None)
+        timing = req.timing(time.monotonic())
         common = dict(
             rid=req.rid,
             tokens=len(req.output_ids),
@@ -389,7 +391,7 @@ class Scheduler:
             retractions=req.retractions,
             trace_id=req.trace_id,
             output_hash=req.output_hash(),
-            **req.timing(time.monotonic()),
+            **timing,
         )
         if req.guided is not None:
             common["constrained"] = req.guided.guide.kind
@@ -399,7 +401,7 @@ class Scheduler:
             self.receipts.emit(schema.REQUEST_FINISH, reason=req.finish_reason, **common)
         else:
             self.receipts.emit(schema.REQUEST_ABORT, reason=abort_reason, **common, **numbers)
-        return req.output(tokens or [])
+        return dataclasses.replace(req.output(tokens or []), timing=timing)
 
     # -- accounting ---------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from engine.observability import schema
@@ -93,6 +93,9 @@ class Job:
         self.prompt_tokens = len(ids)
         self.reasons: list[str | None] = [None] * n
         self.parks = self.retractions = 0
+        # each choice's ending timings, as its request.finish receipt has them
+        self.timings: list[Mapping[str, float | None] | None] = [None] * n
+        self.report_metrics = False  # the answer carries metrics() (--enable-per-request-metrics)
         self.trace: str | None = None  # the traceparent the scheduler's spans go under
         self.span: Any = None  # the HTTP server span (tracing on)
 
@@ -115,6 +118,7 @@ class Job:
             self.cached = max(self.cached, item.cached_tokens)
             if item.finished:
                 self.reasons[i] = item.finish_reason
+                self.timings[i] = item.timing
                 self.parks += item.parks
                 self.retractions += item.retractions
                 self._ended(i, item.finish_reason or "abort")
@@ -216,6 +220,30 @@ class Job:
             span.end()
         except Exception:
             pass  # tracing never fails a request
+
+    def metrics(self) -> dict[str, float | None] | None:
+        """The request's timings as vLLM's per-request ``metrics`` object has them, in
+        milliseconds, from the numbers its ``request.finish`` receipt has (``queue_s``, ``ttft_s``
+        and ``e2e_s``, each from its arrival): the queue, the first token from its admission,
+        the decode from its first token to its last, the mean gap between tokens and the
+        tokens per second from its admission. None for several choices (no one request's
+        timings are the request's) or a choice that never ended in the scheduler."""
+        if len(self.timings) != 1 or (t := self.timings[0]) is None:
+            return None
+        tokens, queue, ttft, e2e = self.completion[0], t["queue_s"], t["ttft_s"], t["e2e_s"]
+        decode = None if ttft is None or e2e is None else e2e - ttft
+        ran = None if queue is None or e2e is None else e2e - queue
+
+        def ms(s: float | None) -> float | None:
+            return None if s is None else round(s * 1e3, 3)
+
+        return {
+            "time_to_first_token_ms": ms(None if ttft is None or queue is None else ttft - queue),
+            "generation_time_ms": ms(decode),
+            "queue_time_ms": ms(queue),
+            "mean_itl_ms": ms(decode / (tokens - 1)) if decode is not None and tokens > 1 else None,
+            "tokens_per_second": round(tokens / ran, 3) if ran else None,
+        }
 
     def usage(self) -> dict[str, Any]:
         done = sum(self.completion)

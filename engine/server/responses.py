@@ -102,7 +102,10 @@ def completion_body(
             choice["message"] = {"role": "assistant", "content": text}
         choices.append(choice)
     obj = "text_completion" if kind == "text" else "chat.completion"
-    return {**meta, "object": obj, "choices": choices, "usage": job.usage()}
+    body = {**meta, "object": obj, "choices": choices, "usage": job.usage()}
+    if job.report_metrics:
+        body["metrics"] = job.metrics()
+    return body
 
 
 # Characters JSON leaves raw that ``str.splitlines`` (so httpx's ``iter_lines``) ends a line at:
@@ -241,6 +244,8 @@ async def stream(
                     "choices": [],
                     "usage": job.usage(),
                 }
+                if job.report_metrics:
+                    usage["metrics"] = job.metrics()
                 yield sse(usage)
         yield b"data: [DONE]\n\n"
     finally:

@@ -8,7 +8,9 @@ The order of the gates is the same for every kind:
 2. an incomplete log (seq gap or an invalid seq, duplicates, unparsed lines) makes every claim
    that needs all the receipts UNDECIDED with the reader's reason;
 3. a mechanism that never engaged is UNDECIDED (``no_engagement``), or a PASS marked
-   ``vacuous`` where the claim says ``allow_vacuous = true``;
+   ``vacuous`` where the claim says ``allow_vacuous = true``; never where the claim has a FAIL
+   in hand (``gate(..., failing=True)``: what it ``requires`` unseen does not hide a failure
+   the log shows, as an engine that died before its first stats line);
 4. a claim about the whole boot (``needs_end = true``) over a log that ends with requests in
    flight and no boot.stop is UNDECIDED (``in_flight_at_end``), unless the log is a live
    window's (``audit.live``): its end is the window's, and the claim decides as of there;

@@ -12,7 +12,9 @@ scope a regex with a head that matches anything.
 
 Before the engine's head, a log as operators collect it may carry *outer layers* others wrote:
 a collector's prefix (``docker logs -t``'s time, journald's ``host unit[pid]:``, docker
-compose's ``service  | ``, ``srun --label``'s task number), a launcher's process tag (Ray's
+compose's ``service  | ``, ``srun --label``'s task number; a CI job log's time, GitLab's with
+its stream, Kubernetes' container log file's time and stream, logcli's time and labels), a
+launcher's process tag (Ray's
 ``(SGLangEngine pid=41820)``), or a progress bar the line was written after (what follows a
 carriage return is what a console shows). ``LAYERS`` is their one table. They are stripped
 only where the line does not already start with a head (the common case costs nothing more),

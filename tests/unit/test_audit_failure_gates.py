@@ -112,3 +112,15 @@ def test_a_crash_in_no_engines_words_makes_no_window_apply(tmp_path):
     assert picked(tmp_path, SOMEONE_ELSES) == {}
     # nor does a failure in one engine's words make the other engine's window apply
     assert "sglang_pressure" not in picked(tmp_path, V1_DIED + SOMEONE_ELSES)
+
+
+PREEMPTED_THEN_STOPPED = (  # vLLM 0.x: a preemption, then the server stopped before any stats line
+    "WARNING 01-22 18:27:16 scheduler.py:1560] Sequence group cmpl-1-0 is preempted by "
+    "PreemptionMode.RECOMPUTE mode because there is not enough KV cache space. This can affect "
+    "the end-to-end performance. total_num_cumulative_preemption=1\n"
+    "INFO 01-22 18:27:18 launcher.py:57] Shutting down FastAPI HTTP server.\n"
+)
+
+
+def test_a_follow_up_missing_in_the_engines_own_lines_is_judged_without_spec(tmp_path):
+    assert picked(tmp_path, PREEMPTED_THEN_STOPPED) == {"vllm_pressure": "FAIL"}

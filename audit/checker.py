@@ -8,7 +8,9 @@ The order of the gates is the same for every kind:
 2. an incomplete log (seq gap or an invalid seq, duplicates, unparsed lines) makes every claim
    that needs all the receipts UNDECIDED with the reader's reason;
 3. a mechanism that never engaged is UNDECIDED (``no_engagement``), or a PASS marked
-   ``vacuous`` where the claim says ``allow_vacuous = true``;
+   ``vacuous`` where the claim says ``allow_vacuous = true``; never where the claim has a FAIL
+   in hand (``gate(..., failing=True)``: what it ``requires`` unseen does not hide a failure
+   the log shows, as an engine that died before its first stats line);
 4. a claim about the whole boot (``needs_end = true``) over a log that ends with requests in
    flight and no boot.stop is UNDECIDED (``in_flight_at_end``), unless the log is a live
    window's (``audit.live``): its end is the window's, and the claim decides as of there;
@@ -152,6 +154,9 @@ class SelCount:
     def __init__(self, sels: tuple[Selector, ...], bus: Bus) -> None:
         self.sels = sels
         self.hits = 0  # receipts and lines matched
+        # of them, events of a spec's text events: lines in an engine's own head, which only
+        # that engine writes (a whole-line text selector's match may be any program's)
+        self.own_hits = 0
         self.first_hit: str | None = None
         # a wedge is known only once the log is read (each rank's rule depends on all of it)
         self.wedges: list[tuple[WedgeDetector, float]] = []
@@ -180,6 +185,8 @@ class SelCount:
             if s.where and not s.matches(rec):
                 return
             self.hits += 1
+            if s.event is not None:
+                self.own_hits += 1
             if self.first_hit is None:  # described once, not per match, with what it matched on
                 names = [p.field for p in s.where]  # and what caused it, where the record says
                 causes = schema.CAUSE_FIELDS.get(s.kind, ()) if s.event is None else ()
@@ -261,19 +268,35 @@ class Checker(Generic[C]):
     def decide(self, ctx: Context) -> ClaimVerdict:
         raise NotImplementedError
 
+    def failed_in_own_words(self, verdict: ClaimVerdict) -> bool:
+        """Whether ``verdict`` is a FAIL that rests on lines in an engine's own head (a spec's
+        text events): evidence that the log is that engine's, so a window over its logs is
+        judged on it though the window's regime was never seen (``audit.verdict``). Kinds
+        whose FAIL can rest on such lines say so; receipts and whole lines never do."""
+        return False
+
     def rescan(self, ctx: Context) -> bool:
         """Whether the logs must be read again on an ``exact`` bus to decide: what was left
         unkept (as a one-rank boot needs) turned out to be needed."""
         return False
 
     # the shared gates (2 and 3 of the module docstring)
-    def gate(self, ctx: Context, engaged: bool, not_engaged_why: str) -> ClaimVerdict | None:
-        if self.requires is not None and self.requires.count == 0:
-            engaged = False
-            not_engaged_why = f"{self.requires.describe()} never seen: the mechanism never engaged"
+    def gate(
+        self, ctx: Context, engaged: bool, not_engaged_why: str, *, failing: bool = False
+    ) -> ClaimVerdict | None:
+        """UNDECIDED (or a vacuous PASS) where the log cannot decide the claim. ``failing``:
+        the claim has a FAIL in hand, read in the log; then only an incomplete log holds it
+        back (a lost line might be the one that answers it), never the engagement gate (what
+        the claim ``requires`` unseen, nothing engaged) nor the log's end: a failure seen is
+        not unknown."""
         incomplete = ctx.stats.incomplete()
         if self.needs_complete and incomplete is not None:
             return outcome(Status.UNDECIDED, incomplete[1], incomplete[0])
+        if failing:
+            return None
+        if self.requires is not None and self.requires.count == 0:
+            engaged = False
+            not_engaged_why = f"{self.requires.describe()} never seen: the mechanism never engaged"
         if not engaged:
             if self.claim.allow_vacuous:
                 return outcome(

@@ -12,7 +12,9 @@ scope a regex with a head that matches anything.
 
 Before the engine's head, a log as operators collect it may carry *outer layers* others wrote:
 a collector's prefix (``docker logs -t``'s time, journald's ``host unit[pid]:``, docker
-compose's ``service  | ``, ``srun --label``'s task number), a launcher's process tag (Ray's
+compose's ``service  | ``, ``srun --label``'s task number; a CI job log's time, GitLab's with
+its stream, Kubernetes' container log file's time and stream, logcli's time and labels), a
+launcher's process tag (Ray's
 ``(SGLangEngine pid=41820)``), or a progress bar the line was written after (what follows a
 carriage return is what a console shows). ``LAYERS`` is their one table. They are stripped
 only where the line does not already start with a head (the common case costs nothing more),
@@ -62,6 +64,29 @@ class Layer:
 
 
 LAYERS = (
+    # the three below start as "timestamps" (and journald's short-iso) do, so they come before
+    # them: the first that matches is stripped
+    Layer(
+        "gitlab",
+        # "2024-05-30T14:30:00.123456Z 00O  ", "2024-05-30T14:30:00.123456Z 01E+ "
+        _RFC3339 + r" [0-9a-f]{2}[OE][+ ] ",
+        "GitLab CI's job log timestamps (FF_TIMESTAMPS): the time, the stream's two hex digits, "
+        "'O' stdout or 'E' stderr, ' ' a new line or '+' a continued one",
+    ),
+    Layer(
+        "cri",
+        # "2025-01-22T18:27:15.731100201Z stdout F "
+        _RFC3339 + r" (?:stdout|stderr) [FP] ",
+        "Kubernetes' container log files (CRI: what Fluent Bit, Promtail and the kubelet read): "
+        "the time, the stream, 'F' a full line or 'P' a part of one",
+    ),
+    Layer(
+        "logcli",
+        # '2025-01-22T18:27:15Z {container="vllm", pod="vllm-0"}  '
+        _RFC3339 + r' \{(?:[\w.]+="(?:[^"\\\n]|\\.)*"(?:, )?)*\} +',
+        "Loki's logcli query output: the entry's time, the labels not common to every line "
+        "(padded to one width)",
+    ),
     Layer(
         "journald",
         # "Sep 22 23:46:42 gpu-3 vllm[361991]: ", "2025-09-22T23:46:42+0000 gpu-3 vllm[361991]: "
@@ -70,8 +95,14 @@ LAYERS = (
     ),
     Layer(
         "timestamps",
-        _RFC3339 + " ",  # "2025-10-15T00:07:38.764529167Z "
-        "docker logs -t, kubectl logs --timestamps: the time each line was read, RFC 3339",
+        _RFC3339 + " ",  # "2025-10-15T00:07:38.764529167Z ", "2024-05-01T12:34:56.1234567Z "
+        "docker logs -t, kubectl logs --timestamps, GitHub Actions' job logs: the time each "
+        "line was read, RFC 3339",
+    ),
+    Layer(
+        "buildkite",
+        r"\[" + _RFC3339 + r"\] ",  # "[2025-03-10T15:07:20Z] "
+        "Buildkite's job log with timestamps: the time in square brackets",
     ),
     Layer(
         "compose",

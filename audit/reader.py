@@ -5,6 +5,8 @@ Every line is one of: a receipt of this schema (a JSON object with ``event``, ``
 ``text``), a blank line, or garbage (a line that starts like JSON and does not parse; the last
 line of a file without its newline is counted as truncated instead). Gzip files are read as
 such. A ``[tag]:`` prefix before a JSON object (as launchers write for each rank) is dropped.
+A JSON object with a string ``log`` field is a log shipper's record of one line (docker's
+json-file driver, Fluent Bit, Fluentd): that line is read in its place, as whatever it is.
 
 The pass is the auditor's hot path (a gigabyte is four million lines): files are read a block at
 a time and split in C; a line that starts with ``{`` and parses into a receipt is handled inline
@@ -78,6 +80,10 @@ def _classify(raw: bytes, stats: ReadStats, last: bool) -> tuple[str, Any]:
             stats.seqs.setdefault((obj["boot"], obj["rank"]), SeqTrack()).invalid += 1
             stats.examples.setdefault("seq_invalid", line[:200].decode("utf-8", "replace"))
             return "skip", None
+        if isinstance(obj, dict) and isinstance(obj.get("log"), str):
+            # a log shipper's record of one line the process wrote (docker's json-file driver,
+            # Fluent Bit, Fluentd: {"log": "<line>\n", "stream": ..., "time": ...}): the line
+            return _classify(obj["log"].encode("utf-8", "surrogatepass"), stats, False)
         stats.foreign_json += 1
         return JSON, line.decode("utf-8", "replace")
     stats.text += 1

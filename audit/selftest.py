@@ -5,7 +5,9 @@ to fail proves nothing when they pass.
 
 A case is ``cases/<name>.toml``: ``description``, ``log`` (the log text), optional ``control``
 (a control log's text), and ``[expect]`` with ``overall``, ``claims`` (claim id -> verdict, for
-every claim of the spec) and optional ``reasons`` (claim id -> reason code).
+every claim of the spec), optional ``reasons`` (claim id -> reason code) and optional
+``applies`` (true or false: whether ``audit verdict`` without ``--spec``, which judges only the
+windows that apply to a log, judges this one for this log).
 """
 
 from __future__ import annotations
@@ -77,8 +79,13 @@ def case_files(path: Path) -> Iterator[tuple[dict, Path, Path | None]]:
 def run_case(spec: Spec, path: Path) -> CaseResult:
     with case_files(path) as (t, log, control):
         report = evaluate([spec], [log], control)
-    exp = t["expect"]
-    problems: list[str] = []
+        exp = t["expect"]
+        problems: list[str] = []
+        if "applies" in exp:
+            picked = evaluate([spec], [log], control, only_applicable=True)
+            if bool(picked.specs) != exp["applies"]:
+                said = "judged" if picked.specs else "left out as not applying"
+                problems.append(f"applies: expected {exp['applies']}, the window was {said}")
     claims = {c.id for c in spec.claims}
     expected = exp.get("claims", {})
     for cid in sorted(claims - set(expected)):

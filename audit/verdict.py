@@ -255,15 +255,20 @@ def evaluate(
 def _outcome(
     spec: Spec, row: list[Checker], app: SelCount, ranks: int, ctx: Context, only_applicable: bool
 ) -> Outcome:
-    """A spec's verdict, or why it was left out (with ``only_applicable``)."""
+    """A spec's verdict, or why it was left out (with ``only_applicable``). A window whose
+    regime was not seen is still judged where one of its claims FAILs on lines in its engine's
+    own words (an engine that died before its first stats line): a failure the log shows is
+    never hidden as 'not applicable'."""
+    verdicts = [ch.verdict(ctx) for ch in row]
     if only_applicable and (app.count == 0 or ranks < spec.regime.min_ranks):
-        why = (
-            f"{app.describe()} not seen"
-            if app.count == 0
-            else f"needs {spec.regime.min_ranks} ranks, the logs have {ranks}"
-        )
-        return spec.name, why
-    return SpecVerdict(spec.name, spec.description, [ch.verdict(ctx) for ch in row])
+        if not any(ch.failed_in_own_words(v) for ch, v in zip(row, verdicts, strict=True)):
+            why = (
+                f"{app.describe()} not seen"
+                if app.count == 0
+                else f"needs {spec.regime.min_ranks} ranks, the logs have {ranks}"
+            )
+            return spec.name, why
+    return SpecVerdict(spec.name, spec.description, verdicts)
 
 
 def _evaluate(

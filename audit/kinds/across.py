@@ -86,10 +86,6 @@ class Across(Checker[AcrossClaim]):
         then = " | ".join(s.describe() for s in c.then)
         owed = self._owed()
         total = sum(len(keys) for _, keys in owed)
-        gated = self.gate(ctx, total > 0, f"no {when} left open by a boot: nothing to carry")
-        if gated:
-            gated.numbers.update(keys=total, boots=len(owed))
-            return gated
         missing, waiting = [], []
         for i, (boot, keys) in enumerate(owed):
             if i + 1 == len(owed):
@@ -97,6 +93,15 @@ class Across(Checker[AcrossClaim]):
                 continue
             found = self.seen["then"].get(owed[i + 1][0], {})
             missing += [f"{k} (boot {boot})" for k in keys if k not in found]
+        gated = self.gate(
+            ctx,
+            total > 0,
+            f"no {when} left open by a boot: nothing to carry",
+            failing=bool(missing),
+        )
+        if gated:
+            gated.numbers.update(keys=total, boots=len(owed))
+            return gated
         nums = {"keys": total, "boots": len(owed), "missing": len(missing), "open": len(waiting)}
         if missing:
             return outcome(

@@ -145,7 +145,9 @@ class Every(Checker[EveryClaim]):
         label = "rid" if c.when_key in ("rid", "rids") else c.when_key
         then = " | ".join(s.describe() for s in c.then)
         total, n_failed, failed, open_, by_then = self.windows.summary()
-        gated = self.gate(ctx, total > 0, f"no {when} seen: nothing to follow")
+        gated = self.gate(
+            ctx, total > 0, f"no {when} seen: nothing to follow", failing=bool(failed)
+        )
         nums = {"keys": total, "failed": n_failed, "open": len(open_)}
         counted, tally = self._counted(by_then)
         nums.update(tally)
@@ -175,6 +177,11 @@ class Every(Checker[EveryClaim]):
         return outcome(
             Status.PASS, f"all {total} {label}s from {when} later had {then}{counted}", **nums
         )
+
+    def failed_in_own_words(self, verdict: ClaimVerdict) -> bool:
+        """A window closed without its follow-up, opened by an engine's own line."""
+        own = all(s.event is not None for s in self.claim.when)
+        return verdict.status is Status.FAIL and own
 
 
 _KEYS = {"when", "then", "key", "when_key", "then_key", "closes", "close_key", "stops", "tally"}

@@ -86,13 +86,10 @@ class Final(Checker[FinalClaim]):
             return "the last"
         return f"no {self.claim.key}" if at[2] is None else f"{self.claim.key} {at[2]!r}"
 
-    def decide(self, ctx: Context) -> ClaimVerdict:
+    def _read(self, ctx: Context) -> tuple[list[str], list[str], list[str]]:
+        """The last records that break the check once the run ended after them, those not known
+        to be final, and those it cannot be evaluated on."""
         c = self.claim
-        sel = " | ".join(s.describe() for s in c.select)
-        gated = self.gate(ctx, bool(self.last), f"no {sel} seen: nothing was last")
-        if gated:
-            gated.numbers.update(keys=0)
-            return gated
         broken, open_, missing = [], [], []
         for at, rec in sorted(self.last.items(), key=lambda kv: repr(kv[0])):
             ended = self.ends.get(at[:2], 0) > rec["seq"]
@@ -108,6 +105,18 @@ class Final(Checker[FinalClaim]):
                 open_.append(self._name(at))
             elif not ok:
                 broken.append(f"{self._name(at)}: {locate(rec)}: {c.check.shown(rec)}")
+        return broken, open_, missing
+
+    def decide(self, ctx: Context) -> ClaimVerdict:
+        c = self.claim
+        sel = " | ".join(s.describe() for s in c.select)
+        broken, open_, missing = self._read(ctx)
+        gated = self.gate(
+            ctx, bool(self.last), f"no {sel} seen: nothing was last", failing=bool(broken)
+        )
+        if gated:
+            gated.numbers.update(keys=len(self.last))
+            return gated
         nums = {"keys": len(self.last), "broken": len(broken), "open": len(open_)}
         if broken:
             return outcome(

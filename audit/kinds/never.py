@@ -56,5 +56,8 @@ class Never(Checker[NeverClaim]):
             found=0,
         )
 
+    def failed_in_own_words(self, verdict: ClaimVerdict) -> bool:
+        return verdict.status is Status.FAIL and self.sel.own_hits > 0
+
 
 KINDS = (ClaimKind("never", frozenset({"select", "needs_end"}), parse, Never, can_fail=True),)

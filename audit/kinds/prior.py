@@ -216,7 +216,10 @@ class Prior(Checker[PriorClaim]):
         nums = {"checked": self.checked, "broken": self.broken, "unevaluable": self.unevaluable}
         sel = " | ".join(s.describe() for s in c.select)
         gated = self.gate(
-            ctx, self.checked + self.unevaluable > 0, f"no {sel} seen: nothing to check"
+            ctx,
+            self.checked + self.unevaluable > 0,
+            f"no {sel} seen: nothing to check",
+            failing=self.broken > 0,
         )
         if gated:
             gated.numbers.update(nums)

@@ -191,7 +191,7 @@ class RanksAgree(Checker[RanksAgreeClaim]):
         missing = self.world.missing(ranks)
         if not multi and not missing:
             return self._single_rank(ctx)
-        gated = self.gate(ctx, True, "")  # an incomplete log, or what the claim requires unseen
+        gated = self.gate(ctx, True, "", failing=True)  # an incomplete log only
         if gated:
             return gated
         compared, differ, ended = self._compare(ctx, multi)
@@ -209,6 +209,10 @@ class RanksAgree(Checker[RanksAgreeClaim]):
                 f"first: {differ[0]}",
                 **nums,
             )
+        gated = self.gate(ctx, True, "")  # what the claim requires unseen
+        if gated:
+            gated.numbers.update(nums)
+            return gated
         if missing:
             return _rank_missing(missing, nums, self.world)
         decided = bool(self.unkept) or any(self.digest.values())

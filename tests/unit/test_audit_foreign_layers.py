@@ -126,6 +126,50 @@ COLLECTED = [
         "retract",
         {},
     ),
+    (
+        "GitHub Actions",
+        "2024-05-01T12:34:56.1234567Z INFO 01-22 18:27:15 [metrics.py:449] " + V_MSG,
+        "stats",
+        {"waiting": 48},
+    ),
+    (
+        "GitLab CI, job log timestamps",
+        "2024-05-30T14:30:00.123456Z 00O  " + SG_LINE,
+        "retract",
+        {"proc": "DP1 TP1"},
+    ),
+    (
+        "GitLab CI, stderr, a continued line",
+        "2024-05-30T14:30:00.123456Z 0aE+ " + V_LINE,
+        "stats",
+        {},
+    ),
+    (
+        "Kubernetes container log file (CRI)",
+        "2025-01-22T18:27:15.731100201Z stderr F " + V_LINE,
+        "stats",
+        {"waiting": 48},
+    ),
+    (
+        "kubectl logs --timestamps",
+        "2025-01-22T18:27:15.731100201Z " + SG_LINE,
+        "retract",
+        {"retracted": 3},
+    ),
+    (
+        "Loki's logcli, labels padded",
+        '2025-01-22T18:27:15Z {container="vllm", pod="vllm-0"}   ' + V_LINE,
+        "stats",
+        {},
+    ),
+    ("logcli, every label common", "2025-01-22T18:27:15+01:00 {} " + SG_LINE, "retract", {}),
+    ("Buildkite", "[2025-03-10T15:07:20Z] " + V_LINE, "stats", {}),
+    (
+        "stacked: compose, then a CRI line",
+        "vllm-1  | 2025-01-22T18:27:15.731100201Z stdout F " + V_LINE,
+        "stats",
+        {},
+    ),
     # the heads of logs run with a logging config
     (
         "SGLang: time, level, pid, file",
@@ -201,6 +245,10 @@ NOT_EVENTS = [
     "2025-01-01 12:00:12 INFO tail: " + SG_MSG,
     "sglang-1  | [2025-01-01 12:00:11 TP0] Receive: obj=GenerateReqInput(text='" + SG_MSG + "')",
     "INFO 01-22 18:27:15 mybench.metrics.py:12] " + V_MSG,  # the module is mybench.metrics
+    "2024-05-30T14:30:00.123456Z 00O  " + V_MSG,  # a CI's prefix is a layer, not a head
+    "2025-01-22T18:27:15.731100201Z stdout F " + SG_MSG,
+    '2025-01-22T18:27:15Z {container="bench"} client got: ' + SG_LINE,
+    "[2025-03-10T15:07:20Z] " + V_MSG,
 ]
 
 

@@ -146,6 +146,16 @@ def cases(window: str) -> list[str]:
     return sorted(p.stem for p in (acceptance_dir() / window / "cases").glob("*.toml"))
 
 
+# cases whose lines are a log shipper's JSON records: a line of one is a whole record, which a
+# prefix before it or an edit inside it would make a text line (what it then is), so they are
+# left out where every line of every case is rewritten
+SHIPPED = {"pass_fluent_bit_json"}
+
+
+def rewritable(window: str) -> list[str]:
+    return [c for c in cases(window) if c not in SHIPPED]
+
+
 def expected(window: str, case: str) -> dict[str, str]:
     path = acceptance_dir() / window / "cases" / f"{case}.toml"
     return tomllib.loads(path.read_text(encoding="utf-8"))["expect"]["claims"]
@@ -176,9 +186,10 @@ def test_every_case_collected_any_way_gets_its_verdicts(tmp_path, window, collec
     # decoys stay decoys, crashes stay crashes, and runs stay PASS behind every outer layer
     wrap = COLLECTORS[collector]
     got = {
-        c: verdicts(tmp_path, window, each_line(case_log(window, c), wrap)) for c in cases(window)
+        c: verdicts(tmp_path, window, each_line(case_log(window, c), wrap))
+        for c in rewritable(window)
     }
-    assert got == {c: expected(window, c) for c in cases(window)}
+    assert got == {c: expected(window, c) for c in rewritable(window)}
 
 
 SG_HEAD = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: [A-Z][A-Z0-9 ]*)?\] (?!INFO: )")
@@ -238,6 +249,6 @@ VLLM_WRITES = {
 
 @pytest.mark.parametrize("writes", VLLM_WRITES)
 def test_vllm_as_other_releases_and_logging_configs_write_it(tmp_path, writes):
-    for case in cases("vllm_pressure"):
+    for case in rewritable("vllm_pressure"):
         text = each_line(case_log("vllm_pressure", case), VLLM_WRITES[writes])
         assert verdicts(tmp_path, "vllm_pressure", text) == expected("vllm_pressure", case), case

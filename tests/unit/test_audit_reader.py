@@ -259,3 +259,26 @@ def test_a_receipt_nested_too_deep_is_counted_deep_even_when_it_lacks_fields_too
     stats, receipts, _ = collect([tmp_path / "a.log"])
     assert receipts == [] and (stats.malformed, stats.deep) == (2, 2)
     assert "nest a value deeper than 256 levels" in stats.incomplete()[1]
+
+
+def shipped(line: str, **beside: object) -> str:
+    """A line as docker's json-file driver, Fluent Bit or Fluentd keeps it."""
+    return json.dumps({"log": line + "\n", "stream": "stdout", **beside})
+
+
+def test_a_log_shippers_record_is_read_as_the_line_it_holds(tmp_path):
+    log = LogText().ready()
+    receipt = log.lines.pop()  # boot.ready, shipped instead of written
+    log.text(shipped(receipt, time="2025-01-22T18:27:15.731100201Z"))
+    log.text(shipped("INFO 01-22 18:27:15 metrics.py:449] Avg prompt throughput: 1.0 tokens/s"))
+    log.text(shipped(""))  # an empty line the process wrote
+    log.text('{"log": {"level": "info"}, "msg": "x"}')  # 'log' not a line: foreign JSON
+    log.r("request.received", rid="r-1", prompt_tokens=5, max_new_tokens=3)
+    stats, receipts, texts = collect([log.write(tmp_path / "a.log")])
+    assert [r["event"] for r in receipts] == ["boot.start", "boot.ready", "request.received"]
+    assert stats.incomplete() is None  # the shipped receipt kept its place in the seq run
+    assert texts == [
+        ("text", "INFO 01-22 18:27:15 metrics.py:449] Avg prompt throughput: 1.0 tokens/s"),
+        ("json", '{"log": {"level": "info"}, "msg": "x"}'),
+    ]
+    assert (stats.text, stats.foreign_json, stats.blank) == (1, 1, 1)

@@ -117,7 +117,7 @@ def test_genai_histograms_take_the_same_timings_as_attests_own(monkeypatch):
     Prometheus form) observe the very values attest's histograms do, per the conventions'
     definitions: TTFT and time per output token for successful responses only, the duration
     of every request with its error type when it failed."""
-    clock = iter([1_500_000_000, 2_000_000_000, 3_000_000_000, 4_000_000_000, 5_000_000_000])
+    clock = iter([int(t * 1e9) for t in (1.5, 2, 3, 4, 4.5, 5)])
     monkeypatch.setattr(metrics_mod.time, "time_ns", lambda: next(clock))
     m = ServerMetrics(PoolSnapshot, model="tiny")
     t = m.timer(5, 1_000_000_000, api="chat.completions")
@@ -126,11 +126,13 @@ def test_genai_histograms_take_the_same_timings_as_attests_own(monkeypatch):
     t.tokens(2)  # 3.0 s: two tokens in the step
     t.end("stop")  # 4.0 s: duration 3.0 s; 3 tokens after the first over 1.5 s: 0.5 s each
     failed = m.timer(5, 1_000_000_000, api="completions")
-    failed.end("abort")  # 5.0 s, no token
+    failed.tokens(1)  # 4.5 s: a first token, then the client went away
+    failed.end("abort")  # 5.0 s
     s = _samples(m)
     lab = 'gen_ai_operation_name="chat",gen_ai_provider_name="attest",gen_ai_request_model="tiny"'
     assert s[f"gen_ai_server_time_to_first_token_seconds_sum{{{lab}}}"] == 0.5
-    assert s["attest:time_to_first_token_seconds_sum"] == 0.5
+    # attest's own counts every first token: the aborted request's (3.5 s) too
+    assert s["attest:time_to_first_token_seconds_sum"] == 4.0
     assert s[f"gen_ai_server_time_per_output_token_seconds_sum{{{lab}}}"] == 0.5
     assert s[f"gen_ai_server_time_per_output_token_seconds_count{{{lab}}}"] == 1
     assert s[f'gen_ai_server_request_duration_seconds_sum{{error_type="",{lab}}}'] == 3.0

@@ -60,6 +60,14 @@ _DECISIONS = {
     "attest:evictions": (schema.EVICTION, "Prefix-cache evictions."),
     "attest:aborts": (schema.REQUEST_ABORT, "Requests that ended abnormally."),
     "attest:oom": (schema.ALLOC_OOM, "Allocations that failed after the allocation-site net."),
+    "attest:eviction_under_delivered": (
+        schema.EVICTION_UNDER_DELIVERED,
+        "Evictions that freed less than the evictable counter promised (law 1 broken).",
+    ),
+    "attest:invariant_violations": (
+        schema.INVARIANT_VIOLATION,
+        "Checked invariants that failed (the ledger, the counters), once per kind.",
+    ),
 }
 
 # outcome counters, from the receipts of schema.TALLIES: metric -> (receipt kind, label, help)

@@ -35,7 +35,13 @@ def test_gauges_and_counters_come_from_the_latest_snapshot():
             kv_evictable=12,
             kv_free=50,
             kv_total=100,
-            receipts={schema.ADMISSION_PARK: 4, schema.REQUEUE: 1, schema.EVICTION: 7},
+            receipts={
+                schema.ADMISSION_PARK: 4,
+                schema.REQUEUE: 1,
+                schema.EVICTION: 7,
+                schema.EVICTION_UNDER_DELIVERED: 2,
+                schema.INVARIANT_VIOLATION: 1,
+            },
             receipts_written={schema.ADMISSION_PARK: 3, schema.REQUEUE: 1, schema.EVICTION: 7},
             receipts_failed={schema.ADMISSION_PARK: 1},
         )
@@ -54,6 +60,10 @@ def test_gauges_and_counters_come_from_the_latest_snapshot():
     }
     assert s["attest:parks_total"] == 4 and s["attest:retractions_total"] == 1
     assert s["attest:evictions_total"] == 7 and s["attest:oom_total"] == 0
+    assert idle["attest:eviction_under_delivered_total"] == 0
+    assert idle["attest:invariant_violations_total"] == 0
+    assert s["attest:eviction_under_delivered_total"] == 2
+    assert s["attest:invariant_violations_total"] == 1
     # a park whose receipt the log could not take is a park still: counted apart, not lost
     assert s[f'attest:receipts_total{{kind="{schema.ADMISSION_PARK}"}}'] == 3
     assert s[f'attest:receipts_failed_total{{kind="{schema.ADMISSION_PARK}"}}'] == 1

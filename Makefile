@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= -n 2 --dist loadfile
 SERVE_ARGS  ?=
 
-.PHONY: setup native browser serve test test-all lint bench clean
+.PHONY: setup native browser prometheus serve test test-all lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,16 +56,29 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
+# The alerting rules' tests (runbooks/prometheus/, tests/e2e/test_prometheus_rules.py) run
+# Debian's promtool and prometheus, installed the same way; elsewhere those tests skip and say why.
+PROMETHEUS := /usr/bin/promtool
+
+$(PROMETHEUS):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's prometheus (promtool) for the alerting rules' tests"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus \
+			>/dev/null; } || echo "prometheus did not install: the rules' tests will say why"; \
+	else echo "no apt-get as root: the alerting rules' tests will skip"; fi
+
+prometheus: $(PROMETHEUS)
+
 serve: setup native
 	$(BIN)/engine serve $(SERVE_ARGS)
 
 # pytest exits 5 when it collected no test; that is not a failure of the set-up.
-test: setup browser native
+test: setup browser prometheus native
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # Everything `make test` runs and the tests marked slow; not the gpu ones (CUDA) nor the
 # ten-minute soak (-m soak).
-test-all: setup browser native
+test-all: setup browser prometheus native
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m 'not gpu and not soak' $(PYTEST_ARGS) \
 		|| [ $$? -eq 5 ]
 

@@ -3,7 +3,8 @@
 ``Receipts.emit`` never raises into its caller: a failing sink is reported once on stderr and
 counted, and the engine goes on. Every receipt carries the common fields of the schema. What was
 decided (``counts``), what was written (``written``) and what could not be (``failed``, a full
-disk say) are counted apart, by kind.
+disk say) are counted apart, by kind; the kinds of ``schema.TALLIES`` also by what they said
+(``tallies``: a relief rung by its outcome, say).
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class Receipts:
         self.counts: Counter[str] = Counter()  # receipts emitted per kind since boot: decisions
         self.written: Counter[str] = Counter()  # of them, those every sink took
         self.failed: Counter[str] = Counter()  # of them, those that could not be written
+        # the kinds of schema.TALLIES, by (kind, what they said): a rung that raised, say
+        self.tallies: Counter[tuple[str, str]] = Counter()
         self._once: set[str] = set()
         self._lock = threading.Lock()
         # tracing's hook (``RequestTraces.on_receipt``): sees every receipt, written or not
@@ -131,6 +134,8 @@ class Receipts:
         the log shows the loss as a gap. Every kind is counted in ``counts``, and in ``written``
         or ``failed`` (none of them with receipts off)."""
         self.counts[event] += 1
+        if (said := schema.tally_of(event, fields)) is not None:
+            self.tallies[event, said] += 1
         if self.tap is not None:
             self._tap(event, fields)
         if not self.enabled:

@@ -138,6 +138,37 @@ FRONTEND_STALL = "frontend.stall"
 FRONTEND_RESUME = "frontend.resume"
 FRONTEND_KINDS = frozenset({REQUEST_REJECTED, FRONTEND_STALL, FRONTEND_RESUME})
 
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """A kind counted by what it said as well as by kind (/metrics): ``field``'s value, one of
+    the closed list ``values``; for ``error``, whether one was given (``error``) or not
+    (``ok``)."""
+
+    field: str
+    values: tuple[str, ...]
+
+
+TALLIES = {
+    RELIEF_RUNG: Tally("outcome", ("paid", "short", "raised")),
+    GRAMMAR_COMPILE: Tally("outcome", ("ok", "invalid", "timeout", "error", "busy")),
+    STORE_QUARANTINE: Tally("reason", ("wrong_type", "malformed", "checksum", "unreadable")),
+    STORE_LOAD: Tally("error", ("ok", "error")),
+    STORE_WRITE: Tally("error", ("ok", "error")),
+}
+
+
+def tally_of(event: str, fields: dict[str, object]) -> str | None:
+    """The value ``event``'s receipt is counted under (None: a kind not tallied)."""
+    tally = TALLIES.get(event)
+    if tally is None:
+        return None
+    value = fields.get(tally.field)
+    if tally.field == "error":
+        return "error" if value else "ok"
+    return str(value)
+
+
 _CATALOG = (
     Kind(BOOT_START, ("config",), "the engine starts; its whole configuration",
          ("pid", "ppid", "host", "argv", "versions")),

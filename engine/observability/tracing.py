@@ -29,6 +29,14 @@ from typing import Any
 
 SERVICE_NAME = "attest"
 PROVIDER_NAME = "attest"  # gen_ai.provider.name: the engine that served the request
+
+
+def operation_of(api: str | None) -> str:
+    """The GenAI operation name (``gen_ai.operation.name``) of a request that came by ``api``
+    (``request.received``'s ``api``)."""
+    return "text_completion" if api == "completions" else "chat"
+
+
 SHUTDOWN_TIMEOUT_S = 2.0
 TRACES_PATH = "/v1/traces"
 # the loggers of the exporter and of the batch processor: their per-batch errors become one line

@@ -79,6 +79,8 @@ class PoolSnapshot:
     # of those receipts, by kind: written to the boot log, and not (its disk full, say)
     receipts_written: Mapping[str, int] = field(default_factory=dict)
     receipts_failed: Mapping[str, int] = field(default_factory=dict)
+    # the kinds of schema.TALLIES by (kind, what they said): a relief rung's outcome, say
+    tallies: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # progress since boot, the iteration receipt's counters (schema.PROGRESS; counters, not gauges)
     tokens_generated: int = 0  # tokens sampled
     admissions: int = 0  # admission.admit receipts
@@ -95,7 +97,7 @@ class PoolSnapshot:
     def gauges(self) -> dict[str, int]:
         """The counts /health reports (everything but the counters and the ratio)."""
         d = asdict(self)
-        counters = ("receipts", "receipts_written", "receipts_failed", "new_token_ratio")
+        counters = ("receipts", "receipts_written", "receipts_failed", "tallies", "new_token_ratio")
         for counter in (*counters, *self.progress()):
             del d[counter]
         if self.store is None:

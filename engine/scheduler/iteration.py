@@ -116,6 +116,7 @@ def snapshot_of(sched: Reported) -> PoolSnapshot:
         receipts=dict(sched.receipts.counts),
         receipts_written=dict(sched.receipts.written),
         receipts_failed=dict(sched.receipts.failed),
+        tallies=dict(sched.receipts.tallies),
         **computed.progress(sched.generated, sched.receipts.counts),
         spec=sched.spec.counts() if sched.spec is not None else None,
         store=cache.keeper.store.capacity() if cache.keeper is not None else None,

@@ -143,7 +143,12 @@ def create_app(
     app = FastAPI(
         title="Attest", version=VERSION, responses=openapi.ERRORS, lifespan=watch.lifespan
     )
-    metrics = ServerMetrics(driver.stats, lambda: (watch.stalls, watch.lag_s))
+    metrics = ServerMetrics(
+        driver.stats,
+        lambda: (watch.stalls, watch.lag_s),
+        lambda: (not driver.dead, driver.heartbeat_age()),
+        served_model_name,
+    )
     service = CompletionService(driver, metrics, served_model_name, tracing, limits)
 
     app.middleware("http")(guard(api_key))

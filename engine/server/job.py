@@ -87,7 +87,7 @@ class Job:
         self.deadline = None if deadline_s is None else loop.time() + deadline_s - waited
         # time to first token counts from the request's arrival (t0_ns), for /metrics and spans
         self.started_ns = t0_ns
-        self.timers = [metrics.timer(len(ids) if i == 0 else 0, t0_ns) for i in range(n)]
+        self.timers = [metrics.timer(len(ids) if i == 0 else 0, t0_ns, api) for i in range(n)]
         self.completion = [0] * n
         self.cached = 0
         self.prompt_tokens = len(ids)

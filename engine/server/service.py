@@ -344,7 +344,7 @@ class CompletionService:
             job.trace = incoming if tr.parse_traceparent(incoming) else None
             return
         try:
-            op = "text_completion" if api == "completions" else "chat"
+            op = tr.operation_of(api)
             attrs = tr.request_attributes(op, name, params, req.n, bool(req.stream))
             attrs.update(
                 {

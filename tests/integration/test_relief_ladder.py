@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.scheduler.iteration import snapshot_of
 from engine.scheduler.memory import Rung
 from tests.integration.test_pressure import roomy_and_tight, three_at_once, workload
 
@@ -161,6 +162,11 @@ def test_a_faulty_rung_is_an_outcome_and_the_ladder_goes_on(tiny_model_dir, faul
     assert not r.of("alloc.oom") and not r.of("invariant.violation")
     # what the ladder left unpaid the floor paid before any allocation: the net never had to
     assert not r.of("alloc.relief")
+    # /metrics counts the rungs by outcome from the same receipts (attest:relief_rungs_total)
+    rungs = Counter(x["outcome"] for x in r.of("relief.rung"))
+    tallies = snapshot_of(sched).tallies
+    assert {o: tallies.get(("relief.rung", o), 0) for o in rungs} == rungs
+    assert tallies[("relief.rung", outcome)] >= len(by_engagement)
 
 
 def test_the_throttle_closes_the_line_for_k_iterations(tiny_model_dir):

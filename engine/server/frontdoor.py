@@ -68,8 +68,10 @@ class _Answer:
 
 
 def told(body: bytes, status: int) -> tuple[str, str | None]:
-    """The message and the field an error body told its client (the error object every answer
-    of this server has), else the status's phrase."""
+    """The message and the field an error body told its client, else the status's phrase.
+    Both error shapes this server answers carry ``error.message``: OpenAI's (with
+    ``error.param``, the field) and Anthropic's (on its Messages API's routes; no field of its
+    own, its message names it)."""
     try:
         err = orjson.loads(body)["error"]
         message, param = err["message"], err.get("param")

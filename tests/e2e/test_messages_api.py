@@ -316,6 +316,47 @@ def test_the_request_received_receipt_names_the_messages_api(api, served):
     assert [r["api"] for r in got] == ["messages"]
 
 
+LONG = [{"role": "user", "content": "Count from 1 to 1000, one number a line."}]
+
+
+def aborted_by_the_client(served) -> set[str]:
+    lines = served.log_file.read_bytes().splitlines()
+    aborts = [json.loads(x) for x in lines if b'"request.abort"' in x and b'"msg-' in x]
+    return {a["rid"] for a in aborts if a["reason"] == "client_disconnect"}
+
+
+def freed(api: httpx.Client) -> dict:
+    """The pool once nothing runs (a leak would be forever: the limit is roomy, not waited)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        h = api.get("/health").json()
+        if h["running"] == 0 and h["kv_used"] == 0:
+            break
+        time.sleep(0.2)
+    return h
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_client_that_goes_away_aborts_its_message_and_frees_its_memory(api, served, streamed):
+    before = aborted_by_the_client(served)
+    request = {"model": "smol", "max_tokens": 2000, "messages": LONG, "stream": streamed}
+    # the model may end its answer before the hang-up reaches it: a few tries, each a new abort
+    for _ in range(3):
+        if streamed:
+            with api.stream("POST", "/v1/messages", json=request) as r:
+                for line in r.iter_lines():
+                    if line.startswith("event: content_block_delta"):
+                        break  # one delta, then hang up
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                api.post("/v1/messages", json=request, timeout=httpx.Timeout(60, read=3))
+        h = freed(api)
+        assert h["running"] == 0 and h["kv_used"] == 0, h
+        if aborted_by_the_client(served) - before:
+            break
+    assert aborted_by_the_client(served) - before  # aborted, not run to its end
+
+
 def test_the_anthropic_sdk_against_the_server(served):
     anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is not installed")
     client = anthropic.Anthropic(base_url=served.base, api_key=API_KEY)

@@ -392,8 +392,8 @@ class Blocks:
                     "input": {},
                 }
                 out += self._start(block)
-                self.calls[call["index"]] = self.open  # type: ignore[assignment]
-                self.inputs[self.open] = ""  # type: ignore[index]
+                self.calls[call["index"]] = len(self.content) - 1
+                self.inputs[len(self.content) - 1] = ""
             if f.get("arguments"):
                 at = self.calls[call["index"]]
                 self.inputs[at] += f["arguments"]

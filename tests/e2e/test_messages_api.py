@@ -360,16 +360,23 @@ def test_a_client_that_goes_away_aborts_its_message_and_frees_its_memory(api, se
 def test_the_anthropic_sdk_against_the_server(served):
     anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is not installed")
     client = anthropic.Anthropic(base_url=served.base, api_key=API_KEY)
-    msg = client.messages.create(model="smol", max_tokens=16, temperature=0, messages=ASK)
+    msg = client.messages.create(model="smol", max_tokens=16, messages=ASK)
     assert msg.content[0].type == "text" and msg.content[0].text
     assert msg.stop_reason in ("end_turn", "max_tokens")
+    counted = client.messages.count_tokens(model="smol", messages=ASK).input_tokens
+    assert counted == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
+    image = {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1/a.png"}}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(
+            model="smol", max_tokens=4, messages=[{"role": "user", "content": [image]}]
+        )
+    assert "messages.0.content.0.type" in refused.value.message
     with client.messages.stream(
         model="smol",
         max_tokens=80,
-        temperature=0,
         messages=ASK,
         tools=TOOLS,
-        tool_choice={"type": "any"},
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
     ) as s:
         final = s.get_final_message()
     [use] = [b for b in final.content if b.type == "tool_use"]

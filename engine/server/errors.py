@@ -122,6 +122,10 @@ ANTHROPIC_TYPES = {
 }
 # the routes that speak Anthropic's API, and so answer its error shape
 ANTHROPIC_PATHS = ("/v1/messages",)
+# the field a refusal named, as the error handler leaves it in the request's state (Starlette's
+# ``request.state``, the ASGI scope's ``state``): the front door's record reads it there where
+# the error body has no place for it (Anthropic's shape)
+REFUSED_FIELD = "refused_field"
 
 
 def anthropic_error_body(message: str, status: int) -> dict[str, Any]:

@@ -19,7 +19,12 @@ from starlette.exceptions import HTTPException
 from engine.guided.tool_parsers import GenericParser, HermesParser, merged, parser_for
 from engine.guided.tools import ToolPlan
 from engine.request.messages import StepOutput
-from engine.server.errors import ProtocolError, anthropic_error_body, error_body, speaks_anthropic
+from engine.server.errors import (
+    ProtocolError,
+    anthropic_error_body,
+    error_body,
+    speaks_anthropic,
+)
 from engine.server.job import Job, JobFailed
 from engine.server.limits import ClientGone, went_away
 from engine.server.logprobs import LogprobsWriter
@@ -64,6 +69,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _protocol(request: Request, e: ProtocolError) -> Response:
         # a 415 says which encoding is accepted (RFC 9110 12.5.3)
         headers = {"accept-encoding": "identity"} if e.status == 415 else {}
+        request.state.refused_field = e.param  # for the record (errors.REFUSED_FIELD)
         return error_for(request.url.path, str(e), e.status, e.param, {**e.headers, **headers})
 
     @app.exception_handler(HTTPException)

@@ -316,6 +316,20 @@ def test_the_request_received_receipt_names_the_messages_api(api, served):
     assert [r["api"] for r in got] == ["messages"]
 
 
+def test_a_refusal_is_on_the_record_with_what_the_client_was_told(api, served):
+    r = api.post("/v1/messages", json={**body(), "top_k": "3"})
+    told = anthropic_error(r, 400, "top_k")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        lines = served.log_file.read_bytes().splitlines()
+        got = [json.loads(x) for x in lines if b'"request.rejected"' in x]
+        got = [g for g in got if g["route"] == "/v1/messages" and g["reason"] == told]
+        if got:
+            break
+        time.sleep(0.2)
+    assert [(g["status"], g["field"]) for g in got] == [(400, "top_k")]
+
+
 LONG = [{"role": "user", "content": "Count from 1 to 1000, one number a line."}]
 
 

@@ -148,8 +148,9 @@ def test_an_error_in_anthropics_shape_is_a_receipt_with_what_the_client_was_told
     said = {"type": "invalid_request_error", "message": "max_tokens: Field required"}
     assert (r.status_code, r.json()) == (400, {"type": "error", "error": said})
     (got,) = rec.of(schema.REQUEST_REJECTED)
-    assert (got["route"], got["status"]) == ("/v1/messages", 400)
+    assert (got["route"], got["status"], got["field"]) == ("/v1/messages", 400, "max_tokens")
     assert got["reason"] == "max_tokens: Field required"  # not the status's phrase
+    assert rec.counted == [("/v1/messages", 400, "max_tokens")]
     body = b'{"type": "error", "error": {"type": "not_found_error", "message": "no model m"}}'
     assert told(body, 404) == ("no model m", None)
 

@@ -1,5 +1,6 @@
 """The errors a request can meet before it runs: ProtocolError (a 4xx naming the field), the
-message a schema's validation error becomes, and OpenAI's error object every error answers with."""
+message a schema's validation error becomes, and the error objects errors answer with: OpenAI's,
+and Anthropic's on the routes of its Messages API."""
 
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ ERROR_TYPES = {
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object, the one shape of every error this server answers."""
+    """OpenAI's error object: every error this server answers, but on the Messages API's
+    routes (``anthropic_error_body``)."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 

@@ -23,7 +23,7 @@ class ErrorObject(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """OpenAI's error shape: every error of every route."""
+    """OpenAI's error shape: every error of every route but the Messages API's."""
 
     error: ErrorObject
 

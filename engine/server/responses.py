@@ -1,5 +1,6 @@
 """OpenAI response shapes: a whole completion, its server-sent-event stream, and the error
-object every error of every route answers with (the framework's 404 and 405 included).
+answer of every route (the framework's 404 and 405 included): OpenAI's error object, or
+Anthropic's on its Messages API's routes (``error_for``).
 
 ``kind`` is ``"text"`` (/v1/completions) or ``"chat"`` (/v1/chat/completions); ``meta`` is what
 every body and chunk of one response repeats (``id``, ``created``, ``model``).

@@ -38,6 +38,7 @@ class StepOutput:
     finished: bool
     finish_reason: str | None
     abort_reason: str | None = None  # finish "abort": why (the request.abort receipt's reason)
+    stop_sequence: str | None = None  # finish "stop" by a stop string: which one
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     parks: int = 0  # set on the final output: times the request parked
     retractions: int = 0  # ... and was retracted

@@ -53,6 +53,7 @@ class Request:
     parks: int = 0
     retractions: int = 0
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended it (finish "stop"), if one did
     abort_reason: str | None = None  # why the engine or the caller ended it (finish "abort")
     promised: int | None = None  # prompt + max_tokens, checked against the pool up front
     text: str = ""  # output text, stop string removed
@@ -149,7 +150,7 @@ class Request:
             if hits:
                 i, s = min(hits, key=lambda h: h[0])  # the earliest (the first listed of a tie)
                 self.text = self.text[: i + len(s) if p.include_stop_str_in_output else i]
-                self.finish_reason = "stop"
+                self.finish_reason, self.stop_sequence = "stop", s
                 return
         if (
             len(self.output_ids) >= p.max_tokens
@@ -169,6 +170,7 @@ class Request:
             text_delta=self.take_text_delta(),
             finished=done,
             finish_reason=self.finish_reason if done else None,
+            stop_sequence=self.stop_sequence if done else None,
             cached_tokens=self.cached_tokens,
             abort_reason=self.abort_reason if done else None,
             parks=self.parks if done else 0,

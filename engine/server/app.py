@@ -14,13 +14,13 @@ from fastapi.routing import APIRoute
 
 from engine.observability import tracing as tr
 from engine.observability.metrics import CONTENT_TYPE, ServerMetrics
-from engine.server import admin, checkpoints, openapi, origin, tokenize
+from engine.server import admin, checkpoints, messages_api, openapi, origin, tokenize
 from engine.server.driver import EngineDriver
 from engine.server.frontdoor import FrontDoor
 from engine.server.limits import MAX_BODY_BYTES, HttpLimits
 from engine.server.loop_watch import LoopWatch
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest, check_model
-from engine.server.responses import error_response, install_error_handlers
+from engine.server.responses import error_for, error_response, install_error_handlers
 from engine.server.service import CompletionService
 
 VERSION = "0.1.0"
@@ -68,9 +68,12 @@ def model_list(driver: EngineDriver, served_name: str) -> dict[str, Any]:
     return {"object": "list", "data": [model_card(driver, served_name)]}
 
 
-def authorized(header: str, api_key: str) -> bool:
-    """An ``Authorization: Bearer KEY`` header with this key. The scheme is read in any case
-    (RFC 9110 11.1: schemes are case-insensitive); the key is compared in constant time."""
+def authorized(header: str, api_key: str, x_api_key: str | None = None) -> bool:
+    """An ``Authorization: Bearer KEY`` header with this key, or an ``x-api-key: KEY`` header
+    (as Anthropic's clients send it). The scheme is read in any case (RFC 9110 11.1: schemes
+    are case-insensitive); the key is compared in constant time."""
+    if x_api_key is not None and hmac.compare_digest(x_api_key.encode(), api_key.encode()):
+        return True
     scheme, _, key = header.partition(" ")
     right_key = hmac.compare_digest(key.lstrip(" ").encode(), api_key.encode())
     return right_key and scheme.lower() == "bearer"
@@ -109,18 +112,20 @@ def mount_models(app: FastAPI, driver: EngineDriver, served_name: str) -> None:
 
 def guard(api_key: str | None) -> Callable[[Request, Any], Awaitable[Response]]:
     """The middleware that checks what every route needs: the API key (on every route but
-    /health), a declared size within the limit (413), a state-changing body declared JSON
-    (415, ``origin.body_refusal``)."""
+    /health; ``Authorization: Bearer`` or ``x-api-key``), a declared size within the limit
+    (413), a state-changing body declared JSON (415, ``origin.body_refusal``); each refusal in
+    its route's error shape."""
 
     async def _guard(request: Request, call_next: Any) -> Response:
-        if api_key and request.url.path not in OPEN:
-            if not authorized(request.headers.get("authorization", ""), api_key):
-                return error_response("invalid or missing API key", 401)
-        declared = request.headers.get("content-length")
+        headers, path = request.headers, request.url.path
+        if api_key and path not in OPEN:
+            if not authorized(headers.get("authorization", ""), api_key, headers.get("x-api-key")):
+                return error_for(path, "invalid or missing API key", 401)
+        declared = headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            return error_response(f"request body exceeds {MAX_BODY_BYTES} bytes", 413)
-        if (no := origin.body_refusal(request.method, request.headers)) is not None:
-            return error_response(no.message, no.status)
+            return error_for(path, f"request body exceeds {MAX_BODY_BYTES} bytes", 413)
+        if (no := origin.body_refusal(request.method, headers)) is not None:
+            return error_for(path, no.message, no.status)
         return await call_next(request)
 
     return _guard
@@ -175,8 +180,15 @@ def create_app(
     )
     tokenize.mount(app, service)
     checkpoints.mount(app, service)
+    messages_api.mount(app, service)
     serve_head(app)
-    bodies = [CompletionRequest, ChatCompletionRequest, *tokenize.BODIES, *checkpoints.BODIES]
+    bodies = [
+        CompletionRequest,
+        ChatCompletionRequest,
+        *tokenize.BODIES,
+        *checkpoints.BODIES,
+        *messages_api.BODIES,
+    ]
     openapi.publish(app, bodies, served_model_name, driver.vocab_size)
     fields = frozenset(name for body in bodies for name in body.model_fields)
     return FrontDoor(app, driver, metrics, fields)

@@ -25,6 +25,7 @@ from starlette.routing import Match
 
 from engine.observability import schema
 from engine.observability.clip import clip_words
+from engine.server.errors import REFUSED_FIELD
 
 ERROR_BODY_BYTES = 1 << 16  # an error body is read this far for its message (ours are small)
 REASON_CHARS = 500  # the message a client was told, about this long at most in a receipt
@@ -68,8 +69,10 @@ class _Answer:
 
 
 def told(body: bytes, status: int) -> tuple[str, str | None]:
-    """The message and the field an error body told its client (the error object every answer
-    of this server has), else the status's phrase."""
+    """The message and the field an error body told its client, else the status's phrase.
+    Both error shapes this server answers carry ``error.message``: OpenAI's (with
+    ``error.param``, the field) and Anthropic's (on its Messages API's routes; no place for the
+    field: the front door reads it from the request's state, ``errors.REFUSED_FIELD``)."""
     try:
         err = orjson.loads(body)["error"]
         message, param = err["message"], err.get("param")
@@ -127,7 +130,10 @@ class FrontDoor:
             self._rejected(scope, status, f"internal error: {type(e).__name__}", None, text)
             raise
         if seen.status >= 400 and seen.status != GONE:
-            self._rejected(scope, seen.status, *told(seen.body, seen.status), None)
+            reason, param = told(seen.body, seen.status)
+            if param is None:  # Anthropic's shape has no place for it: the request's state
+                param = (scope.get("state") or {}).get(REFUSED_FIELD)
+            self._rejected(scope, seen.status, reason, param, None)
 
     def refused(self, method: str, path: str, status: int, reason: str) -> None:
         """The record of a refusal the HTTP protocol answered itself, before the app saw the

@@ -23,7 +23,7 @@ class ErrorObject(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """OpenAI's error shape: every error of every route."""
+    """OpenAI's error shape: every error of every route but the Messages API's."""
 
     error: ErrorObject
 
@@ -46,15 +46,40 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def body(*models: type[BaseModel], streams: bool = False) -> dict[str, Any]:
+class AnthropicErrorObject(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    """Anthropic's error shape: every error of its Messages API's routes."""
+
+    type: str
+    error: AnthropicErrorObject
+
+
+ANTHROPIC_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {**entry, "model": AnthropicError} for status, entry in ERRORS.items()
+}
+
+
+def body(
+    *models: type[BaseModel],
+    streams: bool = False,
+    errors: dict[int | str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """A POST route's keywords declaring its JSON body (one of ``models``) and its answer: one
-    JSON body, or (``streams``) that or a stream of server-sent events."""
+    JSON body, or (``streams``) that or a stream of server-sent events; ``errors``: its error
+    answers, where they are not the app's (``ERRORS``)."""
     refs = [{"$ref": f"#/components/schemas/{m.__name__}"} for m in models]
     schema = refs[0] if len(refs) == 1 else {"oneOf": refs}
     request_body = {"required": True, "content": {"application/json": {"schema": schema}}}
     content = {"application/json": {}} | ({"text/event-stream": {}} if streams else {})
     ok = {"description": "the completion" if streams else "the answer", "content": content}
-    return {"openapi_extra": {"requestBody": request_body}, "responses": {200: ok}}
+    return {
+        "openapi_extra": {"requestBody": request_body},
+        "responses": {**(errors or {}), 200: ok},
+    }
 
 
 def publish(app: FastAPI, models: list[type[BaseModel]], served_name: str, vocab_size: int) -> None:

@@ -40,7 +40,7 @@ from engine.config.netloc import (
     parse_host,
     parse_origin,
 )
-from engine.server.responses import error_response
+from engine.server.responses import error_for
 
 ANY = "*"
 CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # the methods that change state
@@ -190,7 +190,7 @@ class BrowserDoor:
         if scope["type"] == "http":
             local = (scope.get("server") or (None,))[0]
             if (no := refusal(self.policy, Headers(scope=scope), local)) is not None:
-                await error_response(no.message, no.status)(scope, receive, send)
+                await error_for(scope.get("path", ""), no.message, no.status)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

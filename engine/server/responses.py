@@ -1,5 +1,6 @@
 """OpenAI response shapes: a whole completion, its server-sent-event stream, and the error
-object every error of every route answers with (the framework's 404 and 405 included).
+answer of every route (the framework's 404 and 405 included): OpenAI's error object, or
+Anthropic's on its Messages API's routes (``error_for``).
 
 ``kind`` is ``"text"`` (/v1/completions) or ``"chat"`` (/v1/chat/completions); ``meta`` is what
 every body and chunk of one response repeats (``id``, ``created``, ``model``).
@@ -19,7 +20,12 @@ from starlette.exceptions import HTTPException
 from engine.guided.tool_parsers import GenericParser, HermesParser, merged, parser_for
 from engine.guided.tools import ToolPlan
 from engine.request.messages import StepOutput
-from engine.server.errors import ProtocolError, error_body
+from engine.server.errors import (
+    ProtocolError,
+    anthropic_error_body,
+    error_body,
+    speaks_anthropic,
+)
 from engine.server.job import Job, JobFailed
 from engine.server.limits import ClientGone, went_away
 from engine.server.logprobs import LogprobsWriter
@@ -37,14 +43,35 @@ def error_response(
     )
 
 
+def error_for(
+    path: str,
+    message: str,
+    status: int,
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """The error answer of a request to ``path``: Anthropic's shape on its Messages API's
+    routes, OpenAI's everywhere else."""
+    if not speaks_anthropic(path):
+        return error_response(message, status, param, headers)
+    extra = {"connection": "close"} if status in _CLOSE else {}
+    return JSONResponse(
+        anthropic_error_body(message, status),
+        status_code=status,
+        headers={**extra, **(headers or {})},
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error in OpenAI's shape; a client that left is one line on stderr."""
+    """Every error in its API's shape (``error_for``); a client that left is one line on
+    stderr."""
 
     @app.exception_handler(ProtocolError)
-    async def _protocol(_: Request, e: ProtocolError) -> Response:
+    async def _protocol(request: Request, e: ProtocolError) -> Response:
         # a 415 says which encoding is accepted (RFC 9110 12.5.3)
         headers = {"accept-encoding": "identity"} if e.status == 415 else {}
-        return error_response(str(e), e.status, e.param, {**e.headers, **headers})
+        request.state.refused_field = e.param  # for the record (errors.REFUSED_FIELD)
+        return error_for(request.url.path, str(e), e.status, e.param, {**e.headers, **headers})
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, e: HTTPException) -> Response:
@@ -53,13 +80,13 @@ def install_error_handlers(app: FastAPI) -> None:
             404: f"{where}: no such route (the routes are in /openapi.json)",
             405: f"{where}: method not allowed; allowed: {(e.headers or {}).get('Allow')}",
         }.get(e.status_code, f"{where}: {e.detail}")
-        return error_response(message, e.status_code, headers=e.headers)
+        return error_for(request.url.path, message, e.status_code, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, e: RequestValidationError) -> Response:
+    async def _invalid(request: Request, e: RequestValidationError) -> Response:
         first = e.errors()[0]
         param = ".".join(str(x) for x in first["loc"][1:]) or None
-        return error_response(f"{param}: {first['msg']}", 400, param)
+        return error_for(request.url.path, f"{param}: {first['msg']}", 400, param)
 
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, e: ClientGone) -> Response:
@@ -67,9 +94,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return Response(status_code=499)  # nobody reads it
 
     @app.exception_handler(Exception)
-    async def _crash(_: Request, e: Exception) -> Response:
+    async def _crash(request: Request, e: Exception) -> Response:
         # a bug: the traceback is still printed; the client gets the error object
-        return error_response(f"internal error: {type(e).__name__}", 500)
+        return error_for(request.url.path, f"internal error: {type(e).__name__}", 500)
 
 
 def completion_body(
@@ -153,11 +180,12 @@ def _chunk(
     return sse(event)
 
 
-def _deltas(
+def chat_deltas(
     item: StepOutput, parser: GenericParser | HermesParser | None, logprobs: bool
 ) -> tuple[list[dict[str, Any] | None], str | None]:
     """One output's chunks' deltas (``parser``: read for tool calls) and its finish reason; a
-    delta of None: a chunk without text (the ending, or the step's logprobs)."""
+    delta of None: a chunk without text (the ending, or the step's logprobs). The Messages API
+    writes its content blocks from the same deltas."""
     reason = item.finish_reason if item.finished else None
     some = item.finished or (logprobs and item.new_token_ids)
     if parser is None:
@@ -217,7 +245,7 @@ async def stream(
                     lp = logprobs.of(i, [], item.prompt_logprobs)  # type: ignore[union-attr]
                     yield _chunk(kind, meta, i, {"content": echo}, None, True, logprobs=lp)
                 lp = None if logprobs is None else logprobs.of(i, item.logprobs or [])
-                deltas, reason = _deltas(item, parsers[i] if parsers else None, bool(lp))
+                deltas, reason = chat_deltas(item, parsers[i] if parsers else None, bool(lp))
                 if parsers is not None and item.finished:
                     job.answered(i, reason)
                 usage = _so_far(job, done[i]) if every else None

@@ -9,7 +9,7 @@ from engine.model.chat import ChatTemplateError
 from engine.model.detok import IncrementalDetokenizer
 from engine.model.sampling import SamplingParams
 from engine.model.tokenizer import Tokenizer
-from engine.scheduler.request import Request
+from engine.scheduler.request import Request, State
 
 # -- a tiny byte-level BPE vocabulary ---------------------------------------------------------
 
@@ -329,6 +329,9 @@ def test_the_earliest_of_several_stop_strings_wins(tok):
     deltas = stream(req, tok.encode("hello world"))
     assert req.finish_reason == "stop"
     assert req.text == "hel" == "".join(deltas)
+    # which stop string ended it travels with the final output (Anthropic's stop_sequence)
+    req.state = State.FINISHED
+    assert req.stop_sequence == "lo" == req.output([]).stop_sequence
 
 
 @pytest.mark.parametrize(
@@ -383,6 +386,7 @@ def test_stop_token_finishes_with_stop(tok):
     assert req.finish_reason == "stop"
     assert req.output_ids[-1] == end
     assert req.text == "hello" == "".join(deltas)
+    assert req.stop_sequence is None  # a stop token is no stop string
 
 
 def test_stop_token_is_ignored_with_ignore_eos(tok):

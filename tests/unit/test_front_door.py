@@ -59,6 +59,10 @@ def _app(rec: _Records) -> FrontDoor:
             return error_response("not today", 409)
         return {"ok": tid}
 
+    @app.post("/v1/messages")
+    async def _messages() -> dict[str, str]:
+        raise ProtocolError("max_tokens: Field required", "max_tokens")
+
     return FrontDoor(app, rec, rec, frozenset(_Body.model_fields))
 
 
@@ -136,6 +140,19 @@ def test_a_refusal_before_routing_names_the_route_it_would_have_taken():
     assert asyncio.run(go()) == 401
     (got,) = rec.of(schema.REQUEST_REJECTED)
     assert (got["route"], got["method"], got["status"]) == ("/v1/models", "GET", 401)
+
+
+def test_an_error_in_anthropics_shape_is_a_receipt_with_what_the_client_was_told():
+    rec = _Records()
+    r = asyncio.run(_ask(_app(rec), "/v1/messages"))
+    said = {"type": "invalid_request_error", "message": "max_tokens: Field required"}
+    assert (r.status_code, r.json()) == (400, {"type": "error", "error": said})
+    (got,) = rec.of(schema.REQUEST_REJECTED)
+    assert (got["route"], got["status"], got["field"]) == ("/v1/messages", 400, "max_tokens")
+    assert got["reason"] == "max_tokens: Field required"  # not the status's phrase
+    assert rec.counted == [("/v1/messages", 400, "max_tokens")]
+    body = b'{"type": "error", "error": {"type": "not_found_error", "message": "no model m"}}'
+    assert told(body, 404) == ("no model m", None)
 
 
 def test_the_field_label_is_bounded_by_the_request_bodies_fields():

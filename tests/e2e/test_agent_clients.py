@@ -72,6 +72,14 @@ def test_openai_agents_calls_a_tool_then_answers_in_a_structure(python, served):
     assert made == ["chat.completions"] * 2
 
 
+def test_anthropic_streams_a_tool_use_and_its_answer(python, served):
+    out, made = run(python, served, "anthropic_run.py")
+    assert len(out["tool_calls"]) == 1 and out["used_stop"] == "tool_use"
+    assert out["answer"] and out["answer_stop"] in ("end_turn", "max_tokens")
+    _structured(out)
+    assert made == ["messages"] * 3
+
+
 @pytest.mark.parametrize(
     "script", ["pydantic_ai_run.py", "langchain_openai_run.py", "litellm_run.py"]
 )

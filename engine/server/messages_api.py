@@ -478,7 +478,10 @@ async def events(
             "stop_reason": said,
             "stop_sequence": item.stop_sequence if said == "stop_sequence" else None,
         }
-        yield "message_delta", {"type": "message_delta", "delta": ended, "usage": usage(job)}
+        said_last = {"type": "message_delta", "delta": ended, "usage": usage(job)}
+        if job.report_metrics:  # --enable-per-request-metrics: the timings, with the last usage
+            said_last["metrics"] = job.metrics()
+        yield "message_delta", said_last
         yield "message_stop", {"type": "message_stop"}
 
 
@@ -531,7 +534,10 @@ async def whole(
     finally:
         job.close()  # nothing, unless the client went away (cancelled) mid-request
     job.end_span(200)
-    return JSONResponse({**message(meta, job, blocks.content), **ended})
+    body = {**message(meta, job, blocks.content), **ended}
+    if job.report_metrics:
+        body["metrics"] = job.metrics()
+    return JSONResponse(body)
 
 
 class MessagesRoute:

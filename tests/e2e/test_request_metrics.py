@@ -19,7 +19,14 @@ KEYS = {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_i
 def srv(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("request-metrics") / "boot.jsonl"
     s = ServerProc(
-        log, "--model", tiny_model_dir, "--kv-tokens", "2048", "--enable-per-request-metrics"
+        log,
+        "--model",
+        tiny_model_dir,
+        "--kv-tokens",
+        "2048",
+        "--served-model-name",
+        "m",
+        "--enable-per-request-metrics",
     )
     yield s
     s.stop()
@@ -62,6 +69,23 @@ def test_the_timings_are_the_receipts_with_and_without_a_prefix_hit(srv, stream)
         want = expected(srv, answer["id"])
         assert (want.pop("cached") > 0) is hit
         assert answer["metrics"] == want
+
+
+def test_a_messages_answer_has_the_same_timings_whole_and_streamed(srv):
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi there"}]}
+    whole = httpx.post(srv.base + "/v1/messages", json=body, timeout=300).json()
+    got = {"whole": (whole["id"], whole["metrics"])}
+    with httpx.stream(
+        "POST", srv.base + "/v1/messages", json={**body, "stream": True}, timeout=300
+    ) as r:
+        data = [orjson.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    start = next(d for d in data if d["type"] == "message_start")
+    last = next(d for d in data if d["type"] == "message_delta")
+    got["streamed"] = (start["message"]["id"], last["metrics"])
+    for rid, metrics in got.values():
+        want = expected(srv, rid.replace("msg_", "msg-"))  # the receipts name it msg-<hex>
+        want.pop("cached")
+        assert metrics == want
 
 
 def test_several_choices_have_no_one_requests_timings(srv):

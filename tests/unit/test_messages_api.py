@@ -150,6 +150,7 @@ class FakeJob:
     def __init__(self, pieces: list[str], reason: str, stop: str | None = None) -> None:
         self.prompt_tokens, self.cached, self.completion = 10, 4, [len(pieces)]
         self.reasons: list[str | None] = [reason]
+        self.report_metrics = False  # the server's default: no per-request timings
         last = len(pieces) - 1
         self.outputs = [
             StepOutput(

@@ -404,21 +404,17 @@ def guide_of(
 ) -> tuple[Guide | None, str]:
     """What a request's ``response_format``, ``structured_outputs`` or tools ask the output to
     match, checked (a ProtocolError naming the place in the schema that cannot be honoured),
-    and the field that asked."""
-    asked = fmt is not None and fmt.type != "text" or vllm is not None
+    and the field that asked. A chat's tools plan holds its answer format already
+    (``answer_guide``): calls, the answer, or either, as its ``tool_choice`` says."""
     field = "structured_outputs" if vllm is not None else "response_format"
-    if tools is not None and tools.active:
-        if asked:
-            raise ProtocolError(
-                f"{field} and tools (tool_choice {tools.mode!r}) both shape the output: send "
-                "one, or tool_choice 'none'",
-                field,
-            )
-        return tools.guide, "tools"
-    return _guide(fmt, vllm), field
+    if tools is not None:
+        return tools.guide, "tools" if tools.active else field
+    return answer_guide(fmt, vllm), field
 
 
-def _guide(fmt: ResponseFormat | None, vllm: StructuredOutputs | None) -> Guide | None:
+def answer_guide(fmt: ResponseFormat | None, vllm: StructuredOutputs | None) -> Guide | None:
+    """The format ``response_format`` or ``structured_outputs`` asks of the answer (None:
+    free text), checked; a ProtocolError naming the field that cannot be honoured."""
     if fmt is not None and fmt.type != "text" and vllm is not None:
         raise ProtocolError(
             "response_format and structured_outputs both constrain the output: send one",

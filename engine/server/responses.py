@@ -90,7 +90,7 @@ def completion_body(
         if kind == "text":
             choice["text"] = text
         elif tools is not None and tools.active:
-            parser = parser_for(tools.format)
+            parser = parser_for(tools)
             deltas = parser.feed(text)
             more, choice["finish_reason"] = parser.finish(reason)
             job.answered(i, choice["finish_reason"])
@@ -199,7 +199,7 @@ async def stream(
     done = [0] * len(job.subs)  # each choice's tokens so far, as its chunks tell them
     every = include_usage and continuous
     reading = tools is not None and tools.active
-    parsers = [parser_for(tools.format) for _ in job.subs] if reading else None  # type: ignore[union-attr]
+    parsers = [parser_for(tools) for _ in job.subs] if reading else None  # type: ignore[union-attr]
     try:
         # the echo waits for the prompt's logprobs, when they were asked for
         held = logprobs is not None and logprobs.prompt is not None

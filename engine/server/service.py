@@ -46,6 +46,7 @@ from engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelLimits,
+    answer_guide,
     check_model,
     guide_of,
     refuse_unbuilt,
@@ -371,12 +372,17 @@ def tool_plan(req: ChatCompletionRequest, native: bool) -> ToolPlan | None:
     """How the request's tools are served (None: it names none); a ProtocolError naming the
     field that cannot be honoured."""
     choice = req.tool_choice
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] or None
+    if tools is None and choice in (None, "none"):
+        return None
+    answer = answer_guide(req.response_format, req.structured_outputs)
     try:
         return plan_of(
-            [t.model_dump(exclude_none=True) for t in req.tools or ()] or None,
+            tools,
             choice.model_dump() if isinstance(choice, BaseModel) else choice,
             req.parallel_tool_calls,
             native,
+            answer,
         )
     except GuideError as e:
         raise ProtocolError(str(e), e.param) from e

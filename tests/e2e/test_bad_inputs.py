@@ -197,12 +197,28 @@ TABLE = [
         "not a valid JSON schema",
     ),
     Bad(
-        "tools and response_format together",
+        "tools beside an answer schema that is not one",
         CHAT,
-        chat(tools=[TOOL], response_format={"type": "json_object"}),
+        chat(
+            tools=[TOOL],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": {"type": 3}},
+            },
+        ),
         400,
-        "response_format",
-        "both shape the output",
+        "response_format.json_schema.schema.type",
+        "not a valid JSON schema",
+    ),
+    Bad(
+        "tools beside two answer formats",
+        CHAT,
+        chat(
+            tools=[TOOL], response_format={"type": "json_object"}, structured_outputs={"regex": "a"}
+        ),
+        400,
+        "structured_outputs",
+        "both constrain the output",
     ),
     Bad(
         "a call in the history whose arguments are not an object",

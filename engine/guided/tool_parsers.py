@@ -206,10 +206,11 @@ def _partial_tag(text: str) -> int:
 
 
 def parser_for(plan: ToolPlan) -> GenericParser | HermesParser:
-    """The reader of ``plan``'s output: its format's, told whether an answer format was asked."""
+    """The reader of ``plan``'s output: its format's, told whether it may be an answer in the
+    format asked beside the tools (auto; required and a named function are calls only)."""
     if plan.format == "hermes":
         return HermesParser()
-    return GenericParser(answer=plan.answer is not None)
+    return GenericParser(answer=plan.answer is not None and plan.mode == "auto")
 
 
 def merged(deltas: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:

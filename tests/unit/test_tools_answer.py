@@ -120,3 +120,14 @@ def test_a_hermes_answer_in_the_schema_is_the_content(step):
     assert merged(read(plan, GOOD, step)[0]) == (GOOD, [])
     content, calls = merged(read(plan, BLOCK, step)[0])
     assert content is None and calls[0]["function"]["name"] == "get_weather"
+
+
+def test_a_generic_output_cut_before_it_shows_its_branch_is_its_text():
+    plan = plan_of(TOOLS, "auto", True, native=False, answer=SCHEMA)
+    parser = parser_for(plan)
+    assert parser.feed('{"to') == []  # a call or an answer: not known yet
+    assert parser.finish("length") == ([{"content": '{"to'}], "length")
+    # calls only (required): a cut call is no answer, as without an answer format
+    required = parser_for(plan_of(TOOLS, "required", True, native=False, answer=SCHEMA))
+    assert required.feed('{"tool_calls": [{"na') == []
+    assert required.finish("length") == ([], "length")

@@ -45,6 +45,7 @@ class StepOutput:
     logprobs: list[TokenLogprobs] | None = None
     # asked for: the prompt's tokens' after the first, once, with the first new token
     prompt_logprobs: list[TokenLogprobs] | None = None
+    prompt_ranks: list[int] | None = None  # ... and each one's rank among all tokens (1: first)
 
 
 @dataclass(frozen=True, slots=True)

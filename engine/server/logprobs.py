@@ -11,9 +11,8 @@ is written as -9999.0, as vLLM does: JSON has no infinity. With vLLM's
 
 vLLM's ``prompt_logprobs`` are written as vLLM writes them: a list with one entry per prompt
 token, None for the first (nothing predicts it), then a map of token id to ``{"logprob",
-"rank", "decoded_token"}`` holding the prompt's token and the most likely ones (rank 1 the most
-likely; a prompt token outside them has a rank of null: the engine reports the most likely
-tokens, not every token's place).
+"rank", "decoded_token"}`` holding the prompt's token (its rank its place among all tokens) and
+the most likely ones (ranks 1 to k).
 """
 
 from __future__ import annotations
@@ -83,13 +82,13 @@ def completion_logprobs(
 
 
 def prompt_logprobs(
-    scored: Sequence[TokenLogprobs], texts: TokenTexts, k: int
+    scored: Sequence[TokenLogprobs], ranks: Sequence[int], texts: TokenTexts, k: int
 ) -> list[dict[str, Any] | None]:
-    """vLLM's ``prompt_logprobs`` of a prompt whose tokens after the first are ``scored``, each
-    with its ``k`` most likely tokens'."""
+    """vLLM's ``prompt_logprobs`` of a prompt whose tokens after the first are ``scored`` (each
+    with its rank among all tokens in ``ranks``), each with its ``k`` most likely tokens'."""
     out: list[dict[str, Any] | None] = [None]
-    for tid, lp, top in scored:
-        entry = {str(tid): {"logprob": _lp(lp), "rank": None, "decoded_token": texts.text(tid)}}
+    for (tid, lp, top), rank in zip(scored, ranks, strict=True):
+        entry = {str(tid): {"logprob": _lp(lp), "rank": rank, "decoded_token": texts.text(tid)}}
         for rank, (t, v) in enumerate(top[:k], start=1):
             entry[str(t)] = {"logprob": _lp(v), "rank": rank, "decoded_token": texts.text(t)}
         out.append(entry)

@@ -318,12 +318,14 @@ class CompletionService:
         texts: list[list[str]] = [[] for _ in range(n)]
         entries: list[list[TokenLogprobs]] = [[] for _ in range(n)]
         scored: list[list[TokenLogprobs] | None] = [None] * n  # the prompt's, when asked
+        ranks: list[list[int]] = [[] for _ in range(n)]  # ... and their ranks
 
         async def gather() -> None:
             async for i, out in job.events():
                 texts[i].append(out.text_delta)
                 entries[i] += out.logprobs or []
-                scored[i] = out.prompt_logprobs if scored[i] is None else scored[i]
+                if scored[i] is None and out.prompt_logprobs is not None:
+                    scored[i], ranks[i] = out.prompt_logprobs, out.prompt_ranks or []
 
         try:
             if not await unless_disconnected(gather(), request):
@@ -343,7 +345,10 @@ class CompletionService:
             logprobs = [writer.of(i, e, scored[i]) for i, e in enumerate(entries)]
         prompts = None
         if prompt_k is not None:
-            prompts = [prompt_logprobs(s or [], self.token_texts, prompt_k) for s in scored]
+            prompts = [
+                prompt_logprobs(s or [], r, self.token_texts, prompt_k)
+                for s, r in zip(scored, ranks)
+            ]
         return JSONResponse(completion_body(job, kind, meta, texts, logprobs, tools, prompts, echo))
 
     def trace(self, job: Job, request: Request, api: str, req: Any, params: Any, t0: int) -> None:

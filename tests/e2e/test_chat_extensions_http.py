@@ -143,6 +143,8 @@ def test_prompt_logprobs_score_every_prompt_token_after_the_first(server):
         assert entry[str(tid)]["logprob"] == pytest.approx(echoed[k], abs=1e-4)
         assert entry[str(tid)]["decoded_token"] == text_of(server, [tid])
         assert {1, 2} <= {v["rank"] for v in entry.values()}  # the two most likely
+        rank = entry[str(tid)]["rank"]  # the prompt token's place among all tokens
+        assert isinstance(rank, int) and rank >= 1 and (rank <= 2) == (len(entry) == 2)
     c = chat(server, messages=CONTINUED[:1], prompt_logprobs=0, **GREEDY)
     assert (
         len(c["prompt_logprobs"]) == c["usage"]["prompt_tokens"] and c["prompt_logprobs"][0] is None

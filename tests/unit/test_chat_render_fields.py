@@ -77,13 +77,12 @@ def test_tokens_as_token_ids_in_both_apis():
 
 
 def test_prompt_logprobs_as_vllm_writes_them():
-    out = prompt_logprobs(ENTRIES, Texts(), 1)
+    out = prompt_logprobs(ENTRIES, [1, 7], Texts(), 1)
     assert out[0] is None and len(out) == 3
     assert out[1] == {"1": {"logprob": -0.5, "rank": 1, "decoded_token": "Hel"}}
-    assert out[2]["4"]["logprob"] == -9999.0 and out[2]["3"]["rank"] == 1
-    assert prompt_logprobs(ENTRIES, Texts(), 0)[2] == {
-        "4": {"logprob": -9999.0, "rank": None, "decoded_token": "\ufffd"}
-    }
+    assert out[2]["4"] == {"logprob": -9999.0, "rank": 7, "decoded_token": "\ufffd"}
+    assert out[2]["3"]["rank"] == 1
+    assert prompt_logprobs(ENTRIES, [1, 7], Texts(), 0)[2] == {"4": out[2]["4"]}
 
 
 def test_an_echo_keeps_its_own_count_when_prompt_logprobs_ask_for_more():

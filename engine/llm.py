@@ -23,6 +23,7 @@ class RequestOutput:
     # SamplingParams.logprobs asked: (token, logprob, the most likely (id, logprob)) per token
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs] | None = None  # asked: each prompt token's after the first
+    prompt_ranks: list[int] | None = None  # ... and each one's rank among all tokens (1: first)
 
 
 class LLM:
@@ -160,12 +161,14 @@ class LLM:
         pending = {r.rid for r in reqs}
         logprobs: dict[str, list[TokenLogprobs]] = {r.rid: [] for r in reqs}
         prompt: dict[str, list[TokenLogprobs]] = {}
+        ranks: dict[str, list[int] | None] = {}
         while pending:
             for out in self.core.step():
                 if out.logprobs and out.rid in logprobs:
                     logprobs[out.rid] += out.logprobs
                 if out.prompt_logprobs is not None:
                     prompt[out.rid] = out.prompt_logprobs
+                    ranks[out.rid] = out.prompt_ranks
                 if out.finished:
                     pending.discard(out.rid)
         return [
@@ -177,6 +180,7 @@ class LLM:
                 prompt_token_ids=list(r.prompt_ids),
                 logprobs=logprobs[r.rid] if r.params.logprobs is not None else None,
                 prompt_logprobs=prompt.get(r.rid),
+                prompt_ranks=ranks.get(r.rid),
             )
             for r in reqs
         ]

@@ -42,6 +42,8 @@ def token_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
 def compile_guide(compiler: xgr.GrammarCompiler, guide: Guide) -> xgr.CompiledGrammar:
     """``guide`` compiled by ``compiler``; a CompileError
     (``invalid``) in xgrammar's words, without its source location, when it does not compile."""
+    import xgrammar as xgr
+
     try:
         match guide.kind:
             case "json_object":  # any JSON object, as OpenAI's json_object means
@@ -54,17 +56,42 @@ def compile_guide(compiler: xgr.GrammarCompiler, guide: Guide) -> xgr.CompiledGr
                 )
             case "regex":
                 return compiler.compile_regex(guide.spec)
-            case "tagged_json":
-                return compiler.compile_grammar(tagged_ebnf(guide))
-            case "choice":
-                options = orjson.loads(guide.spec)
-                ebnf = "root ::= " + " | ".join(orjson.dumps(c).decode() for c in options)
-                return compiler.compile_grammar(ebnf)
+            case "alternation":  # one grammar: any one of its parts
+                parts = [grammar_of(p) for p in guide.parts]
+                return compiler.compile_grammar(xgr.Grammar.union(*parts))
             case _:
-                return compiler.compile_grammar(guide.spec)
+                return compiler.compile_grammar(grammar_of(guide))
     except (RuntimeError, ValueError) as e:
         message = _ORIGIN.sub("", str(e).strip())
         raise CompileError(f"the {guide.kind} does not compile: {message}", "invalid") from None
+
+
+def grammar_of(guide: Guide) -> xgr.Grammar:
+    """``guide`` (not an alternation) as an xgrammar ``Grammar``, uncompiled: what an
+    alternation unites."""
+    import xgrammar as xgr
+
+    match guide.kind:
+        case "json_object":
+            return xgr.Grammar.from_json_schema(
+                '{"type": "object"}', strict_mode=False, any_whitespace=False
+            )
+        case "json_schema":
+            return xgr.Grammar.from_json_schema(
+                guide.spec, strict_mode=guide.strict, any_whitespace=False
+            )
+        case "regex":
+            return xgr.Grammar.from_regex(guide.spec)
+        case "tagged_json":
+            return xgr.Grammar.from_ebnf(tagged_ebnf(guide))
+        case "choice":
+            options = orjson.loads(guide.spec)
+            return xgr.Grammar.from_ebnf(
+                "root ::= " + " | ".join(orjson.dumps(c).decode() for c in options)
+            )
+        case "grammar":
+            return xgr.Grammar.from_ebnf(guide.spec)
+    raise ValueError(f"a {guide.kind} guide is not one grammar")
 
 
 def tagged_ebnf(guide: Guide) -> str:

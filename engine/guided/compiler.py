@@ -41,7 +41,7 @@ from engine.observability.receipts import Receipts
 
 if TYPE_CHECKING:  # xgrammar loads on the first guided request, not before
     import xgrammar as xgr
-from engine.request.guide import JSON_KINDS, Guide
+from engine.request.guide import Guide
 from engine.request.messages import GuideReady
 
 CACHE_ENTRIES = 256  # compiled grammars kept (least recently used dropped first)
@@ -289,7 +289,7 @@ class Grammars:
     def guided(self, guide: Guide) -> Guided:
         """A new request's grammar state over ``guide`` (compiled as ``compiled`` does)."""
         grammar = self.compiled(guide)
-        banned = self._control_tokens() if guide.kind in JSON_KINDS else None
+        banned = self._control_tokens() if guide.json_only else None
         return Guided.of(guide, grammar, banned)
 
     def _control_tokens(self) -> torch.Tensor:

@@ -9,7 +9,10 @@ and a whole answer can never disagree.
 ``generic`` reads the generic format's JSON (``engine.guided.tools``) while it is still incomplete
 (pydantic-core's partial JSON parser): the answer's text streams as it grows; a call is
 announced once its name is whole (its ``arguments`` key has begun) and its arguments are sent
-once they are whole (the next call has begun, or the output has ended). ``hermes`` reads
+once they are whole (the next call has begun, or the output has ended). Where the request asked
+an answer format beside its tools, the generic output is a call or that answer itself: text that
+has begun otherwise than a call does is the answer, its text streamed as the content as it is
+written. ``hermes`` reads
 ``<tool_call>{json}</tool_call>`` blocks: the text before the first block is the answer's
 content (held back while it could still be the start of a block), each block is a call once it
 closes. A block that does not hold a call is left as text, as it was written.
@@ -23,7 +26,10 @@ from typing import Any
 import orjson
 from pydantic_core import from_json
 
+from engine.guided.tools import ToolPlan
+
 BEGIN, END = "<tool_call>", "</tool_call>"
+CALLS = '{"tool_calls"'  # how the generic format's calls begin (xgrammar writes no whitespace)
 
 
 def call_id() -> str:
@@ -57,22 +63,41 @@ class _Calls:
 
 
 class GenericParser:
-    """The generic format: ``{"tool_calls": [...]}`` or ``{"content": "..."}``."""
+    """The generic format: ``{"tool_calls": [...]}`` or ``{"content": "..."}``; ``answer``: or,
+    in place of the latter, an answer in the format the request asked, as written."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer: bool = False) -> None:
         self.text = ""
         self.sent = ""  # the content sent so far
         self.calls = _Calls()
+        self.answer = answer
+        self.reading: str | None = None if answer else "calls"  # or "answer", once it shows
 
     def feed(self, delta: str) -> list[dict[str, Any]]:
         self.text += delta
+        if self.reading is None and not CALLS.startswith(self.text):
+            self.reading = "calls" if self.text.startswith(CALLS) else "answer"
+        if self.reading == "answer":
+            return self._answer()
+        if self.reading is None:
+            return []  # it may still become a call
         return self._deltas(self._parsed(), done=False)
 
     def finish(self, reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        if self.reading != "calls":
+            return self._answer(), reason
         out = self._deltas(self._parsed(), done=True)
+        if self.answer and not self.calls.named and not self.sent:
+            out.append({"content": self.text})  # an answer that began as a call would
+            self.sent = self.text
         if self.calls.named and reason == "stop":
             reason = "tool_calls"
         return out, reason
+
+    def _answer(self) -> list[dict[str, Any]]:
+        """The answer's text not sent yet, as content."""
+        more, self.sent = self.text[len(self.sent) :], self.text
+        return [{"content": more}] if more else []
 
     def _parsed(self) -> Any:
         try:
@@ -180,8 +205,12 @@ def _partial_tag(text: str) -> int:
     return 0
 
 
-def parser_for(fmt: str) -> GenericParser | HermesParser:
-    return HermesParser() if fmt == "hermes" else GenericParser()
+def parser_for(plan: ToolPlan) -> GenericParser | HermesParser:
+    """The reader of ``plan``'s output: its format's, told whether it may be an answer in the
+    format asked beside the tools (auto; required and a named function are calls only)."""
+    if plan.format == "hermes":
+        return HermesParser()
+    return GenericParser(answer=plan.answer is not None and plan.mode == "auto")
 
 
 def merged(deltas: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:

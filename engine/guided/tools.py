@@ -9,6 +9,12 @@ is held by a JSON schema to either ``{"tool_calls": [{"name", "arguments"}, ...]
 ``{"content": "..."}`` (``required`` and a named function: the calls only), so even a model
 that was never taught tools can only answer with a valid call or a plain answer.
 
+With an answer format beside the tools (``response_format``, ``structured_outputs``), ``auto``
+holds the output to the alternation of the calls and the answer in that format (one grammar,
+``alternation``): a generic answer is then the answer itself, not ``{"content": ...}``, and is
+read back as the message content as written; ``required`` and a named function are calls only,
+as without it; ``none`` is the answer format only.
+
 Torch-free and xgrammar-free, as ``engine.request.guide`` is: the HTTP process checks everything here
 before a request is submitted (a ``GuideError`` naming the field).
 """
@@ -20,7 +26,14 @@ from typing import Any
 
 import orjson
 
-from engine.request.guide import Guide, GuideError, bounded, json_schema_guide, subschemas
+from engine.request.guide import (
+    Guide,
+    GuideError,
+    alternation,
+    bounded,
+    json_schema_guide,
+    subschemas,
+)
 
 CHOICES = ("none", "auto", "required")
 _EMPTY = {"type": "object", "properties": {}}  # a function that takes no arguments
@@ -144,10 +157,29 @@ _REPLY = {
 }
 
 
-def generic_system(tools: list[Tool], mode: str, name: str | None, parallel: bool) -> str:
-    """What the system message says of the tools in the generic format."""
+def _answer_reply(answer: Guide) -> str:
+    """How the generic format's system message asks for an answer in ``answer``'s format."""
+    if answer.kind == "json_schema":
+        shape = f"a JSON value in this JSON schema: {answer.spec}"
+    elif answer.kind == "json_object":
+        shape = "a JSON object"
+    else:
+        shape = "text in the format asked"
+    return (
+        'Reply with one JSON object {"tool_calls": [{"name": <a function\'s name>, '
+        f'"arguments": <its arguments>}}]}} to call functions, or answer with {shape}.'
+    )
+
+
+def generic_system(
+    tools: list[Tool], mode: str, name: str | None, parallel: bool, answer: Guide | None = None
+) -> str:
+    """What the system message says of the tools in the generic format (``answer``: the format
+    an answer that calls none is held to, in auto)."""
     one = "" if parallel and mode != "named" else " Call one function at a time."
     reply = _REPLY[mode] % name if mode == "named" else _REPLY[mode]
+    if answer is not None and mode == "auto":
+        reply = _answer_reply(answer)
     return (
         "You can call these functions (each with the JSON schema of its arguments):\n"
         f"{_describe(tools)}\n\n{reply}{one}"
@@ -158,7 +190,8 @@ def generic_system(tools: list[Tool], mode: str, name: str | None, parallel: boo
 class ToolPlan:
     """How one chat request's tools are served. ``format``: ``generic`` or ``hermes``;
     ``mode``: ``none``, ``auto``, ``required`` or ``named`` (``name``); ``guide``: what the
-    output is held to (None: free text, read back by the parser)."""
+    output is held to (None: free text, read back by the parser); ``answer``: the format the
+    request asks of an answer that calls nothing (None: none asked)."""
 
     format: str
     mode: str
@@ -166,6 +199,7 @@ class ToolPlan:
     parallel: bool
     tools: tuple[Tool, ...]
     guide: Guide | None
+    answer: Guide | None = None
 
     @property
     def active(self) -> bool:
@@ -188,7 +222,7 @@ class ToolPlan:
         out = history(messages, self.format == "hermes")
         if self.format == "hermes" or not self.active:
             return out
-        text = generic_system(list(self.tools), self.mode, self.name, self.parallel)
+        text = generic_system(list(self.tools), self.mode, self.name, self.parallel, self.answer)
         if out and out[0]["role"] in ("system", "developer"):
             first = out[0]
             return [
@@ -199,23 +233,48 @@ class ToolPlan:
 
 
 def plan_of(
-    tools: list[Any] | None, tool_choice: Any, parallel: bool, native: bool
+    tools: list[Any] | None,
+    tool_choice: Any,
+    parallel: bool,
+    native: bool,
+    answer: Guide | None = None,
 ) -> ToolPlan | None:
     """The plan for a request's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` (None
-    when it names no tools); ``native``: the model's template knows tools (hermes)."""
+    when it names no tools); ``native``: the model's template knows tools (hermes);
+    ``answer``: the format asked of an answer (``response_format``, ``structured_outputs``)."""
     if not tools and tool_choice in (None, "none"):
         return None
     specs = tools_of(tools or [])
     mode, name = choice_of(tool_choice, specs)
     fmt = "hermes" if native else "generic"
-    # each tool's parameters were checked by tools_of; the wrapping around them is ours
-    guide = None
-    if mode != "none" and fmt == "generic":
-        schema = generic_schema(specs, mode, name, parallel)
-        guide = Guide("json_schema", orjson.dumps(schema).decode(), True)
-    elif mode in ("required", "named"):  # hermes: the blocks, each a call of a chosen tool
-        guide = hermes_guide(specs, name, parallel and mode != "named")
-    return ToolPlan(fmt, mode, name, parallel, tuple(specs), guide)
+    return ToolPlan(
+        fmt,
+        mode,
+        name,
+        parallel,
+        tuple(specs),
+        _guide(specs, fmt, mode, name, parallel, answer),
+        answer,
+    )
+
+
+def _guide(
+    specs: list[Tool], fmt: str, mode: str, name: str | None, parallel: bool, answer: Guide | None
+) -> Guide | None:
+    """What the output is held to: calls, the answer's format, or either of them (auto with an
+    answer format). Each tool's parameters were checked by tools_of; the wrapping is ours."""
+    if mode == "none":
+        return answer
+    if fmt == "generic":
+        # auto with an answer format: the calls' schema (as required has it) or the answer
+        calls_only = mode if answer is None else ("named" if mode == "named" else "required")
+        schema = generic_schema(specs, calls_only, name, parallel)
+        calls = Guide("json_schema", orjson.dumps(schema).decode(), True)
+    elif mode != "auto" or answer is not None:  # hermes: blocks, each a call of a chosen tool
+        calls = hermes_guide(specs, name, parallel and mode != "named")
+    else:
+        return None  # hermes auto without a format: free text, read for blocks
+    return alternation(calls, answer) if mode == "auto" and answer is not None else calls
 
 
 def hermes_guide(tools: list[Tool], name: str | None, parallel: bool) -> Guide:

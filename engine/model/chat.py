@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -15,7 +16,12 @@ CHATML_TEMPLATE = (
 
 
 class ChatTemplateError(ValueError):
-    """The template raised (via raise_exception) or the messages are malformed."""
+    """The template raised (via raise_exception) or the messages are malformed; ``param``: the
+    request field at fault."""
+
+    def __init__(self, message: str, param: str = "messages") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def _raise(message: str) -> None:
@@ -69,6 +75,29 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# What the template's own variables and functions are named: a request's extra variables
+# (``chat_template_kwargs``) may not stand in for them.
+RESERVED = (
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "continue_final_message",
+    "bos_token",
+    "eos_token",
+    "raise_exception",
+    "strftime_now",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRender:
+    """How a chat is rendered besides its messages and tools (vLLM's fields): ``continue_final``,
+    the last message left open to be continued; ``extra``, variables the template may read."""
+
+    continue_final: bool = False
+    extra: dict[str, Any] | None = None
+
+
 def render_chat(
     template: str,
     messages: list[dict[str, Any]],
@@ -77,19 +106,47 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     tools: list[dict[str, Any]] | None = None,
+    continue_final: bool = False,
+    extra: dict[str, Any] | None = None,
 ) -> str:
+    """The chat as the template writes it. ``continue_final``: the text ends where the last
+    message's content does (the turn left open, to be continued); ``extra``: more variables
+    the template may read (none of ``RESERVED``)."""
+    messages = normalize_messages(messages)
     try:
-        return _compile(template).render(
-            messages=normalize_messages(messages),
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            tools=tools,
+        text = _compile(template).render(
+            {
+                **(extra or {}),
+                "messages": messages,
+                "add_generation_prompt": add_generation_prompt,
+                "continue_final_message": continue_final,
+                "bos_token": bos_token,
+                "eos_token": eos_token,
+                "tools": tools,
+            }
         )
     except ChatTemplateError:
         raise
     except Exception as e:  # a template error is the caller's bad input, said plainly
         raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
+    return left_open(text, messages[-1]["content"]) if continue_final else text
+
+
+def left_open(text: str, content: str) -> str:
+    """``text`` cut after its last occurrence of ``content`` (the last message's), so the turn
+    it opened is not closed. A template may trim the content's ends: it is found by its
+    stripped text, and kept whole where the template kept it whole."""
+    body = content.strip()
+    at = text.rfind(body) if body else -1
+    if at < 0:
+        raise ChatTemplateError(
+            "continue_final_message: the last message's content must be non-empty text that "
+            "the chat template writes (it is continued from where it ends)",
+            "continue_final_message",
+        )
+    kept = content.lstrip()
+    end = at + len(kept) if text.startswith(kept, at) else at + len(body)
+    return text[:end]
 
 
 def knows_tools(template: str | None) -> bool:

@@ -170,6 +170,14 @@ def prompt_logprobs(
     return list(zip(targets, picked, tops))
 
 
+def target_ranks(logits: torch.Tensor, targets: Sequence[int]) -> list[int]:
+    """Each target's place among all tokens under its row (1: the most likely; tokens that tie
+    with it do not count ahead of it), as vLLM ranks a prompt's tokens."""
+    rows = logits.float()
+    picked = rows[torch.arange(len(targets)), torch.tensor(targets, dtype=torch.int64)]
+    return ((rows > picked[:, None]).sum(-1) + 1).tolist()
+
+
 def filtered_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """The distribution a non-greedy request draws from, after temperature, top-k, top-p, min-p."""
     # Shift so the largest logit is 0 before dividing: a tiny temperature then sends the others

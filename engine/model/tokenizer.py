@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.model.chat import (
     CHATML_TEMPLATE,
+    ChatRender,
     ChatTemplateError,
     knows_tools,
     normalize_messages,
@@ -94,7 +95,9 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        render: ChatRender | None = None,
     ) -> str:
+        render = render or ChatRender()
         return render_chat(
             self.chat_template or CHATML_TEMPLATE,
             messages,
@@ -102,6 +105,8 @@ class Tokenizer:
             bos_token=self.token_text(self.bos_id),
             eos_token=self.token_text(self.eos_id),
             tools=tools,
+            continue_final=render.continue_final,
+            extra=render.extra,
         )
 
     @property
@@ -115,13 +120,15 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         add_special_tokens: bool = False,
         tools: list[dict[str, Any]] | None = None,
+        render: ChatRender | None = None,
     ) -> list[int]:
         """The chat's token ids. Only the template makes special tokens: a message's content is
         text, and special-token text in it is tokenized as the plain characters it is (it can
         never close a turn or open a system one). The template writes BOS itself when the model
-        wants one; ``add_special_tokens`` (vLLM's) adds the tokenizer's own on top of it."""
+        wants one; ``add_special_tokens`` (vLLM's) adds the tokenizer's own on top of it;
+        ``render``: the last message left open, the template's extra variables."""
         messages = normalize_messages(messages)
-        text = self.render_chat(messages, add_generation_prompt, tools)
+        text = self.render_chat(messages, add_generation_prompt, tools, render)
         # what a template writes besides content (tools, earlier calls) has no way to be plain
         for i, m in enumerate(messages):
             if m.get("tool_calls") and self._special_text(
@@ -132,7 +139,7 @@ class Tokenizer:
             raise ChatTemplateError("tools hold special-token text")
         if not any(self._special_text(m["content"]) for m in messages):
             return self.encode(text, add_special_tokens)  # the common case, unchanged
-        ids = self._encode_content_as_text(messages, add_generation_prompt, text, tools)
+        ids = self._encode_content_as_text(messages, add_generation_prompt, text, tools, render)
         if add_special_tokens and self.add_bos and self.bos_id is not None:
             ids = [self.bos_id, *ids] if not ids or ids[0] != self.bos_id else ids
         return ids
@@ -162,6 +169,7 @@ class Tokenizer:
         add_generation_prompt: bool,
         text: str,
         tools: list[dict[str, Any]] | None = None,
+        render: ChatRender | None = None,
     ) -> list[int]:
         """The template rendered with a marker for each message's content; the template's own
         text is tokenized with its special tokens, each content as plain text. A template that
@@ -171,7 +179,7 @@ class Tokenizer:
                 raise ChatTemplateError(f"messages[{i}].role holds special-token text")
         marked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
         pieces = re.split(
-            "\ue000(\\d+)\ue001", self.render_chat(marked, add_generation_prompt, tools)
+            "\ue000(\\d+)\ue001", self.render_chat(marked, add_generation_prompt, tools, render)
         )
         contents = [messages[int(k)]["content"] for k in pieces[1::2]]
         if "".join(p for pair in zip(pieces[::2], [*contents, ""]) for p in pair) != text:

@@ -368,7 +368,8 @@ _CATALOG = (
          "in while it stood (each request.received before this receipt carries its arrival)"),
     Kind(GRAMMAR_COMPILE, ("guide", "kind", "cache", "outcome"),
          "a constrained request's grammar (guide: its digest; kind json_object, json_schema, "
-         "regex, choice, grammar or tagged_json, a tool-calling model's blocks) was compiled (cache miss, with ms) or found compiled (hit): "
+         "regex, choice, grammar, tagged_json (a tool-calling model's blocks) or alternation (any one "
+         "of its parts: tool calls or the answer format asked beside them)) was compiled (cache miss, with ms) or found compiled (hit): "
          "outcome ok, invalid, timeout (refused after the time limit; worker: the pid of the "
          "compile worker killed then), error, or busy (no compile worker free: refused as load, "
          "503, with the compiles running and waiting and retry_after_s); site prepare "

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-KINDS = ("json_object", "json_schema", "regex", "choice", "grammar", "tagged_json")
+KINDS = ("json_object", "json_schema", "regex", "choice", "grammar", "tagged_json", "alternation")
 JSON_KINDS = ("json_object", "json_schema")
 # The most a schema, a regex, a grammar or a list of choices may hold, as JSON text (a regex or
 # grammar: its UTF-8 bytes); a chat's tools together too. The checks of a schema of this size
@@ -73,7 +73,8 @@ class GuideError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Guide:
     """What the output must match. ``spec``: the schema as canonical JSON text (json_schema),
-    the pattern (regex), the choices as a JSON list (choice), the EBNF (grammar); empty for
+    the pattern (regex), the choices as a JSON list (choice), the EBNF (grammar), the guides it
+    allows any one of as a JSON list of ``[kind, spec, strict]`` (alternation); empty for
     json_object. ``strict``: a json_schema's objects take no property the schema does not name
     (OpenAI's ``strict``), else JSON Schema's default (any other property is allowed)."""
 
@@ -90,6 +91,25 @@ class Guide:
         """16 hex digits naming the guide in receipts and spans (the schema is not logged)."""
         text = f"{self.kind}\0{int(self.strict)}\0{self.spec}".encode()
         return hashlib.sha256(text).hexdigest()[:16]
+
+    @property
+    def parts(self) -> tuple[Guide, ...]:
+        """The guides an alternation allows any one of; a guide of another kind is its own."""
+        if self.kind != "alternation":
+            return (self,)
+        return tuple(Guide(k, spec, strict) for k, spec, strict in orjson.loads(self.spec))
+
+    @property
+    def json_only(self) -> bool:
+        """Whether every output it allows is JSON (no control character outside a string)."""
+        return all(p.kind in JSON_KINDS for p in self.parts)
+
+
+def alternation(*guides: Guide) -> Guide:
+    """A guide the output matches when it matches any one of ``guides`` (an alternation's own
+    parts are taken in its place: one level)."""
+    parts = [p for g in guides for p in g.parts]
+    return Guide("alternation", orjson.dumps([[p.kind, p.spec, p.strict] for p in parts]).decode())
 
 
 def bounded(text: bytes | str, param: str, what: str) -> None:

@@ -46,6 +46,7 @@ class StepOutput:
     logprobs: list[TokenLogprobs] | None = None
     # asked for: the prompt's tokens' after the first, once, with the first new token
     prompt_logprobs: list[TokenLogprobs] | None = None
+    prompt_ranks: list[int] | None = None  # ... and each one's rank among all tokens (1: first)
     # set on the final output: its ending receipt's queue_s, ttft_s and e2e_s, the same numbers
     timing: Mapping[str, float | None] | None = None
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.model.detok import IncrementalDetokenizer
-from engine.model.sampling import SamplingParams, make_generator, prompt_logprobs
+from engine.model.sampling import SamplingParams, make_generator, prompt_logprobs, target_ranks
 from engine.observability.tracing import split_trace
 from engine.request.messages import StepOutput, TokenLogprobs
 from engine.speculative.pace import Pace
@@ -65,6 +65,7 @@ class Request:
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # not yet handed out
     # asked for (``params.prompt_logprobs``): each prompt token's after the first, by position
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    prompt_ranks: list[int | None] | None = None  # each one's rank among all tokens
     prompt_sent: bool = False
     spec: NgramIndex | None = None  # prompt lookup over its text, when it is drafted for
     spec_proposed: int = 0  # drafts funded for it, and those the model kept
@@ -164,6 +165,7 @@ class Request:
         """This step's output: ``tokens`` and the text they made showable. A finished request's
         output is its final one, with its finish reason, parks and retractions."""
         done = self.state is State.FINISHED
+        scored = self.take_prompt_logprobs()
         return StepOutput(
             rid=self.rid,
             new_token_ids=tokens,
@@ -176,7 +178,8 @@ class Request:
             parks=self.parks if done else 0,
             retractions=self.retractions if done else 0,
             logprobs=self.take_logprobs(),
-            prompt_logprobs=self.take_prompt_logprobs(),
+            prompt_logprobs=None if scored is None else scored[0],
+            prompt_ranks=None if scored is None else scored[1],
         )
 
     def scores_prompt(self, start: int) -> bool:
@@ -189,19 +192,23 @@ class Request:
     def score_prompt(self, start: int, logits: torch.Tensor) -> None:
         """Keep the logprobs of the prompt tokens that ``logits`` (a chunk's, from position
         ``start``) predict; a chunk computed again (after a retraction) writes the same."""
-        if self.prompt_logprobs is None:
+        if self.prompt_logprobs is None or self.prompt_ranks is None:
             self.prompt_logprobs = [None] * (self.prompt_len - 1)
+            self.prompt_ranks = [None] * (self.prompt_len - 1)
         end = min(start + len(logits), self.prompt_len - 1)
         targets = self.prompt_ids[start + 1 : end + 1]
-        scored = prompt_logprobs(logits[: end - start], targets, self.params.prompt_logprobs or 0)
+        rows = logits[: end - start]
+        scored = prompt_logprobs(rows, targets, self.params.prompt_logprobs or 0)
         self.prompt_logprobs[start:end] = scored
+        self.prompt_ranks[start:end] = target_ranks(rows, targets)
 
-    def take_prompt_logprobs(self) -> list[TokenLogprobs] | None:
-        """The prompt's logprobs, once, with the first output that follows them."""
+    def take_prompt_logprobs(self) -> tuple[list[TokenLogprobs], list[int]] | None:
+        """The prompt's logprobs and their ranks, once, with the first output that follows."""
         if self.params.prompt_logprobs is None or self.prompt_sent or not self.output_ids:
             return None
         self.prompt_sent = True
-        return [e for e in self.prompt_logprobs or () if e is not None]
+        ranks = [r for r in self.prompt_ranks or () if r is not None]
+        return [e for e in self.prompt_logprobs or () if e is not None], ranks
 
     def take_logprobs(self) -> list[TokenLogprobs] | None:
         if self.params.logprobs is None:

@@ -576,7 +576,7 @@ class MessagesRoute:
 
 
 def _parser(plan: ToolPlan | None) -> GenericParser | HermesParser | None:
-    return parser_for(plan.format) if plan is not None and plan.active else None
+    return parser_for(plan) if plan is not None and plan.active else None
 
 
 def mount(app: FastAPI, service: CompletionService) -> None:

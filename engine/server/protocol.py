@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from engine.guided.tools import ToolPlan
+from engine.model.chat import RESERVED, ChatRender
 from engine.request.guide import Guide, GuideError, choice_guide, json_schema_guide, text_guide
 from engine.request.prompt import PromptError, check_param_ids, fit_max_tokens
 from engine.request.sampling_params import (
@@ -134,9 +135,25 @@ class _Common(_Strict):
     priority: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] = 0
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    # vLLM's: logprobs' tokens written as "token_id:N" (N the token's id), not as their text
+    return_tokens_as_token_ids: bool = False
+    # vLLM's: each prompt token's logprob after the first, with this many most likely tokens'
+    prompt_logprobs: Annotated[int, Field(ge=0, le=LOGPROBS_LIMIT)] | None = None
 
     def prompt_logprob_count(self) -> int | None:
-        return None  # a chat has no prompt logprobs
+        """How many most likely tokens each prompt token's logprob comes with (None: the
+        prompt is not scored). A stream writes none, as vLLM's: more than 0 is refused there."""
+        k = self.prompt_logprobs
+        if k and self.stream:
+            raise ProtocolError(
+                "prompt_logprobs are not available with stream: true (0 asks for nothing there)",
+                "prompt_logprobs",
+            )
+        return None if self.stream else k
+
+    def echo_scored(self) -> bool:
+        """Whether the prompt's logprobs lead the answer's own (a completion's echo)."""
+        return False
 
     @field_validator("truncate_prompt_tokens")
     @classmethod
@@ -178,10 +195,17 @@ class CompletionRequest(_Common):
     def logprob_count(self) -> int | None:
         return self.logprobs
 
-    def prompt_logprob_count(self) -> int | None:
+    def echo_scored(self) -> bool:
         """With echo, the prompt's tokens come with their logprobs too (how evaluation
         harnesses score a text's likelihood)."""
-        return self.logprobs if self.echo else None
+        return bool(self.echo) and self.logprobs is not None
+
+    def prompt_logprob_count(self) -> int | None:
+        """As many most likely tokens as the echo's logprobs and ``prompt_logprobs`` ask, the
+        more of the two (each is written with its own)."""
+        echo = self.logprobs if self.echo_scored() else None
+        asked = [k for k in (super().prompt_logprob_count(), echo) if k is not None]
+        return max(asked) if asked else None
 
 
 class TextPart(_Strict):
@@ -245,6 +269,12 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     add_generation_prompt: bool = True
+    # vLLM's: the last message is continued, its turn left open (add_generation_prompt false)
+    continue_final_message: bool = False
+    # vLLM's: more variables for the chat template (none of the template's own)
+    chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: a last assistant message's text comes first in the answer
+    echo: bool = False
     # vLLM's: the tokenizer's special tokens added on top of the template's (which has its own)
     add_special_tokens: bool = False
     logprobs: bool | None = False  # each content token's logprob
@@ -252,6 +282,35 @@ class ChatCompletionRequest(_Common):
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True  # false: one call an answer at most
+
+    def render(self) -> tuple[bool, ChatRender]:
+        """``add_generation_prompt`` and how the template renders the chat besides it; a
+        ProtocolError naming a conflict (as vLLM refuses it) or a variable the template owns."""
+        if self.continue_final_message and self.add_generation_prompt:
+            if "add_generation_prompt" in self.model_fields_set:
+                raise ProtocolError(
+                    "continue_final_message and add_generation_prompt cannot both be true: "
+                    "a continued last message opens no new turn",
+                    "continue_final_message",
+                )
+        for name in RESERVED:
+            if name in (self.chat_template_kwargs or {}):
+                raise ProtocolError(
+                    f"chat_template_kwargs.{name}: {name!r} is the chat template's own "
+                    "variable, set by the request itself",
+                    f"chat_template_kwargs.{name}",
+                )
+        opened = self.add_generation_prompt and not self.continue_final_message
+        return opened, ChatRender(self.continue_final_message, self.chat_template_kwargs)
+
+    def echoed(self) -> str:
+        """What ``echo`` puts first in each choice's answer: the last message's text when it is
+        the assistant's (the answer's own role), else nothing."""
+        last = self.messages[-1]
+        if not self.echo or last.role != "assistant":
+            return ""
+        content = last.content or ""
+        return content if isinstance(content, str) else "".join(p.text for p in content)
 
     def logprob_count(self) -> int | None:
         if not self.logprobs:
@@ -404,21 +463,17 @@ def guide_of(
 ) -> tuple[Guide | None, str]:
     """What a request's ``response_format``, ``structured_outputs`` or tools ask the output to
     match, checked (a ProtocolError naming the place in the schema that cannot be honoured),
-    and the field that asked."""
-    asked = fmt is not None and fmt.type != "text" or vllm is not None
+    and the field that asked. A chat's tools plan holds its answer format already
+    (``answer_guide``): calls, the answer, or either, as its ``tool_choice`` says."""
     field = "structured_outputs" if vllm is not None else "response_format"
-    if tools is not None and tools.active:
-        if asked:
-            raise ProtocolError(
-                f"{field} and tools (tool_choice {tools.mode!r}) both shape the output: send "
-                "one, or tool_choice 'none'",
-                field,
-            )
-        return tools.guide, "tools"
-    return _guide(fmt, vllm), field
+    if tools is not None:
+        return tools.guide, "tools" if tools.active else field
+    return answer_guide(fmt, vllm), field
 
 
-def _guide(fmt: ResponseFormat | None, vllm: StructuredOutputs | None) -> Guide | None:
+def answer_guide(fmt: ResponseFormat | None, vllm: StructuredOutputs | None) -> Guide | None:
+    """The format ``response_format`` or ``structured_outputs`` asks of the answer (None:
+    free text), checked; a ProtocolError naming the field that cannot be honoured."""
     if fmt is not None and fmt.type != "text" and vllm is not None:
         raise ProtocolError(
             "response_format and structured_outputs both constrain the output: send one",

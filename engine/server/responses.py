@@ -106,30 +106,39 @@ def completion_body(
     texts: list[list[str]],
     logprobs: list[dict[str, Any]] | None = None,
     tools: ToolPlan | None = None,
+    prompts: list[list[dict[str, Any] | None]] | None = None,
+    echo: str = "",
 ) -> dict[str, Any]:
     """The non-streaming body, from each choice's text deltas and the job's finish reasons
-    (``logprobs``: each choice's, when asked; ``tools``: the output read for calls)."""
+    (``logprobs``: each choice's, when asked; ``tools``: the output read for calls;
+    ``prompts``: each choice's vLLM ``prompt_logprobs``, a completion's in its choice, a chat's
+    once in the body, when asked; ``echo``: the text each choice's answer starts with)."""
     choices = []
     for i, (parts, reason) in enumerate(zip(texts, job.reasons)):
         lp = logprobs[i] if logprobs is not None else None
         text = "".join(parts)
         choice: dict[str, Any] = {"index": i, "finish_reason": reason, "logprobs": lp}
         if kind == "text":
-            choice["text"] = text
+            choice["text"] = echo + text
         elif tools is not None and tools.active:
-            parser = parser_for(tools.format)
+            parser = parser_for(tools)
             deltas = parser.feed(text)
             more, choice["finish_reason"] = parser.finish(reason)
             job.answered(i, choice["finish_reason"])
             content, calls = merged(deltas + more)
+            content = echo + (content or "") if echo else content
             choice["message"] = {"role": "assistant", "content": content}
             if calls:
                 choice["message"]["tool_calls"] = calls
         else:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": "assistant", "content": echo + text}
+        if prompts is not None and kind == "text":
+            choice["prompt_logprobs"] = prompts[i]
         choices.append(choice)
     obj = "text_completion" if kind == "text" else "chat.completion"
     body = {**meta, "object": obj, "choices": choices, "usage": job.usage()}
+    if prompts is not None and kind == "chat":
+        body["prompt_logprobs"] = prompts[0]
     if job.report_metrics:
         body["metrics"] = job.metrics()
     return body
@@ -230,13 +239,13 @@ async def stream(
     done = [0] * len(job.subs)  # each choice's tokens so far, as its chunks tell them
     every = include_usage and continuous
     reading = tools is not None and tools.active
-    parsers = [parser_for(tools.format) for _ in job.subs] if reading else None  # type: ignore[union-attr]
+    parsers = [parser_for(tools) for _ in job.subs] if reading else None  # type: ignore[union-attr]
     try:
         # the echo waits for the prompt's logprobs, when they were asked for
         held = logprobs is not None and logprobs.prompt is not None
         if kind == "chat" or (echo and not held):
             for i in range(len(job.subs)):
-                first = {"content": echo} if kind == "text" or not reading else {}
+                first = {"content": echo} if kind == "text" or not reading or echo else {}
                 yield _chunk(kind, meta, i, first, None, True, _so_far(job, 0) if every else None)
         try:
             async for i, item in job.events():

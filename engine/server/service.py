@@ -41,11 +41,12 @@ from engine.server.driver import EngineDriver
 from engine.server.errors import ProtocolError, validation_error
 from engine.server.job import Job, JobFailed
 from engine.server.limits import HttpLimits, read_json
-from engine.server.logprobs import LogprobsWriter, TokenTexts
+from engine.server.logprobs import LogprobsWriter, TokenTexts, prompt_logprobs
 from engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelLimits,
+    answer_guide,
     check_model,
     guide_of,
     refuse_unbuilt,
@@ -74,6 +75,7 @@ def chat_chars(req: ChatCompletionRequest) -> int:
     """The characters of the messages' text and the tools' definitions: the rendered prompt
     holds at least these."""
     n = sum(len(orjson.dumps(t.model_dump(exclude_none=True))) for t in req.tools or ())
+    n += len(orjson.dumps(req.chat_template_kwargs)) if req.chat_template_kwargs else 0
     for m in req.messages:
         parts = [m.content] if isinstance(m.content, str) else [p.text for p in m.content or ()]
         n += sum(len(p) for p in parts)
@@ -144,7 +146,7 @@ class CompletionService:
         t0 = time.time_ns()
         req = await parse(request, ChatCompletionRequest, self.served_name, self.http)
         plan, ids = await self.chat_turn(req)
-        return await self.run(ids, req, "chat", request, t0, tools=plan)
+        return await self.run(ids, req, "chat", request, t0, req.echoed(), plan)
 
     async def chat_turn(self, req: ChatCompletionRequest) -> tuple[ToolPlan | None, list[int]]:
         """A chat's prompt, checked: its characters, then (off the loop) its tools' plan and the
@@ -160,6 +162,7 @@ class CompletionService:
         """The chat's tools as a plan (their schemas checked) and its prompt: the template
         rendered and tokenized. Its cost grows with what the request sends: ``off_loop``."""
         tok = self.driver.tokenizer
+        opened, render = req.render()
         plan = tool_plan(req, tok.knows_tools)
         try:
             messages = normalize_messages([m.model_dump(exclude_none=True) for m in req.messages])
@@ -167,12 +170,13 @@ class CompletionService:
             messages = plan.messages(messages) if plan else history(messages, tok.knows_tools)
             ids = tok.encode_chat(
                 messages,
-                req.add_generation_prompt,
+                opened,
                 req.add_special_tokens,
                 plan.template_tools() if plan is not None else None,
+                render,
             )
         except ChatTemplateError as e:
-            raise ProtocolError(str(e), "messages") from e
+            raise ProtocolError(str(e), e.param) from e
         except GuideError as e:
             raise ProtocolError(str(e), e.param) from e
         return plan, ids
@@ -223,8 +227,10 @@ class CompletionService:
         meta = {"id": job.rid, "created": int(time.time()), "model": self.served_name}
         writer = None  # each choice's logprobs, written as its API writes them
         if params.logprobs is not None:
-            scored = ids if params.prompt_logprobs is not None else None
-            writer = LogprobsWriter(kind, self.token_texts, req.n, echo, scored)
+            scored = ids if req.echo_scored() else None
+            top = req.logprobs if kind == "text" else None
+            as_ids = req.return_tokens_as_token_ids
+            writer = LogprobsWriter(kind, self.token_texts, req.n, echo, scored, as_ids, top)
         if req.stream:
             opts = req.stream_options
             body = stream(
@@ -238,7 +244,9 @@ class CompletionService:
                 tools,
             )
             return StreamingResponse(body, media_type="text/event-stream")
-        return await self.collect(job, kind, meta, request, echo, writer, tools)
+        return await self.collect(
+            job, kind, meta, request, echo, writer, tools, req.prompt_logprobs
+        )
 
     async def submit(
         self,
@@ -303,18 +311,22 @@ class CompletionService:
         echo: str,
         writer: LogprobsWriter | None,
         tools: ToolPlan | None,
+        prompt_k: int | None = None,
     ) -> Response:
-        """The whole response at once, unless the client hangs up first (then 499, aborted)."""
+        """The whole response at once, unless the client hangs up first (then 499, aborted);
+        ``prompt_k``: vLLM's ``prompt_logprobs`` were asked, with this many top tokens."""
         n = len(job.subs)
-        texts: list[list[str]] = [[echo] for _ in range(n)]
+        texts: list[list[str]] = [[] for _ in range(n)]
         entries: list[list[TokenLogprobs]] = [[] for _ in range(n)]
         scored: list[list[TokenLogprobs] | None] = [None] * n  # the prompt's, when asked
+        ranks: list[list[int]] = [[] for _ in range(n)]  # ... and their ranks
 
         async def gather() -> None:
             async for i, out in job.events():
                 texts[i].append(out.text_delta)
                 entries[i] += out.logprobs or []
-                scored[i] = out.prompt_logprobs if scored[i] is None else scored[i]
+                if scored[i] is None and out.prompt_logprobs is not None:
+                    scored[i], ranks[i] = out.prompt_logprobs, out.prompt_ranks or []
 
         try:
             if not await unless_disconnected(gather(), request):
@@ -332,7 +344,13 @@ class CompletionService:
         logprobs = None
         if writer is not None:
             logprobs = [writer.of(i, e, scored[i]) for i, e in enumerate(entries)]
-        return JSONResponse(completion_body(job, kind, meta, texts, logprobs, tools))
+        prompts = None
+        if prompt_k is not None:
+            prompts = [
+                prompt_logprobs(s or [], r, self.token_texts, prompt_k)
+                for s, r in zip(scored, ranks)
+            ]
+        return JSONResponse(completion_body(job, kind, meta, texts, logprobs, tools, prompts, echo))
 
     def trace(self, job: Job, request: Request, api: str, req: Any, params: Any, t0: int) -> None:
         """The request's trace context: a server span (tracing on), else an incoming
@@ -372,12 +390,17 @@ def tool_plan(req: ChatCompletionRequest, native: bool) -> ToolPlan | None:
     """How the request's tools are served (None: it names none); a ProtocolError naming the
     field that cannot be honoured."""
     choice = req.tool_choice
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] or None
+    if tools is None and choice in (None, "none"):
+        return None
+    answer = answer_guide(req.response_format, req.structured_outputs)
     try:
         return plan_of(
-            [t.model_dump(exclude_none=True) for t in req.tools or ()] or None,
+            tools,
             choice.model_dump() if isinstance(choice, BaseModel) else choice,
             req.parallel_tool_calls,
             native,
+            answer,
         )
     except GuideError as e:
         raise ProtocolError(str(e), e.param) from e

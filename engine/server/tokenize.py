@@ -12,21 +12,23 @@ on its characters first, as the completion routes refuse it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field, ValidationError
 
-from engine.guided.tools import history
-from engine.model.chat import ChatTemplateError, normalize_messages
-from engine.request.guide import GuideError
 from engine.server import openapi
 from engine.server.errors import ProtocolError, validation_error
 from engine.server.limits import read_json
-from engine.server.protocol import ChatMessage, TokenId, _Strict, check_model
-
-if TYPE_CHECKING:
-    from engine.server.service import CompletionService
+from engine.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    TokenId,
+    ToolDef,
+    _Strict,
+    check_model,
+)
+from engine.server.service import CompletionService, chat_chars
 
 
 class TokenizePrompt(_Strict):
@@ -37,10 +39,15 @@ class TokenizePrompt(_Strict):
 
 
 class TokenizeChat(_Strict):
+    """A chat's messages, rendered as a chat completion with the same fields renders them."""
+
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     add_special_tokens: bool = False  # the template writes its own, as for a chat completion
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None  # rendered as the chat renders them (tool_choice auto)
     return_token_strs: bool = False
 
 
@@ -66,17 +73,11 @@ async def tokenize(service: CompletionService, request: Request) -> dict[str, An
     tok = service.driver.tokenizer
     if "messages" in data:
         req = validated(data, TokenizeChat, service.served_name)
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        service.check_chars(sum(len(str(m.get("content") or "")) for m in messages), "messages")
-        try:
-            messages = history(normalize_messages(messages), tok.knows_tools)
-            ids = await service.off_loop(
-                tok.encode_chat, messages, req.add_generation_prompt, req.add_special_tokens
-            )
-        except ChatTemplateError as e:
-            raise ProtocolError(str(e), "messages") from e
-        except GuideError as e:  # an earlier turn's tool call the client wrote wrong
-            raise ProtocolError(str(e), e.param) from e
+        # the chat completion these fields make, its prompt rendered the one way chats are
+        fields = req.model_dump(exclude={"model", "return_token_strs"}, exclude_unset=True)
+        chat = ChatCompletionRequest.model_validate(fields)
+        service.check_chars(chat_chars(chat), "messages")
+        _, ids = await service.off_loop(service.chat_prompt, chat)
     else:
         req = validated(data, TokenizePrompt, service.served_name)
         service.check_chars(len(req.prompt), "prompt")

@@ -190,3 +190,73 @@ def test_the_clients_pydantic_tools_parse_unmodified(client):
     [call] = r.choices[0].message.tool_calls
     assert call.function.name == "GetWeather"
     assert isinstance(call.function.parsed_arguments, GetWeather)
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "summary": {"type": "string", "maxLength": 60},
+    },
+    "required": ["city", "summary"],
+    "additionalProperties": False,
+}
+ANSWER_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "forecast", "schema": ANSWER, "strict": True},
+}
+
+
+def test_tools_and_an_answer_schema_call_or_answer_in_the_schema(client):
+    """OpenAI's agents' shape (tools and an output type): auto is a call or the schema's answer,
+    streamed alike; required is a call; none is the schema's answer."""
+    seen = set()
+    for prompt in (PROMPTS[2], "Say hello to Oslo."):  # this model mostly calls, then answers
+        r = ask(
+            client,
+            prompt,
+            tool_choice="auto",
+            response_format=ANSWER_FORMAT,
+            n=4,
+            seed=5,
+            temperature=1.0,
+        )
+        for choice in r.choices:
+            m = choice.message
+            if m.tool_calls:
+                assert choice.finish_reason == "tool_calls" and m.content is None
+                check_call(m.tool_calls[0])
+                seen.add("call")
+            else:
+                assert choice.finish_reason == "stop" and m.tool_calls is None
+                jsonschema.validate(json.loads(m.content), ANSWER)
+                seen.add("answer")
+    required = ask(client, PROMPTS[1], tool_choice="required", response_format=ANSWER_FORMAT)
+    [call] = required.choices[0].message.tool_calls
+    assert check_call(call)[0] in PARAMS and required.choices[0].finish_reason == "tool_calls"
+    plain = ask(client, PROMPTS[0], tool_choice="none", response_format=ANSWER_FORMAT)
+    assert plain.choices[0].message.tool_calls is None
+    jsonschema.validate(json.loads(plain.choices[0].message.content), ANSWER)
+    assert seen == {"call", "answer"}, seen
+
+
+def test_a_streamed_answer_in_the_schema_adds_up_to_the_whole_one(client):
+    kw = {"tool_choice": "auto", "response_format": ANSWER_FORMAT}
+    seen = set()
+    for prompt in (PROMPTS[2], "Say hello to Oslo."):
+        whole = ask(client, prompt, **kw).choices[0]
+        text, names, reasons = "", [], []
+        for chunk in ask(client, prompt, **kw, stream=True):
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                names += [d.function.name for d in choice.delta.tool_calls or () if d.id]
+                reasons.append(choice.finish_reason)
+        assert [r for r in reasons if r] == [whole.finish_reason]
+        if whole.message.tool_calls:
+            assert names == [c.function.name for c in whole.message.tool_calls] and not text
+            seen.add("call")
+        else:
+            assert text == whole.message.content and not names
+            jsonschema.validate(json.loads(text), ANSWER)
+            seen.add("answer")
+    assert seen == {"call", "answer"}, seen

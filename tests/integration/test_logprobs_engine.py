@@ -84,4 +84,7 @@ def test_prompt_logprobs_are_the_models_at_every_position_chunked_or_not(tiny_mo
         for p, (t, lp, top) in enumerate(out.prompt_logprobs):
             assert lp == pytest.approx(float(expected[p, t]), abs=1e-4)
             assert len(top) == 2 and top[0][1] == pytest.approx(float(expected[p].max()), abs=1e-4)
+        # each prompt token's place among all tokens (1: the most likely), as vLLM's rank
+        ranks = [int((expected[p] > expected[p, t]).sum()) + 1 for p, t in enumerate(prompt[1:])]
+        assert out.prompt_ranks == ranks
     assert first.logprobs is None and len(first.token_ids) == 2

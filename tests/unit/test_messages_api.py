@@ -223,7 +223,7 @@ def test_a_call_is_a_tool_use_block_with_its_input_as_json_deltas():
     )
     text = json.dumps({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]})
     job = FakeJob([text[:20], text[20:]], "stop")
-    evs, blocks = collect(job, parser_for(plan.format))
+    evs, blocks = collect(job, parser_for(plan))
     starts = [d["content_block"] for n, d in evs if n == "content_block_start"]
     assert [(b["type"], b["name"], b["input"]) for b in starts] == [("tool_use", "get_weather", {})]
     assert starts[0]["id"].startswith("toolu_")

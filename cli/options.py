@@ -66,6 +66,7 @@ ClientConnOpt = Annotated[int, typer.Option(help=HELP["max_client_connections"])
 RequestTimeoutOpt = Annotated[float, typer.Option(help=HELP["request_timeout"])]
 LoopStallOpt = Annotated[float, typer.Option(help=HELP["loop_stall_timeout"])]
 CheckTimeoutOpt = Annotated[float, typer.Option(help=HELP["check_timeout"])]
+StoredResponsesOpt = Annotated[int, typer.Option(help=HELP["max_stored_responses"])]
 AllowedHostsOpt = Annotated[str, typer.Option(help=HELP["allowed_hosts"])]
 AllowedOriginsOpt = Annotated[str, typer.Option(help=HELP["allowed_origins"])]
 CutoverTimeoutOpt = Annotated[float, typer.Option(help=HELP["cutover_timeout"])]

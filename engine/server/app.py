@@ -14,12 +14,13 @@ from fastapi.routing import APIRoute
 
 from engine.observability import tracing as tr
 from engine.observability.metrics import CONTENT_TYPE, ServerMetrics
-from engine.server import admin, checkpoints, openapi, origin, tokenize
+from engine.server import admin, checkpoints, openapi, origin, responses_api, tokenize
 from engine.server.driver import EngineDriver
 from engine.server.frontdoor import FrontDoor
 from engine.server.limits import MAX_BODY_BYTES, HttpLimits
 from engine.server.loop_watch import LoopWatch
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest, check_model
+from engine.server.response_store import ResponseStore
 from engine.server.responses import error_response, install_error_handlers
 from engine.server.service import CompletionService
 
@@ -170,8 +171,18 @@ def create_app(
     )
     tokenize.mount(app, service)
     checkpoints.mount(app, service)
+    stored = ResponseStore.beside(
+        driver.config.store.kv_store_dir, limits.max_stored_responses, driver
+    )
+    responses_api.mount(app, service, stored)
     serve_head(app)
-    bodies = [CompletionRequest, ChatCompletionRequest, *tokenize.BODIES, *checkpoints.BODIES]
+    bodies = [
+        CompletionRequest,
+        ChatCompletionRequest,
+        *tokenize.BODIES,
+        *checkpoints.BODIES,
+        *responses_api.BODIES,
+    ]
     openapi.publish(app, bodies, served_model_name, driver.vocab_size)
     fields = frozenset(name for body in bodies for name in body.model_fields)
     return FrontDoor(app, driver, metrics, fields)

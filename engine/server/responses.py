@@ -150,7 +150,7 @@ def _chunk(
     return sse(event)
 
 
-def _deltas(
+def step_deltas(
     item: StepOutput, parser: GenericParser | HermesParser | None, logprobs: bool
 ) -> tuple[list[dict[str, Any] | None], str | None]:
     """One output's chunks' deltas (``parser``: read for tool calls) and its finish reason; a
@@ -214,7 +214,7 @@ async def stream(
                     lp = logprobs.of(i, [], item.prompt_logprobs)  # type: ignore[union-attr]
                     yield _chunk(kind, meta, i, {"content": echo}, None, True, logprobs=lp)
                 lp = None if logprobs is None else logprobs.of(i, item.logprobs or [])
-                deltas, reason = _deltas(item, parsers[i] if parsers else None, bool(lp))
+                deltas, reason = step_deltas(item, parsers[i] if parsers else None, bool(lp))
                 if parsers is not None and item.finished:
                     job.answered(i, reason)
                 usage = _so_far(job, done[i]) if every else None

@@ -123,6 +123,7 @@ def test_defaults_and_good_values_are_accepted():
         "max_client_connections": 128,
         "request_timeout": 600.0,
         "check_timeout": 10.0,
+        "max_stored_responses": 1000,
         "loop_stall_timeout": 2.0,
         "allowed_hosts": (),
         "allowed_origins": (),

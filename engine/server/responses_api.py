@@ -30,8 +30,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from engine.guided.tool_parsers import GenericParser, HermesParser, parser_for
-from engine.guided.tools import ToolPlan
+from engine.guided.tools import ToolPlan, arguments_of
 from engine.observability import schema
+from engine.request.guide import GuideError
 from engine.server import checkpoints, openapi
 from engine.server.errors import ProtocolError, error_body, field_path, shown
 from engine.server.job import Job, JobFailed
@@ -220,6 +221,11 @@ def _item(i: int, raw: Any) -> dict[str, Any]:
         item = model.model_validate(raw)
     except ValidationError as e:
         raise _invalid(where, model, e) from e
+    if isinstance(item, FunctionCallItem):
+        try:
+            arguments_of(item.arguments, f"{where}.arguments")
+        except GuideError as e:
+            raise ProtocolError(str(e), e.param) from e
     return _stored(item)
 
 
@@ -725,8 +731,12 @@ class Turn:
         if self.req.instructions is not None:
             messages = [{"role": "system", "content": self.req.instructions}, *messages]
         conv = as_chat({**self.chat, "messages": messages, "add_generation_prompt": False})
-        _, ids = await service.off_loop(service.chat_prompt, conv)
-        status, answer = await checkpoints.ask(service, "create", tokens=ids, id=self.id)
+        try:
+            _, ids = await service.off_loop(service.chat_prompt, conv)
+        except ProtocolError as e:  # the answer is sent all the same; its prefix is not kept
+            status, answer, ids = e.status, {"message": str(e)}, []
+        else:
+            status, answer = await checkpoints.ask(service, "create", tokens=ids, id=self.id)
         if status == 200:
             return self.id
         service.driver.record(

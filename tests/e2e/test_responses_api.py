@@ -225,6 +225,10 @@ BAD = [
         "input.0.call_id",
     ),
     ({"input": [{"role": "robot", "content": "x"}]}, "input.0.role"),
+    (
+        {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "no"}]},
+        "input.0.arguments",
+    ),
     ({"input": []}, "input"),
     ({}, "input"),
 ]

@@ -10,12 +10,12 @@ what the model says."""
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
 import httpx
 import orjson
+import psutil
 import pytest
 
 from tests.e2e.server_proc import ServerProc
@@ -31,7 +31,7 @@ def model_dir(tmp_path_factory):
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny-resp"), max_position=2048))
 
 
-def boot(log, model_dir: str, *extra: str, new_session: bool = False) -> ServerProc:
+def boot(log, model_dir: str, *extra: str) -> ServerProc:
     return ServerProc(
         log,
         "--model",
@@ -41,7 +41,6 @@ def boot(log, model_dir: str, *extra: str, new_session: bool = False) -> ServerP
         "--page-size",
         "16",
         *extra,
-        new_session=new_session,
     )
 
 
@@ -64,11 +63,22 @@ def wait_for(path, what, test) -> list[dict]:
     return found
 
 
+def crash(srv: ServerProc) -> None:
+    """SIGKILL to every process of the server at once (the scheduler too, which would write
+    what it cached at an orderly stop when the frontend goes): nothing is written after."""
+    procs = [psutil.Process(srv.proc.pid)]
+    procs += procs[0].children(recursive=True)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    psutil.wait_procs(procs, timeout=60)
+    srv.proc.communicate(timeout=60)
+
+
 def test_a_stored_conversation_outlives_a_crash_and_its_prefix_loads_from_the_store(
     tmp_path, model_dir
 ):
     store = ["--kv-store-dir", str(tmp_path / "store"), "--kv-store-pin-bytes", "10000000"]
-    srv = boot(tmp_path / "one.jsonl", model_dir, *store, new_session=True)
+    srv = boot(tmp_path / "one.jsonl", model_dir, *store)
     first = ask(srv.base, input="List three colours.", **TURN)
     listed = httpx.get(srv.base + "/v1/checkpoints", timeout=30).json()["data"]
     pinned = {c["id"]: c for c in listed}
@@ -76,8 +86,7 @@ def test_a_stored_conversation_outlives_a_crash_and_its_prefix_loads_from_the_st
     tokens = pinned[first["id"]]["tokens"]
     assert tokens > first["usage"]["input_tokens"]  # the prompt, then the answer
     assert (tmp_path / "store" / "responses" / f"{first['id']}.json").is_file()
-    os.killpg(srv.proc.pid, signal.SIGKILL)  # a crash: no stop writes anything
-    srv.proc.communicate(timeout=60)
+    crash(srv)
 
     two = tmp_path / "two.jsonl"
     srv = boot(two, model_dir, *store)

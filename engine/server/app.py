@@ -171,9 +171,10 @@ def create_app(
     )
     tokenize.mount(app, service)
     checkpoints.mount(app, service)
-    stored = ResponseStore.beside(
-        driver.config.store.kv_store_dir, limits.max_stored_responses, driver
-    )
+    # beside the durable store when it is in use (one given but off: in memory, as its KV)
+    off = driver.info is not None and driver.info.store_off is not None
+    store_dir = None if off else driver.config.store.kv_store_dir
+    stored = ResponseStore.beside(store_dir, limits.max_stored_responses, driver)
     responses_api.mount(app, service, stored)
     serve_head(app)
     bodies = [

@@ -19,19 +19,26 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections import OrderedDict, deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from engine.observability import schema
 from engine.server.errors import ProtocolError
-from engine.server.frontdoor import Recorder
 
 FOLDER = "responses"
 # the ids this server writes (resp_ and hex): nothing else can name a file
 _ID = re.compile(r"resp_[0-9a-f]{1,64}")
+
+
+class Recorder(Protocol):
+    """Where the store's receipts go (``EngineDriver``): a receipt, or a notice said once."""
+
+    def record(self, kind: str, **fields: Any) -> None: ...
+    def notice(self, key: str, text: str, **fields: Any) -> None: ...
 
 
 class ResponseStore:
@@ -45,14 +52,28 @@ class ResponseStore:
         # the ids dropped for the bound lately, so their 404 can say so
         self.dropped: deque[str] = deque(maxlen=bound)
         if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
             for stale in directory.glob("*.tmp"):  # a write a crash cut short
                 stale.unlink(missing_ok=True)
 
     @classmethod
     def beside(cls, store_dir: str | None, bound: int, recorder: Recorder) -> ResponseStore:
-        """The store a server keeps: files beside its durable KV store, if it has one."""
-        folder = None if store_dir is None else Path(store_dir) / FOLDER
+        """The store a server keeps: files in ``responses/`` beside its durable KV store, if it
+        has one it can use; else (said once) in memory. As the store itself, it follows no
+        link: a ``responses`` that is not a folder of its own is not used."""
+        if store_dir is None:
+            return cls(None, bound, recorder)
+        folder = Path(store_dir) / FOLDER
+        try:
+            folder.mkdir(exist_ok=True)
+            if folder.is_symlink() or not folder.is_dir():
+                raise NotADirectoryError(f"{folder} is not a folder (a link is not followed)")
+        except OSError as e:
+            recorder.notice(
+                "responses_in_memory",
+                f"stored responses are kept in memory, not in {folder}: {e}",
+                dir=str(folder),
+            )
+            return cls(None, bound, recorder)
         return cls(folder, bound, recorder)
 
     @property
@@ -65,16 +86,20 @@ class ResponseStore:
         return self.directory / f"{rid}.json"
 
     def put(self, rid: str, record: dict[str, Any]) -> None:
-        """Keep ``record`` under ``rid``: on disk (atomically), or in memory within the bound."""
+        """Keep ``record`` under ``rid``: on disk (atomically), or in memory within the bound.
+        A file that cannot be written (a full disk) keeps it in memory, said once."""
         path = self._path(rid)
         if path is not None:
-            tmp = path.with_suffix(".tmp")
-            with open(tmp, "wb") as f:
-                f.write(orjson.dumps(record))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            return
+            try:
+                _write(path, orjson.dumps(record))
+                return
+            except OSError as e:
+                self.recorder.notice(
+                    "response_not_written",
+                    f"a stored response could not be written to {path.parent} ({e}); it is "
+                    "kept in memory until a restart",
+                    id=rid,
+                )
         self.memory[rid] = record
         self.memory.move_to_end(rid)
         while len(self.memory) > self.bound:
@@ -90,28 +115,23 @@ class ResponseStore:
 
     def get(self, rid: str, param: str | None = None) -> dict[str, Any]:
         """The record of ``rid`` (a use: the most recently used now); a 404 naming it."""
-        if self.directory is not None:
-            path = self._path(rid)
-            try:
-                if path is not None:
-                    return orjson.loads(path.read_bytes())
-            except FileNotFoundError:
-                pass
-            raise self._missing(rid, param)
         record = self.memory.get(rid)
-        if record is None:
-            raise self._missing(rid, param)
-        self.memory.move_to_end(rid)
-        return record
+        if record is not None:
+            self.memory.move_to_end(rid)
+            return record
+        path = self._path(rid)
+        if path is not None:
+            try:
+                return orjson.loads(_read(path))
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+        raise self._missing(rid, param)
 
     def delete(self, rid: str) -> dict[str, Any]:
         """Remove ``rid``'s record and return it; a 404 naming it."""
         record = self.get(rid)
-        path = self._path(rid)
-        if path is not None:
+        if self.memory.pop(rid, None) is None and (path := self._path(rid)) is not None:
             path.unlink(missing_ok=True)
-        else:
-            self.memory.pop(rid, None)
         return record
 
     def _missing(self, rid: str, param: str | None) -> ProtocolError:
@@ -131,3 +151,32 @@ class ResponseStore:
                 f"{self.bound} (--max-stored-responses), or it was never stored (store: false)"
             )
         return ProtocolError(f"{where}no response {rid!r}: {why}", param, 404)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """``data`` as the file at ``path``, whole or not at all: a new temporary file (no link
+    followed), flushed, then renamed over it."""
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> bytes:
+    """The regular file at ``path`` (a link is not followed: FileNotFoundError)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise FileNotFoundError(str(path)) from e
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileNotFoundError(str(path))
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)

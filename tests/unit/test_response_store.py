@@ -17,6 +17,9 @@ class Receipts:
     def record(self, kind: str, **fields) -> None:
         self.rows.append((kind, fields))
 
+    def notice(self, key: str, text: str, **fields) -> None:
+        self.rows.append(("notice", {"key": key, "text": text, **fields}))
+
 
 def record(n: int) -> dict:
     return {"response": {"id": f"resp_{n:x}"}, "history": [], "input": [], "checkpoint": None}
@@ -67,3 +70,21 @@ def test_files_beside_the_store_are_read_back_by_a_new_process(tmp_path):
         with pytest.raises(ProtocolError) as e:
             again.get(missing)
         assert e.value.status == 404 and missing in str(e.value)
+
+
+def test_a_responses_folder_that_is_a_link_is_not_followed(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "responses").symlink_to(elsewhere)
+    seen = Receipts()
+    store = ResponseStore.beside(str(tmp_path / "store"), 3, seen)
+    assert not store.durable and seen.rows[0][1]["key"] == "responses_in_memory"
+    store.put("resp_1", record(1))
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
+    (elsewhere / "resp_2.json").write_bytes(b"{}")
+    (tmp_path / "other").mkdir()
+    files = ResponseStore.beside(str(tmp_path / "other"), 3, seen)
+    (tmp_path / "other" / "responses" / "resp_2.json").symlink_to(elsewhere / "resp_2.json")
+    with pytest.raises(ProtocolError):
+        files.get("resp_2")  # a link in the folder is not read either

@@ -92,11 +92,12 @@ class FunctionChoice(_Strict):
     name: str
 
 
+FormatName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
 class TextFormat(_Strict):
     type: Literal["text", "json_schema", "json_object"]
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")] | None = (
-        None
-    )
+    name: FormatName | None = None
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None

@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 
 from engine.server.errors import ProtocolError
-from engine.server.responses_api import Output, chat_messages, input_items
+from engine.server.responses_api import (
+    Output,
+    as_chat,
+    chat_body,
+    chat_messages,
+    input_items,
+    parse_request,
+)
 
 
 def test_text_deltas_open_a_message_and_its_part_then_close_them_in_order():
@@ -104,3 +111,44 @@ def test_what_this_server_does_not_serve_is_refused_by_its_place(raw, param):
     with pytest.raises(ProtocolError) as e:
         chat_messages(input_items(raw), 0)
     assert e.value.param == param and param in str(e.value)
+
+
+def test_a_request_reads_as_the_chat_it_stands_for():
+    req = parse_request(
+        {
+            "model": "smol",
+            "input": "Weather in Oslo?",
+            "instructions": "Be brief.",
+            "tools": [{"type": "function", "name": "w", "parameters": {"type": "object"}}],
+            "tool_choice": {"type": "function", "name": "w"},
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+            "max_output_tokens": 9,
+            "parallel_tool_calls": False,
+            "service_tier": "auto",  # asks for nothing here: accepted, unused
+        },
+        "smol",
+    )
+    chat = as_chat(chat_body(req, [], input_items(req.input)))
+    assert [(m.role, m.content) for m in chat.messages] == [
+        ("system", "Be brief."),
+        ("user", "Weather in Oslo?"),
+    ]
+    assert chat.tools[0].function.name == "w" and chat.tool_choice.function.name == "w"
+    assert chat.response_format.type == "json_schema"
+    assert chat.response_format.json_schema.schema_ == {"type": "object"}
+    assert chat.max_tokens == 9 and chat.parallel_tool_calls is False
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning"),
+        ({"input": "x", "include": ["file_search_call.results"]}, "include"),
+        ({"input": "x", "model": "gpt-4o"}, "model"),
+        ({"input": "x", "metadata": {"k": "v" * 513}}, "metadata"),
+    ],
+)
+def test_fields_asking_for_what_is_not_served_are_refused_by_name(body, param):
+    with pytest.raises(ProtocolError) as e:
+        parse_request(body, "smol")
+    assert e.value.param == param, str(e.value)

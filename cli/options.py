@@ -69,6 +69,7 @@ CheckTimeoutOpt = Annotated[float, typer.Option(help=HELP["check_timeout"])]
 PerRequestMetricsOpt = Annotated[
     bool, typer.Option("--enable-per-request-metrics", help=HELP["enable_per_request_metrics"])
 ]
+StoredResponsesOpt = Annotated[int, typer.Option(help=HELP["max_stored_responses"])]
 AllowedHostsOpt = Annotated[str, typer.Option(help=HELP["allowed_hosts"])]
 AllowedOriginsOpt = Annotated[str, typer.Option(help=HELP["allowed_origins"])]
 CutoverTimeoutOpt = Annotated[float, typer.Option(help=HELP["cutover_timeout"])]

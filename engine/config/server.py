@@ -48,6 +48,13 @@ class ServerSection(_Section):
         "chat template, tokenizing) may take, in a worker thread; past them it is refused "
         "(503 with Retry-After: the server is too busy to check it).",
     )
+    max_stored_responses: int = _knob(
+        1000,
+        "Stored responses (/v1/responses with store: true) a server without --kv-store-dir "
+        "keeps in memory for previous_response_id and GET, least recently used dropped first "
+        "(response.evict); a restart forgets them. With --kv-store-dir they are files beside "
+        "the store, unbounded, and outlive a restart.",
+    )
 
     enable_per_request_metrics: bool = _knob(
         False,
@@ -86,3 +93,9 @@ class ServerSection(_Section):
             "a tuple of '*' or origins (scheme://host[:port], no path)",
         )
         need(seconds(self.check_timeout), self, "check_timeout", "a number of seconds > 0")
+        need(
+            is_int(self.max_stored_responses, 1),
+            self,
+            "max_stored_responses",
+            "an integer >= 1",
+        )

@@ -136,7 +136,12 @@ SPEC_ON = "spec.on"
 REQUEST_REJECTED = "request.rejected"
 FRONTEND_STALL = "frontend.stall"
 FRONTEND_RESUME = "frontend.resume"
-FRONTEND_KINDS = frozenset({REQUEST_REJECTED, FRONTEND_STALL, FRONTEND_RESUME})
+# the stored responses of /v1/responses (engine/server/response_store.py, responses_api.py)
+RESPONSE_EVICT = "response.evict"
+RESPONSE_UNCHECKPOINTED = "response.uncheckpointed"
+FRONTEND_KINDS = frozenset(
+    {REQUEST_REJECTED, FRONTEND_STALL, FRONTEND_RESUME, RESPONSE_EVICT, RESPONSE_UNCHECKPOINTED}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,6 +416,18 @@ _CATALOG = (
     Kind(FRONTEND_RESUME, ("stalled_s",),
          "the HTTP frontend's event loop turns again after standing stalled_s seconds",
          ("process",)),
+    Kind(RESPONSE_EVICT, ("id", "reason", "bound"),
+         "a stored response (/v1/responses, store: true) was dropped from memory, least recently "
+         "used first, to keep at most bound of them (--max-stored-responses; a server without "
+         "--kv-store-dir keeps them in memory only): a previous_response_id naming it is a 404 "
+         "from now on",
+         ("stored", "process")),
+    Kind(RESPONSE_UNCHECKPOINTED, ("id", "status", "reason"),
+         "a stored response's conversation could not be checkpointed in the durable store (its "
+         "answer and its items are stored all the same): status and reason are the checkpoint's "
+         "refusal (400: under one store page; 409: over the pin budget; 507: no room), so a "
+         "continued response may recompute its prefix",
+         ("tokens", "process")),
 )  # fmt: skip
 
 CATALOG: dict[str, Kind] = {k.name: k for k in _CATALOG}

@@ -14,12 +14,13 @@ from fastapi.routing import APIRoute
 
 from engine.observability import tracing as tr
 from engine.observability.metrics import CONTENT_TYPE, ServerMetrics
-from engine.server import admin, checkpoints, messages_api, openapi, origin, tokenize
+from engine.server import admin, checkpoints, messages_api, openapi, origin, responses_api, tokenize
 from engine.server.driver import EngineDriver
 from engine.server.frontdoor import FrontDoor
 from engine.server.limits import MAX_BODY_BYTES, HttpLimits
 from engine.server.loop_watch import LoopWatch
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest, check_model
+from engine.server.response_store import ResponseStore
 from engine.server.responses import error_for, error_response, install_error_handlers
 from engine.server.service import CompletionService
 
@@ -181,6 +182,11 @@ def create_app(
     tokenize.mount(app, service)
     checkpoints.mount(app, service)
     messages_api.mount(app, service)
+    # beside the durable store when it is in use (one given but off: in memory, as its KV)
+    off = driver.info is not None and driver.info.store_off is not None
+    store_dir = None if off else driver.config.store.kv_store_dir
+    stored = ResponseStore.beside(store_dir, limits.max_stored_responses, driver)
+    responses_api.mount(app, service, stored)
     serve_head(app)
     bodies = [
         CompletionRequest,
@@ -188,6 +194,7 @@ def create_app(
         *tokenize.BODIES,
         *checkpoints.BODIES,
         *messages_api.BODIES,
+        *responses_api.BODIES,
     ]
     openapi.publish(app, bodies, served_model_name, driver.vocab_size)
     fields = frozenset(name for body in bodies for name in body.model_fields)

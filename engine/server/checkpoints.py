@@ -29,7 +29,6 @@ from engine.server import openapi
 from engine.server.errors import ProtocolError, error_body
 from engine.server.limits import read_json
 from engine.server.protocol import ChatMessage, TokenId, _Strict
-from engine.server.responses import error_response
 from engine.server.tokenize import validated
 
 if TYPE_CHECKING:
@@ -70,12 +69,19 @@ async def _tokens(service: CompletionService, req: CheckpointCreate) -> list[int
     return ids
 
 
-async def _ask(service: CompletionService, op: str, **kw: Any) -> Response:
+async def ask(service: CompletionService, op: str, **kw: Any) -> tuple[int, dict[str, Any]]:
+    """Have the scheduler do checkpoint ``op``: its status and body (a stopping or gone
+    scheduler: 503). The one way in for every route that checkpoints (``/v1/responses`` too)."""
     try:
         fut = service.driver.ask(lambda ticket: CheckpointOp(op=op, ticket=ticket, **kw))
         status, body = await asyncio.wrap_future(fut)
     except RuntimeError as e:  # the scheduler is stopping or gone
-        return error_response(str(e), 503)
+        return 503, {"message": str(e)}
+    return status, body
+
+
+async def _ask(service: CompletionService, op: str, **kw: Any) -> Response:
+    status, body = await ask(service, op, **kw)
     if status == 200:
         return JSONResponse(body)
     message = str(body.pop("message", "checkpoint refused"))

@@ -88,6 +88,25 @@ def test_a_messages_answer_has_the_same_timings_whole_and_streamed(srv):
         assert metrics == want
 
 
+def test_a_responses_answer_has_the_same_timings_whole_and_in_its_completed_event(srv):
+    body = {"model": "m", "input": "hi there", "max_output_tokens": 4, "store": False}
+    whole = httpx.post(srv.base + "/v1/responses", json=body, timeout=300).json()
+    got = [(whole["id"], whole["metrics"])]
+    with httpx.stream(
+        "POST", srv.base + "/v1/responses", json={**body, "stream": True}, timeout=300
+    ) as r:
+        data = [orjson.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    assert all("metrics" not in d.get("response", {}) for d in data[:-1])
+    (ended,) = [
+        d["response"] for d in data if d["type"] in ("response.completed", "response.incomplete")
+    ]
+    got.append((ended["id"], ended["metrics"]))
+    for rid, metrics in got:
+        want = expected(srv, rid.replace("resp_", "resp-"))  # the receipts name it resp-<hex>
+        want.pop("cached")
+        assert metrics == want
+
+
 def test_several_choices_have_no_one_requests_timings(srv):
     answer = ask(srv.base, n=2)
     assert "metrics" in answer and answer["metrics"] is None

@@ -124,6 +124,7 @@ def test_defaults_and_good_values_are_accepted():
         "request_timeout": 600.0,
         "check_timeout": 10.0,
         "enable_per_request_metrics": False,
+        "max_stored_responses": 1000,
         "loop_stall_timeout": 2.0,
         "allowed_hosts": (),
         "allowed_origins": (),

@@ -65,11 +65,12 @@ def _structured(out: dict) -> None:
     assert isinstance(out["structured"]["temperature_c"], int)
 
 
-def test_openai_agents_calls_a_tool_then_answers_in_a_structure(python, served):
-    out, made = run(python, served, "openai_agents_run.py", "chat")
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_openai_agents_calls_a_tool_then_answers_in_a_structure(python, served, api):
+    out, made = run(python, served, "openai_agents_run.py", api)
     assert len(out["tool_calls"]) == 1 and out["called"].startswith("It is sunny")
     _structured(out)
-    assert made == ["chat.completions"] * 2
+    assert made == ["responses" if api == "responses" else "chat.completions"] * 2
 
 
 def test_anthropic_streams_a_tool_use_and_its_answer(python, served):

@@ -93,6 +93,7 @@ class Tally:
     )  # what must not happen: [count, example]
     latencies: list[float] = field(default_factory=list)  # seconds, served requests
     ids: set[str] = field(default_factory=set)  # the receipt rids the clients saw
+    dropped: set[str] = field(default_factory=set)  # the rids of the streams hung up on
 
     def problem(self, kind: str, text: str) -> None:
         seen = self.problems.setdefault(kind, [0, text])
@@ -168,6 +169,7 @@ async def _good(client: httpx.AsyncClient, rng: random.Random, t: Tally, cfg: So
                     chunks -= 1
                     if chunks == 0:
                         t.disconnected += 1
+                        t.dropped.update(_rids(chunk["id"], n))
                         return  # leaving the block closes the connection mid-stream
     t.served += 1
     t.latencies.append(time.perf_counter() - t0)
@@ -211,6 +213,27 @@ def _sample_rss(pid: int, every: float, stop: threading.Event, out: list) -> Non
         except OSError:
             return
         stop.wait(every)
+
+
+def _hang_ups(log: Path, dropped: set[str]) -> tuple[int, list[str]]:
+    """Of the requests whose client hung up mid-stream, how many
+    finished all the same (their last tokens made before the abort reached the scheduler: a
+    few milliseconds after the client left, or before it, still being read), and which ended
+    neither so nor aborted ``client_disconnect`` (no ending, or another abort)."""
+    endings: dict[str, dict] = {}
+    for line in log.read_bytes().splitlines():
+        if line.startswith(b"{") and (b'"request.finish"' in line or b'"request.abort"' in line):
+            r = orjson.loads(line)
+            if r["rid"] in dropped:
+                endings[r["rid"]] = r
+    finished, wrong = 0, []
+    for rid in dropped:
+        end = endings.get(rid, {})
+        if end.get("event") == "request.finish":
+            finished += 1
+        elif end.get("reason") != "client_disconnect":
+            wrong.append(f"{rid} ({end.get('event')} {end.get('reason')})")
+    return finished, sorted(wrong)
 
 
 def _receipts(log: Path) -> tuple[set[str], set[str], Counter, int]:
@@ -275,9 +298,11 @@ def judge(cfg: SoakConfig, log: Path, t: Tally, rss: list, idle: dict, code: int
         problems.append(f"{len(lost)} received requests have no ending receipt: {sorted(lost)[:5]}")
     if unseen := t.ids - received:
         problems.append(f"{len(unseen)} ids a client saw were never received: {sorted(unseen)[:5]}")
-    if reasons["client_disconnect"] < t.disconnected:
+    finished_anyway, unheard = _hang_ups(log, t.dropped)
+    if unheard:
         problems.append(
-            f"{t.disconnected} hang-ups, {reasons['client_disconnect']} disconnect aborts"
+            f"{len(unheard)} hung-up requests neither finished nor aborted client_disconnect: "
+            f"{unheard[:5]}"
         )
     held = {k: idle.get(k) for k in ("running", "parked", "waiting", "kv_used")}
     if any(held.values()):
@@ -302,6 +327,7 @@ def judge(cfg: SoakConfig, log: Path, t: Tally, rss: list, idle: dict, code: int
         "status": dict(t.status),
         "served": t.served,
         "disconnected": t.disconnected,
+        "finished_despite_hangup": finished_anyway,
         "malformed_4xx": t.malformed_4xx,
         "received": len(received),
         "abort_reasons": dict(reasons),

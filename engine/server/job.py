@@ -67,6 +67,7 @@ class Job:
         t0_ns: int,
         deadline_s: float | None = None,
         api: str | None = None,
+        report_metrics: bool = False,
     ) -> None:
         self.driver = driver
         self.rid = rid
@@ -95,7 +96,7 @@ class Job:
         self.parks = self.retractions = 0
         # each choice's ending timings, as its request.finish receipt has them
         self.timings: list[Mapping[str, float | None] | None] = [None] * n
-        self.report_metrics = False  # the answer carries metrics() (--enable-per-request-metrics)
+        self.report_metrics = report_metrics  # the answer carries metrics() (the flag's)
         self.trace: str | None = None  # the traceparent the scheduler's spans go under
         self.span: Any = None  # the HTTP server span (tracing on)
 

@@ -279,8 +279,8 @@ class CompletionService:
             await self.prepare(guide, param)
         rid = f"{prefix}-{uuid.uuid4().hex[:24]}"
         deadline = self.http.request_timeout
-        job = Job(self.driver, self.metrics, rid, ids, params, req.n, t0, deadline, api)
-        job.report_metrics = self.driver.config.server.enable_per_request_metrics
+        timings = self.driver.config.server.enable_per_request_metrics
+        job = Job(self.driver, self.metrics, rid, ids, params, req.n, t0, deadline, api, timings)
         self.trace(job, request, api, req, params, t0)
         try:
             job.submit()

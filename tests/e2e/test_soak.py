@@ -19,7 +19,10 @@ def _assert_nothing_lost(res: dict, min_oversubscription: float) -> None:
     assert res["problems"] == []
     assert res["oversubscription"] >= min_oversubscription, res["oversubscription"]
     assert res["served"] > 0 and res["disconnected"] > 0 and res["malformed_4xx"] > 0, res
-    assert res["abort_reasons"].get("client_disconnect", 0) >= res["disconnected"]
+    aborted = res["abort_reasons"].get("client_disconnect", 0)
+    # every hang-up's request ended: aborted client_disconnect, or (a few, whose last tokens
+    # were made as the client left) finished; the judge names any other ending
+    assert aborted > 0 and aborted + res["finished_despite_hangup"] >= res["disconnected"]
     assert res["audit"]["exit_code"] in (0, 2), res["audit"]
 
 

@@ -24,6 +24,7 @@ class FakeJob:
         self.subs = [object()]
         self.prompt_tokens = 3
         self.reasons: list[str | None] = ["stop"]
+        self.report_metrics = False  # the server's default: no per-request timings
         last = len(pieces) - 1
         self.outputs = [
             StepOutput(

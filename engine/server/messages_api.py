@@ -33,7 +33,7 @@ from engine.server.job import Job, JobFailed
 from engine.server.limits import read_json
 from engine.server.protocol import ChatCompletionRequest, check_model
 from engine.server.responses import chat_deltas, error_for, sse
-from engine.server.service import CompletionService, unless_disconnected
+from engine.server.service import CompletionService, gathered
 
 BLOCKS = ("text", "tool_use", "tool_result")  # the content blocks this server reads
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -521,19 +521,12 @@ async def whole(
             if name == "message_delta":
                 ended.update(data["delta"])
 
-    try:
-        if not await unless_disconnected(gather(), request):
-            job.end_span(499, "the client went away")
-            return Response(status_code=499)  # nobody reads it; the request is aborted
-    except JobFailed as e:
-        job.end_span(e.status, str(e))
-        return error_for(request.url.path, str(e), e.status)
-    except BaseException:
-        job.end_span(499, "the client went away")
-        raise
-    finally:
-        job.close()  # nothing, unless the client went away (cancelled) mid-request
-    job.end_span(200)
+    path = request.url.path
+    failed = await gathered(
+        job, gather(), request, lambda said, status: error_for(path, said, status)
+    )
+    if failed is not None:
+        return failed
     body = {**message(meta, job, blocks.content), **ended}
     if job.report_metrics:
         body["metrics"] = job.metrics()

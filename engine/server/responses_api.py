@@ -40,7 +40,7 @@ from engine.server.limits import read_json
 from engine.server.protocol import ChatCompletionRequest, ToolName, _Strict, check_model
 from engine.server.response_store import ResponseStore
 from engine.server.responses import chat_deltas, error_response
-from engine.server.service import CompletionService, unless_disconnected
+from engine.server.service import CompletionService, gathered
 
 # the item and tool types OpenAI has that this server does not serve: refused by name
 SERVED_ITEMS = ("message", "function_call", "function_call_output")
@@ -663,20 +663,8 @@ class Turn:
             async for _ in self._steps():
                 pass
 
-        job = self.job
-        try:
-            if not await unless_disconnected(gather(), request):
-                job.end_span(499, "the client went away")
-                return Response(status_code=499)
-        except JobFailed as e:
-            job.end_span(e.status, str(e))
-            return error_response(str(e), e.status)
-        except BaseException:
-            job.end_span(499, "the client went away")
-            raise
-        finally:
-            job.close()  # nothing, unless the client went away mid-request
-        job.end_span(200)
+        if (instead := await gathered(self.job, gather(), request)) is not None:
+            return instead
         body = self.body(self.status())
         await self.keep(body)
         return JSONResponse(body)

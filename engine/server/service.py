@@ -328,19 +328,8 @@ class CompletionService:
                 if scored[i] is None and out.prompt_logprobs is not None:
                     scored[i], ranks[i] = out.prompt_logprobs, out.prompt_ranks or []
 
-        try:
-            if not await unless_disconnected(gather(), request):
-                job.end_span(499, "the client went away")
-                return Response(status_code=499)  # nobody reads it; the request is aborted
-        except JobFailed as e:
-            job.end_span(e.status, str(e))
-            return error_response(str(e), e.status)
-        except BaseException:
-            job.end_span(499, "the client went away")
-            raise
-        finally:
-            job.close()  # nothing, unless the client went away (cancelled) mid-request
-        job.end_span(200)
+        if (instead := await gathered(job, gather(), request)) is not None:
+            return instead
         logprobs = None
         if writer is not None:
             logprobs = [writer.of(i, e, scored[i]) for i, e in enumerate(entries)]
@@ -404,6 +393,32 @@ def tool_plan(req: ChatCompletionRequest, native: bool) -> ToolPlan | None:
         )
     except GuideError as e:
         raise ProtocolError(str(e), e.param) from e
+
+
+async def gathered(
+    job: Job,
+    work: Awaitable[None],
+    request: Request,
+    failed: Callable[[str, int], Response] = error_response,
+) -> Response | None:
+    """Run ``work`` (it reads the job's outputs) to its end for a whole answer. None when it
+    ended, the span closed 200; else the answer to give instead: 499 when the client hung up
+    first (the request is aborted), ``failed(message, status)`` (the API's error shape) when
+    the job failed. The job is closed either way: nothing, unless the client went away."""
+    try:
+        if not await unless_disconnected(work, request):
+            job.end_span(499, "the client went away")
+            return Response(status_code=499)  # nobody reads it; the request is aborted
+    except JobFailed as e:
+        job.end_span(e.status, str(e))
+        return failed(str(e), e.status)
+    except BaseException:
+        job.end_span(499, "the client went away")
+        raise
+    finally:
+        job.close()
+    job.end_span(200)
+    return None
 
 
 async def unless_disconnected(work: Awaitable[None], request: Request) -> bool:

@@ -31,17 +31,23 @@ def model_dir(tmp_path_factory):
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny-resp"), max_position=2048))
 
 
-def boot(log, model_dir: str, *extra: str) -> ServerProc:
-    return ServerProc(
-        log,
-        "--model",
-        model_dir,
-        "--kv-tokens",
-        "2048",
-        "--page-size",
-        "16",
-        *extra,
-    )
+@pytest.fixture
+def boot(model_dir):
+    """Boots a tiny-model server; every one still running when the test ends (a failed
+    assertion) is stopped then, so none outlives its test."""
+    started: list[ServerProc] = []
+
+    def start(log, *extra: str) -> ServerProc:
+        srv = ServerProc(
+            log, "--model", model_dir, "--kv-tokens", "2048", "--page-size", "16", *extra
+        )
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        if srv.proc.poll() is None:
+            srv.stop()
 
 
 def rows(path) -> list[dict]:
@@ -74,11 +80,9 @@ def crash(srv: ServerProc) -> None:
     srv.proc.communicate(timeout=60)
 
 
-def test_a_stored_conversation_outlives_a_crash_and_its_prefix_loads_from_the_store(
-    tmp_path, model_dir
-):
+def test_a_stored_conversation_outlives_a_crash_and_its_prefix_loads_from_the_store(tmp_path, boot):
     store = ["--kv-store-dir", str(tmp_path / "store"), "--kv-store-pin-bytes", "10000000"]
-    srv = boot(tmp_path / "one.jsonl", model_dir, *store)
+    srv = boot(tmp_path / "one.jsonl", *store)
     first = ask(srv.base, input="List three colours.", **TURN)
     listed = httpx.get(srv.base + "/v1/checkpoints", timeout=30).json()["data"]
     pinned = {c["id"]: c for c in listed}
@@ -89,7 +93,7 @@ def test_a_stored_conversation_outlives_a_crash_and_its_prefix_loads_from_the_st
     crash(srv)
 
     two = tmp_path / "two.jsonl"
-    srv = boot(two, model_dir, *store)
+    srv = boot(two, *store)
     got = httpx.get(srv.base + f"/v1/responses/{first['id']}", timeout=30)
     assert got.status_code == 200 and got.json() == first
     second = ask(srv.base, input="And three more?", previous_response_id=first["id"], **TURN)
@@ -115,9 +119,9 @@ def test_a_stored_conversation_outlives_a_crash_and_its_prefix_loads_from_the_st
     assert code == 0
 
 
-def test_in_memory_the_least_recently_used_is_dropped_and_a_restart_forgets(tmp_path, model_dir):
+def test_in_memory_the_least_recently_used_is_dropped_and_a_restart_forgets(tmp_path, boot):
     log = tmp_path / "mem.jsonl"
-    srv = boot(log, model_dir, "--max-stored-responses", "2")
+    srv = boot(log, "--max-stored-responses", "2")
     a, b = (ask(srv.base, input=f"Turn {k}.", **TURN)["id"] for k in "ab")
     assert httpx.get(srv.base + f"/v1/responses/{a}", timeout=30).status_code == 200  # a used
     c = ask(srv.base, input="Turn c.", **TURN)["id"]
@@ -133,7 +137,7 @@ def test_in_memory_the_least_recently_used_is_dropped_and_a_restart_forgets(tmp_
     evicts = [x for x in found if x["event"] == "response.evict"]
     assert [(x["id"], x["bound"], x["stored"]) for x in evicts] == [(b, 2, 2)]
     srv.stop()
-    srv = boot(tmp_path / "mem2.jsonl", model_dir, "--max-stored-responses", "2")
+    srv = boot(tmp_path / "mem2.jsonl", "--max-stored-responses", "2")
     r = httpx.post(
         srv.base + "/v1/responses",
         json={"input": "Go on.", "previous_response_id": a, **TURN},

@@ -5,6 +5,15 @@ from tests.e2e.otlp_receiver import OTLPReceiver
 from tests.e2e.server_proc import ServerProc
 
 API_KEY = "test-key-123"
+# the arguments of the weather tool the API tests offer (OpenAI chat, Responses, Messages)
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+}
 
 
 @pytest.fixture(scope="session")

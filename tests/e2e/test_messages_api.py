@@ -15,20 +15,12 @@ import jsonschema
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.e2e.conftest import API_KEY
+from tests.e2e.conftest import API_KEY, WEATHER
 from tests.e2e.http_raw import head, hold
 
 pytestmark = requires_default_model
 
 HEADERS = {"x-api-key": API_KEY, "anthropic-version": "2023-06-01"}
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-}
 TOOLS = [
     {"name": "get_weather", "description": "The weather in a city now", "input_schema": WEATHER}
 ]

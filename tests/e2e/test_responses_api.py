@@ -14,19 +14,11 @@ import orjson
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.e2e.conftest import API_KEY
+from tests.e2e.conftest import API_KEY, WEATHER
 
 openai = pytest.importorskip("openai")
 pytestmark = requires_default_model
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-}
 TOOLS = [
     {
         "type": "function",

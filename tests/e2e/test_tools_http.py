@@ -12,20 +12,12 @@ import jsonschema
 import pytest
 
 from tests.conftest import requires_default_model
-from tests.e2e.conftest import API_KEY
+from tests.e2e.conftest import API_KEY, WEATHER
 
 openai = pytest.importorskip("openai")
 pydantic = pytest.importorskip("pydantic")
 pytestmark = requires_default_model
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-}
 FLIGHT = {
     "type": "object",
     "properties": {

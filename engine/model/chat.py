@@ -75,6 +75,13 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def tool_turns(messages: list[dict[str, Any]]) -> bool:
+    """Whether a chat (as ``normalize_messages`` gives it) holds an earlier tool call or result:
+    the turns a template needs translated (``engine.guided.tools.history``); without them the
+    messages are rendered as they are."""
+    return any(m["role"] == "tool" or "tool_calls" in m or "tool_call_id" in m for m in messages)
+
+
 # What the template's own variables and functions are named: a request's extra variables
 # (``chat_template_kwargs``) may not stand in for them.
 RESERVED = (

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from engine.guided.tools import ToolPlan, history, plan_of
-from engine.model.chat import ChatTemplateError, normalize_messages
+from engine.model.chat import ChatTemplateError, normalize_messages, tool_turns
 from engine.observability import tracing as tr
 from engine.observability.metrics import ServerMetrics
 from engine.request.guide import Guide, GuideError
@@ -167,7 +167,10 @@ class CompletionService:
         try:
             messages = normalize_messages([m.model_dump(exclude_none=True) for m in req.messages])
             # an earlier turn's calls are kept even when this one sends no tools
-            messages = plan.messages(messages) if plan else history(messages, tok.knows_tools)
+            if plan is not None:
+                messages = plan.messages(messages)
+            elif tool_turns(messages):
+                messages = history(messages, tok.knows_tools)
             ids = tok.encode_chat(
                 messages,
                 opened,

@@ -9,11 +9,14 @@ import json
 
 import pytest
 import xgrammar as xgr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from engine.guided.compiler import Grammars
 from engine.guided.tool_parsers import GenericParser, HermesParser, merged
 from engine.guided.tools import generic_history, generic_schema, history, plan_of, tools_of
+from engine.model.chat import tool_turns
 from engine.model.tokenizer import Tokenizer
 from engine.observability.receipts import Receipts
 from engine.request.guide import GuideError
@@ -310,3 +313,36 @@ def test_a_hermes_model_that_must_call_writes_blocks_of_the_named_tools(grammars
     assert accepts(grammars, named.guide, f"<tool_call>\n{now}\n</tool_call>")
     assert not accepts(grammars, named.guide, block)
     assert plan_of(TOOLS, "auto", True, native=True).guide is None  # auto: read, not held
+
+
+# Messages as a chat request's ``model_dump(exclude_none=True)`` gives them: any role, text, and
+# now and then the keys that make a turn a tool turn.
+_TURN = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": st.text()},
+    optional={
+        "tool_calls": st.just(
+            [{"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}]
+        ),
+        "tool_call_id": st.just("c1"),
+        "name": st.text(min_size=1, max_size=8),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_TURN, min_size=1, max_size=6), st.booleans())
+def test_a_chat_without_tool_turns_needs_no_history_translation(messages, native):
+    """The chat path skips ``history`` where ``tool_turns`` says a chat has none: there the
+    translation must be the identity, for both kinds of template."""
+    if tool_turns(messages):
+        return
+    assert history(messages, native) == messages
+
+
+def test_tool_turns_sees_calls_results_and_their_ids():
+    assert not tool_turns(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    )
+    assert tool_turns(CALLED)
+    assert tool_turns([{"role": "tool", "content": "12", "tool_call_id": "c1"}])
+    assert tool_turns([{"role": "assistant", "content": "", "tool_calls": []}])

@@ -53,6 +53,10 @@ def srv(tmp_path_factory):
         str(CAP),
         "--request-timeout",
         str(ROOMY),
+        # the checks' own bound is tested in tests/unit/test_off_loop.py; here a 660k-character
+        # prompt's tokenizing (about a second quiet) must not meet it on a machine that is busy
+        "--check-timeout",
+        str(ROOMY),
     )
     yield s
     s.stop()

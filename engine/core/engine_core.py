@@ -20,6 +20,7 @@ from engine.memory.allocator import TokenAllocator
 from engine.memory.kv_pool import KVPool, size_pool
 from engine.memory.radix import RadixCache
 from engine.memory.req_table import ReqToTokenPool
+from engine.model.graphs import DecodeGraphs, build_graphs, capture_sizes, graphs_off
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model.quant import QuantPlan, plan_quant
@@ -187,7 +188,30 @@ class EngineCore:
         self.kv = self._pool(self.model, self.allocator.pool_slots, kv_dtype)
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
         self.req_table = ReqToTokenPool(running_ceiling(c.scheduler.max_running), self.max_context)
-        self.runner = ModelRunner(self.model, self.kv, self.req_table)
+        self.runner = ModelRunner(self.model, self.kv, self.req_table, self._graphs())
+
+    def _graphs(self) -> DecodeGraphs | None:
+        """On CUDA, the decode steps captured as CUDA graphs, one per batch bucket up to
+        ``cuda_graph_max_batch`` (at most ``max_running``), and ``boot.graphs`` saying which
+        and what memory they took, or why none. None on a CPU (no receipt: nothing to
+        capture) and wherever none is captured."""
+        c = self.config
+        if torch.device(c.model.device).type == "cpu":
+            return None
+        why = graphs_off(
+            c.model.device,
+            c.model.enforce_eager,
+            c.group.world,
+            self.stage.count,
+            self.model.backend.name,
+        )
+        if why is not None:
+            self.receipts.emit(schema.BOOT_GRAPHS, captured=[], why=why)
+            return None
+        top = min(c.model.cuda_graph_max_batch or c.scheduler.max_running, c.scheduler.max_running)
+        graphs, fields = build_graphs(self.model, self.kv, self.req_table, capture_sizes(top))
+        self.receipts.emit(schema.BOOT_GRAPHS, **fields)
+        return graphs
 
     def _pool(self, model: LlamaModel, slots: int, dtype: torch.dtype) -> KVPool:
         """A KV pool of ``slots`` for ``model``'s part: its stage's layers, its shard's heads."""

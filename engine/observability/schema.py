@@ -72,6 +72,7 @@ FRONTEND_ABORTS = ("client_disconnect", "deadline", "sibling_failed")
 BOOT_START = "boot.start"
 BOOT_POOL_SIZED = "boot.pool_sized"
 BOOT_WEIGHTS = "boot.weights"
+BOOT_GRAPHS = "boot.graphs"
 BOOT_READY = "boot.ready"
 BOOT_STOP = "boot.stop"
 BOOT_DRAIN = "boot.drain"
@@ -181,6 +182,12 @@ _CATALOG = (
          "the KV pool was sized: path is 'configured' (a token count was given) or 'measured' "
          "(from a memory budget), with the inputs of that path",
          ("mem_available", "fraction", "budget_bytes")),
+    Kind(BOOT_GRAPHS, ("captured",),
+         "on CUDA, after the pool is sized: the decode batch buckets captured as CUDA graphs "
+         "(empty, with why, where none is: enforce_eager, a group, the torch backend), the "
+         "device memory their static buffers and graphs took (bytes; graph_bytes the graphs "
+         "alone), the seconds capture took, the slot table width and the attention backend",
+         ("why", "bytes", "graph_bytes", "seconds", "width", "backend")),
     Kind(BOOT_WEIGHTS, ("mode", "dtype"),
          "the weights are in place: mode exact (float32), bfloat16, or fast mode's int8 / int4 "
          "with the kernels chosen for this CPU (path, small_rows, vnni_rows, int_vnni: the layer "

@@ -1,0 +1,160 @@
+"""The decode step through the static buffers (``engine.model.graphs``) against the eager step,
+on the tiny model: a batch padded up to its bucket gives the real rows the same logits, leaves
+every real slot's K/V as the eager step leaves it, and greedy decoding runs the same tokens.
+On CPU the static step runs eagerly over the buffers (the torch backend, and the Triton kernels
+under Triton's interpreter with their fixed-address plan); on CUDA (``gpu``) each bucket is
+captured as a graph and replayed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tests.triton_interpret  # noqa: F401  (before any triton import: selects the interpreter)
+from engine.memory.allocator import TokenAllocator
+from engine.memory.kv_pool import KVPool
+from engine.memory.req_table import ReqToTokenPool
+from engine.model.graphs import DecodeGraphs, build_graphs
+from engine.model.llama import LlamaModel
+from engine.model.loader import load_model
+from engine.model.runner import BatchEntry, ModelRunner
+from kernels.select import get_backend, unavailable_reason
+from tests.triton_interpret import interpreted_kernels
+
+PROMPTS = [[5, 17, 33, 2, 90], [7] * 9, list(range(40, 53))]  # 3 requests: bucket 4 pads one
+
+
+class Rig:
+    """The tiny model, its pool and request table, and requests prefilled eagerly."""
+
+    def __init__(self, path: str, backend: str, device: str, dtype: torch.dtype, page: int):
+        loaded = load_model(path)
+        cfg = loaded.config
+        attn = get_backend(backend, device, dtype, page)
+        self.model = LlamaModel(cfg, loaded.weights, dtype, attn, device)
+        self.alloc = TokenAllocator(256, page)
+        self.kv = KVPool(
+            cfg.num_layers,
+            self.alloc.pool_slots,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            dtype,
+            device=device,
+        )  # fmt: the formatter lays this out
+        self.table = ReqToTokenPool(8, 128)
+        self.eager = ModelRunner(self.model, self.kv, self.table)
+        self.rows, self.lens, self.last = [], [], []
+        for prompt in PROMPTS:
+            row = self.table.alloc()
+            slots = self.alloc.alloc_extend(0, len(prompt), None)
+            self.table.write(row, 0, slots)
+            self.eager.forward([BatchEntry(row, 0, prompt, slots)])
+            self.rows.append(row)
+            self.lens.append(len(prompt))
+            self.last.append(int(slots[-1]))
+
+    def decode_batch(self, tokens: list[int]) -> list[BatchEntry]:
+        """One decode token per request, its slot taken and written into the table."""
+        batch = []
+        for i, (row, held, tok) in enumerate(zip(self.rows, self.lens, tokens)):
+            slot = self.alloc.alloc_extend(held, 1, self.last[i])
+            self.table.write(row, held, slot)
+            batch.append(BatchEntry(row, held, [tok], slot))
+            self.lens[i] += 1
+            self.last[i] = int(slot[0])
+        return batch
+
+    def kv_state(self) -> list[torch.Tensor]:
+        return [t.clone() for layer in self.kv.layers for t in (layer.k, layer.v)]
+
+    def restore(self, state: list[torch.Tensor]) -> None:
+        for t, saved in zip((t for layer in self.kv.layers for t in (layer.k, layer.v)), state):
+            t.copy_(saved)
+
+
+def _padding_slots(rig: Rig) -> slice:
+    return slice(0, rig.alloc.page_size)  # the allocator's padding page
+
+
+def _compare_one_step(rig: Rig, graphs: DecodeGraphs, atol: float) -> None:
+    static = ModelRunner(rig.model, rig.kv, rig.table, graphs)
+    batch = rig.decode_batch([11, 12, 13])
+    before = rig.kv_state()
+    eager_logits = rig.eager.forward(batch)
+    eager_kv = rig.kv_state()
+    rig.restore(before)
+    for layer in rig.kv.layers:  # garbage in the padding page: a real row reading it would show
+        layer.k[_padding_slots(rig)] = 1e4
+        layer.v[_padding_slots(rig)] = -1e4
+    static_logits = static.forward(batch)
+    assert static_logits.shape == eager_logits.shape == (3, rig.model.cfg.vocab_size)
+    torch.testing.assert_close(static_logits, eager_logits, atol=atol, rtol=0)
+    assert static_logits.argmax(-1).tolist() == eager_logits.argmax(-1).tolist()
+    real = slice(rig.alloc.page_size, None)
+    for got, want in zip(rig.kv_state(), eager_kv):
+        torch.testing.assert_close(got[real], want[real], atol=atol, rtol=0)
+
+
+def _greedy(rig: Rig, runner: ModelRunner, steps: int) -> list[list[int]]:
+    tokens, out = [11, 12, 13], []
+    for _ in range(steps):
+        logits = runner.forward(rig.decode_batch(tokens))
+        tokens = logits.argmax(-1).tolist()
+        out.append(tokens)
+    return out
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_a_padded_static_step_gives_the_real_rows_the_eager_logits_and_kv(tiny_model_dir, page):
+    rig = Rig(tiny_model_dir, "torch", "cpu", torch.float32, page)
+    graphs = DecodeGraphs(rig.model, rig.kv, rig.table, [1, 4, 8])
+    assert graphs.buckets[4].decode is None  # the torch backend: lists each step, never captured
+    _compare_one_step(rig, graphs, atol=1e-5)
+
+
+def test_greedy_decoding_through_the_static_step_runs_the_eager_tokens(tiny_model_dir):
+    eager = Rig(tiny_model_dir, "torch", "cpu", torch.float32, 1)
+    static = Rig(tiny_model_dir, "torch", "cpu", torch.float32, 1)
+    graphs = DecodeGraphs(static.model, static.kv, static.table, [2, 4])
+    runner = ModelRunner(static.model, static.kv, static.table, graphs)
+    assert _greedy(static, runner, 6) == _greedy(eager, eager.eager, 6)
+
+
+def test_a_batch_past_the_last_bucket_or_a_swapped_model_runs_eagerly(tiny_model_dir):
+    rig = Rig(tiny_model_dir, "torch", "cpu", torch.float32, 1)
+    graphs = DecodeGraphs(rig.model, rig.kv, rig.table, [1, 2])
+    batch = rig.decode_batch([11, 12, 13])
+    assert (
+        graphs.run([e.row for e in batch], [e.prefix_len for e in batch], [1, 2, 3], [9] * 3)
+        is None
+    )
+    assert graphs.usable(rig.model)
+    other = Rig(tiny_model_dir, "torch", "cpu", torch.float32, 1)
+    assert not graphs.usable(other.model)
+
+
+@pytest.mark.skipif(interpreted_kernels() is None, reason="needs Triton's interpreter")
+def test_triton_fixed_address_plan_matches_the_eager_step_on_cpu(tiny_model_dir):
+    rig = Rig(tiny_model_dir, "triton", "cpu", torch.float32, 1)
+    graphs = DecodeGraphs(rig.model, rig.kv, rig.table, [4])
+    plan = graphs.buckets[4].decode
+    assert plan is not None and plan.key == "triton"
+    assert plan.plan.context_lens is graphs.buckets[4].lens  # read from the static buffer
+    _compare_one_step(rig, graphs, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+def test_captured_graphs_replay_the_eager_decode_on_cuda(tiny_model_dir, backend):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if (why := unavailable_reason(backend, "cuda", torch.bfloat16)) is not None:
+        pytest.skip(why)
+    page = 16 if backend == "flashinfer" else 1
+    eager = Rig(tiny_model_dir, backend, "cuda", torch.bfloat16, page)
+    static = Rig(tiny_model_dir, backend, "cuda", torch.bfloat16, page)
+    graphs, fields = build_graphs(static.model, static.kv, static.table, [1, 2, 4, 8])
+    assert fields["captured"] == [1, 2, 4, 8] and fields["bytes"] >= 0
+    assert all(b.graph is not None for b in graphs.buckets.values())
+    runner = ModelRunner(static.model, static.kv, static.table, graphs)
+    assert _greedy(static, runner, 8) == _greedy(eager, eager.eager, 8)

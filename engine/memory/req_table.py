@@ -35,5 +35,14 @@ class ReqToTokenPool:
             raise ValueError(f"context {end} exceeds the table width {self.max_context}")
         self.table[row, start:end] = slots
 
+    def write_each(self, rows: list[int], positions: list[int], slots: torch.Tensor) -> None:
+        """``slots[i]`` at position ``positions[i]`` of row ``rows[i]``: one token each for
+        several rows (a decode step's), in one indexed write."""
+        if positions and max(positions) >= self.max_context:
+            raise ValueError(
+                f"context {max(positions) + 1} exceeds the table width {self.max_context}"
+            )
+        self.table[rows, positions] = slots
+
     def slots(self, row: int, length: int) -> torch.Tensor:
         return self.table[row, :length].clone()

@@ -49,3 +49,15 @@ def test_a_wrong_last_slot_is_refused_before_anything_is_taken():
     assert a.available_size() == before
     assert a.alloc_decode([3], [int(slots[-1])]).tolist() == [int(slots[-1]) + 1]
     assert isinstance(a.alloc_decode([], []), torch.Tensor)
+
+
+def test_write_each_puts_one_slot_at_each_rows_position_and_nothing_else():
+    from engine.memory.req_table import ReqToTokenPool
+
+    t = ReqToTokenPool(4, 8)
+    t.write_each([2, 0, 3], [5, 0, 7], torch.tensor([11, 12, 13]))
+    want = torch.zeros(4, 8, dtype=torch.int64)
+    want[2, 5], want[0, 0], want[3, 7] = 11, 12, 13
+    assert torch.equal(t.table, want)
+    with pytest.raises(ValueError, match="context 9 exceeds the table width 8"):
+        t.write_each([1], [8], torch.tensor([4]))

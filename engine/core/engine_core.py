@@ -190,6 +190,13 @@ class EngineCore:
         self.req_table = ReqToTokenPool(running_ceiling(c.scheduler.max_running), self.max_context)
         self.runner = ModelRunner(self.model, self.kv, self.req_table, self._graphs())
 
+    def recapture(self) -> None:
+        """The runner on the serving model, its decode graphs captured anew over the serving
+        weights and pool (a cutover changed one of them; the old graphs read the old ones),
+        with a ``boot.graphs`` saying what was captured."""
+        self.runner.serve(self.model, None)  # the old graphs' memory goes before new ones
+        self.runner.serve(self.model, self._graphs())
+
     def _graphs(self) -> DecodeGraphs | None:
         """On CUDA, the decode steps captured as CUDA graphs, one per batch bucket up to
         ``cuda_graph_max_batch`` (at most ``max_running``), and ``boot.graphs`` saying which
@@ -358,7 +365,7 @@ class EngineCore:
         """Serve ``model`` from the next step on (at an iteration boundary, nothing resident)."""
         self.loaded, self.model, self.model_config = loaded, model, loaded.config
         self.quant = model.quant  # fast mode: the new weights' own plan (counts, bytes, time)
-        self.runner.model = model
+        self.recapture()
         if (keeper := self.scheduler.cache.keeper) is not None:  # it holds the old weights' KV
             keeper.retire("a weights cutover: the store holds KV of the weights before it")
 
@@ -378,7 +385,7 @@ class EngineCore:
         model, loaded.weights = self._new_model(loaded, self.model.backend, self.quant), {}
         self.kv.take_over(self._pool(model, self.kv.pool_slots, self.kv.dtype))
         self.loaded, self.model = loaded, model
-        self.runner.model = model
+        self.recapture()
         self.receipts.emit(
             schema.GROUP_LAYOUT,
             id=op.id,

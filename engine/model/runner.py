@@ -36,6 +36,12 @@ class ModelRunner:
         # decode steps over static buffers, on a GPU replayed as CUDA graphs (engine.model.graphs)
         self.graphs = graphs
 
+    def serve(self, model: LlamaModel, graphs: DecodeGraphs | None) -> None:
+        """Run ``model`` from the next forward on, its decode steps through ``graphs`` (a
+        cutover's new weights, layout or pool; None drops the old graphs, their memory with
+        them, before new ones are captured)."""
+        self.model, self.device, self.graphs = model, model.device, graphs
+
     def forward(
         self, batch: list[BatchEntry], all_positions: bool = False, every: list[bool] | None = None
     ) -> torch.Tensor:

@@ -183,7 +183,8 @@ _CATALOG = (
          "(from a memory budget), with the inputs of that path",
          ("mem_available", "fraction", "budget_bytes")),
     Kind(BOOT_GRAPHS, ("captured",),
-         "on CUDA, after the pool is sized: the decode batch buckets captured as CUDA graphs "
+         "on CUDA, after the pool is sized (and after a cutover that changed the weights, "
+         "layout or pool): the decode batch buckets captured as CUDA graphs "
          "(empty, with why, where none is: enforce_eager, a group, the torch backend), the "
          "device memory their static buffers and graphs took (bytes; graph_bytes the graphs "
          "alone), the seconds capture took, the slot table width and the attention backend",

@@ -158,3 +158,60 @@ def test_captured_graphs_replay_the_eager_decode_on_cuda(tiny_model_dir, backend
     assert all(b.graph is not None for b in graphs.buckets.values())
     runner = ModelRunner(static.model, static.kv, static.table, graphs)
     assert _greedy(static, runner, 8) == _greedy(eager, eager.eager, 8)
+
+
+def test_serve_moves_the_runner_to_new_weights_and_their_graphs(tiny_model_dir):
+    old = Rig(tiny_model_dir, "torch", "cpu", torch.float32, 1)
+    new = Rig(tiny_model_dir, "torch", "cpu", torch.float32, 1)
+    graphs = DecodeGraphs(old.model, old.kv, old.table, [4])
+    runner = ModelRunner(old.model, old.kv, old.table, graphs)
+    runner.serve(new.model, None)
+    assert runner.model is new.model and runner.graphs is None
+    fresh = DecodeGraphs(new.model, old.kv, old.table, [4])
+    runner.serve(new.model, fresh)
+    assert runner.graphs is fresh and fresh.usable(runner.model)
+
+
+@pytest.mark.gpu
+def test_boot_and_a_pool_cutover_capture_and_say_so(tiny_model_dir):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if (why := unavailable_reason("triton", "cuda", torch.bfloat16)) is not None:
+        pytest.skip(why)
+    from engine import LLM, SamplingParams
+
+    llm = LLM(
+        model=tiny_model_dir,
+        device="cuda",
+        dtype="bfloat16",
+        attention_backend="triton",
+        kv_tokens=2048,
+        max_running=8,
+        speculative="off",
+    )  # fmt: laid out by the formatter
+    try:
+        runs = [r for r in llm.core.receipts.records if r["event"] == "boot.graphs"]
+        assert runs[-1]["captured"] == [1, 2, 4, 8] and runs[-1]["bytes"] > 0
+        params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        before = [o.token_ids for o in llm.generate([[5, 6, 7], [9, 10]], [params] * 2)]
+        llm.cutover("pool", "carry", kv_tokens=1024)
+        runs = [r for r in llm.core.receipts.records if r["event"] == "boot.graphs"]
+        assert len(runs) == 2 and llm.core.runner.graphs.usable(llm.core.runner.model)
+        after = [o.token_ids for o in llm.generate([[5, 6, 7], [9, 10]], [params] * 2)]
+        assert after == before
+    finally:
+        llm.close()
+    eager = LLM(
+        model=tiny_model_dir,
+        device="cuda",
+        dtype="bfloat16",
+        attention_backend="triton",
+        kv_tokens=2048,
+        enforce_eager=True,
+    )  # fmt: laid out by the formatter
+    try:
+        runs = [r for r in eager.core.receipts.records if r["event"] == "boot.graphs"]
+        assert runs[-1]["captured"] == [] and "enforce_eager" in runs[-1]["why"]
+        assert eager.core.runner.graphs is None
+    finally:
+        eager.close()

@@ -67,6 +67,7 @@ def test_sections_and_backends_are_chosen_by_name(gc, capsys):
     a = gc.parse_args(["--sections", "serve, decode", "--backends", "flashinfer"])
     assert a.sections == ["serve", "decode"] and a.backends == ["flashinfer"]
     assert gc.parse_args(["--skip-serve"]).sections == ["correct", "decode"]
+    assert gc.parse_args(["--sections", "graphs"]).sections == ["graphs"]
     with pytest.raises(SystemExit):
         gc.parse_args(["--sections", "correct,speed"])
     assert "--sections: unknown speed" in capsys.readouterr().err

@@ -21,6 +21,20 @@ class BatchEntry:
     out_slots: torch.Tensor  # where their K/V go (already written into the req table row)
 
 
+@dataclass(slots=True)
+class StepCounts:
+    """Forwards since the last ``take``: through a bucket's static step (a replayed graph on a
+    GPU) and eagerly (a prefill chunk, drafts to verify, a batch past the last bucket)."""
+
+    graph: int = 0
+    eager: int = 0
+
+    def take(self) -> tuple[int, int]:
+        taken = (self.graph, self.eager)
+        self.graph = self.eager = 0
+        return taken
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -35,6 +49,7 @@ class ModelRunner:
         self.device = model.device
         # decode steps over static buffers, on a GPU replayed as CUDA graphs (engine.model.graphs)
         self.graphs = graphs
+        self.steps = StepCounts()  # which way the forwards ran, for the iteration receipt
 
     def serve(self, model: LlamaModel, graphs: DecodeGraphs | None) -> None:
         """Run ``model`` from the next forward on, its decode steps through ``graphs`` (a
@@ -52,7 +67,10 @@ class ModelRunner:
         if self.graphs is not None and all(len(e.token_ids) == 1 for e in batch):
             out = self._decode_static(batch, self.graphs)
             if out is not None:  # a decode step its bucket held
+                self.steps.graph += 1
                 return out
+        if self.graphs is not None:  # counted only where graphs could have run
+            self.steps.eager += 1
         dev, stage = self.device, self.model.stage
         hidden, last = [], []
         for part in micro_batches(batch, stage.count):

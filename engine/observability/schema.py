@@ -369,7 +369,8 @@ _CATALOG = (
          "queue (running, waiting, parked); with more than one rank, one on every iteration that "
          "scheduled work, with the digest of the batch about to run (batch_digest)",
          ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio", "digest",
-          "constrained", "mask_ms", "spec_proposed", "spec_accepted", "spec_recent_tokens") + PROGRESS),
+          "constrained", "mask_ms", "spec_proposed", "spec_accepted", "spec_recent_tokens",
+          "graph_steps", "eager_steps") + PROGRESS),
     Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
     Kind(NOTICE, ("text",), "something said once", ("process",)),
     Kind(SCHEDULER_STALL, ("since", "limit_s", "running", "waiting", "parked"),

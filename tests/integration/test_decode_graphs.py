@@ -221,3 +221,33 @@ def test_boot_and_a_pool_cutover_capture_and_say_so(tiny_model_dir):
         assert eager.core.runner.graphs is None
     finally:
         eager.close()
+
+
+def test_iteration_receipts_count_static_and_eager_forwards(tiny_model_dir):
+    """A runner given decode graphs: each ``iteration`` receipt (one a step here) says how
+    many forwards since the last one ran through a bucket's static step and how many eagerly
+    (the prefill, and the decodes of a batch past the last bucket); without graphs, neither."""
+    from engine import LLM, SamplingParams
+
+    llm = LLM(model=tiny_model_dir, kv_tokens=2048, speculative="off", iteration_receipt_interval=1)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+
+    def counted(sizes: list[int] | None, first: int) -> tuple[int, int] | None:
+        """One prefill forward of 3 unseen prompts, then 3 decode steps of 3."""
+        prompts = [[first, 6, 7], [first, 9], [first, 11, 12]]
+        core = llm.core
+        if sizes is not None:
+            core.runner.serve(core.model, DecodeGraphs(core.model, core.kv, core.req_table, sizes))
+        seen = len(core.receipts.records)
+        llm.generate(prompts, [params] * 3)
+        its = [r for r in list(core.receipts.records)[seen:] if r["event"] == "iteration"]
+        if not any("graph_steps" in r for r in its):
+            return None
+        return sum(r["graph_steps"] for r in its), sum(r["eager_steps"] for r in its)
+
+    try:
+        assert counted(None, 100) is None
+        assert counted([1, 2, 4], 101) == (3, 1)  # the decodes of 3 pad to bucket 4
+        assert counted([1, 2], 102) == (0, 4)  # past the last bucket: eager
+    finally:
+        llm.close()

@@ -157,6 +157,8 @@ ORIGINS_RULE = "a tuple of '*' or origins (scheme://host[:port], no path)"
         (ModelSection, "dtype", "float16", "one of ('float32', 'bfloat16')"),
         (ModelSection, "device", "gpu", "cpu, cuda or cuda:N"),
         (ModelSection, "threads", 0, "None or an integer >= 1"),
+        (ModelSection, "enforce_eager", "yes", "a boolean"),
+        (ModelSection, "cuda_graph_max_batch", 0, "None or an integer >= 1"),
         (MemorySection, "page_size", 0, "an integer >= 1"),
         (MemorySection, "kv_memory_fraction", 0.95, "in (0, 0.9]"),
         (MemorySection, "relief_throttle_iterations", 0, "an integer >= 1"),

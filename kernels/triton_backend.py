@@ -84,15 +84,15 @@ class TritonBackend(AttentionBackend):
         context_lens: torch.Tensor,
     ) -> GraphDecode:
         """Request ``i`` at row ``i`` of the slot table, its length read from ``context_lens``;
-        the splits fixed for the widest context (a shorter one leaves its splits' tails empty)
-        and their partial buffers made once."""
+        the split count fixed for the widest context (a short context leaves some of its
+        pieces empty, which the merge weighs zero) and the partial buffers made once."""
         dev, head_dim = context_lens.device, kv.k.shape[2]
         splits = self.k.decode_splits(width, self.max_splits, self.min_split_tokens)
         index = torch.arange(rows, device=dev)
         plan = TritonPlan(
             decode=True,
             rows=index,
-            prefix_lens=context_lens - 1,  # not read by the decode kernels; kept for the shape
+            prefix_lens=context_lens - 1,  # a copy, never updated: the decode kernels read none
             extend_lens=torch.ones(rows, dtype=torch.int32, device=dev),
             q_start=index.to(torch.int32),
             context_lens=context_lens,

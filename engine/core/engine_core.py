@@ -20,7 +20,13 @@ from engine.memory.allocator import TokenAllocator
 from engine.memory.kv_pool import KVPool, size_pool
 from engine.memory.radix import RadixCache
 from engine.memory.req_table import ReqToTokenPool
-from engine.model.graphs import DecodeGraphs, build_graphs, capture_sizes, graphs_off
+from engine.model.graphs import (
+    DecodeGraphs,
+    build_graphs,
+    capture_or_eager,
+    capture_sizes,
+    graphs_off,
+)
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model.quant import QuantPlan, plan_quant
@@ -216,7 +222,10 @@ class EngineCore:
             self.receipts.emit(schema.BOOT_GRAPHS, captured=[], why=why)
             return None
         top = min(c.model.cuda_graph_max_batch or c.scheduler.max_running, c.scheduler.max_running)
-        graphs, fields = build_graphs(self.model, self.kv, self.req_table, capture_sizes(top))
+        sizes = capture_sizes(top)
+        graphs, fields = capture_or_eager(
+            lambda: build_graphs(self.model, self.kv, self.req_table, sizes)
+        )
         self.receipts.emit(schema.BOOT_GRAPHS, **fields)
         return graphs
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -274,3 +274,15 @@ def build_graphs(
         "width": graphs.width,
         "backend": model.backend.name,
     }
+
+
+def capture_or_eager(
+    build: Callable[[], tuple[DecodeGraphs, dict[str, object]]],
+) -> tuple[DecodeGraphs | None, dict[str, object]]:
+    """``build``'s graphs and ``boot.graphs`` fields; a capture that raises (out of device
+    memory, a kernel that cannot be captured) leaves every step eager and says why, so a
+    faster path that fails never stops a boot the eager step can serve."""
+    try:
+        return build()
+    except Exception as e:  # noqa: BLE001 - any failure of capture: the eager step serves
+        return None, {"captured": [], "why": f"capture failed: {type(e).__name__}: {e}"[:500]}

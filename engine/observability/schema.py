@@ -185,7 +185,8 @@ _CATALOG = (
     Kind(BOOT_GRAPHS, ("captured",),
          "on CUDA, after the pool is sized (and after a cutover that changed the weights, "
          "layout or pool): the decode batch buckets captured as CUDA graphs "
-         "(empty, with why, where none is: enforce_eager, a group, the torch backend), the "
+         "(empty, with why, where none is: enforce_eager, a group, the torch backend, a capture "
+         "that failed), the "
          "device memory their static buffers and graphs took (bytes; graph_bytes the graphs "
          "alone), the seconds capture took, the slot table width and the attention backend",
          ("why", "bytes", "graph_bytes", "seconds", "width", "backend")),

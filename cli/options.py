@@ -96,6 +96,8 @@ StoreBytesOpt = Annotated[int | None, typer.Option(help=HELP["kv_store_bytes"])]
 StorePinOpt = Annotated[int | None, typer.Option(help=HELP["kv_store_pin_bytes"])]
 StoreWriteOpt = Annotated[str, typer.Option(help=HELP["kv_store_write"])]
 ThreadsOpt = Annotated[int | None, typer.Option(help=HELP["threads"])]
+EnforceEagerOpt = Annotated[bool, typer.Option(help=HELP["enforce_eager"])]
+GraphMaxBatchOpt = Annotated[int | None, typer.Option(help=HELP["cuda_graph_max_batch"])]
 SeedOpt = Annotated[int, typer.Option(help=HELP["seed"])]
 ReceiptsOpt = Annotated[bool, typer.Option(help=HELP["receipts"])]
 

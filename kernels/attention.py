@@ -19,6 +19,7 @@ backend runs is decided in ``kernels.select``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -72,6 +73,20 @@ class LayerKV:
     v: torch.Tensor
 
 
+@dataclass(slots=True)
+class GraphDecode:
+    """A backend's decode plan at fixed addresses, for a batch of a fixed number of rows over a
+    slot table of fixed width: what a captured CUDA graph reads in every layer, so a replay
+    needs no new tensor. The runner puts ``plan`` in ``meta.scratch[key]`` (where the backend
+    looks its per-forward plan up) and calls ``update`` with the step's host-side metadata
+    before each run: the backend's own host work (a page table planned into its fixed
+    buffers), never captured. ``update`` is None where the runner's static buffers say all."""
+
+    key: str
+    plan: object
+    update: Callable[[AttentionMetadata], None] | None = None
+
+
 class AttentionBackend(ABC):
     """Computes attention for a flat batch over a paged KV pool.
 
@@ -110,6 +125,23 @@ class AttentionBackend(ABC):
         scale: float,
     ) -> torch.Tensor:  # [T, heads, head_dim]
         ...
+
+    def graph_decode(
+        self,
+        rows: int,
+        width: int,
+        heads: int,
+        kv: LayerKV,
+        scale: float,
+        q_dtype: torch.dtype,
+        context_lens: torch.Tensor,
+    ) -> GraphDecode | None:
+        """The fixed-address decode plan for ``rows`` requests of at most ``width`` tokens,
+        reading each one's context length from ``context_lens`` (the runner's static buffer,
+        ``[rows]``; its slot table is ``req_to_token`` ``[rows, width]``, row ``i`` for request
+        ``i``); None where this backend's decode cannot run at fixed addresses (it derives
+        Python-sized shapes from each batch), so a CUDA graph cannot replay it."""
+        return None
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv: LayerKV, out_slots: torch.Tensor) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV, store_kv
+from kernels.attention import AttentionBackend, AttentionMetadata, GraphDecode, LayerKV, store_kv
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 
@@ -60,6 +60,54 @@ class FlashInferBackend(AttentionBackend):
                 w = self.fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
             self._wrappers[kind] = w
         return w
+
+    def graph_decode(
+        self,
+        rows: int,
+        width: int,
+        heads: int,
+        kv: LayerKV,
+        scale: float,
+        q_dtype: torch.dtype,
+        context_lens: torch.Tensor,
+    ) -> GraphDecode:
+        """A decode wrapper of its own for ``rows`` requests, made for CUDA graphs: its page
+        table lives in fixed buffers (room for every request's ``width`` tokens), and planning
+        a step (``update``, on the host before each replay) writes into them. The workspace is
+        shared with the other wrappers: one step runs at a time, planned just before."""
+        dev = context_lens.device
+        self._wrapper("decode", dev)  # makes the shared workspace
+        pages_each = -(-width // self.page_size)
+        indptr = torch.zeros(rows + 1, dtype=torch.int32, device=dev)
+        pages = torch.zeros(rows * pages_each, dtype=torch.int32, device=dev)
+        last = torch.ones(rows, dtype=torch.int32, device=dev)
+        w = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+            self._wrappers["workspace"],
+            "NHD",
+            use_cuda_graph=True,
+            paged_kv_indptr_buffer=indptr,
+            paged_kv_indices_buffer=pages,
+            paged_kv_last_page_len_buffer=last,
+        )
+        kv_heads, head_dim = kv.k.shape[1], kv.k.shape[2]
+
+        def update(meta: AttentionMetadata) -> None:
+            _, kv_ptr, ids, lasts = page_table(meta, self.page_size)
+            w.plan(
+                torch.tensor(kv_ptr, dtype=torch.int32),
+                torch.tensor(ids, dtype=torch.int32),
+                torch.tensor(lasts, dtype=torch.int32),
+                heads,
+                kv_heads,
+                head_dim,
+                self.page_size,
+                pos_encoding_mode="NONE",
+                q_data_type=q_dtype,
+                kv_data_type=kv.k.dtype,
+                sm_scale=scale,
+            )
+
+        return GraphDecode("flashinfer", w, update)
 
     def _plan(self, meta: AttentionMetadata, q: torch.Tensor, kv: LayerKV, scale: float):
         planned = meta.scratch.get("flashinfer")

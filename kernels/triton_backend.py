@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
+from kernels.attention import AttentionBackend, AttentionMetadata, GraphDecode, LayerKV
 
 
 @dataclass(slots=True)
@@ -72,6 +72,36 @@ class TritonBackend(AttentionBackend):
             plan.part_lse = torch.empty(b, heads, splits, dtype=torch.float32, device=dev)
         meta.scratch["triton"] = plan
         return plan
+
+    def graph_decode(
+        self,
+        rows: int,
+        width: int,
+        heads: int,
+        kv: LayerKV,
+        scale: float,
+        q_dtype: torch.dtype,
+        context_lens: torch.Tensor,
+    ) -> GraphDecode:
+        """Request ``i`` at row ``i`` of the slot table, its length read from ``context_lens``;
+        the split count fixed for the widest context (a short context leaves some of its
+        pieces empty, which the merge weighs zero) and the partial buffers made once."""
+        dev, head_dim = context_lens.device, kv.k.shape[2]
+        splits = self.k.decode_splits(width, self.max_splits, self.min_split_tokens)
+        index = torch.arange(rows, device=dev)
+        plan = TritonPlan(
+            decode=True,
+            rows=index,
+            prefix_lens=context_lens - 1,  # a copy, never updated: the decode kernels read none
+            extend_lens=torch.ones(rows, dtype=torch.int32, device=dev),
+            q_start=index.to(torch.int32),
+            context_lens=context_lens,
+            max_extend=1,
+            splits=splits,
+            part_o=torch.empty(rows, heads, splits, head_dim, dtype=torch.float32, device=dev),
+            part_lse=torch.empty(rows, heads, splits, dtype=torch.float32, device=dev),
+        )
+        return GraphDecode("triton", plan)
 
     def forward(
         self,

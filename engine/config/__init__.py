@@ -59,6 +59,19 @@ class ModelSection(_Section):
         "has verified it on a GPU), torch, torch-padded (its older decode path, to compare), "
         "triton (CPU only with TRITON_INTERPRET=1) or flashinfer (CUDA, bfloat16).",
     )
+    # on CUDA a decode step is a graph replayed (engine/model/graphs.py); True: always eager
+    enforce_eager: bool = _knob(
+        False,
+        "On CUDA: run every step eagerly, without CUDA graphs (by default decode steps are "
+        "captured at boot as one graph per batch bucket, with the triton or flashinfer "
+        "attention backend, and replayed).",
+    )
+    cuda_graph_max_batch: int | None = _knob(
+        None,
+        "On CUDA: the largest decode batch captured as a graph (buckets 1, 2, 4, 8, 16, 24, "
+        "32, 48, 64, then every 16, up to it); a larger batch runs eagerly. "
+        "Default: --max-running.",
+    )
     threads: int | None = _knob(None, "Torch CPU threads.")  # None: engine/core/threads.py chooses
     # where weights, KV pool and attention run
     device: str = _knob("cpu", "cpu, cuda or cuda:N (off the CPU, give --kv-tokens).")
@@ -69,6 +82,13 @@ class ModelSection(_Section):
         need(self.quant is None or self.quant in QUANTS, self, "quant", f"None or one of {QUANTS}")
         need(int_or_none(self.max_model_len, 1), self, "max_model_len", "None or an integer >= 1")
         need(isinstance(self.attention_backend, str), self, "attention_backend", "a backend name")
+        need(isinstance(self.enforce_eager, bool), self, "enforce_eager", "a boolean")
+        need(
+            int_or_none(self.cuda_graph_max_batch, 1),
+            self,
+            "cuda_graph_max_batch",
+            "None or an integer >= 1",
+        )
         need(int_or_none(self.threads, 1), self, "threads", "None or an integer >= 1")
         need(
             isinstance(self.device, str)

@@ -74,7 +74,8 @@ EMPTY = Census((), (), (), 0)
 
 class CutoverTarget(Protocol):
     """What a cutover reads and changes of its engine (``EngineCore``, which builds its
-    ``Cutovers`` and so cannot be imported here): the parts it counts and the three changes."""
+    ``Cutovers`` and so cannot be imported here): the parts it counts, the three changes, and
+    the decode graphs captured anew after a change (``recapture``)."""
 
     config: EngineConfig
     scheduler: Scheduler
@@ -86,6 +87,7 @@ class CutoverTarget(Protocol):
     def swap_model(self, loaded: LoadedModel, model: LlamaModel) -> None: ...
     def relayout(self, op: Relayout) -> carry.Carried: ...
     def weights_fields(self) -> dict[str, Any]: ...
+    def recapture(self) -> None: ...
 
 
 class Refused(Exception):
@@ -302,6 +304,7 @@ class Cutovers:
             capacity = a.ask.kv_tokens - a.ask.kv_tokens % sched.page_size
             promises.cap(broken, capacity, a.id, self.core.receipts)
             carried = carry.resize_pool(sched.memory, self.core.kv, a.ask.kv_tokens)
+            self.core.recapture()  # the decode graphs wrote the pool before it
         elif a.ask.kind == "layout":
             op = Relayout(a.id, a.ask.tp, a.ask.pp)
             carry.check_ceiling(sched.memory, self.core.config.scheduler.max_running)

@@ -20,6 +20,13 @@ from engine.memory.allocator import TokenAllocator
 from engine.memory.kv_pool import KVPool, size_pool
 from engine.memory.radix import RadixCache
 from engine.memory.req_table import ReqToTokenPool
+from engine.model.graphs import (
+    DecodeGraphs,
+    build_graphs,
+    capture_or_eager,
+    capture_sizes,
+    graphs_off,
+)
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model.quant import QuantPlan, plan_quant
@@ -187,7 +194,40 @@ class EngineCore:
         self.kv = self._pool(self.model, self.allocator.pool_slots, kv_dtype)
         self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
         self.req_table = ReqToTokenPool(running_ceiling(c.scheduler.max_running), self.max_context)
-        self.runner = ModelRunner(self.model, self.kv, self.req_table)
+        self.runner = ModelRunner(self.model, self.kv, self.req_table, self._graphs())
+
+    def recapture(self) -> None:
+        """The runner on the serving model, its decode graphs captured anew over the serving
+        weights and pool (a cutover changed one of them; the old graphs read the old ones),
+        with a ``boot.graphs`` saying what was captured."""
+        self.runner.serve(self.model, None)  # the old graphs' memory goes before new ones
+        self.runner.serve(self.model, self._graphs())
+
+    def _graphs(self) -> DecodeGraphs | None:
+        """On CUDA, the decode steps captured as CUDA graphs, one per batch bucket up to
+        ``cuda_graph_max_batch`` (at most ``max_running``), and ``boot.graphs`` saying which
+        and what memory they took, or why none. None on a CPU (no receipt: nothing to
+        capture) and wherever none is captured."""
+        c = self.config
+        if torch.device(c.model.device).type == "cpu":
+            return None
+        why = graphs_off(
+            c.model.device,
+            c.model.enforce_eager,
+            c.group.world,
+            self.stage.count,
+            self.model.backend.name,
+        )
+        if why is not None:
+            self.receipts.emit(schema.BOOT_GRAPHS, captured=[], why=why)
+            return None
+        top = min(c.model.cuda_graph_max_batch or c.scheduler.max_running, c.scheduler.max_running)
+        sizes = capture_sizes(top)
+        graphs, fields = capture_or_eager(
+            lambda: build_graphs(self.model, self.kv, self.req_table, sizes)
+        )
+        self.receipts.emit(schema.BOOT_GRAPHS, **fields)
+        return graphs
 
     def _pool(self, model: LlamaModel, slots: int, dtype: torch.dtype) -> KVPool:
         """A KV pool of ``slots`` for ``model``'s part: its stage's layers, its shard's heads."""
@@ -334,7 +374,7 @@ class EngineCore:
         """Serve ``model`` from the next step on (at an iteration boundary, nothing resident)."""
         self.loaded, self.model, self.model_config = loaded, model, loaded.config
         self.quant = model.quant  # fast mode: the new weights' own plan (counts, bytes, time)
-        self.runner.model = model
+        self.recapture()
         if (keeper := self.scheduler.cache.keeper) is not None:  # it holds the old weights' KV
             keeper.retire("a weights cutover: the store holds KV of the weights before it")
 
@@ -354,7 +394,7 @@ class EngineCore:
         model, loaded.weights = self._new_model(loaded, self.model.backend, self.quant), {}
         self.kv.take_over(self._pool(model, self.kv.pool_slots, self.kv.dtype))
         self.loaded, self.model = loaded, model
-        self.runner.model = model
+        self.recapture()
         self.receipts.emit(
             schema.GROUP_LAYOUT,
             id=op.id,

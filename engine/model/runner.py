@@ -8,6 +8,7 @@ import torch
 
 from engine.memory.kv_pool import KVPool
 from engine.memory.req_table import ReqToTokenPool
+from engine.model.graphs import DecodeGraphs
 from engine.model.llama import LlamaModel
 from kernels.attention import AttentionMetadata
 
@@ -20,12 +21,41 @@ class BatchEntry:
     out_slots: torch.Tensor  # where their K/V go (already written into the req table row)
 
 
+@dataclass(slots=True)
+class StepCounts:
+    """Forwards since the last ``take``: through a bucket's static step (a replayed graph on a
+    GPU) and eagerly (a prefill chunk, drafts to verify, a batch past the last bucket)."""
+
+    graph: int = 0
+    eager: int = 0
+
+    def take(self) -> tuple[int, int]:
+        taken = (self.graph, self.eager)
+        self.graph = self.eager = 0
+        return taken
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: KVPool, req_table: ReqToTokenPool) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv: KVPool,
+        req_table: ReqToTokenPool,
+        graphs: DecodeGraphs | None = None,
+    ) -> None:
         self.model = model
         self.kv = kv
         self.req_table = req_table
         self.device = model.device
+        # decode steps over static buffers, on a GPU replayed as CUDA graphs (engine.model.graphs)
+        self.graphs = graphs
+        self.steps = StepCounts()  # which way the forwards ran, for the iteration receipt
+
+    def serve(self, model: LlamaModel, graphs: DecodeGraphs | None) -> None:
+        """Run ``model`` from the next forward on, its decode steps through ``graphs`` (a
+        cutover's new weights, layout or pool; None drops the old graphs, their memory with
+        them, before new ones are captured)."""
+        self.model, self.device, self.graphs = model, model.device, graphs
 
     def forward(
         self, batch: list[BatchEntry], all_positions: bool = False, every: list[bool] | None = None
@@ -34,6 +64,13 @@ class ModelRunner:
         ``all_positions``, at every new token: [sum of lengths, vocab]; with ``every``, at every
         new token of the entries it marks and the last of the others, in batch order. With
         pipeline stages the batch goes through them as micro-batches (``micro_batches``)."""
+        if self.graphs is not None and all(len(e.token_ids) == 1 for e in batch):
+            out = self._decode_static(batch, self.graphs)
+            if out is not None:  # a decode step its bucket held
+                self.steps.graph += 1
+                return out
+        if self.graphs is not None:  # counted only where graphs could have run
+            self.steps.eager += 1
         dev, stage = self.device, self.model.stage
         hidden, last = [], []
         for part in micro_batches(batch, stage.count):
@@ -49,6 +86,19 @@ class ModelRunner:
             x = x[torch.tensor(last, dtype=torch.int64, device=dev)]
         logits = self.model.logits(x)
         return logits if dev.type == "cpu" else logits.cpu()  # the sampler runs on the host
+
+    def _decode_static(self, batch: list[BatchEntry], graphs: DecodeGraphs) -> torch.Tensor | None:
+        """A decode step through the static buffers (a graph replayed on a GPU): the logits of
+        each entry's token, or None where no bucket holds the batch or the graphs belong to
+        weights or a pool no longer running (a cutover's): the step then runs eagerly."""
+        if not graphs.usable(self.model):
+            return None
+        return graphs.run(
+            [e.row for e in batch],
+            [e.prefix_len for e in batch],
+            [e.token_ids[0] for e in batch],
+            torch.cat([e.out_slots for e in batch]),
+        )
 
     def _inputs(
         self, batch: list[BatchEntry], every: list[bool]

@@ -72,6 +72,7 @@ FRONTEND_ABORTS = ("client_disconnect", "deadline", "sibling_failed")
 BOOT_START = "boot.start"
 BOOT_POOL_SIZED = "boot.pool_sized"
 BOOT_WEIGHTS = "boot.weights"
+BOOT_GRAPHS = "boot.graphs"
 BOOT_READY = "boot.ready"
 BOOT_STOP = "boot.stop"
 BOOT_DRAIN = "boot.drain"
@@ -181,6 +182,14 @@ _CATALOG = (
          "the KV pool was sized: path is 'configured' (a token count was given) or 'measured' "
          "(from a memory budget), with the inputs of that path",
          ("mem_available", "fraction", "budget_bytes")),
+    Kind(BOOT_GRAPHS, ("captured",),
+         "on CUDA, after the pool is sized (and after a cutover that changed the weights, "
+         "layout or pool): the decode batch buckets captured as CUDA graphs "
+         "(empty, with why, where none is: enforce_eager, a group, the torch backend, a capture "
+         "that failed), the "
+         "device memory their static buffers and graphs took (bytes; graph_bytes the graphs "
+         "alone), the seconds capture took, the slot table width and the attention backend",
+         ("why", "bytes", "graph_bytes", "seconds", "width", "backend")),
     Kind(BOOT_WEIGHTS, ("mode", "dtype"),
          "the weights are in place: mode exact (float32), bfloat16, or fast mode's int8 / int4 "
          "with the kernels chosen for this CPU (path, small_rows, vnni_rows, int_vnni: the layer "
@@ -361,7 +370,8 @@ _CATALOG = (
          "queue (running, waiting, parked); with more than one rank, one on every iteration that "
          "scheduled work, with the digest of the batch about to run (batch_digest)",
          ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio", "digest",
-          "constrained", "mask_ms", "spec_proposed", "spec_accepted", "spec_recent_tokens") + PROGRESS),
+          "constrained", "mask_ms", "spec_proposed", "spec_accepted", "spec_recent_tokens",
+          "graph_steps", "eager_steps") + PROGRESS),
     Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
     Kind(NOTICE, ("text",), "something said once", ("process",)),
     Kind(SCHEDULER_STALL, ("since", "limit_s", "running", "waiting", "parked"),

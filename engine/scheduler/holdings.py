@@ -161,6 +161,10 @@ class Holdings:
         """``slots`` for ``req``'s next positions (from ``kv_len`` on), written into its row."""
         self.req_table.write(req.row, req.kv_len, slots)
 
+    def write_decode(self, reqs: list[Request], slots: torch.Tensor) -> None:
+        """``slots[i]`` for ``reqs[i]``'s next position, written into their rows at once."""
+        self.req_table.write_each([r.row for r in reqs], [r.kv_len for r in reqs], slots)
+
     def last_slot(self, req: Request) -> int | None:
         """The slot of ``req``'s last position where its last page has room (an extension
         continues on that page); None on a page boundary (always, with pages of one token)."""

@@ -10,6 +10,7 @@ from engine.config import EngineConfig
 from engine.guided.masks import Masks
 from engine.memory.allocator import TokenAllocator
 from engine.memory.radix import RadixCache
+from engine.model.runner import ModelRunner
 from engine.observability import computed, schema
 from engine.observability.receipts import Receipts
 from engine.request.messages import PoolSnapshot
@@ -33,6 +34,7 @@ class Reported(Protocol):
     ratio: NewTokenRatio
     masks: Masks
     spec: Speculator | None
+    runner: ModelRunner
     generated: int
 
     @property
@@ -80,6 +82,8 @@ class IterationLog:
             extra["constrained"] = sum(r.guided is not None for r in sched.running)
         if sched.spec is not None:
             extra |= sched.spec.iteration_fields()
+        if sched.runner.graphs is not None:  # decode steps replayed, and forwards run eagerly
+            extra["graph_steps"], extra["eager_steps"] = sched.runner.steps.take()
         self.digest_iter = sched.receipts.iter if digest is not None else self.digest_iter
         sched.receipts.emit(
             schema.ITERATION,

@@ -352,6 +352,18 @@ class Memory:
         self.holdings.write(req, slots)
         return slots
 
+    def alloc_decode(self, reqs: list[Request], site: str) -> list[torch.Tensor]:
+        """A slot each for ``reqs``' next tokens, written into their rows: one allocation for
+        them all when the pool holds them all, else each through the net (``alloc``)."""
+        if not reqs:
+            return []
+        held, last = [r.kv_len for r in reqs], [self.holdings.last_slot(r) for r in reqs]
+        slots = self.allocator.alloc_decode(held, last)
+        if slots is None:  # the net, request by request: flush, relief, retry, then raise
+            return [self.alloc(r, 1, site) for r in reqs]
+        self.holdings.write_decode(reqs, slots)
+        return list(slots.split(1))
+
     @contextlib.contextmanager
     def frees_together(self) -> Iterator[None]:
         """The frees made inside are staged and applied together at its end (one group,

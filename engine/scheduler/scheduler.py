@@ -220,9 +220,7 @@ class Scheduler:
         # drafts from what the decodes and chunks leave (agreed numbers: every rank drafts alike)
         spare = self.memory.available() - need
         drafts = self.spec.fund(decode, spare, chunks) if self.spec and decode else {}
-        batch = [
-            self._entry(r, [r.output_ids[-1], *drafts.get(r.rid, ())], "decode") for r in decode
-        ]
+        batch = self._decode_entries(decode, drafts)
         if need > self.memory.available():  # admission counted evictable tokens: pay them
             self.memory.make_room(need - self.memory.available(), "admission")
         batch += [self._entry(r, r.fill_ids[r.kv_len : r.kv_len + n], "extend") for r, n in chunks]
@@ -232,6 +230,23 @@ class Scheduler:
             outs += self._forward(batch, decode, chunks, drafts)
         self._after_step(chunks)
         return outs
+
+    def _decode_entries(
+        self, decode: list[Request], drafts: dict[str, list[int]]
+    ) -> list[BatchEntry]:
+        """The decodes' batch entries, in order: the undrafted ones' slots taken at once
+        (``Memory.alloc_decode``), a drafted one's through the net with its drafts."""
+        plain = [r for r in decode if not drafts.get(r.rid)]
+        taken = dict(zip((r.rid for r in plain), self.memory.alloc_decode(plain, "decode")))
+        batch = []
+        for r in decode:
+            slots = taken.get(r.rid)
+            if slots is None:
+                batch.append(self._entry(r, [r.output_ids[-1], *drafts[r.rid]], "decode"))
+                continue
+            batch.append(BatchEntry(r.row, r.kv_len, [r.output_ids[-1]], slots))
+            r.kv_len += 1
+        return batch
 
     def _entry(self, req: Request, tokens: list[int], site: str) -> BatchEntry:
         """The batch entry of ``tokens`` for ``req``, its slots taken through the net."""

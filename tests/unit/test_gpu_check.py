@@ -67,6 +67,7 @@ def test_sections_and_backends_are_chosen_by_name(gc, capsys):
     a = gc.parse_args(["--sections", "serve, decode", "--backends", "flashinfer"])
     assert a.sections == ["serve", "decode"] and a.backends == ["flashinfer"]
     assert gc.parse_args(["--skip-serve"]).sections == ["correct", "decode"]
+    assert gc.parse_args(["--sections", "graphs"]).sections == ["graphs"]
     with pytest.raises(SystemExit):
         gc.parse_args(["--sections", "correct,speed"])
     assert "--sections: unknown speed" in capsys.readouterr().err
@@ -125,3 +126,30 @@ def test_sections_run_on_cpu_under_the_interpreter(gc, monkeypatch, tiny_model_d
     assert "torch " in decode.detail and "triton " in decode.detail and "GB/s" in decode.detail
     assert results[("serve", "torch 1 streams")].endswith("tok/s")
     assert results[("serve", "torch 3 streams")].endswith("tok/s")
+
+
+def test_graphs_section_runs_the_big_shape_shrunk_on_cpu(gc, monkeypatch):
+    if interpreted_kernels() is None:
+        pytest.skip("needs triton running under its interpreter")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    shrink(gc, monkeypatch)
+    small = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2)
+    monkeypatch.setattr(
+        gc, "LLAMA_8B", {**small, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16}
+    )
+    monkeypatch.setattr(gc, "BIG_CONTEXT", 24)
+    monkeypatch.setattr(gc, "STREAMS", (1, 3))
+    chk = gc.Check(budget_s=600)
+    status = {"triton": None, "flashinfer": "not installed"}
+    args = gc.parse_args(["--iters", "2", "--hbm-gbps", "1000"])
+    chk.section("graphs", lambda: gc.section_graphs_big(chk, status, args))
+    errors = [r for r in chk.rows if r.result in ("ERROR", "FAIL")]
+    assert not errors, errors
+    rows = {r.check: r for r in chk.rows}
+    assert rows["llama-8b triton eager batch 3"].result.endswith("tok/s")
+    assert "x the floor" in rows["llama-8b triton graphs batch 3"].detail
+    floor = next(r for r in chk.rows if r.check.startswith("llama-8b floor"))
+    # the weights a step reads: 2 layers' matrices and norms, the final norm, the LM head
+    layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64
+    nbytes = 2 * (2 * layer + 64 + 320 * 64)
+    assert floor.result == f"{nbytes / 1e12 * 1e3:.2f} ms"

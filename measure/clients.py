@@ -218,3 +218,12 @@ def ensure(name: str, root: str | Path = ROOT) -> str:
         return check(name, root)
     except MissingClient:
         return install(name, root)
+
+
+if __name__ == "__main__":  # `python measure/clients.py uv-flags`: what `make setup` gives uv
+    if sys.argv[1:] != ["uv-flags"]:
+        sys.exit("usage: python measure/clients.py uv-flags")
+    config = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
+    ).stdout
+    print(shlex.join(uv_flags(config)[0]))

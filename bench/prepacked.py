@@ -1,5 +1,6 @@
 """Exact mode with and without oneDNN's packed weights (``engine.model.orient``), one model in one
-process, the two arms alternated run by run so a busy machine's drift hits them alike.
+process, the two arms alternated within each run, in the other order on every second run, so
+a busy machine's drift hits them alike.
 
 The engine boots once in --dtype. Arm "packed" is the orientation the boot measured (the packed
 way among the three); arm "two ways" is the same model's products measured again over
@@ -57,8 +58,9 @@ def main() -> None:
             f"{lay.packed_fields()} / {head.packed_fields()} (layers / head)"
         )
     got: dict[str, dict[str, list[float]]] = {a: {} for a in arms}
-    for _ in range(args.runs):
-        for name, (lay, head) in arms.items():
+    for run in range(args.runs):
+        order = list(arms.items())  # the first arm of a run goes first on even runs only
+        for name, (lay, head) in order if run % 2 == 0 else order[::-1]:
             model.orient, model.head_orient = lay, head
             for n in streams:
                 rate = decode_rate(go, prompts, n, args.prompt_len, args.new_tokens)[0]

@@ -9,6 +9,9 @@ timed steps.
         [--quant int8|int4]
     .venv/bin/python bench/decode_step_profile.py --prefill 512 [--quant ...]   # one prompt's
         prefill instead: unseen prompts, the prefix cache emptied, median of --steps runs
+    .venv/bin/python bench/decode_step_profile.py --prefill 128 --prompts 64   # 64 prompts'
+        prefill together, to their first tokens
+    --dtype bfloat16: exact mode's bfloat16 arm (float32 by default)
 """
 
 from __future__ import annotations
@@ -74,19 +77,19 @@ def profile_step(llm, batch: int, prompt_len: int, steps: int, top: int, seed: i
     }
 
 
-def profile_prefill(llm, length: int, runs: int, top: int, seed: int = 0) -> dict:
-    """The prefill of one unseen ``length``-token prompt to its first token, measured as
+def profile_prefill(llm, length: int, runs: int, top: int, n: int = 1, seed: int = 0) -> dict:
+    """The prefill of ``n`` unseen ``length``-token prompts to their first tokens, measured as
     ``engine bench --table`` measures it (``measure.method``: cache emptied, every run
     asserted uncached); one more run is profiled."""
-    from measure.method import Prompts, attest_generate, prefill_rate
+    from measure.method import Prompts, attest_generate
 
     go, prompts = attest_generate(llm), Prompts(llm.core.model_config.vocab_size, seed)
-    prefill_rate(go, prompts, length)  # warm-up
-    rates = [prefill_rate(go, prompts, length) for _ in range(runs)]
+    go(prompts.take(n, length), 1)  # warm-up
+    took = [go(prompts.take(n, length), 1) for _ in range(runs)]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        prefill_rate(go, prompts, length)
+        go(prompts.take(n, length), 1)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
-    return {"ms": length / statistics.median(rates) * 1e3, "runs": runs, "table": table}
+    return {"ms": statistics.median(took) * 1e3, "runs": runs, "table": table}
 
 
 def main() -> None:
@@ -97,7 +100,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--quant", choices=("int8", "int4"), default=None, help="fast mode")
-    ap.add_argument("--prefill", type=int, default=0, help="profile one prompt's prefill instead")
+    ap.add_argument("--prefill", type=int, default=0, help="profile a prefill instead")
+    ap.add_argument("--prompts", type=int, default=1, help="--prefill: prompts prefilled at once")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = ap.parse_args()
 
     from engine import LLM
@@ -105,16 +110,19 @@ def main() -> None:
     if args.prefill:
         llm = LLM(
             attention_backend=args.backend,
-            kv_tokens=args.prefill + 64,
+            kv_tokens=args.prompts * (args.prefill + 64),
+            max_running=max(args.prompts, 1),
             quant=args.quant,
+            dtype=args.dtype,
             speculative="off",
         )
-        r = profile_prefill(llm, args.prefill, args.steps, args.top)
+        r = profile_prefill(llm, args.prefill, args.steps, args.top, args.prompts)
+        tokens = args.prompts * args.prefill
         print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
         print(
-            f"weights {args.quant or 'exact'}, backend {args.backend}: prefill of {args.prefill} "
-            f"tokens {r['ms']:.1f} ms = {args.prefill / r['ms'] * 1e3:.1f} tok/s "
-            f"(median of {r['runs']})"
+            f"weights {args.quant or 'exact'} {args.dtype}, backend {args.backend}: prefill of "
+            f"{args.prompts} x {args.prefill} tokens {r['ms']:.1f} ms = "
+            f"{tokens / r['ms'] * 1e3:.1f} tok/s (median of {r['runs']})"
         )
         print(r["table"])
         return
@@ -125,12 +133,13 @@ def main() -> None:
         max_running=args.batch,
         receipts=False,
         quant=args.quant,
+        dtype=args.dtype,
         speculative="off",
     )
     r = profile_step(llm, args.batch, args.prompt_len, args.steps, args.top)
     print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
     print(
-        f"weights {args.quant or 'exact'}, backend {args.backend}, batch {args.batch}, prompt {args.prompt_len}: decode step "
+        f"weights {args.quant or 'exact'} {args.dtype}, backend {args.backend}, batch {args.batch}, prompt {args.prompt_len}: decode step "
         f"{r['step_ms']:.1f} ms, attention {r['attention_ms']:.1f} ms "
         f"(median of {r['steps']} steps)"
     )

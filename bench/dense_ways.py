@@ -7,8 +7,10 @@ row count, then ``mkldnn._linear_pointwise``), for one layer's four matrices of 
 Each figure is the fastest of --reps calls after 3 warm ones (microseconds for the layer's four
 products together, or the head's one), with each way's ratio over ``F.linear``, and whether the
 packed way gives ``F.linear``'s bits. What the engine chooses at load is
-``engine.model.orient.measure`` over the same two first ways; the last lines time that
-measurement itself (what it adds to a boot) for these shapes, and say what it chose.
+``engine.model.orient.measure`` over the same three ways in exact mode (its weights packed once
+by ``engine.model.orient.pack``, for 64 rows, not for each count as here) and the two first in
+fast mode; the last lines time that measurement itself (what it adds to a boot) for these
+shapes, and say what it chose.
 
     .venv/bin/python bench/dense_ways.py [--rows 1,2,8,16,64,512] [--dtype float32|bfloat16]
         [--reps 30]
@@ -23,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
-from engine.model.orient import HEAD_ROWS, ROWS, by_mm, fastest, measure
+from engine.model.orient import HEAD_ROWS, ROWS, by_mm, fastest, measure, pack
 
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 HEAD = [(49152, 576)]
@@ -63,18 +65,18 @@ def main() -> None:
             reps = args.reps if n * len(ws) < 2048 else max(3, args.reps // 5)
             lin = micros(lambda: [F.linear(x, w) for x, w in zip(xs, ws)], reps)  # noqa: B023
             mm = micros(lambda: [by_mm(x, w) for x, w in zip(xs, ws)], reps)  # noqa: B023
-            pack = micros(lambda: [packed(x, p) for x, p in zip(xs, pk)], reps)  # noqa: B023
+            pk_us = micros(lambda: [packed(x, p) for x, p in zip(xs, pk)], reps)  # noqa: B023
             same = all(torch.equal(F.linear(x, w), packed(x, p)) for x, w, p in zip(xs, ws, pk))
             print(
-                f"| {name} | {n} | {lin:.0f} | {mm:.0f} | {pack:.0f} | {mm / lin:.2f}x | "
-                f"{pack / lin:.2f}x | {'yes' if same else 'no'} |",
+                f"| {name} | {n} | {lin:.0f} | {mm:.0f} | {pk_us:.0f} | {mm / lin:.2f}x | "
+                f"{pk_us / lin:.2f}x | {'yes' if same else 'no'} |",
                 flush=True,
             )
         t = time.perf_counter()
-        chose, _ = measure(ws, ROWS if name == "layer" else HEAD_ROWS)
+        chose, _ = measure(ws, ROWS if name == "layer" else HEAD_ROWS, packs=[pack(w) for w in ws])
         print(
-            f"measuring the {name} at load: {time.perf_counter() - t:.2f} s; (W @ x.T).T "
-            f"chosen at rows {chose.fields()}"
+            f"measuring the {name} at load (exact mode): {time.perf_counter() - t:.2f} s; "
+            f"(W @ x.T).T chosen at rows {chose.fields()}, packed at {chose.packed_fields()}"
         )
 
 

@@ -71,17 +71,18 @@ class TorchReferenceBackend(AttentionBackend):
             return grouped_decode(q, kv.k, kv.v, plan, scale)
         out = torch.empty_like(q)
         gqa = q.shape[1] != kv.k.shape[1]
-        for start, ext, slots, mask, causal in self._extend_plan(meta):
-            # [1, heads, len, head_dim] views for SDPA.
-            qi = q[start : start + ext].transpose(0, 1).unsqueeze(0)
+        for start, n, ext, slots, mask, causal in self._extend_plan(meta):
+            # [n, heads, len, head_dim] views for SDPA: n requests of ext tokens each
+            rows = slice(start, start + n * ext)
+            qi = q[rows].unflatten(0, (n, ext)).transpose(1, 2)
             if qi.stride(-1) != 1:  # a transposed product's rows: SDPA's flash kernel wants
                 qi = qi.contiguous()  # a dense last dimension, else it takes the math path
-            ki = kv.k.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
-            vi = kv.v.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
+            ki = kv.k.index_select(0, slots).unflatten(0, (n, -1)).transpose(1, 2).to(q.dtype)
+            vi = kv.v.index_select(0, slots).unflatten(0, (n, -1)).transpose(1, 2).to(q.dtype)
             oi = F.scaled_dot_product_attention(
                 qi, ki, vi, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
             )
-            out[start : start + ext] = oi.squeeze(0).transpose(0, 1)
+            out[rows] = oi.transpose(1, 2).flatten(0, 1)
         return out
 
     @staticmethod
@@ -111,8 +112,11 @@ class TorchReferenceBackend(AttentionBackend):
 
     @staticmethod
     def _extend_plan(meta: AttentionMetadata) -> list[tuple]:
-        """Per request: (first token, new tokens, context slots, mask, causal). The same for
-        every layer of this forward, so built once."""
+        """Per SDPA call: (first token, requests, new tokens each, their context slots, mask,
+        causal). Adjacent requests with no prefix and the same number of new tokens (a batch of
+        fresh prompts) share one call: SDPA attends each of a batch alone, so each gets the bits
+        a call of its own gives, and one call spreads over the cores where a short prompt's
+        does not. The same for every layer of this forward, so built once."""
         plan = meta.scratch.get("extend")
         if plan is not None:
             return plan
@@ -120,6 +124,12 @@ class TorchReferenceBackend(AttentionBackend):
         dev = meta.req_to_token.device
         for row, prefix, ext in zip(meta.req_rows, meta.prefix_lens, meta.extend_lens):
             ctx = prefix + ext
+            slots = meta.req_to_token[row, :ctx]
+            if plan and prefix == 0 and ext > 1 and plan[-1][2:3] == (ext,) and plan[-1][5]:
+                first, n, _, before, _, _ = plan[-1]  # fresh prompts of one length: one call
+                plan[-1] = (first, n + 1, ext, torch.cat([before, slots]), None, True)
+                start += ext
+                continue
             if ext == 1:
                 mask, causal = None, False  # one query sees the whole context
             elif prefix == 0:
@@ -128,7 +138,7 @@ class TorchReferenceBackend(AttentionBackend):
                 # query j (absolute position prefix + j) sees keys 0 ..= prefix + j
                 mask = torch.ones(ext, ctx, dtype=torch.bool, device=dev).tril(prefix)
                 causal = False
-            plan.append((start, ext, meta.req_to_token[row, :ctx], mask, causal))
+            plan.append((start, 1, ext, slots, mask, causal))
             start += ext
         meta.scratch["extend"] = plan
         return plan

@@ -303,6 +303,11 @@ class EngineCore:
                     for part, o in (("layers", self.model.orient), ("head", self.model.head_orient))
                     if o is not None
                 }
+            if self.quant is None:  # exact mode: the buckets that take oneDNN's packed weights
+                fields["prepacked"] = {
+                    part: o.packed_fields() if o is not None else []
+                    for part, o in (("layers", self.model.orient), ("head", self.model.head_orient))
+                } | {"bytes": self.model.packed_bytes}
             if self.quant is not None:  # a small decode forward's layers in one native call
                 step = self.model.native_step
                 fields["step_rows"] = step.rows if step is not None else 0

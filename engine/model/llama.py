@@ -20,7 +20,7 @@ from engine.model.config import ModelConfig
 from engine.model.fused import layer_ops
 from engine.model.int_rows import widen
 from engine.model.native_step import MATRICES, NativeStep
-from engine.model.orient import HEAD_ROWS, Orientation, by_mm, choose
+from engine.model.orient import HEAD_ROWS, Orientation, by_mm, choose, pack, packed_linear
 from engine.model.quant import QuantPlan, QuantWeight, quantize_weight
 from engine.model.shard import cols, plan_shard, rows, vocab_rows
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
@@ -54,19 +54,26 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 def linear(
-    x: torch.Tensor, w: torch.Tensor | QuantWeight, orient: Orientation | None = None
+    x: torch.Tensor,
+    w: torch.Tensor | QuantWeight,
+    orient: Orientation | None = None,
+    packed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ w.T``. A quantised matrix (fast mode) takes its packed kernel for a few rows, its
     dense values beyond. A dense product runs the way ``orient`` says, measured at load for this
-    CPU (``engine.model.orient``: ``F.linear`` or ``(w @ x.T).T``). Unmeasured (a GPU): float32
-    as ``(w @ x.T).T``, bfloat16 one row by the plain call and more as ``(w @ x.T).T``.
+    CPU (``engine.model.orient``: ``F.linear``, ``(w @ x.T).T``, or oneDNN on ``packed``, ``w``
+    laid out once). Unmeasured (a GPU): float32 as ``(w @ x.T).T``, bfloat16 one row by the
+    plain call and more as ``(w @ x.T).T``.
     """
     if isinstance(w, QuantWeight):
         if x.shape[0] <= w.small_rows:
             return w.packed_matmul(x)
         w = w.dense
     if orient is not None:
-        return by_mm(x, w) if orient.takes_mm(x.shape[0]) else F.linear(x, w)
+        n = x.shape[0]
+        if packed is not None and orient.takes_packed(n):
+            return packed_linear(x, packed)
+        return by_mm(x, w) if orient.takes_mm(n) else F.linear(x, w)
     if w.dtype != torch.float32:
         return F.linear(x, w) if x.shape[0] == 1 else torch.mm(w, x.t()).t()
     return by_mm(x, w)
@@ -117,6 +124,8 @@ class LlamaModel:
         self.inv_freq = rope_inv_freq(cfg).to(self.device)
         self.q_size = self.local_heads * cfg.head_dim
         self.kv_size = self.local_kv_heads * cfg.head_dim
+        self.packed_bytes = 0  # the packed copies' (``_orientations``)
+        self.head_packed: torch.Tensor | None = None
         self.orient, self.head_orient = self._orientations()
         # fast mode: up to how many rows the layers' integer products run, on this CPU
         widen(self, MATRICES, lambda x, w: linear(x, w, self.orient))
@@ -180,16 +189,35 @@ class LlamaModel:
 
     def _orientations(self) -> tuple[Orientation | None, Orientation | None]:
         """The way dense products run on this CPU, for the layers and the LM head, measured
-        (``engine.model.orient``); None on a GPU."""
+        (``engine.model.orient``); None on a GPU. Exact mode measures the packed way too, and a
+        part some bucket of which takes it keeps its matrices packed beside them (the layers'
+        in each layer's ``"packed"``, the head's in ``head_packed``)."""
         if self.device.type != "cpu":
             return None, None
         dense = lambda m: m.dense if isinstance(m, QuantWeight) else m  # noqa: E731
         layers = head = None
         if self.layers:
-            layers = choose([dense(self.layers[0][k]) for k in MATRICES])
+            packs = self._packs([dense(self.layers[0][k]) for k in MATRICES])
+            layers = choose([dense(self.layers[0][k]) for k in MATRICES], packs=packs)
+            for i, layer in enumerate(self.layers if layers.uses_packed else []):
+                mats = [layer[k] for k in MATRICES]
+                layer["packed"] = dict(zip(MATRICES, packs if i == 0 else self._packs(mats) or ()))
+                self.packed_bytes += sum(m.numel() * m.element_size() for m in mats)
         if self.lm_head is not None:
-            head = choose([dense(self.lm_head)], HEAD_ROWS)
+            packs = self._packs([dense(self.lm_head)])
+            head = choose([dense(self.lm_head)], HEAD_ROWS, packs)
+            if packs is not None and head.uses_packed:
+                self.head_packed = packs[0]
+                self.packed_bytes += packs[0].numel() * packs[0].element_size()
         return layers, head
+
+    def _packs(self, mats: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """``mats`` packed for oneDNN (``orient.pack``), in exact mode where each packs; None:
+        the products are measured without the packed way."""
+        if self.quant is not None:
+            return None
+        packs = [pack(m) for m in mats]
+        return None if any(p is None for p in packs) else packs  # type: ignore[return-value]
 
     def _put(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's slice, cast and moved: the rest of a weight never reaches the device.
@@ -256,7 +284,8 @@ class LlamaModel:
         if self.native_step is not None and T <= self.native_step.rows:
             return self.native_step(h, x, cos, sin, meta, kv_layers)  # the same bits
         for layer, kv, next_norm in zip(self.layers, kv_layers, self.next_norms):
-            qkv = linear(x, layer["qkv"], self.orient)
+            pk = layer.get("packed", {})
+            qkv = linear(x, layer["qkv"], self.orient, pk.get("qkv"))
             qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
             # Q's and K's heads rotated in one pass (elementwise: the same numbers as two)
             qk = ops.rope(qk.reshape(T, heads + kv_heads, -1), cos, sin)
@@ -264,11 +293,12 @@ class LlamaModel:
             v = v.reshape(T, kv_heads, cfg.head_dim)
             attn = self.backend.forward(q, k, v, kv, meta, self.scale)
             # row-parallel: each rank's partial product, summed before the residual
-            o = linear(attn.reshape(T, self.q_size), layer["o"], self.orient)
+            o = linear(attn.reshape(T, self.q_size), layer["o"], self.orient, pk.get("o"))
             o = self.comm.all_reduce_sum(o)
             h, x = ops.add_norm(h, o, layer["mlp_norm"])
-            act = ops.silu_mul(linear(x, layer["gate_up"], self.orient))
-            down = self.comm.all_reduce_sum(linear(act, layer["down"], self.orient))
+            act = ops.silu_mul(linear(x, layer["gate_up"], self.orient, pk.get("gate_up")))
+            down = linear(act, layer["down"], self.orient, pk.get("down"))
+            down = self.comm.all_reduce_sum(down)
             h, x = ops.add_norm(h, down, next_norm)
         if not stage.last:
             stage.send([h, x])
@@ -281,6 +311,7 @@ class LlamaModel:
         stage and shared with the others (whose ``hidden`` only says N)."""
         out = None
         if self.stage.last:
-            full = self.comm.all_gather(linear(hidden, self.lm_head, self.head_orient), dim=-1)
+            out = linear(hidden, self.lm_head, self.head_orient, self.head_packed)
+            full = self.comm.all_gather(out, dim=-1)
             out = full[:, : self.cfg.vocab_size].float()
         return self.stage.share(out, (hidden.shape[0], self.cfg.vocab_size))

@@ -18,6 +18,15 @@ one boot may pick either; ``boot.weights`` records what it picked (``orient``), 
 Both give products of the same values; only the order of the sums inside the GEMM differs, as
 it does between batch sizes anyway (exact mode's token-exact tests against transformers pass
 either way, ``tests/integration/test_loaders.py``).
+
+A third way, measured beside the two where the caller hands ``measure`` the weights packed
+(``pack``: exact mode on a CPU, ``engine.model.llama``): oneDNN's linear on a copy of the weight
+laid out once in its blocked form (``packed_linear``). Unpacked, a bfloat16 product through
+oneDNN lays the weight out again on every call: on an AMD EPYC (Zen 4, AVX-512 BF16) the default
+model's bfloat16 LM head took 23-34 ms a row that way and 5.0 ms packed, one thread
+(BENCHMARKS.md). In bfloat16 the packed way gives ``F.linear``'s bits; in float32 it is oneDNN's
+GEMM, not MKL's, and sums in another order (as ``(w @ x.T).T`` does). The copy costs the
+weight's bytes again, so it is kept only for a part (layers, head) where some bucket takes it.
 """
 
 from __future__ import annotations
@@ -34,21 +43,38 @@ import torch.nn.functional as F
 ROWS = (1, 2, 4, 8, 16, 64, 256, 512)  # the row counts measured; a product takes the bucket below
 HEAD_ROWS = (1, 2, 4, 8, 16, 64)  # the LM head sees a row per sequence sampled
 REPS = 3  # timed calls per row count and way, after one warm call; the fastest counts
+PACK_ROWS = 64  # the row count oneDNN lays a packed weight out for (it runs any count)
 
 
 @dataclass(frozen=True, slots=True)
 class Orientation:
-    """Per bucket of ``rows``: whether a product takes ``(w @ x.T).T`` (True) or ``F.linear``."""
+    """Per bucket of ``rows``: whether a product takes ``(w @ x.T).T`` (True) or ``F.linear``;
+    with ``packed``, whether it takes the packed weight instead of either."""
 
     rows: tuple[int, ...]
     mm: tuple[bool, ...]
+    packed: tuple[bool, ...] = ()  # empty: never packed
+
+    def _bucket(self, n: int) -> int:
+        return max(0, bisect.bisect_right(self.rows, n) - 1)
 
     def takes_mm(self, n: int) -> bool:
-        return self.mm[max(0, bisect.bisect_right(self.rows, n) - 1)]
+        return self.mm[self._bucket(n)]
+
+    def takes_packed(self, n: int) -> bool:
+        return bool(self.packed) and self.packed[self._bucket(n)]
+
+    @property
+    def uses_packed(self) -> bool:
+        return any(self.packed)
 
     def fields(self) -> list[int]:
         """The buckets that take ``(w @ x.T).T``, for the boot receipt."""
         return [r for r, m in zip(self.rows, self.mm) if m]
+
+    def packed_fields(self) -> list[int]:
+        """The buckets that take the packed weight, for the boot receipt."""
+        return [r for r, p in zip(self.rows, self.packed) if p]
 
 
 def by_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -56,6 +82,20 @@ def by_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if x.shape[0] == 1:
         return torch.mm(w, torch.cat([x, torch.zeros_like(x)]).t())[:, :1].t()
     return torch.mm(w, x.t()).t()
+
+
+def pack(w: torch.Tensor) -> torch.Tensor | None:
+    """``w`` ([out, in], bfloat16 or float32, on the CPU) as oneDNN's linear takes it, laid out
+    once (a second copy); None where torch has no oneDNN or ``w`` is not such a matrix."""
+    ok = w.device.type == "cpu" and w.dim() == 2 and w.dtype in (torch.bfloat16, torch.float32)
+    if not ok or not torch.backends.mkldnn.is_available():
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_ROWS)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """``x @ w.T`` on ``pack(w)``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
 def fastest(
@@ -79,25 +119,41 @@ def measure(
     mats: Sequence[torch.Tensor],
     rows: tuple[int, ...] = ROWS,
     clock: Callable[[], float] = time.perf_counter,
-) -> tuple[Orientation, dict[int, tuple[float, float]]]:
+    packs: Sequence[torch.Tensor] | None = None,
+) -> tuple[Orientation, dict[int, tuple[float, ...]]]:
     """The faster way for ``mats`` (all their products of ``n`` rows together) at each of
-    ``rows``; with the seconds each way took, ``{n: (linear, mm)}``."""
+    ``rows``; with the seconds each way took, ``{n: (linear, mm)}``, and with ``packs`` (``mats``
+    packed, ``pack``) the packed way timed too, ``{n: (linear, mm, packed)}``."""
     g = torch.Generator().manual_seed(0)
-    took: dict[int, tuple[float, float]] = {}
+    took: dict[int, tuple[float, ...]] = {}
     for n in rows:
         xs = [torch.randn(n, w.shape[1], generator=g, dtype=w.dtype) for w in mats]
         lin = fastest(lambda: [F.linear(x, w) for x, w in zip(xs, mats)], clock=clock)  # noqa: B023
         mm = fastest(lambda: [by_mm(x, w) for x, w in zip(xs, mats)], clock=clock)  # noqa: B023
         took[n] = (lin, mm)
-    return Orientation(rows, tuple(mm < lin for lin, mm in took.values())), took
+        if packs is not None:
+            run = lambda: [packed_linear(x, p) for x, p in zip(xs, packs)]  # noqa: B023, E731
+            took[n] += (fastest(run, clock=clock),)
+    best = [min(range(len(t)), key=t.__getitem__) for t in took.values()]
+    packed = tuple(b == 2 for b in best) if packs is not None else ()
+    return Orientation(rows, tuple(b == 1 for b in best), packed), took
 
 
-def choose(mats: Sequence[torch.Tensor], rows: tuple[int, ...] = ROWS) -> Orientation:
-    """``measure``'s choice, unless ``ATTEST_ORIENT`` is ``linear`` or ``mm`` (one way at every
-    size: to measure against, or to rule the choice out)."""
+def choose(
+    mats: Sequence[torch.Tensor],
+    rows: tuple[int, ...] = ROWS,
+    packs: Sequence[torch.Tensor] | None = None,
+) -> Orientation:
+    """``measure``'s choice (the packed way among them with ``packs``), unless ``ATTEST_ORIENT``
+    is ``linear``, ``mm`` or ``packed`` (one way at every size: to measure against, or to rule
+    the choice out; ``packed`` only where ``packs`` are given)."""
     how = os.environ.get("ATTEST_ORIENT", "").strip()
     if how in ("linear", "mm"):
         return Orientation((1,), (how == "mm",))
+    if how == "packed":
+        if packs is None:
+            raise ValueError("ATTEST_ORIENT=packed: only exact mode on a CPU packs its weights")
+        return Orientation((1,), (False,), (True,))
     if how not in ("", "measure"):
-        raise ValueError(f"ATTEST_ORIENT must be linear, mm or measure, got {how!r}")
-    return measure(mats, rows)[0]
+        raise ValueError(f"ATTEST_ORIENT must be linear, mm, packed or measure, got {how!r}")
+    return measure(mats, rows, packs=packs)[0]

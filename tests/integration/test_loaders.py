@@ -251,7 +251,7 @@ def test_hf_greedy_generation_matches_transformers(hf_case) -> None:
         assert out.token_ids == ref, f"{name}: prompt of {len(ids)} tokens"
 
 
-@pytest.mark.parametrize("how", ["linear", "mm"])
+@pytest.mark.parametrize("how", ["linear", "mm", "packed"])
 def test_hf_greedy_generation_matches_transformers_either_way(hf_case, how, monkeypatch) -> None:
     """Each way a float32 product can run (``engine.model.orient``, measured per CPU at load),
     fixed at every size: the tokens are transformers' either way."""
@@ -259,6 +259,7 @@ def test_hf_greedy_generation_matches_transformers_either_way(hf_case, how, monk
     folder, model, name = hf_case
     llm = LLM(model=str(folder), kv_tokens=512, max_running=4)
     assert llm.core.model.orient.takes_mm(1) == (how == "mm")
+    assert llm.core.model.orient.takes_packed(1) == (how == "packed")
     outs = llm.generate(prompts(), SamplingParams(temperature=0, ignore_eos=True, max_tokens=16))
     for ids, out in zip(prompts(), outs):
         assert out.token_ids == hf_greedy16(model, ids), f"{name} {how}: {len(ids)} tokens"

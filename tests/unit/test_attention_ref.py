@@ -292,3 +292,39 @@ def test_validate_accepts_a_consistent_batch():
 def test_validate_rejects_inconsistent_lengths(over, message):
     with pytest.raises(ValueError, match=message.replace("+", r"\+")):
         _meta(**over).validate()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fresh_prompts_of_one_length_share_a_call_and_keep_their_bits(dtype, monkeypatch):
+    """Adjacent prompts with no prefix and the same length are attended in one SDPA call; each
+    gets the bits it gets attended alone, and the naive attention's numbers."""
+    import kernels.torch_ref as ref
+
+    spec = [(0, 6), (0, 6), (0, 6), (3, 4), (0, 6), (0, 6), (0, 5), (0, 1)]
+    b = make_batch(spec, 6, 2, 64, dtype, seed=3)
+    calls = []
+    sdpa = ref.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        ref.F,
+        "scaled_dot_product_attention",
+        lambda *a, **k: calls.append(a[0].shape[0]) or sdpa(*a, **k),
+    )
+    out = TorchReferenceBackend("grouped").forward(b.q, b.k, b.v, b.kv, b.meta, b.scale)
+    assert calls == [3, 1, 2, 1, 1]  # the three of 6, the extend, the two of 6, 5, the one token
+    torch.testing.assert_close(out.double(), naive_attention(b), **TOL[dtype])
+    start = 0
+    for i, (prefix, ext) in enumerate(spec):
+        meta = AttentionMetadata(
+            req_to_token=b.meta.req_to_token,
+            req_rows=[b.meta.req_rows[i]],
+            prefix_lens=[prefix],
+            extend_lens=[ext],
+            positions=b.meta.positions[start : start + ext],
+            out_slots=b.meta.out_slots[start : start + ext],
+        )
+        rows = slice(start, start + ext)
+        alone = TorchReferenceBackend("grouped").forward(
+            b.q[rows], b.k[rows], b.v[rows], b.kv, meta, b.scale
+        )
+        assert torch.equal(alone, out[rows]), f"request {i}"
+        start += ext

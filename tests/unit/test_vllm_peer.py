@@ -145,6 +145,7 @@ def test_the_worker_is_asked_to_load_what_the_spec_says():
         "dtype": "float32",
         "max_seqs": 64,
         "max_len": 513,
+        "in_process": False,
     }
 
 

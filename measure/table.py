@@ -1,6 +1,7 @@
-"""The three-engine table of `engine bench --table`: what it measures (``TableSpec``, validated
+"""The engines' table of `engine bench --table`: what it measures (``TableSpec``, validated
 once), what each arm measured (``ArmFigures``), and the arithmetic and text of the table: medians
-per arm, and each Attest arm's ratio over transformers and over llama.cpp. Pure: no engine here.
+per arm, and each Attest arm's ratio over each peer's arm (transformers, llama.cpp, vLLM's
+float32 and bfloat16). Pure: no engine here.
 """
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-ENGINES = ("attest", "transformers", "llamacpp")
+ENGINES = ("attest", "transformers", "llamacpp", "vllm")
+# what runs when --engines is not given: vLLM is named, not assumed (its arms add an environment
+# of their own and minutes of compiling per batch shape on first use)
+DEFAULT_ENGINES = ("attest", "transformers", "llamacpp")
 # Attest's arms: a name for a set of LLM(...) keyword arguments; speculative decoding off (it
 # is measured against its own baseline by bench/speculation.py, not against the other engines)
 ATTEST_ARMS: dict[str, dict[str, Any]] = {
@@ -18,7 +22,13 @@ ATTEST_ARMS: dict[str, dict[str, Any]] = {
     "int8": {"quant": "int8", "speculative": "off"},
     "int4": {"quant": "int4", "speculative": "off"},
 }
-BASELINES = {"transformers": "transformers", "llamacpp": "llama.cpp"}  # engine -> row name
+BASELINES = {"transformers": "transformers", "llamacpp": "llama.cpp", "vllm": "vLLM"}
+VLLM_ARMS = {"f32": "float32", "bf16": "bfloat16"}  # vLLM's arms: a name for its dtype
+
+
+def peer_row(engine: str, arm: str | None = None) -> str:
+    """A peer's row name: the engine's, and its arm where it has several (``vLLM bf16``)."""
+    return f"{BASELINES[engine]} {arm}" if arm else BASELINES[engine]
 
 
 def parse_counts(text: str, flag: str) -> list[int]:
@@ -52,24 +62,37 @@ class TableSpec:
     output_len: int = 64
     prefill: int = 512
     runs: int = 3
-    engines: list[str] = field(default_factory=lambda: list(ENGINES))
-    attest: list[str] = field(default_factory=lambda: ["exact", "int8", "int4"])
+    engines: list[str] = field(default_factory=lambda: list(DEFAULT_ENGINES))
+    attest: list[str] = field(default_factory=lambda: ["exact", "bf16", "int8", "int4"])
+    vllm: list[str] = field(default_factory=lambda: list(VLLM_ARMS))
     model: str | None = None
     llamacpp_env: str = "build/llamacpp-venv"
+    vllm_env: str = "build/vllm-venv"
+    vllm_kv_gib: int = 2
     seed: int = 0
 
     @classmethod
-    def from_text(cls, streams: str, engines: str, attest: str, **rest: Any) -> TableSpec:
+    def from_text(
+        cls, streams: str, engines: str, attest: str, vllm: str = "f32,bf16", **rest: Any
+    ) -> TableSpec:
         """From the CLI's comma-separated lists; any bad value raises ValueError naming it."""
         return cls(
             streams=parse_counts(streams, "--streams"),
             engines=parse_names(engines, ENGINES, "--engines"),
             attest=parse_names(attest, tuple(ATTEST_ARMS), "--attest"),
+            vllm=parse_names(vllm, tuple(VLLM_ARMS), "--vllm"),
             **rest,
         )
 
     def __post_init__(self) -> None:
-        for name, low in (("prompt_len", 2), ("output_len", 1), ("prefill", 0), ("runs", 1)):
+        lows = (
+            ("prompt_len", 2),
+            ("output_len", 1),
+            ("prefill", 0),
+            ("runs", 1),
+            ("vllm_kv_gib", 1),
+        )
+        for name, low in lows:
             v = getattr(self, name)
             if not isinstance(v, int) or v < low:
                 raise ValueError(
@@ -80,6 +103,11 @@ class TableSpec:
         """Attest's pool: every stream's prompt and output at the largest count, or the prefill."""
         most = max(self.streams) * (self.prompt_len + self.output_len + 8)
         return max(most, self.prefill + 8) + 64
+
+    def longest(self) -> int:
+        """The longest sequence any arm holds: a prompt and its output, or the prefill's prompt
+        and its one token (vLLM's max_model_len)."""
+        return max(self.prompt_len + self.output_len + 1, self.prefill + 1)
 
 
 @dataclass(slots=True)

@@ -1,10 +1,11 @@
-"""`engine bench --table`: Attest's arms against transformers and llama.cpp on the same GGUF, in
-one run, measured by one method (measure/method.py).
+"""`engine bench --table`: Attest's arms against transformers, llama.cpp and vLLM's CPU build on
+the same GGUF, in one run, measured by one method (measure/method.py).
 
 The engines run one after the other, never side by side: one engine is alive at a time (an
-Attest arm is closed, transformers' model dropped, llama.cpp's worker ended before the next
-loads), so no two share memory or cores. Every arm sees the same prompts in the same order (one
-seed), and llama.cpp runs on as many threads as torch does in this process.
+Attest arm is closed, transformers' model dropped, llama.cpp's or vLLM's worker ended before the
+next loads), so no two share memory or cores. Every arm sees the same prompts in the same order
+(one seed); llama.cpp runs on as many threads as torch does in this process, vLLM's OpenMP
+threads are bound to every CPU this process may use.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from measure.method import (
     prefill_rate,
     transformers_generate,
 )
-from measure.table import ATTEST_ARMS, BASELINES, ArmFigures, TableSpec
+from measure.table import ATTEST_ARMS, BASELINES, VLLM_ARMS, ArmFigures, TableSpec, peer_row
+from measure.vllm_cpu import WorkerSpec
 
 Say = Callable[[str], None]
 
@@ -63,23 +65,9 @@ def measure(
 
 def run_table(spec: TableSpec, say: Say = _stderr) -> TableRun:
     """Measure every arm of ``spec``; progress goes to ``say`` as it comes."""
-    from engine.config import EngineConfig
-    from measure.llamacpp import LlamaCppWorker, check_env
-
-    for arm in spec.attest if "attest" in spec.engines else []:
-        try:  # an arm whose option this engine lacks is refused before any arm runs
-            EngineConfig.from_kwargs(**ATTEST_ARMS[arm])
-        except TypeError as e:
-            raise ValueError(f"--attest {arm}: LLM({_kwargs(ATTEST_ARMS[arm])}): {e}") from e
-    if "llamacpp" in spec.engines:
-        check_env(spec.llamacpp_env)  # before the other arms' minutes, not after
+    path = _check(spec)
     import torch
 
-    from engine.model.loader import resolve_model_path
-
-    path = resolve_model_path(spec.model)
-    if "llamacpp" in spec.engines and not path.endswith(".gguf"):
-        raise ValueError(f"llama.cpp needs a GGUF file; {path} is not one")
     out = TableRun(spec)
     out.notes.append(f"cpu: {describe_cpu()}")
     out.notes.append(f"model: {path}")
@@ -100,21 +88,92 @@ def run_table(spec: TableSpec, say: Say = _stderr) -> TableRun:
             )
             del hf, go
             gc.collect()
+        elif engine == "llamacpp":
+            fig, note = _llamacpp_arm(path, spec, say)
+            out.arms.append(fig)
+            out.notes.append(note)
         else:
-            threads = torch.get_num_threads()  # what torch runs on in this process
-            say(f"llama.cpp: starting its worker ({spec.llamacpp_env}, {threads} threads)")
-            with LlamaCppWorker(spec.llamacpp_env, path, threads) as w:
-                vocab = w.info["vocab"]
-                out.arms.append(measure(BASELINES[engine], engine, w.generate, vocab, spec, say))
-                out.notes.append(
-                    f"llama.cpp: llama-cpp-python {w.info['version']}, batched low-level API "
-                    f"(llama_batch + llama_decode, one sequence id per stream, greedy argmax per "
-                    f"stream), n_threads = n_threads_batch = {threads} (= torch's), flash "
-                    f"attention {'on' if w.flash_attn else 'off'}, {w.info['kv']}; prefill "
-                    f"{w.info['prefill']}; {w.info['system']}"
-                )
+            for arm in spec.vllm:
+                fig, note = _vllm_arm(arm, path, spec, say)
+                out.arms.append(fig)
+                out.notes.append(note)
     out.notes.append(f"load average after: {os.getloadavg()[0]:.2f}")
     return out
+
+
+def _check(spec: TableSpec) -> str:
+    """Everything that can be refused before any arm's minutes: Attest's arms' options, the
+    peers' environments, the model; the model's path."""
+    from engine.config import EngineConfig
+    from engine.model.loader import resolve_model_path
+    from measure import llamacpp, vllm_cpu
+
+    for arm in spec.attest if "attest" in spec.engines else []:
+        try:  # an arm whose option this engine lacks is refused before any arm runs
+            EngineConfig.from_kwargs(**ATTEST_ARMS[arm])
+        except TypeError as e:
+            raise ValueError(f"--attest {arm}: LLM({_kwargs(ATTEST_ARMS[arm])}): {e}") from e
+    if "llamacpp" in spec.engines:
+        llamacpp.check_env(spec.llamacpp_env)
+    if "vllm" in spec.engines:
+        vllm_cpu.check_env(spec.vllm_env)
+    path = resolve_model_path(spec.model)
+    if "llamacpp" in spec.engines and not path.endswith(".gguf"):
+        raise ValueError(f"llama.cpp needs a GGUF file; {path} is not one")
+    return path
+
+
+def _llamacpp_arm(path: str, spec: TableSpec, say: Say) -> tuple[ArmFigures, str]:
+    import torch
+
+    from measure.llamacpp import LlamaCppWorker
+
+    threads = torch.get_num_threads()  # what torch runs on in this process
+    say(f"llama.cpp: starting its worker ({spec.llamacpp_env}, {threads} threads)")
+    with LlamaCppWorker(spec.llamacpp_env, path, threads) as w:
+        fig = measure(BASELINES["llamacpp"], "llamacpp", w.generate, w.info["vocab"], spec, say)
+        note = (
+            f"llama.cpp: llama-cpp-python {w.info['version']}, batched low-level API "
+            f"(llama_batch + llama_decode, one sequence id per stream, greedy argmax per "
+            f"stream), n_threads = n_threads_batch = {threads} (= torch's), flash "
+            f"attention {'on' if w.flash_attn else 'off'}, {w.info['kv']}; prefill "
+            f"{w.info['prefill']}; {w.info['system']}"
+        )
+    return fig, note
+
+
+def _vllm_arm(arm: str, path: str, spec: TableSpec, say: Say) -> tuple[ArmFigures, str]:
+    """vLLM's arm in its own worker: the model's HF folder (made once from the GGUF), the
+    dtype, as many sequences as the largest stream count, prefix caching off."""
+    from measure.vllm_cpu import VllmWorker, WorkerSpec, hf_folder
+
+    folder = hf_folder(path)
+    ws = WorkerSpec(
+        str(folder), VLLM_ARMS[arm], max(spec.streams), spec.longest(), spec.vllm_kv_gib
+    )
+    name = peer_row("vllm", arm)
+    say(f"{name}: starting its worker ({spec.vllm_env}, {folder.name}, {ws.dtype})")
+    with VllmWorker(spec.vllm_env, ws) as w:
+        fig = measure(name, "vllm", w.generate, w.info["vocab"], spec, say)
+        note = vllm_note(name, w.info, ws)
+    return fig, note
+
+
+def vllm_note(name: str, info: dict, ws: WorkerSpec) -> str:
+    """What ran: vLLM's version, dtype, compilation and whether it compiled on this load (its
+    compile cache grew) or reused the cache, load time, its CPU variables."""
+    before, after = info["compile_cache_files"]
+    compiled = (
+        f"compiled on load ({after - before} cache files written)"
+        if after > before
+        else ("compile cache reused (no new cache files)")
+    )
+    env = " ".join(f"{k}={v}" for k, v in sorted(info["env"].items()))
+    return (
+        f"{name}: vllm-cpu {info['version']}, LLM.generate of token ids, dtype {info['dtype']}, "
+        f"prefix caching off, max_num_seqs {ws.max_seqs}, max_model_len {ws.max_len}; "
+        f"compilation {info['compilation']}, {compiled}, load {info['load_s']} s; {env}"
+    )
 
 
 def _attest_arm(arm: str, path: str, spec: TableSpec, say: Say) -> tuple[ArmFigures, str]:

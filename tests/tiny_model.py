@@ -35,11 +35,15 @@ def train_tokenizer(vocab: int = VOCAB):
     return tok
 
 
-def make_tiny_model(folder: Path, seed: int = 0, layers: int = 2, max_position: int = 512) -> Path:
+def make_tiny_model(
+    folder: Path, seed: int = 0, layers: int = 2, max_position: int = 512, hidden: int = 64
+) -> Path:
+    """``hidden`` / 4 is the head size (16 by default; 128 gives 32, the least vLLM's CPU
+    attention takes)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    hidden, inter, heads, kv_heads = 64, 128, 4, 2
+    inter, heads, kv_heads = 2 * hidden, 4, 2
     hd = hidden // heads
     g = torch.Generator().manual_seed(seed)
 

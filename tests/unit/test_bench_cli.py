@@ -18,7 +18,9 @@ def bench(*args: str):
     [
         (["--streams", "1,x"], "--streams '1,x'"),
         (["--streams", "16,0"], "--streams '16,0'"),
-        (["--engines", "attest,vllm"], "'vllm' is not one"),
+        (["--engines", "attest,sglang"], "'sglang' is not one"),
+        (["--vllm", "f32,fp8"], "'fp8' is not one"),
+        (["--vllm-kv-gib", "0"], "--vllm-kv-gib must be an integer >= 1, got 0"),
         (["--attest", "exact,fp8"], "'fp8' is not one"),
         (["--runs", "0"], "--runs must be an integer >= 1, got 0"),
         (["--prefill", "-1"], "--prefill must be an integer >= 0, got -1"),
@@ -48,3 +50,11 @@ def test_an_attest_arm_whose_option_the_engine_lacks_is_refused_before_any_arm(m
     )
     with pytest.raises(ValueError, match=r"--attest future: LLM\(no_such_option=1\): unknown"):
         three_way.run_table(spec, say=pytest.fail)
+
+
+def test_a_missing_vllm_env_exits_2_saying_how_to_create_it(tmp_path):
+    env = tmp_path / "venv"
+    r = bench("--engines", "attest,vllm", "--vllm-env", str(env))
+    assert r.exit_code == 2, r.output
+    assert f"vLLM's environment {env} is missing" in r.output
+    assert "--install-vllm" in r.output

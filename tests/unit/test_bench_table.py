@@ -77,8 +77,8 @@ def test_spec_from_text_checks_every_list_and_number():
         ["exact", "int8"],
         0,
     )
-    with pytest.raises(ValueError, match=r"--engines 'attest,vllm'.*'vllm' is not one"):
-        TableSpec.from_text("1", "attest,vllm", "exact")
+    with pytest.raises(ValueError, match=r"--engines 'attest,sglang'.*'sglang' is not one"):
+        TableSpec.from_text("1", "attest,sglang", "exact")
     with pytest.raises(ValueError, match=r"--attest 'fp8'.*exact, bf16, int8, int4"):
         TableSpec.from_text("1", "attest", "fp8")
     with pytest.raises(ValueError, match=r"--runs must be an integer >= 1, got 0"):

@@ -587,7 +587,14 @@ def big_model(backend_name: str, batch: int, context: int, page: int):
 def weight_bytes(model) -> int:
     """The bytes one decode step reads of the weights: every layer's matrices and norms, the
     final norm and the LM head (the embedding gives only the batch's rows)."""
-    layer = sum(t.numel() * t.element_size() for lay in model.layers for t in lay.values())
+    import torch
+
+    layer = sum(
+        t.numel() * t.element_size()
+        for lay in model.layers
+        for t in lay.values()
+        if isinstance(t, torch.Tensor)  # a CPU's exact mode adds its packed copies, a dict
+    )
     head = model.lm_head.numel() * model.lm_head.element_size()
     return layer + head + model.norm.numel() * model.norm.element_size()
 

@@ -96,6 +96,8 @@ def test_defaults_and_good_values_are_accepted():
         "max_model_len": 1,
         "attention_backend": "auto",
         "threads": 1,
+        "enforce_eager": False,
+        "cuda_graph_max_batch": None,
         "seed": -7,
         "prefix_cache": True,
         "host_kv_tokens": None,

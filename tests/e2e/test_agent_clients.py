@@ -81,8 +81,16 @@ def test_anthropic_streams_a_tool_use_and_its_answer(python, served):
     assert made == ["messages"] * 3
 
 
+# the three speak the same API (chat completions, as openai-agents' chat arm above does), each
+# its own way; in the default run one of them, the other two in `make test-all` (the suite's
+# 12 minutes)
 @pytest.mark.parametrize(
-    "script", ["pydantic_ai_run.py", "langchain_openai_run.py", "litellm_run.py"]
+    "script",
+    [
+        "pydantic_ai_run.py",
+        pytest.param("langchain_openai_run.py", marks=pytest.mark.slow),
+        pytest.param("litellm_run.py", marks=pytest.mark.slow),
+    ],
 )
 def test_a_chat_completions_framework_runs_a_tool_round_trip_and_a_structure(
     python, served, script

@@ -49,7 +49,11 @@ def received(srv) -> dict[str, int]:
     return {r["rid"]: r["prompt_tokens"] for r in rows if r.get("event") == "request.received"}
 
 
-@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+# the chat route in `make test-all` (the suite's 12 minutes): the same client and load, and
+# chat requests of every shape are the other e2e tests' daily work
+@pytest.mark.parametrize(
+    "route", [pytest.param("/v1/chat/completions", marks=pytest.mark.slow), "/v1/completions"]
+)
 def test_guidellms_requests_are_all_answered_and_counted_by_the_servers_usage(
     guidellm, srv, tiny_model_dir, tmp_path, route
 ):

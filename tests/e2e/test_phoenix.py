@@ -199,6 +199,7 @@ def test_the_cutover_is_a_trace_of_its_own_with_its_carry(phoenix, work):
     assert "carry" in {s["name"] for s in phases}
 
 
+@pytest.mark.slow  # a browser's render of what the tests above read through the API: test-all
 def test_phoenixs_trace_view_shows_the_chats_tree(phoenix, work, tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:

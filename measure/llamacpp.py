@@ -5,11 +5,12 @@ one JSON line at a time."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from measure.peer_worker import PeerWorker
 
 PIN = "llama-cpp-python==0.3.36"
 # llama.cpp is built for this CPU less its AMX tile instructions: on a CPU that reports them (an
@@ -74,40 +75,18 @@ def install(env: str | Path) -> str:
     return check_env(env)
 
 
-class LlamaCppWorker:
+class LlamaCppWorker(PeerWorker):
     """The worker process in llama.cpp's environment, the model loaded; ``generate`` is the
     method's ``go`` (measure/method.py): llama.cpp's own time for one batched generate.
     ``info`` says what runs: version, prefill strategy, KV layout, llama.cpp's CPU features."""
 
+    name = "llama.cpp"
+
     def __init__(self, env: str | Path, model: str, threads: int, flash_attn: bool = True) -> None:
         check_env(env)
         self.threads, self.flash_attn = threads, flash_attn
-        self.proc = subprocess.Popen(
-            [str(env_python(env)), str(WORKER)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            load = {"op": "load", "model": model, "threads": threads, "flash_attn": flash_attn}
-            self.info: dict = self._ask(load)
-        except BaseException:
-            self.close()
-            raise
-
-    def _ask(self, req: dict) -> dict:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.write(json.dumps(req) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        except BrokenPipeError:
-            line = ""
-        if not line:
-            raise RuntimeError(
-                f"llama.cpp's worker ended (exit {self.proc.wait()}); see its stderr"
-            )
-        return json.loads(line)
+        load = {"op": "load", "model": model, "threads": threads, "flash_attn": flash_attn}
+        super().__init__(env_python(env), WORKER, load)
 
     def generate(self, prompts: list[list[int]], new: int) -> float:
         ans = self._ask({"op": "generate", "prompts": prompts, "new": new})
@@ -120,19 +99,3 @@ class LlamaCppWorker:
         tokens a step; 0: none): its decode seconds (first token to last) and tokens."""
         ans = self._ask({"op": "lookup", "prompt": prompt, "new": new, "draft": draft})
         return ans["seconds"], ans["tokens"]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-                self.proc.stdin.close()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-
-    def __enter__(self) -> LlamaCppWorker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

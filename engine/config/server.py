@@ -13,7 +13,7 @@ from engine.config.rules import _knob, _Section, entries, is_int, need, seconds
 @dataclass(frozen=True, slots=True)
 class ServerSection(_Section):
     """The HTTP frontend's limits (engine/server/limits.py) and whom it answers
-    (engine/server/origin.py)."""
+    (engine/server/gate.py)."""
 
     read_timeout: float = _knob(
         30.0, "Seconds a client may take to send a request's headers, then its body."

@@ -3,30 +3,26 @@ app's document; the completion routes are ``service.CompletionService``'s."""
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 
 from engine.observability import tracing as tr
 from engine.observability.metrics import CONTENT_TYPE, ServerMetrics
-from engine.server import admin, checkpoints, messages_api, openapi, origin, responses_api, tokenize
+from engine.server import admin, checkpoints, gate, messages_api, openapi, responses_api, tokenize
 from engine.server.driver import EngineDriver
 from engine.server.frontdoor import FrontDoor
-from engine.server.limits import MAX_BODY_BYTES, HttpLimits
+from engine.server.limits import HttpLimits
 from engine.server.loop_watch import LoopWatch
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest, check_model
 from engine.server.response_store import ResponseStore
-from engine.server.responses import error_for, error_response, install_error_handlers
+from engine.server.responses import error_response, install_error_handlers
 from engine.server.service import CompletionService
 
 VERSION = "0.1.0"
-# the one route an API key leaves open: a load balancer's and a supervisor's probe
-OPEN = frozenset({"/health"})
 
 
 def health(driver: EngineDriver, watch: LoopWatch) -> Response:
@@ -69,17 +65,6 @@ def model_list(driver: EngineDriver, served_name: str) -> dict[str, Any]:
     return {"object": "list", "data": [model_card(driver, served_name)]}
 
 
-def authorized(header: str, api_key: str, x_api_key: str | None = None) -> bool:
-    """An ``Authorization: Bearer KEY`` header with this key, or an ``x-api-key: KEY`` header
-    (as Anthropic's clients send it). The scheme is read in any case (RFC 9110 11.1: schemes
-    are case-insensitive); the key is compared in constant time."""
-    if x_api_key is not None and hmac.compare_digest(x_api_key.encode(), api_key.encode()):
-        return True
-    scheme, _, key = header.partition(" ")
-    right_key = hmac.compare_digest(key.lstrip(" ").encode(), api_key.encode())
-    return right_key and scheme.lower() == "bearer"
-
-
 def serve_head(app: FastAPI) -> None:
     """HEAD wherever GET is served (RFC 9110 9.3.2): the GET's route, status and headers; the
     server sends no body for a HEAD. Left out of the document, as HEAD goes with GET."""
@@ -111,27 +96,6 @@ def mount_models(app: FastAPI, driver: EngineDriver, served_name: str) -> None:
         return model_card(driver, served_name)
 
 
-def guard(api_key: str | None) -> Callable[[Request, Any], Awaitable[Response]]:
-    """The middleware that checks what every route needs: the API key (on every route but
-    /health; ``Authorization: Bearer`` or ``x-api-key``), a declared size within the limit
-    (413), a state-changing body declared JSON (415, ``origin.body_refusal``); each refusal in
-    its route's error shape."""
-
-    async def _guard(request: Request, call_next: Any) -> Response:
-        headers, path = request.headers, request.url.path
-        if api_key and path not in OPEN:
-            if not authorized(headers.get("authorization", ""), api_key, headers.get("x-api-key")):
-                return error_for(path, "invalid or missing API key", 401)
-        declared = headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            return error_for(path, f"request body exceeds {MAX_BODY_BYTES} bytes", 413)
-        if (no := origin.body_refusal(request.method, headers)) is not None:
-            return error_for(path, no.message, no.status)
-        return await call_next(request)
-
-    return _guard
-
-
 def create_app(
     driver: EngineDriver,
     served_model_name: str,
@@ -157,9 +121,9 @@ def create_app(
     )
     service = CompletionService(driver, metrics, served_model_name, tracing, limits)
 
-    app.middleware("http")(guard(api_key))
-    policy = origin.BrowserPolicy.of(limits.allowed_hosts, limits.allowed_origins, bind_host)
-    origin.install(app, policy)  # in front of the guard: Host, Origin, CORS
+    app.middleware("http")(gate.guard(api_key))
+    policy = gate.BrowserPolicy.of(limits.allowed_hosts, limits.allowed_origins, bind_host)
+    gate.install(app, policy)  # in front of the guard: Host, Origin, CORS
 
     install_error_handlers(app)
 

@@ -1,4 +1,4 @@
-"""What a web page may make the server do (engine/server/origin.py): the Host rule (DNS
+"""What a web page may make the server do (engine/server/gate.py): the Host rule (DNS
 rebinding), the Origin rule (a page of another site) and the Content-Type rule (a "simple"
 request's body), each a pure decision tested directly; then the door and CORS on a bare app."""
 
@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.testclient import TestClient
 
-from engine.server.origin import (
+from engine.server.gate import (
     BrowserPolicy,
     body_refusal,
     host_refusal,

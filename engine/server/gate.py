@@ -1,8 +1,8 @@
-"""What a web page in the operator's browser may make this server do: nothing, unless the
-operator says so. A page can send a "simple" request (``text/plain``, a form) to any address
-without asking the server first, and a page whose name is made to resolve to 127.0.0.1 (DNS
-rebinding) reads the answers as its own origin's. Three rules, each a pure decision over a
-request's headers:
+"""The gate: what a request must show before any route runs, each rule a pure decision over its
+headers. Most of it is what a web page in the operator's browser may make this server do:
+nothing, unless the operator says so. A page can send a "simple" request (``text/plain``, a
+form) to any address without asking the server first, and a page whose name is made to resolve
+to 127.0.0.1 (DNS rebinding) reads the answers as its own origin's.
 
 - **Host** (``host_refusal``): only a Host naming this server is served: localhost (and its
   subdomains, RFC 6761), the loopback addresses, the address the connection arrived at (the
@@ -12,22 +12,25 @@ request's headers:
 - **Origin** (``origin_refusal``): a request with an Origin other than the server's own (the
   page's scheme://host:port matching the Host it was sent to) is 403 unless
   ``--allowed-origins`` lists it; a listed origin gets CORS (Starlette's ``CORSMiddleware``).
+- **API key** (``authorized``): with ``--api-key``, every route but /health wants it (401).
+- **Size**: a declared body past ``MAX_BODY_BYTES`` is 413 before a byte of it is read.
 - **Content-Type** (``body_refusal``): a state-changing body must be declared JSON (415), so
   no cross-origin page can send one without the preflight the Origin rule refuses, even from a
   browser or plug-in that sends no Origin.
 
-``install`` puts the first two in front of every route (``BrowserDoor``, then CORS); the
-third is the app's guard's, after the API key (``engine/server/app.py``).
+``install`` puts the first two in front of every route (``BrowserDoor``, then CORS); ``guard``,
+the app's middleware behind them, checks the other three.
 """
 
 from __future__ import annotations
 
+import hmac
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -40,9 +43,12 @@ from engine.config.netloc import (
     parse_host,
     parse_origin,
 )
+from engine.server.limits import MAX_BODY_BYTES
 from engine.server.responses import error_for
 
 ANY = "*"
+# the one route an API key leaves open: a load balancer's and a supervisor's probe
+OPEN = frozenset({"/health"})
 CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # the methods that change state
 CORS_METHODS = ("GET", "HEAD", "POST", "DELETE")  # the methods the routes take
 
@@ -212,3 +218,35 @@ def install(app: FastAPI, policy: BrowserPolicy) -> None:
             expose_headers=["Retry-After"],
         )
     app.add_middleware(BrowserDoor, policy=policy)
+
+
+def authorized(header: str, api_key: str, x_api_key: str | None = None) -> bool:
+    """An ``Authorization: Bearer KEY`` header with this key, or an ``x-api-key: KEY`` header
+    (as Anthropic's clients send it). The scheme is read in any case (RFC 9110 11.1: schemes
+    are case-insensitive); the key is compared in constant time."""
+    if x_api_key is not None and hmac.compare_digest(x_api_key.encode(), api_key.encode()):
+        return True
+    scheme, _, key = header.partition(" ")
+    right_key = hmac.compare_digest(key.lstrip(" ").encode(), api_key.encode())
+    return right_key and scheme.lower() == "bearer"
+
+
+def guard(api_key: str | None) -> Callable[[Request, Any], Awaitable[Response]]:
+    """The middleware that checks what every route needs: the API key (on every route but
+    /health; ``Authorization: Bearer`` or ``x-api-key``), a declared size within the limit
+    (413), a state-changing body declared JSON (415, ``body_refusal``); each refusal in
+    its route's error shape."""
+
+    async def _guard(request: Request, call_next: Any) -> Response:
+        headers, path = request.headers, request.url.path
+        if api_key and path not in OPEN:
+            if not authorized(headers.get("authorization", ""), api_key, headers.get("x-api-key")):
+                return error_for(path, "invalid or missing API key", 401)
+        declared = headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            return error_for(path, f"request body exceeds {MAX_BODY_BYTES} bytes", 413)
+        if (no := body_refusal(request.method, headers)) is not None:
+            return error_for(path, no.message, no.status)
+        return await call_next(request)
+
+    return _guard

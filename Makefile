@@ -17,6 +17,10 @@ PYTEST_ARGS ?=
 # than cores only wait on each other. PYTEST_WORKERS= runs in one process.
 PYTEST_WORKERS ?= -n 2 --dist loadfile
 SERVE_ARGS  ?=
+# Each module's bytecode is written the first time it is imported, whatever the machine sets
+# (PYTHONDONTWRITEBYTECODE; uv installs none): the suite starts hundreds of processes that
+# import torch and transformers, and without it each compiles their sources again.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup native browser prometheus serve test test-all lint bench clean
 

@@ -9,6 +9,11 @@ median of --runs timings of --iters calls, microseconds per call. Baseline: floa
 mode computes it (``engine.model.llama.linear``), same run.
 
     .venv/bin/python bench/quant_kernels.py [--rows 1,2,4,8,16,32,64] [--runs 5]
+    .venv/bin/python bench/quant_kernels.py --layers 30   # a decode step's products instead
+
+``--layers N``: each figure is the time of N layers' four products in turn (the default model's
+shapes: q/k/v 960x576, o 576x576, gate/up 3072x576, down 576x1536), every matrix in its own
+memory as a decode step reads them, not one matrix the cache keeps between calls.
 """
 
 from __future__ import annotations
@@ -39,6 +44,42 @@ def per_call_us(fn, iters: int, runs: int) -> float:
     return statistics.median(times)
 
 
+# the default model's four products of one layer: q/k/v, o, gate/up, down
+LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+
+
+class Mats:
+    """One matrix in every form the table times."""
+
+    NAMES = ("fp32", "bf16", "int8", "int4", "int8v", "int4v")
+
+    def __init__(self, w: torch.Tensor, ints: bool) -> None:
+        self.w, self.dense16 = w, w.bfloat16()
+        # small_rows large enough that every row count here takes the packed kernel
+        self.q8 = QuantWeight(w, "int8", torch.bfloat16, 1 << 20)
+        self.q4 = QuantWeight(w, "int4", torch.bfloat16, 1 << 20)
+        self.q8v = QuantWeight(w, "int8", torch.bfloat16, 1 << 20, int_vnni=ints)
+        self.q4v = QuantWeight(w, "int4", torch.bfloat16, 1 << 20, int_vnni=ints)
+        assert self.q8.mode == "int8" and self.q4.mode == "int4"
+        for plain, ours in ((self.q8, self.q8v), (self.q4, self.q4v)):  # each column's kernel
+            assert plain.packed_form()[0].dim() == 2 and ours.packed_form()[0].dim() == (
+                4 if ints else 2
+            )
+
+    def call(self, name: str, x: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+        """``x`` in float32 and, made before the timing, in bfloat16 (``xb``)."""
+        if name == "fp32":
+            return linear(x, self.w)
+        if name == "bf16":
+            return linear(xb, self.dense16)
+        return getattr(self, "q" + name[3:]).packed_matmul(xb)
+
+
+def run_all(mats: list[Mats], xs: dict[int, tuple[torch.Tensor, torch.Tensor]], name: str) -> None:
+    for m in mats:
+        m.call(name, *xs[m.w.shape[1]])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
@@ -46,42 +87,32 @@ def main() -> None:
     ap.add_argument("--in-features", type=int, default=576)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=0, help="N layers' products (0: one matrix)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    w = torch.randn(args.out_features, args.in_features)
-    dense16 = w.bfloat16()
-    # small_rows large enough that every row count here takes the packed kernel
-    q8 = QuantWeight(w, "int8", torch.bfloat16, 1 << 20)
-    q4 = QuantWeight(w, "int4", torch.bfloat16, 1 << 20)
     ints = int_vnni_native(cpu_flags())
-    q8v = QuantWeight(w, "int8", torch.bfloat16, 1 << 20, int_vnni=ints)
-    q4v = QuantWeight(w, "int4", torch.bfloat16, 1 << 20, int_vnni=ints)
-    assert q8.mode == "int8" and q4.mode == "int4"
-    for plain, ours in ((q8, q8v), (q4, q4v)):  # which kernel each column runs
-        assert plain.packed_form()[0].dim() == 2 and ours.packed_form()[0].dim() == (
-            4 if ints else 2
-        )
+    shapes = LAYER if args.layers else [(args.out_features, args.in_features)]
+    mats = [Mats(torch.randn(n, k), ints) for _ in range(max(args.layers, 1)) for n, k in shapes]
     print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
-    print(
-        f"one {args.out_features}x{args.in_features} product, us per call (median of {args.runs})"
+    what = (
+        f"{args.layers} layers' four products"
+        if args.layers
+        else f"one {args.out_features}x{args.in_features} product"
     )
+    print(f"{what}, us per call (median of {args.runs})")
     v = "" if ints else " (no VNNI here: int8v is int8, int4v int4)"
     print(
         f"{'rows':>5} {'fp32':>8} {'bf16':>8} {'int8':>8} {'int4':>8} {'int8v':>8} {'int4v':>8}"
         f"   best / fp32   int8 / int8v, int4 / int4v{v}"
     )
+    iters = max(1, args.iters // len(mats))
     for rows in (int(r) for r in args.rows.split(",")):
-        x = torch.randn(rows, args.in_features)
-        xb = x.bfloat16()
-        calls = {
-            "fp32": partial(linear, x, w),
-            "bf16": partial(linear, xb, dense16),
-            "int8": partial(q8.packed_matmul, xb),
-            "int4": partial(q4.packed_matmul, xb),
-            "int8v": partial(q8v.packed_matmul, xb),
-            "int4v": partial(q4v.packed_matmul, xb),
-        }
-        r = {name: per_call_us(fn, args.iters, args.runs) for name, fn in calls.items()}
+        xs = {}
+        for k in {m.w.shape[1] for m in mats}:
+            x = torch.randn(rows, k)
+            xs[k] = (x, x.bfloat16())
+        calls = {name: partial(run_all, mats, xs, name) for name in Mats.NAMES}
+        r = {name: per_call_us(fn, iters, args.runs) for name, fn in calls.items()}
         best = min(("bf16", "int8", "int4", "int8v", "int4v"), key=r.get)
         cols = " ".join(f"{r[k]:>8.1f}" for k in ("fp32", "bf16", "int8", "int4", "int8v", "int4v"))
         print(

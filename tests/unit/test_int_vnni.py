@@ -64,11 +64,12 @@ def _rows(n: int, inp: int, seed: int = 1) -> torch.Tensor:
 
 @needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize(("out", "inp"), [(16, 32), (48, 64), (96, 96), (160, 576)])
+@pytest.mark.parametrize(("out", "inp"), [(16, 32), (48, 64), (96, 96), (160, 576), (656, 64)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
 def test_the_kernel_computes_the_arithmetic_it_claims(bits, out, inp, rows):
     """Every block, group and row where the layout puts it: 1 to 3 runs of four rows, block
-    counts that do not fill a run of blocks (3, 6, 10), one group and eighteen."""
+    counts that do not fill a run of blocks (3, 6, 10), one group and eighteen, and 41 blocks:
+    each thread's share in several chunks (8 blocks), the last one short."""
     m = _Matrix(bits, out, inp)
     x = _rows(rows, inp)
     got = m.mm(x).double()

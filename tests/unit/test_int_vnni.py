@@ -69,7 +69,7 @@ def _rows(n: int, inp: int, seed: int = 1) -> torch.Tensor:
 def test_the_kernel_computes_the_arithmetic_it_claims(bits, out, inp, rows):
     """Every block, group and row where the layout puts it: 1 to 3 runs of four rows, block
     counts that do not fill a run of blocks (3, 6, 10), one group and eighteen, and 41 blocks:
-    each thread's share in several chunks (8 blocks), the last one short."""
+    each thread's share many runs of blocks, with one left over."""
     m = _Matrix(bits, out, inp)
     x = _rows(rows, inp)
     got = m.mm(x).double()

@@ -8,9 +8,14 @@ off), so decode steps per second = extra tokens per stream / the extra seconds t
 
     .venv/bin/python bench/host_step.py [--streams 1,64] [--steps 64] [--reps 3]
     .venv/bin/python bench/host_step.py --trees OTHER_TREE,.   # before/after in one sitting
+    .venv/bin/python bench/host_step.py --engines attest,vllm   # against vLLM's CPU build
 
-With ``--trees`` each tree's engine runs in a child process of its own, the trees alternating
-rep by rep, and the table adds each tree's ratio to the first.
+Each arm (a tree's Attest, or vLLM) runs in a child process of its own, the arms alternating
+rep by rep, and the table adds each arm's ratio to the first. vLLM's arm is its offline engine
+(``measure/vllm_cpu.py``'s worker, in its own environment: ``engine bench --install-vllm``
+makes it) in float32, as Attest runs the tiny model, compiled as vLLM compiles by default; with
+it in the run the tiny model is 128 wide (heads of 32, the least vLLM's CPU attention takes)
+for every arm.
 
 The seam for another engine on the same model: ``write_model`` makes the tiny model a Hugging
 Face folder (config, safetensors, tokenizer) that transformers loads as it is, and an engine is
@@ -36,12 +41,19 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = 8  # tokens per stream's prompt
 
 
-def write_model(folder: Path, layers: int = 2) -> Path:
+def write_model(folder: Path, layers: int = 2, hidden: int = 64) -> Path:
     """The tiny random Llama (``tests/tiny_model.py``) as a Hugging Face folder."""
     sys.path.insert(0, str(ROOT))
     from tests.tiny_model import make_tiny_model
 
-    return make_tiny_model(folder, layers=layers)
+    return make_tiny_model(folder, layers=layers, hidden=hidden)
+
+
+def label(tree: str, engine: str, trees: list[str]) -> str:
+    """An arm's name in the table: the tree for Attest's arms when there are several."""
+    if engine != "attest":
+        return engine
+    return tree if len(trees) > 1 else "attest"
 
 
 def attest_generate(model: str, streams: int) -> Callable[[int], float]:
@@ -72,7 +84,31 @@ def attest_generate(model: str, streams: int) -> Callable[[int], float]:
     return run
 
 
-ENGINES: dict[str, Callable[[str, int], Callable[[int], float]]] = {"attest": attest_generate}
+def vllm_generate(model: str, streams: int) -> Callable[[int], float]:
+    """vLLM's CPU build with the same tiny model: the seconds of one ``LLM.generate`` of ``n``
+    tokens per stream (greedy, EOS ignored, prefix caching off), as ``attest_generate``."""
+    import atexit
+
+    sys.path.insert(0, str(ROOT))
+    from measure.vllm_cpu import ENV, VllmWorker, WorkerSpec
+    from tests.tiny_model import VOCAB
+
+    spec = WorkerSpec(model, "float32", max_seqs=max(64, streams), max_len=512)
+    worker = VllmWorker(ROOT / ENV, spec, stderr=subprocess.DEVNULL)
+    atexit.register(worker.close)
+    rng = random.Random(0)
+
+    def run(n: int) -> float:
+        prompts = [[rng.randrange(3, VOCAB) for _ in range(PROMPT)] for _ in range(streams)]
+        return worker.generate(prompts, n)  # checks every stream got n tokens
+
+    return run
+
+
+ENGINES: dict[str, Callable[[str, int], Callable[[int], float]]] = {
+    "attest": attest_generate,
+    "vllm": vllm_generate,
+}
 
 
 def steps_per_s(run: Callable[[int], float], steps: int, reps: int) -> float:
@@ -87,10 +123,10 @@ def measure(engine: str, model: str, streams: list[int], steps: int, reps: int) 
     return {str(s): steps_per_s(ENGINES[engine](model, s), steps, reps) for s in streams}
 
 
-def child(tree: str, args: argparse.Namespace, model: str) -> dict:
-    """One measurement in a child process importing ``tree``'s engine."""
+def child(tree: str, engine: str, args: argparse.Namespace, model: str) -> dict:
+    """One measurement of ``engine`` in a child process importing ``tree``'s code."""
     cmd = [sys.executable, __file__, "--child", "--model", model, "--streams", args.streams]
-    cmd += ["--steps", str(args.steps), "--reps", "1", "--engine", args.engine]
+    cmd += ["--steps", str(args.steps), "--reps", "1", "--engines", engine]
     env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -99,7 +135,7 @@ def child(tree: str, args: argparse.Namespace, model: str) -> dict:
 def table(results: dict[str, list[dict]], streams: list[int]) -> str:
     trees = list(results)
     lines = [
-        "| tree | streams | steps/s | ms/step | tok/s | vs first |",
+        "| arm | streams | steps/s | ms/step | tok/s | vs first |",
         "|---|---|---|---|---|---|",
     ]
     for s in streams:
@@ -117,27 +153,32 @@ def main() -> None:
     p.add_argument("--streams", default="1,64")
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--engine", default="attest", choices=sorted(ENGINES))
-    p.add_argument("--trees", default=".", help="engine trees, comma-separated")
+    p.add_argument("--engines", default="attest", help=f"of {', '.join(ENGINES)}, comma-separated")
+    p.add_argument("--trees", default=".", help="Attest's trees, comma-separated")
     p.add_argument("--model", help="a model folder (default: the tiny model, written afresh)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
+    engines = args.engines.split(",")
+    if unknown := set(engines) - set(ENGINES):
+        p.error(f"--engines: unknown {', '.join(sorted(unknown))} (known: {', '.join(ENGINES)})")
     if args.child:
-        print(json.dumps(measure(args.engine, args.model, streams, args.steps, args.reps)))
+        print(json.dumps(measure(engines[0], args.model, streams, args.steps, args.reps)))
         return
     sys.path.insert(0, str(ROOT))
     from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
+    hidden = 128 if "vllm" in engines else 64
+    trees = args.trees.split(",")
+    arms = [(t, e) for e in engines for t in (trees if e == "attest" else trees[:1])]
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or str(write_model(Path(tmp) / "tiny"))
-        trees = args.trees.split(",")
-        results: dict[str, list[dict]] = {t: [] for t in trees}
-        for _ in range(args.reps):  # trees alternate, so drift in the machine hits both
-            for t in trees:
-                results[t].append(child(t, args, model))
+        model = args.model or str(write_model(Path(tmp) / "tiny", hidden=hidden))
+        results: dict[str, list[dict]] = {label(t, e, trees): [] for t, e in arms}
+        for _ in range(args.reps):  # arms alternate, so drift in the machine hits each
+            for t, e in arms:
+                results[label(t, e, trees)].append(child(t, e, args, model))
     print(f"CPU: {describe()}")
-    print(f"engine {args.engine}, tiny model (2 layers, hidden 64), prompt {PROMPT}, ", end="")
+    print(f"tiny model (2 layers, hidden {hidden}), prompt {PROMPT}, ", end="")
     print(f"{args.steps} decode steps, {args.reps} reps, median")
     print(table(results, streams))
 

@@ -1,10 +1,14 @@
 """vLLM's arm for real, on a tiny model: its environment (build/vllm-venv, created here when it
 is missing: about 2 minutes and more, so slow), the worker generating exactly what it is asked,
 and `engine bench --table`'s measure API running Attest's exact arm and vLLM's float32 arm on the
-same folder, with their ratio row. vLLM compiles each batch shape on first use (a minute or
+same folder, with their ratio row, and bench/host_step.py's vLLM arm. vLLM compiles each batch shape on first use (a minute or
 two each), so this test is long on a fresh machine."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +65,18 @@ def test_the_worker_generates_exactly_what_it_is_asked_greedy_and_repeatable(tin
         assert w.tokens[1] == alone
         assert all(len(t) == 6 and all(0 <= x < vocab for x in t) for t in w.tokens)
         assert w.info["dtype"] == "float32" and w.info["load_s"] > 0
+
+
+def test_the_host_step_bench_times_vllm_beside_attest_on_one_tiny_model(tiny):
+    """bench/host_step.py's vLLM arm: both engines' steps per second, each arm's ratio to
+    Attest's, the model 128 wide for both."""
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, str(root / "bench" / "host_step.py"), "--engines", "attest,vllm"]
+    cmd += ["--streams", "1,4", "--steps", "4", "--reps", "1"]
+    out = subprocess.run(cmd, cwd=root, check=True, capture_output=True, text=True).stdout
+    assert "tiny model (2 layers, hidden 128)" in out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ")]
+    arms = {(r[0].strip(), r[1].strip()): r for r in rows[1:]}
+    assert set(arms) == {("attest", "1"), ("vllm", "1"), ("attest", "4"), ("vllm", "4")}
+    assert all(float(r[2]) > 0 for r in arms.values())
+    assert arms[("attest", "4")][5].strip() == "1.00x"

@@ -116,7 +116,9 @@ def steps_per_s(run: Callable[[int], float], steps: int, reps: int) -> float:
     run(2)  # warm-up
     one = statistics.median(run(1) for _ in range(reps))
     many = statistics.median(run(1 + steps) for _ in range(reps))
-    return steps / max(many - one, 1e-9)
+    if many <= one:  # the noise swallowed the steps: no rate, rather than a huge one
+        raise SystemExit(f"{steps} more steps took no time ({many:.4f} s against {one:.4f} s)")
+    return steps / (many - one)
 
 
 def measure(engine: str, model: str, streams: list[int], steps: int, reps: int) -> dict:

@@ -3,7 +3,8 @@
 An engine is reached through a ``Generate``: ``go(prompts, new) -> seconds`` runs one batched,
 greedy generate of exactly ``new`` tokens per prompt (EOS ignored) and returns its wall time.
 For N streams the decode rate is N * new / (t(new + 1 tokens) - t(1 token)), each generate on
-fresh prompts: the prefill and the first token are timed apart and taken out. End-to-end output
+fresh prompts: the prefill and the first token are timed apart and taken out (a pair the noise
+made shorter than its one-token run is timed again). End-to-end output
 tok/s is N * (new + 1) / t(new + 1 tokens), prefill included. Prefill tok/s is one prompt's
 length over t(1 token).
 
@@ -47,13 +48,28 @@ class Prompts:
         return out
 
 
+TRIES = 3  # pairs of generates timed before a decode rate is given up as unmeasurable
+
+
 def decode_rate(
     go: Generate, prompts: Prompts, n: int, length: int, new: int
 ) -> tuple[float, float]:
-    """(decode tok/s, end-to-end output tok/s) of ``n`` streams of ``length``-token prompts."""
-    first = go(prompts.take(n, length), 1)
-    full = go(prompts.take(n, length), new + 1)
-    return n * new / (full - first), n * (new + 1) / full
+    """(decode tok/s, end-to-end output tok/s) of ``n`` streams of ``length``-token prompts.
+    A pair whose full generate took no longer than its one-token one (the machine's noise
+    larger than the decode's time) is timed again, on fresh prompts; ValueError after
+    ``TRIES`` such pairs, never a negative or infinite rate."""
+    seen = []
+    for _ in range(TRIES):
+        first = go(prompts.take(n, length), 1)
+        full = go(prompts.take(n, length), new + 1)
+        if full > first:
+            return n * new / (full - first), n * (new + 1) / full
+        seen.append(f"{full:.3f} s against {first:.3f} s")
+    raise ValueError(
+        f"{n} streams: the generate of {new + 1} tokens took no longer than the one of 1 token "
+        f"{TRIES} times ({'; '.join(seen)}): the machine's noise is larger than {new} decode "
+        f"steps; measure with more new tokens or on a quieter machine"
+    )
 
 
 def prefill_rate(go: Generate, prompts: Prompts, length: int) -> float:

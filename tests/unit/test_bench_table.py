@@ -172,3 +172,27 @@ def test_an_env_without_llama_cpp_is_missing_too(tmp_path):
     (tmp_path / "bin" / "python").symlink_to(sys.executable)  # this interpreter has no llama_cpp
     with pytest.raises(MissingEnv, match=r"cannot import llama_cpp \(.*No module named"):
         check_env(tmp_path)
+
+
+class Jittery:
+    """A clock whose first ``bad`` pairs time the longer generate shorter (a machine busier
+    during the one-token run than during the full one), then keeps ``Clock``'s times."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad, self.clock, self.calls = bad, Clock(prefill=0.001, step=0.01), 0
+
+    def __call__(self, prompts: list[list[int]], new: int) -> float:
+        self.calls += 1
+        t = self.clock(prompts, new)
+        if new == 1 and self.bad > 0:
+            self.bad -= 1
+            return t + 10.0  # the one-token run stalled
+        return t
+
+
+def test_a_decode_time_the_noise_swallowed_is_timed_again_never_a_negative_rate():
+    go = Jittery(bad=1)
+    decode, _ = decode_rate(go, Prompts(49152), n=4, length=16, new=8)
+    assert decode == pytest.approx(4 * 8 / (8 * 0.01)) and go.calls == 4  # the pair again
+    with pytest.raises(ValueError, match=r"took no longer than .* 3 times"):
+        decode_rate(Jittery(bad=3), Prompts(49152), n=4, length=16, new=8)

@@ -296,7 +296,7 @@ class Grammars:
         """The tokens holding a byte below 0x20. JSON has no place for one outside a string's
         escapes (structural whitespace is off), but xgrammar 0.2.9's rule for a string with a
         length bound lets any byte but ``"``, ``\\``, CR and LF through: JSON guides never
-        sample these tokens (tests/unit/test_grammar_masks.py pins both)."""
+        sample these tokens (tests/unit/test_grammar_compiler.py pins both)."""
         if self._controls is None:
             self._compiler()
             info = self._info

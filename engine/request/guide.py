@@ -34,7 +34,7 @@ JSON_KINDS = ("json_object", "json_schema")
 # schema_in_flight.py, BENCHMARKS.md), and a plain 1 MB schema of 14,000 properties 0.05 s.
 MAX_GUIDE_BYTES = 1 << 20
 
-# Assertion keywords xgrammar 0.2 compiles but does not enforce (tests/unit/test_grammar_spec.py
+# Assertion keywords xgrammar 0.2 compiles but does not enforce (tests/unit/test_grammar_compiler.py
 # shows each one ignored). Annotations (title, description, default, examples, ...) and unknown
 # keywords are ignored by JSON Schema itself and stay allowed.
 UNENFORCED = frozenset(

@@ -6,6 +6,7 @@ its public API and its rooms, and no function grows past what one reader holds i
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -97,3 +98,15 @@ def test_the_formatter_is_told_to_skip_tables_only():
                 assert line.lstrip()[:1] in ")]}", f"{path}: not a table's end: {line.strip()}"
                 marks[path] = marks.get(path, 0) + 1
     assert marks == TABLES_KEPT
+
+
+def test_every_test_file_the_product_cites_exists():
+    """A module that sends its reader to a test (``tests/unit/...py`` pins this) sends them to
+    one that is there: a renamed or merged test file takes its citations with it."""
+    cited = {
+        (path, m.group(0))
+        for path, text in source_files().items()
+        for m in re.finditer(r"tests/[\w/]+\.py", text)
+    }
+    missing = sorted((path, t) for path, t in cited if not (ROOT / t).is_file())
+    assert not missing, missing

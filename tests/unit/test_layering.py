@@ -1,7 +1,8 @@
 """The layering holds: import-linter's contracts in pyproject.toml (layers cli -> measure ->
 audit/engine -> kernels, the engine's rooms in their order, no import circle in any package, the
 auditor, the frontend and a request's shapes without torch), the engine's top level holds only
-its public API and its rooms, and no function grows past what one reader holds in mind."""
+its public API and its rooms, no function grows past what one reader holds in mind, and every
+test file the product's code cites exists."""
 
 from __future__ import annotations
 

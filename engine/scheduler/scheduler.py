@@ -244,13 +244,17 @@ class Scheduler:
             if slots is None:
                 batch.append(self._entry(r, [r.output_ids[-1], *drafts[r.rid]], "decode"))
                 continue
-            batch.append(BatchEntry(r.row, r.kv_len, [r.output_ids[-1]], slots))
-            r.kv_len += 1
+            batch.append(self._placed(r, [r.output_ids[-1]], slots))
         return batch
 
     def _entry(self, req: Request, tokens: list[int], site: str) -> BatchEntry:
         """The batch entry of ``tokens`` for ``req``, its slots taken through the net."""
-        slots = self.memory.alloc(req, len(tokens), site)
+        return self._placed(req, tokens, self.memory.alloc(req, len(tokens), site))
+
+    @staticmethod
+    def _placed(req: Request, tokens: list[int], slots: torch.Tensor) -> BatchEntry:
+        """The batch entry of ``tokens`` at ``slots`` (taken and written into ``req``'s row),
+        ``req`` then holding them."""
         entry = BatchEntry(req.row, req.kv_len, tokens, slots)
         req.kv_len += len(tokens)
         return entry

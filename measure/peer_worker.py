@@ -7,8 +7,32 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
+
+
+class MissingEnv(RuntimeError):
+    """A peer's environment is absent or cannot import the peer; the message says how to
+    create it."""
+
+
+def env_python(env: str | Path) -> Path:
+    return Path(env) / "bin" / "python"
+
+
+def env_version(
+    env: str | Path, module: str, code: str, message: Callable[[str | Path, str], str]
+) -> str:
+    """The peer's version in ``env`` (what ``code`` prints, importing ``module``); MissingEnv
+    with ``message(env, why)`` when the environment is not there or cannot import it."""
+    python = env_python(env)
+    if not python.exists():
+        raise MissingEnv(message(env, f"is missing (no {python})"))
+    ok, said = probe(python, code)
+    if not ok:
+        raise MissingEnv(message(env, f"cannot import {module} ({said})"))
+    return said
 
 
 def probe(python: str | Path, code: str) -> tuple[bool, str]:

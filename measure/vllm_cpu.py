@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from measure.llama_server import LoopbackServer
 from measure.peer_worker import MissingEnv, PeerWorker, env_version
 from measure.peer_worker import env_python as peer_env_python
 
@@ -183,7 +184,7 @@ def server_command(
     ]
 
 
-class VllmServer:
+class VllmServer(LoopbackServer):
     """vLLM's OpenAI-compatible server running on loopback (``server_command``, the CPU
     variables of ``cpu_env``), its output in ``log``; ``base`` is its URL once /health answers.
     Loading compiles on first use of a shape, so it is given minutes to come up."""
@@ -200,29 +201,10 @@ class VllmServer:
         kv_gib: int = 2,
         ready_timeout: float = 900,
     ) -> None:
-        from measure.llama_server import wait_healthy
-
         check_env(env)
         cmd = server_command(env, folder, port, dtype, max_seqs, max_len)
-        self.base = f"http://127.0.0.1:{port}"
-        self.log = open(log, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **cpu_env(kv_gib)},
-        )
-        try:
-            wait_healthy(self.proc, self.base, ready_timeout, f"vLLM's server ({log})")
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        from measure.llama_server import stop_process
-
-        stop_process(self.proc, grace=60)
-        self.log.close()
+        environ = {**os.environ, **cpu_env(kv_gib)}
+        super().__init__(cmd, port, log, ready_timeout, "vLLM's server", environ, grace=60)
 
 
 @dataclass(frozen=True, slots=True)

@@ -424,41 +424,35 @@ def time_generate(llm, prompts: list[list[int]], new_tokens: int) -> float:
     return dt
 
 
-def section_serve(chk: Check, status: dict[str, str | None], args) -> None:
-    import random
-
+def default_llm(backend: str, **extra: object):
+    """The default model in bfloat16 on the device over ``backend``, its pool room for every
+    stream count here (``extra``: the arm's own options)."""
     from engine import LLM
 
+    return LLM(
+        model=MODEL,
+        dtype="bfloat16",
+        device=DEVICE,
+        attention_backend=backend,
+        kv_tokens=65536,
+        max_running=max(STREAMS),
+        chunk_tokens=8192,
+        page_size=16,
+        receipts=False,
+        **extra,
+    )
+
+
+def section_serve(chk: Check, status: dict[str, str | None], args) -> None:
     names = ["torch"] + [n for n in ("triton", "flashinfer") if status[n] is None]
     for name in names:
         with chk.guard("serve", f"{name} load"):
-            llm = LLM(
-                model=MODEL,
-                dtype="bfloat16",
-                device=DEVICE,
-                attention_backend=name,
-                kv_tokens=65536,
-                max_running=max(STREAMS),
-                chunk_tokens=8192,
-                page_size=16,
-                receipts=False,
-            )
+            llm = default_llm(name)
             try:
                 vocab = llm.core.model_config.vocab_size
-                rng = random.Random(0)
                 for streams in STREAMS:
                     with chk.guard("serve", f"{name} {streams} streams"):
-                        prompts = [
-                            [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
-                            for _ in range(streams)
-                        ]
-
-                        time_generate(llm, prompts, 2)  # warm-up: first launches compile
-                        t_one = statistics.median([time_generate(llm, prompts, 1) for _ in "ab"])
-                        t_all = statistics.median(
-                            [time_generate(llm, prompts, args.new_tokens) for _ in "ab"]
-                        )
-                        tps = decode_tokens_per_s(streams, args.new_tokens, t_one, t_all)
+                        tps = serve_tok_s(llm, streams, args, vocab)
                         chk.add(
                             "serve",
                             f"{name} {streams} streams",
@@ -484,26 +478,12 @@ def serve_tok_s(llm, streams: int, args, vocab: int) -> float:
 
 def section_graphs_default(chk: Check, status: dict[str, str | None], args) -> None:
     """The default model's decode tok/s, eager and with CUDA graphs, per fast backend."""
-    from engine import LLM
-
     for name in [n for n in ("triton", "flashinfer") if status[n] is None]:
         tps: dict[bool, dict[int, float]] = {}
         for eager in (True, False):
             mode = "eager" if eager else "graphs"
             with chk.guard("graphs", f"{name} {mode} load"):
-                llm = LLM(
-                    model=MODEL,
-                    dtype="bfloat16",
-                    device=DEVICE,
-                    attention_backend=name,
-                    enforce_eager=eager,
-                    kv_tokens=65536,
-                    max_running=max(STREAMS),
-                    chunk_tokens=8192,
-                    page_size=16,
-                    speculative="off",
-                    receipts=False,
-                )
+                llm = default_llm(name, enforce_eager=eager, speculative="off")
                 try:
                     g = llm.core.runner.graphs
                     if not eager:

@@ -523,7 +523,7 @@ def big_model(backend_name: str, batch: int, context: int, page: int):
         rope_theta=500000.0,
         max_position=8192,
         tie_word_embeddings=False,
-    )  # fmt: the formatter lays this out
+    )
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     shapes = {
         "self_attn.q_proj": (q, h),

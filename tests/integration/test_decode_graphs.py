@@ -40,7 +40,7 @@ class Rig:
             cfg.head_dim,
             dtype,
             device=device,
-        )  # fmt: the formatter lays this out
+        )
         self.table = ReqToTokenPool(8, 128)
         self.eager = ModelRunner(self.model, self.kv, self.table)
         self.rows, self.lens, self.last = [], [], []
@@ -194,7 +194,7 @@ def test_boot_and_a_pool_cutover_capture_and_say_so(tiny_model_dir):
         kv_tokens=2048,
         max_running=8,
         speculative="off",
-    )  # fmt: laid out by the formatter
+    )
     try:
         runs = [r for r in llm.core.receipts.records if r["event"] == "boot.graphs"]
         assert runs[-1]["captured"] == [1, 2, 4, 8] and runs[-1]["bytes"] > 0
@@ -214,7 +214,7 @@ def test_boot_and_a_pool_cutover_capture_and_say_so(tiny_model_dir):
         attention_backend="triton",
         kv_tokens=2048,
         enforce_eager=True,
-    )  # fmt: laid out by the formatter
+    )
     try:
         runs = [r for r in eager.core.receipts.records if r["event"] == "boot.graphs"]
         assert runs[-1]["captured"] == [] and "enforce_eager" in runs[-1]["why"]

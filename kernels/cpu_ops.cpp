@@ -6,8 +6,9 @@
 // Arithmetic follows the Python ops step by step: float32 inside, every rounding to the
 // activation dtype where the Python op rounds, and no fused multiply-adds (built with
 // -ffp-contract=off), so the elementwise ops give the Python ops' bits. Reductions (the norm's
-// sum of squares, attention's dot products and softmax sum) add in their own order. The layers
-// of a small decode forward, one call for all of them, are in cpu_step.cpp.
+// sum of squares, attention's dot products and softmax sum) add in their own order; decode
+// attention at head sizes 64 and 128 multiplies and adds in one rounding where it sums (head_v).
+// The layers of a small decode forward, one call for all of them, are in cpu_step.cpp.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -146,6 +147,169 @@ inline void slot_accumulate_v(const float* p, int64_t width, const P* vr, int64_
     }
   }
 }
+
+// r[s] = the sum of v[s]'s sixteen lanes, for sixteen vectors at once: three rounds of
+// interleave-and-add instead of a horizontal reduction for each.
+inline __m512 sums16(const __m512* v) {
+  __m512 w[8], x[4];
+  for (int k = 0; k < 8; ++k)
+    w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                         _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  for (int m = 0; m < 4; ++m) {  // each 128-bit lane: its share of slots 4m .. 4m + 3
+    const __m512d c = _mm512_castps_pd(w[2 * m]), e = _mm512_castps_pd(w[2 * m + 1]);
+    x[m] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, e)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(c, e)));
+  }
+  const __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88),
+                                 _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
+  const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88),
+                                 _mm512_shuffle_f32x4(x[2], x[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
+// The largest count of 16-wide columns (a divisor of C) whose G rows of accumulators stay in
+// registers: the V pass runs once per such band of columns.
+constexpr int band_of(int G, int C) {
+  int cc = C;
+  while (cc > 1 && (G * cc > 24 || C % cc != 0)) --cc;
+  return cc;
+}
+
+// A row of D pool values as C = D / 16 vectors of floats, in the pool's own order: float32
+// rows as they are; bfloat16 rows 32 values at a time, the even ones then the odd ones (a
+// shift and a mask of one load, no widening). Queries and outputs are permuted to match.
+template <typename P, int D>
+struct PoolRow;
+
+template <int D>
+struct PoolRow<float, D> {
+  static inline void load(const float* p, __m512* v) {
+    for (int c = 0; c < D / 16; ++c) v[c] = _mm512_loadu_ps(p + 16 * c);
+  }
+  static inline int at(int i) { return i; }  // where value i of a row lands
+};
+
+template <int D>
+struct PoolRow<c10::BFloat16, D> {
+  static inline void load(const c10::BFloat16* p, __m512* v) {
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int c = 0; c < D / 32; ++c) {
+      const __m512i x = _mm512_loadu_si512(p + 32 * c);
+      v[2 * c] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+      v[2 * c + 1] = _mm512_castsi512_ps(_mm512_and_si512(x, high));
+    }
+  }
+  static inline int at(int i) { return (i / 32) * 32 + (i % 2) * 16 + (i % 32) / 2; }
+};
+
+// The next work item's K and V rows, fetched into L2 a few lines at a time while this item
+// computes: a burst of all of them at once would stall the loads this item waits on.
+struct Ahead {
+  std::vector<const char*> rows;  // each row ``bytes`` long
+  int64_t bytes = 0, i = 0, off = 0;
+  inline void step(int lines) {
+    for (; lines > 0 && i < static_cast<int64_t>(rows.size()); --lines) {
+      __builtin_prefetch(rows[i] + off, 0, 2);
+      if ((off += 64) >= bytes) off = 0, ++i;
+    }
+  }
+};
+
+// Decode attention of one KV head of one request, its G query heads (qf: G x D, scaled, in
+// float32) over its len slots, head size D: each slot's K row read once for all G queries, their
+// products summed sixteen slots at a time (sums16); the softmax; then p * V with the accumulators
+// in registers. sc: G rows of ``stride`` (len rounded up to 16) floats; out: G rows of D.
+template <typename A, typename P, int D, int G>
+void head_v(const float* qf, const P* pk, const P* pv, const int64_t* srow, int64_t ss1,
+            int64_t kvh, int64_t h, int64_t len, float* sc, int64_t stride, A* out,
+            Ahead& next) {
+  using Row = PoolRow<P, D>;
+  constexpr int C = D / 16, CC = band_of(G, C);
+  constexpr int64_t ahead = 16, bytes = D * static_cast<int64_t>(sizeof(P));
+  auto row = [&](int64_t t) { return (srow[t * ss1] * kvh + h) * D; };
+  alignas(64) float qo[G * D];  // the queries in the pool's order
+  for (int j = 0; j < G; ++j)
+    for (int i = 0; i < D; ++i) qo[j * D + Row::at(i)] = qf[j * D + i];
+  alignas(64) float part[G][16][16];  // each query's products with each of sixteen slots
+  for (int64_t t0 = 0; t0 < len; t0 += 16) {
+    const int64_t n = std::min<int64_t>(16, len - t0);
+    for (int64_t s = 0; s < 16 && t0 + 16 + s < len; ++s) {  // the next block's K rows
+      const char* nk = reinterpret_cast<const char*>(pk + row(t0 + 16 + s));
+      for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(nk + off, 0, 3);
+    }
+    for (int64_t s = 0; s < 16; ++s) {
+      if (s >= n) {
+        for (int j = 0; j < G; ++j) _mm512_store_ps(part[j][s], _mm512_setzero_ps());
+        continue;
+      }
+      next.step(4);
+      __m512 k[C];
+      Row::load(pk + row(t0 + s), k);
+      for (int j = 0; j < G; ++j) {
+        __m512 acc = _mm512_mul_ps(_mm512_load_ps(qo + j * D), k[0]);
+        for (int c = 1; c < C; ++c)
+          acc = _mm512_fmadd_ps(_mm512_load_ps(qo + j * D + 16 * c), k[c], acc);
+        _mm512_store_ps(part[j][s], acc);
+      }
+    }
+    for (int j = 0; j < G; ++j) {
+      __m512 v[16];
+      for (int s = 0; s < 16; ++s) v[s] = _mm512_load_ps(part[j][s]);
+      _mm512_storeu_ps(sc + j * stride + t0, sums16(v));
+    }
+  }
+  for (int j = 0; j < G; ++j) softmax_row_v(sc + j * stride, len);
+  alignas(64) float o[G * D];  // the outputs in the pool's order
+  for (int c0 = 0; c0 < C; c0 += CC) {
+    __m512 acc[G][CC];
+    for (int j = 0; j < G; ++j)
+      for (int c = 0; c < CC; ++c) acc[j][c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < len; ++t) {
+      if (t + ahead < len) {
+        const char* nv = reinterpret_cast<const char*>(pv + row(t + ahead));
+        for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(nv + off, 0, 3);
+      }
+      next.step(4);
+      __m512 v[C];
+      Row::load(pv + row(t), v);
+      for (int j = 0; j < G; ++j) {
+        const __m512 p = _mm512_set1_ps(sc[j * stride + t]);
+        for (int c = 0; c < CC; ++c) acc[j][c] = _mm512_fmadd_ps(p, v[c0 + c], acc[j][c]);
+      }
+    }
+    for (int j = 0; j < G; ++j)
+      for (int c = 0; c < CC; ++c) _mm512_store_ps(o + j * D + 16 * (c0 + c), acc[j][c]);
+  }
+  for (int j = 0; j < G; ++j)
+    for (int i = 0; i < D; ++i) out[j * D + i] = static_cast<A>(o[j * D + Row::at(i)]);
+}
+
+template <typename A, typename P>
+using HeadFn = void (*)(const float*, const P*, const P*, const int64_t*, int64_t, int64_t,
+                        int64_t, int64_t, float*, int64_t, A*, Ahead&);
+
+template <typename A, typename P, int D>
+HeadFn<A, P> head_fn_g(int64_t group) {
+  switch (group) {
+    case 1: return head_v<A, P, D, 1>;
+    case 2: return head_v<A, P, D, 2>;
+    case 3: return head_v<A, P, D, 3>;
+    case 4: return head_v<A, P, D, 4>;
+    case 5: return head_v<A, P, D, 5>;
+    case 6: return head_v<A, P, D, 6>;
+    case 7: return head_v<A, P, D, 7>;
+    case 8: return head_v<A, P, D, 8>;
+    default: return nullptr;
+  }
+}
+
+// head_v for this head size and group, or null where the general loops run
+template <typename A, typename P>
+HeadFn<A, P> head_fn(int64_t d, int64_t group) {
+  if (d == 64) return head_fn_g<A, P, 64>(group);
+  if (d == 128) return head_fn_g<A, P, 128>(group);
+  return nullptr;
+}
 #endif
 
 void check_rows(const Tensor& t, const char* name) {
@@ -199,8 +363,14 @@ void decode_kernel(const Tensor& q, const Tensor& k_new, const Tensor& v_new, Te
   constexpr int64_t ahead = 16;  // slots prefetched ahead: a page of one slot is anywhere
   const int64_t bytes = hs * d * static_cast<int64_t>(sizeof(P));  // an item's rows of a slot
   [[maybe_unused]] const bool vec = d % 16 == 0;
+#if defined(__AVX512F__)
+  const HeadFn<A, P> head = head_fn<A, P>(d, group);
+#endif
+  const int64_t stride = (width + 15) / 16 * 16;  // head_v's rows of scores
   at::parallel_for(0, work, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(rows * d), scores(rows * width), acc(rows * d);
+    std::vector<float> qf(rows * d), scores(rows * stride), acc(rows * d);
+    Ahead next;
+    next.bytes = bytes;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / split, h0 = (item % split) * hs, len = ln[b];
       for (int64_t r = 0; r < rows; ++r) {
@@ -210,6 +380,24 @@ void decode_kernel(const Tensor& q, const Tensor& k_new, const Tensor& v_new, Te
           qf[r * d + i] = f32(static_cast<P>(f32(qr[i * qs2]))) * static_cast<float>(scale);
       }
       const int64_t* srow = sl + b * ss0;
+#if defined(__AVX512F__)
+      if (head != nullptr) {  // a KV head at a time: the same bits however the items split
+        next.rows.clear();
+        next.i = next.off = 0;
+        if (item + 1 < end) {
+          const int64_t nb = (item + 1) / split, nh = ((item + 1) % split) * hs;
+          for (int64_t t = 0; t < ln[nb]; ++t) {
+            const int64_t at = (sl[nb * ss0 + t * ss1] * KVH + nh) * d;
+            next.rows.push_back(reinterpret_cast<const char*>(pk + at));
+            next.rows.push_back(reinterpret_cast<const char*>(pv + at));
+          }
+        }
+        for (int64_t h = h0; h < h0 + hs; ++h)
+          head(qf.data() + (h - h0) * group * d, pk, pv, srow, ss1, KVH, h, len, scores.data(),
+               stride, op + (b * H + h * group) * d, next);
+        continue;
+      }
+#endif
       for (int64_t t = 0; t < len; ++t) {
         if (t + ahead < len) {  // this slot's K rows soon, its V rows for the second pass
           const int64_t at = (srow[(t + ahead) * ss1] * KVH + h0) * d;

@@ -198,3 +198,46 @@ def test_a_drafted_row_attends_exactly_as_the_decode_step_it_saves(dtype):
         )
         one = native.forward(b.q[j : j + 1], b.k[j : j + 1], b.v[j : j + 1], kv, meta, b.scale)
         assert torch.equal(one[0], drafted[j]), f"row {j}"
+
+
+@pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 2, 3, 5, 8])
+def test_the_native_head_kernel_on_both_sides_of_its_blocks(dtype, head_dim, group):
+    """Head sizes 64 and 128 take the kernel's KV-head-at-a-time path (sixteen slots' scores at
+    once; at 128 and group 8 the accumulators take two bands of columns): contexts of 1, 15, 16,
+    17, 32 and 48 slots against the padded reference, in both pool dtypes."""
+    spec = [(0, 1), (14, 1), (15, 1), (16, 1), (31, 1), (47, 1)]
+    b = make_paged_batch(spec, 2 * group, 2, head_dim, dtype, page_size=4, seed=group)
+    got, want = both_paths(b, "native")
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+
+
+@pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_request_alone_or_in_a_batch_gets_the_same_bits(dtype):
+    """Alone (fewer requests than threads) the kernel splits a request by KV heads; in a batch
+    each request is one item. Either way each of its heads is computed alike, bit for bit."""
+    spec = [(40, 1), (7, 1), (23, 1), (0, 1)]
+    b = make_paged_batch(spec, 9, 3, 64, dtype, page_size=4, seed=3)
+    native = TorchReferenceBackend("native")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        batch = native.forward(b.q, b.k, b.v, b.pool_copy(), b.meta, b.scale)
+        for i, (prefix, _) in enumerate(spec):
+            meta = AttentionMetadata(
+                req_to_token=b.meta.req_to_token,
+                req_rows=b.meta.req_rows[i : i + 1],
+                prefix_lens=[prefix],
+                extend_lens=[1],
+                positions=b.meta.positions[i : i + 1],
+                out_slots=b.meta.out_slots[i : i + 1],
+            )
+            one = native.forward(
+                b.q[i : i + 1], b.k[i : i + 1], b.v[i : i + 1], b.pool_copy(), meta, b.scale
+            )
+            assert torch.equal(one[0], batch[i]), f"request {i}"
+    finally:
+        torch.set_num_threads(threads)

@@ -8,7 +8,8 @@
 // -ffp-contract=off), so the elementwise ops give the Python ops' bits. Reductions (the norm's
 // sum of squares, attention's dot products and softmax sum) add in their own order; decode
 // attention at head sizes 64 and 128 multiplies and adds in one rounding where it sums (head_v).
-// The layers of a small decode forward, one call for all of them, are in cpu_step.cpp.
+// The layers of a small decode forward, one call for all of them, are in cpu_step.cpp; the
+// attention of a prefill chunk in cpu_extend.cpp.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -590,6 +591,9 @@ TORCH_LIBRARY(attest, m) {
   m.def(
       "decode_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) pool_k, "
       "Tensor(b!) pool_v, Tensor out_slots, Tensor slots, Tensor lens, float scale) -> Tensor");
+  m.def(
+      "extend_attention(Tensor q, Tensor pool_k, Tensor pool_v, Tensor slots, Tensor prefix, "
+      "Tensor starts, Tensor ext, float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) h, Tensor y, Tensor w, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> Tensor(a!)");
@@ -601,6 +605,7 @@ TORCH_LIBRARY(attest, m) {
 
 TORCH_LIBRARY_IMPL(attest, CPU, m) {
   m.impl("decode_attention", decode_attention);
+  m.impl("extend_attention", extend_attention);
   m.impl("rms_norm", rms_norm);
   m.impl("add_rms_norm", add_rms_norm);
   m.impl("rope_", rope_);

@@ -14,6 +14,11 @@ at::Tensor add_rms_norm(at::Tensor& h, const at::Tensor& y, const at::Tensor& w,
 at::Tensor rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor int4_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales);
 at::Tensor int8_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales);
+at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& pool_k,
+                            const at::Tensor& pool_v, const at::Tensor& slots,
+                            const at::Tensor& prefix, const at::Tensor& starts,
+                            const at::Tensor& ext, double scale);
+bool extend_attention_built();
 at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
                          const at::Tensor& sin, at::TensorList mats, at::TensorList scales,
                          at::IntArrayRef groups, at::TensorList norms, at::TensorList pools,

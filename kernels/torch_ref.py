@@ -8,10 +8,15 @@ its group of query heads (``kernels.paged_decode``); ``padded`` gathers each req
 into a padded batch and hands it to SDPA, which expands K/V for GQA (the earlier path, kept as
 ``torch-padded`` to measure against). All give the same tokens; the equivalence is pinned by
 ``tests/unit/test_paged_decode.py``. On the native path a forward of short extends (each request
-verifying a few drafted tokens) is attended the same way, a row per token.
+verifying a few drafted tokens) is attended the same way, a row per token, and a longer extend (a
+prefill chunk) at head sizes 64 and 128 by the native extend kernel (``kernels/cpu_extend.cpp``),
+which reads each context from the pool where it lies; elsewhere an extend gathers its context
+for SDPA (``tests/unit/test_native_extend.py`` pins the two together).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +32,16 @@ from kernels.paged_decode import (
 )
 
 DECODE_PATHS = ("native", "grouped", "padded")
+# (activations, pool) dtypes the native kernels take
+NATIVE_DTYPES = (
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+)
 # A forward whose requests bring at most this many tokens each is attended row by row by the
 # native kernel: decode steps, and verification of up to 16 drafted tokens. A longer extend
-# (a prefill chunk) gathers its context once for SDPA, which is faster over many queries.
+# (a prefill chunk) is attended sixteen queries at a time (the extend kernel, or SDPA), which is
+# faster over many queries.
 SHORT_EXTEND = 17
 
 
@@ -58,8 +70,12 @@ class TorchReferenceBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        if self.decode == "native" and q.device.type == "cpu" and self._as_rows(meta):
-            return self._decode_native(q, k, v, kv, meta, scale)
+        if self.decode == "native" and q.device.type == "cpu":
+            if self._as_rows(meta):
+                return self._decode_native(q, k, v, kv, meta, scale)
+            if self._extends_natively(q, kv):
+                store_kv(k, v, kv, meta.out_slots)
+                return self._extend_native(q, kv, meta, scale)
         store_kv(k, v, kv, meta.out_slots)
         if meta.is_decode:
             if self.decode == "padded":
@@ -109,6 +125,40 @@ class TorchReferenceBackend(AttentionBackend):
         return torch.ops.attest.decode_attention(
             q, k, v, kv.k, kv.v, meta.out_slots, slots, lens, scale
         )
+
+    @staticmethod
+    def _extends_natively(q: torch.Tensor, kv: LayerKV) -> bool:
+        """Whether the native extend kernel takes a longer extend (a prefill chunk): head sizes
+        64 and 128, up to 8 query heads a KV head, the dtypes the decode kernel takes."""
+        heads, kv_heads = q.shape[1], kv.k.shape[1]
+        dtypes = (q.dtype, kv.k.dtype)
+        return (
+            q.shape[-1] in (64, 128)
+            and heads % kv_heads == 0
+            and heads // kv_heads <= 8
+            and q.stride(-1) == 1
+            and dtypes in NATIVE_DTYPES
+        )
+
+    @staticmethod
+    def _extend_native(
+        q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """Attend each new token to its request's context up to itself, read from the pool
+        where it lies (no gather, no GQA copy): one native call per layer."""
+        plan = meta.scratch.get("native_extend")
+        if plan is None:  # the same for every layer of this forward
+            dev = meta.req_to_token.device
+            width = max(p + e for p, e in zip(meta.prefix_lens, meta.extend_lens))
+            rows = torch.tensor(meta.req_rows, dtype=torch.int64, device=dev)
+            starts = [0, *itertools.accumulate(meta.extend_lens)][:-1]
+            plan = meta.scratch["native_extend"] = (
+                meta.req_to_token[rows, :width],
+                torch.tensor(meta.prefix_lens, dtype=torch.int64, device=dev),
+                torch.tensor(starts, dtype=torch.int64, device=dev),
+                torch.tensor(meta.extend_lens, dtype=torch.int64, device=dev),
+            )
+        return torch.ops.attest.extend_attention(q, kv.k, kv.v, *plan, scale)
 
     @staticmethod
     def _extend_plan(meta: AttentionMetadata) -> list[tuple]:

@@ -1,0 +1,78 @@
+"""The native extend kernel (kernels/cpu_extend.cpp), which attends a prefill chunk's tokens to
+their contexts in the pool, against SDPA over the gathered context (the path it replaces, still
+the one for other head sizes and on a GPU): random page tables, prefixes and chunk lengths on
+both sides of its blocks of sixteen, GQA groups up to 8, head sizes 64 and 128."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels import cpu_ops
+from kernels.attention import LayerKV
+from kernels.torch_ref import TorchReferenceBackend
+from tests.unit.paged_batch import make_paged_batch
+
+pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
+
+# float32 sums in another order than SDPA's; bfloat16 rounds the weights of V for its products
+TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
+
+
+def native_and_sdpa(b) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(native, SDPA) outputs of one batch, each from its own copy of the pool, and the
+    native forward's scratch (which says whether the native kernel took it)."""
+    kv_n, kv_s = b.pool_copy(), b.pool_copy()
+    got = TorchReferenceBackend("native").forward(b.q, b.k, b.v, kv_n, b.meta, b.scale)
+    want = TorchReferenceBackend("grouped").forward(b.q, b.k, b.v, kv_s, b.meta, b.scale)
+    assert torch.equal(kv_n.k, kv_s.k) and torch.equal(kv_n.v, kv_s.v)  # the same writes
+    return got, want, b.meta.scratch
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    gqa=st.sampled_from([(4, 4), (4, 2), (9, 3), (8, 2), (8, 1)]),
+    head_dim=st.sampled_from([64, 128]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    page_size=st.sampled_from([1, 4]),
+    spec=st.lists(st.tuples(st.integers(0, 40), st.integers(18, 70)), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_native_extends_equal_sdpa_over_the_gathered_context(
+    gqa, head_dim, dtype, page_size, spec, seed
+):
+    b = make_paged_batch(spec, gqa[0], gqa[1], head_dim, dtype, page_size, seed)
+    got, want, scratch = native_and_sdpa(b)
+    assert "native_extend" in scratch  # the native kernel took it
+    assert got.dtype == want.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+
+
+def test_bfloat16_queries_on_a_float32_pool():
+    b = make_paged_batch([(5, 40), (0, 33)], 9, 3, 64, torch.float32, page_size=4, seed=2)
+    q, k, v = (t.to(torch.bfloat16) for t in (b.q, b.k, b.v))
+    kv_n, kv_s = b.pool_copy(), b.pool_copy()
+    got = TorchReferenceBackend("native").forward(q, k, v, kv_n, b.meta, b.scale)
+    want = TorchReferenceBackend("grouped").forward(q, k, v, kv_s, b.meta, b.scale)
+    assert "native_extend" in b.meta.scratch
+    torch.testing.assert_close(got.float(), want.float(), **TOL[torch.bfloat16])
+
+
+def test_other_head_sizes_stay_on_sdpa():
+    b = make_paged_batch([(3, 30)], 4, 2, 16, seed=1)
+    got, want, scratch = native_and_sdpa(b)
+    assert "native_extend" not in scratch
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+def test_the_kernel_refuses_a_chunk_past_its_slots():
+    b = make_paged_batch([(3, 30)], 4, 2, 64, seed=1)
+    kv: LayerKV = b.pool_copy()
+    width = b.meta.req_to_token.shape[1]
+    slots = b.meta.req_to_token[b.meta.req_rows[0] : b.meta.req_rows[0] + 1, :width]
+    past = torch.tensor([width], dtype=torch.int64)  # a prefix as long as the whole row
+    one, zero = torch.tensor([1], dtype=torch.int64), torch.tensor([0], dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="reads past its slots"):
+        torch.ops.attest.extend_attention(b.q, kv.k, kv.v, slots, past, zero, one, b.scale)

@@ -49,6 +49,13 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@cache
+def vector_512() -> bool:
+    """Whether the library's AVX-512 kernels are in it: it is built for this CPU, so they are
+    where the CPU has AVX-512 (the native extend kernel has no other form)."""
+    return "avx512f" in cpu_flags()
+
+
 def build_dir() -> Path:
     key = hashlib.sha256()
     cpu = " ".join(sorted(cpu_flags())) or platform.machine()

@@ -128,12 +128,14 @@ class TorchReferenceBackend(AttentionBackend):
 
     @staticmethod
     def _extends_natively(q: torch.Tensor, kv: LayerKV) -> bool:
-        """Whether the native extend kernel takes a longer extend (a prefill chunk): head sizes
-        64 and 128, up to 8 query heads a KV head, the dtypes the decode kernel takes."""
+        """Whether the native extend kernel takes a longer extend (a prefill chunk): a CPU with
+        AVX-512, head sizes 64 and 128, up to 8 query heads a KV head, the dtypes the decode
+        kernel takes."""
         heads, kv_heads = q.shape[1], kv.k.shape[1]
         dtypes = (q.dtype, kv.k.dtype)
         return (
-            q.shape[-1] in (64, 128)
+            cpu_ops.vector_512()
+            and q.shape[-1] in (64, 128)
             and heads % kv_heads == 0
             and heads // kv_heads <= 8
             and q.stride(-1) == 1

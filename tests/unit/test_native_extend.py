@@ -76,3 +76,11 @@ def test_the_kernel_refuses_a_chunk_past_its_slots():
     one, zero = torch.tensor([1], dtype=torch.int64), torch.tensor([0], dtype=torch.int64)
     with pytest.raises(RuntimeError, match="reads past its slots"):
         torch.ops.attest.extend_attention(b.q, kv.k, kv.v, slots, past, zero, one, b.scale)
+
+
+def test_a_cpu_without_avx512_stays_on_sdpa(monkeypatch):
+    monkeypatch.setattr(cpu_ops, "vector_512", lambda: False)
+    b = make_paged_batch([(3, 30)], 9, 3, 64, seed=1)
+    got, want, scratch = native_and_sdpa(b)
+    assert "native_extend" not in scratch
+    torch.testing.assert_close(got, want, **TOL[torch.float32])

@@ -248,26 +248,11 @@ using ItemFn = void (*)(const A*, int64_t, int64_t, const P*, const P*, int64_t,
                         const int64_t*, int64_t, int64_t, int64_t, int64_t, float, A*, int64_t,
                         int64_t);
 
-template <typename A, typename P, int D>
-ItemFn<A, P> item_fn_g(int64_t group) {
-  switch (group) {
-    case 1: return extend_item<A, P, D, 1>;
-    case 2: return extend_item<A, P, D, 2>;
-    case 3: return extend_item<A, P, D, 3>;
-    case 4: return extend_item<A, P, D, 4>;
-    case 5: return extend_item<A, P, D, 5>;
-    case 6: return extend_item<A, P, D, 6>;
-    case 7: return extend_item<A, P, D, 7>;
-    case 8: return extend_item<A, P, D, 8>;
-    default: return nullptr;
-  }
-}
-
 template <typename A, typename P>
 ItemFn<A, P> item_fn(int64_t d, int64_t group) {
-  if (d == 64) return item_fn_g<A, P, 64>(group);
-  if (d == 128) return item_fn_g<A, P, 128>(group);
-  return nullptr;
+  return by_shape<ItemFn<A, P>>(d, group, [](auto D, auto G) -> ItemFn<A, P> {
+    return extend_item<A, P, decltype(D)::value, decltype(G)::value>;
+  });
 }
 
 template <typename A, typename P>

@@ -289,27 +289,12 @@ template <typename A, typename P>
 using HeadFn = void (*)(const float*, const P*, const P*, const int64_t*, int64_t, int64_t,
                         int64_t, int64_t, float*, int64_t, A*, Ahead&);
 
-template <typename A, typename P, int D>
-HeadFn<A, P> head_fn_g(int64_t group) {
-  switch (group) {
-    case 1: return head_v<A, P, D, 1>;
-    case 2: return head_v<A, P, D, 2>;
-    case 3: return head_v<A, P, D, 3>;
-    case 4: return head_v<A, P, D, 4>;
-    case 5: return head_v<A, P, D, 5>;
-    case 6: return head_v<A, P, D, 6>;
-    case 7: return head_v<A, P, D, 7>;
-    case 8: return head_v<A, P, D, 8>;
-    default: return nullptr;
-  }
-}
-
 // head_v for this head size and group, or null where the general loops run
 template <typename A, typename P>
 HeadFn<A, P> head_fn(int64_t d, int64_t group) {
-  if (d == 64) return head_fn_g<A, P, 64>(group);
-  if (d == 128) return head_fn_g<A, P, 128>(group);
-  return nullptr;
+  return by_shape<HeadFn<A, P>>(d, group, [](auto D, auto G) -> HeadFn<A, P> {
+    return head_v<A, P, decltype(D)::value, decltype(G)::value>;
+  });
 }
 #endif
 

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <type_traits>
+
 namespace attest_ops {
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
@@ -24,5 +26,28 @@ at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& c
                          at::IntArrayRef groups, at::TensorList norms, at::TensorList pools,
                          const at::Tensor& out_slots, const at::Tensor& slots,
                          const at::Tensor& lens, at::IntArrayRef dims, double scale, double eps);
+
+// An attention kernel's instantiation for a head size and a group (query heads a KV head):
+// pick(D, G), D and G as std::integral_constant, for head sizes 64 and 128 and groups 1 to 8;
+// null elsewhere (the caller's general loops, or another path, run there).
+template <typename Fn, typename Pick>
+Fn by_shape(int64_t d, int64_t group, Pick pick) {
+  auto in_group = [&](auto D) -> Fn {
+    switch (group) {
+      case 1: return pick(D, std::integral_constant<int, 1>{});
+      case 2: return pick(D, std::integral_constant<int, 2>{});
+      case 3: return pick(D, std::integral_constant<int, 3>{});
+      case 4: return pick(D, std::integral_constant<int, 4>{});
+      case 5: return pick(D, std::integral_constant<int, 5>{});
+      case 6: return pick(D, std::integral_constant<int, 6>{});
+      case 7: return pick(D, std::integral_constant<int, 7>{});
+      case 8: return pick(D, std::integral_constant<int, 8>{});
+      default: return nullptr;
+    }
+  };
+  if (d == 64) return in_group(std::integral_constant<int, 64>{});
+  if (d == 128) return in_group(std::integral_constant<int, 128>{});
+  return nullptr;
+}
 
 }  // namespace attest_ops

@@ -19,11 +19,15 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's engine, not another's
 
 
 def profile_step(llm, batch: int, prompt_len: int, steps: int, top: int, seed: int = 0) -> dict:

@@ -20,16 +20,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
-from engine.model.int_vnni import int_vnni_native
-from engine.model.llama import linear
-from engine.model.quant import QuantWeight
-from kernels.cpu_ops import cpu_flags
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's engine, not another's
+
+from engine.model.int_vnni import int_vnni_native  # noqa: E402
+from engine.model.llama import linear  # noqa: E402
+from engine.model.quant import QuantWeight  # noqa: E402
+from kernels.cpu_ops import cpu_flags  # noqa: E402
 
 
 def per_call_us(fn, iters: int, runs: int) -> float:

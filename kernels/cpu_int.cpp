@@ -27,6 +27,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -56,6 +57,16 @@ struct Mat {
 struct QuantRows {
   std::vector<int8_t> a;
   std::vector<float> d, dsum;
+};
+
+// Up to four of those rows, from row ``t0``: what one run of the blocks reads.
+struct RowSpan {
+  const int8_t* a;
+  const float *d, *dsum;
+  RowSpan(const QuantRows& r, int64_t t0, int64_t K)
+      : a(r.a.data() + t0 * K),
+        d(r.d.data() + t0 * (K / kGroup)),
+        dsum(r.dsum.data() + t0 * (K / kGroup)) {}
 };
 
 #ifdef ATTEST_INT_VNNI
@@ -134,7 +145,7 @@ inline void zero(V (&v)[B][T], V z) {  // accumulators and sums of a run of bloc
 // out[t * N + n], in Y (float or bfloat16). B * T chains of integer sums, independent.
 template <int T, int B, typename Y>
 struct Int4Blocks {
-  static void run(const Mat& m, const QuantRows& xs, Y* out, int64_t b0) {
+  static void run(const Mat& m, const RowSpan& xs, Y* out, int64_t b0) {
     const int64_t G = m.K / kGroup;
     const auto* packed = static_cast<const uint8_t*>(m.w);
     const auto* scales = static_cast<const uint16_t*>(m.s);
@@ -147,7 +158,7 @@ struct Int4Blocks {
       for (int j = 0; j < 4; ++j) {
         __m512i xl[T], xh[T];
         for (int t = 0; t < T; ++t) {
-          const int8_t* at = xs.a.data() + t * m.K + g * kGroup + 8 * j;
+          const int8_t* at = xs.a + t * m.K + g * kGroup + 8 * j;
           xl[t] = bcast4(at);
           xh[t] = bcast4(at + 4);
         }
@@ -178,7 +189,7 @@ struct Int4Blocks {
 
 template <int T, int B, typename Y>
 struct Int8Blocks {
-  static void run(const Mat& m, const QuantRows& xs, Y* out, int64_t b0) {
+  static void run(const Mat& m, const RowSpan& xs, Y* out, int64_t b0) {
     const int64_t G = m.K / kGroup;
     const auto* packed = static_cast<const int8_t*>(m.w);
     const auto* scales = static_cast<const float*>(m.s);
@@ -191,7 +202,7 @@ struct Int8Blocks {
       for (int j = 0; j < 8; ++j) {
         __m512i xa[T];
         for (int t = 0; t < T; ++t)
-          xa[t] = _mm512_xor_si512(bcast4(xs.a.data() + t * m.K + g * kGroup + 4 * j), flip);
+          xa[t] = _mm512_xor_si512(bcast4(xs.a + t * m.K + g * kGroup + 4 * j), flip);
         for (int b = 0; b < B; ++b) {
           const __m512i w = _mm512_loadu_si512(packed + ((b0 + b) * G + g) * 512 + j * 64);
           for (int t = 0; t < T; ++t) dot[b][t] = _mm512_dpbusd_epi32(dot[b][t], xa[t], w);
@@ -215,13 +226,16 @@ struct Int8Blocks {
 
 // Blocks [begin, end) in runs of B, the rest one at a time.
 template <template <int, int, typename> class Blocks, int T, int B, typename Y>
-void span(const Mat& m, const QuantRows& xs, Y* out, int64_t begin, int64_t end) {
+void span(const Mat& m, const RowSpan& xs, Y* out, int64_t begin, int64_t end) {
   int64_t b = begin;
   for (; b + B <= end; b += B) Blocks<T, B, Y>::run(m, xs, out, b);
   for (; b < end; ++b) Blocks<T, 1, Y>::run(m, xs, out, b);
 }
 
-// x @ w.T, four activation rows at a time, the blocks of rows shared among the threads.
+// x @ w.T: the rows quantised once, the blocks of output rows shared among the threads in one
+// parallel region; each thread takes its blocks a tile at a time and runs every four activation
+// rows over a tile while its weights are in cache (one pass over the matrix from memory, not one
+// per four rows).
 template <template <int, int, typename> class Blocks>
 at::Tensor run_int(const at::Tensor& x, const Mat& m) {
   const at::Tensor xc = x.contiguous();
@@ -230,19 +244,25 @@ at::Tensor run_int(const at::Tensor& x, const Mat& m) {
   thread_local QuantRows mine;
   QuantRows& xs = mine;  // the calling thread's: the workers below read it by this reference
   auto go = [&](auto* x0, auto* o0) {  // float32 or bfloat16, in and out (checked before)
-    for (int64_t t0 = 0; t0 < T; t0 += 4) {
-      const int rows = static_cast<int>(std::min<int64_t>(4, T - t0));
-      quantise_rows(x0 + t0 * K, rows, K, xs);
-      auto* po = o0 + t0 * N;
-      at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
-        switch (rows) {  // about eight chains of integer sums in flight
-          case 1: span<Blocks, 1, 4>(m, xs, po, b0, b1); break;
-          case 2: span<Blocks, 2, 4>(m, xs, po, b0, b1); break;
-          case 3: span<Blocks, 3, 2>(m, xs, po, b0, b1); break;
-          default: span<Blocks, 4, 2>(m, xs, po, b0, b1);
+    quantise_rows(x0, T, K, xs);
+    at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
+      // more than four rows: tiles of 8 blocks (128 output rows of K weights, in L2), each run
+      // by every four rows before the next; four rows or fewer: the thread's blocks in one run
+      const int64_t tile = T > 4 ? 8 : b1 - b0;
+      for (int64_t c0 = b0; c0 < b1; c0 += tile) {
+        const int64_t c1 = std::min(b1, c0 + tile);
+        for (int64_t t0 = 0; t0 < T; t0 += 4) {
+          const RowSpan rs(xs, t0, K);
+          auto* po = o0 + t0 * N;
+          switch (std::min<int64_t>(4, T - t0)) {  // about eight chains of integer sums in flight
+            case 1: span<Blocks, 1, 4>(m, rs, po, c0, c1); break;
+            case 2: span<Blocks, 2, 4>(m, rs, po, c0, c1); break;
+            case 3: span<Blocks, 3, 2>(m, rs, po, c0, c1); break;
+            default: span<Blocks, 4, 2>(m, rs, po, c0, c1);
+          }
         }
-      });
-    }
+      }
+    });
   };
   if (xc.scalar_type() == at::kFloat)
     go(xc.data_ptr<float>(), out.data_ptr<float>());

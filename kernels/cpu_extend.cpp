@@ -24,30 +24,13 @@
 
 #include "cpu_ops.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 namespace attest_ops {
 
 #if defined(__AVX512F__)
-extern "C" __m512 Sleef_expf16_u10(__m512);  // torch's vector exp, as its softmax uses
-
 namespace {
 
 constexpr int kKeys = 16, kQueries = 16;  // a block of keys; an item's positions
 constexpr int kTile = 8;                  // queries scored together
-
-template <typename T>
-inline float f32(T x) {
-  return static_cast<float>(x);
-}
-
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {  // 16 bfloat16 as float32
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
-}
 
 template <typename A, typename P, int D, int G>
 void extend_item(const A* q, int64_t qs0, int64_t qs1, const P* pk, const P* pv, int64_t kvh,
@@ -92,6 +75,7 @@ void extend_item(const A* q, int64_t qs0, int64_t qs1, const P* pk, const P* pv,
     pos[u] = u < nu ? prefix + j0 + r : -1;
     m[u] = ninf, l[u] = 0.f;
     std::fill(acc[u], acc[u] + D, 0.f);
+    if (pairs) continue;  // the queries are read as pairs (qp) instead
     if (u >= nu) {
       std::fill(qf[u], qf[u] + D, 0.f);
       continue;
@@ -105,11 +89,13 @@ void extend_item(const A* q, int64_t qs0, int64_t qs1, const P* pk, const P* pv,
     const int64_t nk = std::min<int64_t>(kKeys, last - k0);
     for (int64_t s = 0; s < kKeys; ++s) {
       if (s >= nk) {
-        for (int i = 0; i < D; ++i) kt[i][s] = 0.f, vf[s][i] = 0.f;
 #if defined(__AVX512BF16__)
-        if constexpr (pairs)
+        if constexpr (pairs) {
           for (int i = 0; i < D / 2; ++i) kt2[i][s] = 0;
+          continue;
+        }
 #endif
+        for (int i = 0; i < D; ++i) kt[i][s] = 0.f, vf[s][i] = 0.f;
         continue;
       }
       const int64_t at = (srow[(k0 + s) * ss1] * kvh + h) * D;

@@ -33,6 +33,8 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_ops.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
     defined(__AVX512VNNI__)
 #define ATTEST_INT_VNNI 1
@@ -80,11 +82,6 @@ inline __m512i bcast4(const int8_t* p) {  // 4 activations to every lane
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
-}
-
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  return bf16x16(reinterpret_cast<const uint16_t*>(p));
 }
 
 // One group of 32 activations: a = round(x * (127 / max |x|)) in [-127, 127] (to nearest, ties

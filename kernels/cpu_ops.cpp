@@ -18,9 +18,6 @@
 
 #include <algorithm>
 #include <cmath>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 #include <limits>
 #include <vector>
 
@@ -29,11 +26,6 @@
 namespace attest_ops {
 
 using at::Tensor;
-
-template <typename T>
-inline float f32(T x) {
-  return static_cast<float>(x);
-}
 
 // What the activation dtype keeps of a float: a no-op for float, a rounding for bfloat16.
 template <typename T>
@@ -83,9 +75,6 @@ inline void softmax_row(float* sc, int64_t len) {
 }
 
 #if defined(__AVX512F__)
-// torch's own vector exp (SLEEF, 1.0 ulp), exported by libtorch_cpu: the one its softmax uses
-extern "C" __m512 Sleef_expf16_u10(__m512);
-
 inline void softmax_row_v(float* sc, int64_t len) {
   const int64_t tail = len % 16, body = len - tail;
   const __mmask16 mask = static_cast<__mmask16>((1u << tail) - 1);
@@ -110,12 +99,6 @@ inline void softmax_row_v(float* sc, int64_t len) {
     _mm512_storeu_ps(sc + t, _mm512_div_ps(_mm512_loadu_ps(sc + t), sum));
   if (tail)
     _mm512_mask_storeu_ps(sc + body, mask, _mm512_div_ps(_mm512_maskz_loadu_ps(mask, sc + body), sum));
-}
-
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
 }
 
 template <typename P>

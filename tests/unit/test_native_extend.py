@@ -21,12 +21,14 @@ pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()
 TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
-def native_and_sdpa(b) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(native, SDPA) outputs of one batch, each from its own copy of the pool, and the
-    native forward's scratch (which says whether the native kernel took it)."""
+def native_and_sdpa(b, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(native, SDPA) outputs of one batch (its q, k and v in ``dtype`` when given), each from
+    its own copy of the pool, and the native forward's scratch (which says whether the native
+    kernel took it)."""
+    q, k, v = (t if dtype is None else t.to(dtype) for t in (b.q, b.k, b.v))
     kv_n, kv_s = b.pool_copy(), b.pool_copy()
-    got = TorchReferenceBackend("native").forward(b.q, b.k, b.v, kv_n, b.meta, b.scale)
-    want = TorchReferenceBackend("grouped").forward(b.q, b.k, b.v, kv_s, b.meta, b.scale)
+    got = TorchReferenceBackend("native").forward(q, k, v, kv_n, b.meta, b.scale)
+    want = TorchReferenceBackend("grouped").forward(q, k, v, kv_s, b.meta, b.scale)
     assert torch.equal(kv_n.k, kv_s.k) and torch.equal(kv_n.v, kv_s.v)  # the same writes
     return got, want, b.meta.scratch
 
@@ -52,11 +54,8 @@ def test_native_extends_equal_sdpa_over_the_gathered_context(
 
 def test_bfloat16_queries_on_a_float32_pool():
     b = make_paged_batch([(5, 40), (0, 33)], 9, 3, 64, torch.float32, page_size=4, seed=2)
-    q, k, v = (t.to(torch.bfloat16) for t in (b.q, b.k, b.v))
-    kv_n, kv_s = b.pool_copy(), b.pool_copy()
-    got = TorchReferenceBackend("native").forward(q, k, v, kv_n, b.meta, b.scale)
-    want = TorchReferenceBackend("grouped").forward(q, k, v, kv_s, b.meta, b.scale)
-    assert "native_extend" in b.meta.scratch
+    got, want, scratch = native_and_sdpa(b, torch.bfloat16)
+    assert "native_extend" in scratch
     torch.testing.assert_close(got.float(), want.float(), **TOL[torch.bfloat16])
 
 

@@ -17,6 +17,13 @@ TableOpt = Annotated[
         "run.",
     ),
 ]
+RoundsOpt = Annotated[
+    int,
+    typer.Option(
+        help="--table: run every arm this many times over, each round's order rotated; a ratio "
+        "is the median of its rounds' ratios (a drift between minutes then moves both arms)."
+    ),
+]
 StreamsOpt = Annotated[str, typer.Option(help="--table: stream counts, comma-separated.")]
 PrefillOpt = Annotated[
     int, typer.Option(help="--table: prompt tokens of the prefill column; 0: no prefill.")
@@ -121,4 +128,4 @@ def bench_table(
         run = run_table(s)
     except (MissingEnv, ValueError, FileNotFoundError) as e:
         _fail(str(e))
-    typer.echo(format_report(run.arms, s, run.notes))
+    typer.echo(format_report(run.rounds, s, run.notes))

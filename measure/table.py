@@ -2,6 +2,12 @@
 once), what each arm measured (``ArmFigures``), and the arithmetic and text of the table: medians
 per arm, and each Attest arm's ratio over each peer's arm (transformers, llama.cpp, vLLM's
 float32 and bfloat16). Pure: no engine here.
+
+The arms run one after the other, so a machine whose speed drifts between minutes (this machine
+kind's moved one arm by 1.5x between sittings minutes apart) moves one arm's figures and not
+another's. ``rounds`` repeats the whole sequence of arms, each round in a rotated order, and a
+ratio is the median over rounds of the ratio within each round: both arms of a ratio measured
+minutes apart, each round's drift shared by the two.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class TableSpec:
     output_len: int = 64
     prefill: int = 512
     runs: int = 3
+    rounds: int = 1  # the arms' sequence this many times, each round's order rotated by one
     engines: list[str] = field(default_factory=lambda: list(DEFAULT_ENGINES))
     attest: list[str] = field(default_factory=lambda: ["exact", "bf16", "int8", "int4"])
     vllm: list[str] = field(default_factory=lambda: list(VLLM_ARMS))
@@ -90,6 +97,7 @@ class TableSpec:
             ("output_len", 1),
             ("prefill", 0),
             ("runs", 1),
+            ("rounds", 1),
             ("vllm_kv_gib", 1),
         )
         for name, low in lows:
@@ -133,21 +141,59 @@ class ArmFigures:
         return row + [statistics.median(self.prefill) if self.prefill else None]
 
 
-def ratio_rows(arms: list[ArmFigures], streams: list[int]) -> list[tuple[str, list[float | None]]]:
-    """Each Attest arm's medians over each baseline's, column by column."""
-    bases = [a for a in arms if a.engine in BASELINES]
+Rounds = list[list[ArmFigures]]  # per round, its arms' figures in the spec's order
+
+
+def merged(rounds: Rounds) -> list[ArmFigures]:
+    """Each arm's runs from every round together, in the spec's order."""
+    out = [ArmFigures(a.name, a.engine) for a in rounds[0]]
+    for arms in rounds:
+        for into, a in zip(out, arms, strict=True):
+            for n, runs in a.decode.items():
+                into.decode.setdefault(n, []).extend(runs)
+            into.prefill.extend(a.prefill)
+    return out
+
+
+def _ratios(ours: ArmFigures, base: ArmFigures, streams: list[int]) -> list[float | None]:
+    mine, theirs = ours.medians(streams), base.medians(streams)
+    return [m / t if m is not None and t else None for m, t in zip(mine, theirs)]
+
+
+def round_ratios(rounds: Rounds, streams: list[int]) -> list[tuple[str, list[list[float | None]]]]:
+    """Each Attest arm over each baseline, column by column: per round, its medians' ratio."""
+    first = rounds[0]
+    pairs = [
+        (i, j)
+        for i, ours in enumerate(first)
+        if ours.engine == "attest"
+        for j, base in enumerate(first)
+        if base.engine in BASELINES
+    ]
+    return [
+        (
+            f"{first[i].name} / {first[j].name}",
+            [_ratios(arms[i], arms[j], streams) for arms in rounds],
+        )
+        for i, j in pairs
+    ]
+
+
+def ratio_rows(rounds: Rounds, streams: list[int]) -> list[tuple[str, list[float | None]]]:
+    """Each Attest arm over each baseline, column by column: the median over rounds of each
+    round's ratio of medians (with one round, the ratio of the arms' medians)."""
     rows = []
-    for ours in (a for a in arms if a.engine == "attest"):
-        mine = ours.medians(streams)
-        for base in bases:
-            theirs = base.medians(streams)
-            cells = [m / t if m is not None and t else None for m, t in zip(mine, theirs)]
-            rows.append((f"{ours.name} / {base.name}", cells))
+    for name, per_round in round_ratios(rounds, streams):
+        cells = []
+        for column in zip(*per_round):
+            known = [c for c in column if c is not None]
+            cells.append(statistics.median(known) if known else None)
+        rows.append((name, cells))
     return rows
 
 
-def format_table(arms: list[ArmFigures], spec: TableSpec) -> str:
-    """A Markdown table: arms' medians (tok/s), then the ratios (x)."""
+def format_table(rounds: Rounds, spec: TableSpec) -> str:
+    """A Markdown table: arms' medians (tok/s) over every round's runs, then the ratios (x)."""
     head = [h for n in spec.streams for h in (f"decode {n}", f"e2e {n}")]
     head.append(f"prefill {spec.prefill}" if spec.prefill else "prefill")
     lines = [
@@ -160,36 +206,63 @@ def format_table(arms: list[ArmFigures], spec: TableSpec) -> str:
             f"| {name} | " + " | ".join("-" if c is None else fmt.format(c) for c in cells) + " |"
         )
 
-    lines += [row(a.name, a.medians(spec.streams), "{:.1f}") for a in arms]
-    lines += [row(name, cells, "{:.2f}x") for name, cells in ratio_rows(arms, spec.streams)]
+    lines += [row(a.name, a.medians(spec.streams), "{:.1f}") for a in merged(rounds)]
+    lines += [row(name, cells, "{:.2f}x") for name, cells in ratio_rows(rounds, spec.streams)]
     return "\n".join(lines)
 
 
-def format_runs(arms: list[ArmFigures]) -> str:
-    """Every run's figures, for the reader who wants the spread behind a median."""
+def format_runs(rounds: Rounds, spec: TableSpec) -> str:
+    """Every run's figures, for the reader who wants the spread behind a median; with several
+    rounds, each round's runs apart and each round's ratios."""
     out = []
-    for a in arms:
-        for n, runs in a.decode.items():
-            out.append(
-                f"  {a.name}, {n} streams: decode {[round(r[0], 1) for r in runs]}, "
-                f"e2e {[round(r[1], 1) for r in runs]}"
-            )
-        if a.prefill:
-            out.append(f"  {a.name}, prefill: {[round(p, 1) for p in a.prefill]}")
+    for r, arms in enumerate(rounds):
+        if len(rounds) > 1:
+            out.append(f"  round {r + 1}:")
+        for a in arms:
+            for n, runs in a.decode.items():
+                out.append(
+                    f"  {a.name}, {n} streams: decode {[round(x[0], 1) for x in runs]}, "
+                    f"e2e {[round(x[1], 1) for x in runs]}"
+                )
+            if a.prefill:
+                out.append(f"  {a.name}, prefill: {[round(p, 1) for p in a.prefill]}")
+    if len(rounds) > 1:
+        heads = [h for n in spec.streams for h in (f"decode {n}", f"e2e {n}")] + ["prefill"]
+        out.append("  ratios per round:")
+        for name, per_round in round_ratios(rounds, spec.streams):
+            for head, column in zip(heads, zip(*per_round)):
+                if any(c is not None for c in column):
+                    cells = ", ".join("-" if c is None else f"{c:.2f}" for c in column)
+                    out.append(f"  {name}, {head}: {cells}")
     return "\n".join(out)
 
 
-def format_report(arms: list[ArmFigures], spec: TableSpec, notes: list[str]) -> str:
+def format_report(rounds: Rounds, spec: TableSpec, notes: list[str]) -> str:
     """The whole printout: the method, what ran and where, the table, every run."""
+    runs = spec.runs * spec.rounds
     method = [
         f"{spec.prompt_len}-token random prompts, {spec.output_len} new tokens, greedy, EOS "
-        f"ignored; tok/s, median of {spec.runs} runs",
+        f"ignored; tok/s, median of {runs} runs"
+        + (f" ({spec.runs} in each of {spec.rounds} rounds)" if spec.rounds > 1 else ""),
         f"decode N = N x {spec.output_len} / (t({spec.output_len + 1} tokens) - t(1 token)); "
         f"e2e N = N x {spec.output_len + 1} / t({spec.output_len + 1} tokens), prefill included; "
         f"prefill = one unseen {spec.prefill}-token prompt / t(first token)",
         "every prompt's first token is new to its engine; every Attest request asserted "
         "cached_tokens == 0",
     ]
+    if spec.rounds > 1:
+        method.append(
+            f"{spec.rounds} rounds of every arm, each round's order rotated by one arm; a ratio "
+            "is the median over rounds of the ratio of the two arms' medians in that round"
+        )
     return "\n".join(
-        [*method, *notes, "", format_table(arms, spec), "", "runs (tok/s):", format_runs(arms)]
+        [
+            *method,
+            *notes,
+            "",
+            format_table(rounds, spec),
+            "",
+            "runs (tok/s):",
+            format_runs(rounds, spec),
+        ]
     )

@@ -5,7 +5,8 @@ The engines run one after the other, never side by side: one engine is alive at 
 Attest arm is closed, transformers' model dropped, llama.cpp's or vLLM's worker ended before the
 next loads), so no two share memory or cores. Every arm sees the same prompts in the same order
 (one seed); llama.cpp runs on as many threads as torch does in this process, vLLM's OpenMP
-threads are bound to every CPU this process may use.
+threads are bound to every CPU this process may use. With ``rounds`` the whole sequence runs
+again, each round's order rotated (measure/table.py says why), every arm loaded afresh.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from measure.method import (
     Generate,
@@ -26,7 +28,15 @@ from measure.method import (
     prefill_rate,
     transformers_generate,
 )
-from measure.table import ATTEST_ARMS, BASELINES, VLLM_ARMS, ArmFigures, TableSpec, peer_row
+from measure.table import (
+    ATTEST_ARMS,
+    BASELINES,
+    VLLM_ARMS,
+    ArmFigures,
+    TableSpec,
+    merged,
+    peer_row,
+)
 from measure.vllm_cpu import WorkerSpec
 
 Say = Callable[[str], None]
@@ -38,11 +48,19 @@ def _stderr(line: str) -> None:
 
 @dataclass(slots=True)
 class TableRun:
-    """The arms' figures and the conditions they were measured in."""
+    """The arms' figures, per round, and the conditions they were measured in."""
 
     spec: TableSpec
-    arms: list[ArmFigures] = field(default_factory=list)
+    rounds: list[list[ArmFigures]] = field(default_factory=list)  # arms in the spec's order
     notes: list[str] = field(default_factory=list)  # what ran, one line each
+
+    @property
+    def arms(self) -> list[ArmFigures]:
+        """Each arm's runs from every round together."""
+        return merged(self.rounds)
+
+
+Arm = Callable[[], tuple[ArmFigures, str]]  # one arm loaded, measured, closed: figures, note
 
 
 def measure(
@@ -64,41 +82,63 @@ def measure(
 
 
 def run_table(spec: TableSpec, say: Say = _stderr) -> TableRun:
-    """Measure every arm of ``spec``; progress goes to ``say`` as it comes."""
+    """Measure every arm of ``spec``, ``spec.rounds`` times, round r's order rotated by r arms
+    (two arms: A B, then B A); progress goes to ``say`` as it comes. An arm's note is its first
+    round's."""
     path = _check(spec)
-    import torch
-
     out = TableRun(spec)
     out.notes.append(f"cpu: {describe_cpu()}")
     out.notes.append(f"model: {path}")
     out.notes.append(f"load average before: {os.getloadavg()[0]:.2f}")
-    for engine in spec.engines:
-        if engine == "attest":
-            for arm in spec.attest:
-                fig, note = _attest_arm(arm, path, spec, say)
-                out.arms.append(fig)
-                out.notes.append(f"{note}, torch threads {torch.get_num_threads()}")
-        elif engine == "transformers":
-            say("transformers: loading (dequantising the GGUF to float32)")
-            hf = load_transformers(path)
-            go = transformers_generate(hf)
-            out.arms.append(measure(BASELINES[engine], engine, go, hf.config.vocab_size, spec, say))
-            out.notes.append(
-                f"transformers: float32 batched generate, torch threads {torch.get_num_threads()}"
-            )
-            del hf, go
-            gc.collect()
-        elif engine == "llamacpp":
-            fig, note = _llamacpp_arm(path, spec, say)
-            out.arms.append(fig)
-            out.notes.append(note)
-        else:
-            for arm in spec.vllm:
-                fig, note = _vllm_arm(arm, path, spec, say)
-                out.arms.append(fig)
-                out.notes.append(note)
+    arms = _arms(spec, path, say)
+    notes: dict[int, str] = {}
+    for r in range(spec.rounds):
+        k = r % len(arms)
+        order = list(range(len(arms)))[k:] + list(range(k))
+        if spec.rounds > 1:
+            say(f"round {r + 1} of {spec.rounds}")
+        figs: dict[int, ArmFigures] = {}
+        for i in order:
+            figs[i], note = arms[i]()
+            notes.setdefault(i, note)
+        out.rounds.append([figs[i] for i in range(len(arms))])
+    out.notes += [notes[i] for i in range(len(arms))]
     out.notes.append(f"load average after: {os.getloadavg()[0]:.2f}")
     return out
+
+
+def _arms(spec: TableSpec, path: str, say: Say) -> list[Arm]:
+    """Every arm of ``spec`` in its order, each a call that loads, measures and closes it."""
+    arms: list[Arm] = []
+    for engine in spec.engines:
+        if engine == "attest":
+            arms += [partial(_attest_arm, arm, path, spec, say) for arm in spec.attest]
+        elif engine == "transformers":
+            arms.append(partial(_transformers_arm, path, spec, say))
+        elif engine == "llamacpp":
+            arms.append(partial(_llamacpp_arm, path, spec, say))
+        else:
+            arms += [partial(_vllm_arm, arm, path, spec, say) for arm in spec.vllm]
+    return arms
+
+
+def _transformers_arm(path: str, spec: TableSpec, say: Say) -> tuple[ArmFigures, str]:
+    import torch
+
+    say("transformers: loading (dequantising the GGUF to float32)")
+    hf = load_transformers(path)
+    try:
+        go = transformers_generate(hf)
+        fig = measure(
+            BASELINES["transformers"], "transformers", go, hf.config.vocab_size, spec, say
+        )
+        return (
+            fig,
+            f"transformers: float32 batched generate, torch threads {torch.get_num_threads()}",
+        )
+    finally:  # its weights go before the next engine loads its own
+        del hf
+        gc.collect()
 
 
 def _check(spec: TableSpec) -> str:
@@ -178,6 +218,8 @@ def vllm_note(name: str, info: dict, ws: WorkerSpec) -> str:
 
 def _attest_arm(arm: str, path: str, spec: TableSpec, say: Say) -> tuple[ArmFigures, str]:
     """The arm's figures, and what ran: its options and, in fast mode, its kernels' path."""
+    import torch
+
     from engine import LLM
 
     say(f"attest {arm}: loading LLM({_kwargs(ATTEST_ARMS[arm])})")
@@ -190,7 +232,7 @@ def _attest_arm(arm: str, path: str, spec: TableSpec, say: Say) -> tuple[ArmFigu
         note += f" ({quant.path})" if quant is not None else ""
         vocab = llm.core.model_config.vocab_size
         fig = measure(f"attest {arm}", "attest", attest_generate(llm), vocab, spec, say)
-        return fig, note
+        return fig, f"{note}, torch threads {torch.get_num_threads()}"
     finally:  # its pools and weights go before the next engine loads its own
         llm.close()
         del llm

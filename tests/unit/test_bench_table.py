@@ -112,7 +112,7 @@ def _arms() -> list[ArmFigures]:
 def test_medians_per_column_and_ratios_of_each_attest_arm_over_each_baseline():
     arms = _arms()
     assert arms[0].medians([1, 16]) == [55, 41, 350, 200, 1000]
-    rows = dict(ratio_rows(arms, [1, 16]))
+    rows = dict(ratio_rows([arms], [1, 16]))
     assert list(rows) == ["attest exact / transformers", "attest exact / llama.cpp"]
     assert rows["attest exact / transformers"] == pytest.approx([2.75, 4.1, 3.5, 4.0, 2.0])
     assert rows["attest exact / llama.cpp"] == pytest.approx([0.5, 41 / 55, 1.0, 200 / 105, 4.0])
@@ -120,7 +120,7 @@ def test_medians_per_column_and_ratios_of_each_attest_arm_over_each_baseline():
 
 def test_the_table_text():
     spec = TableSpec(streams=[1, 16], prefill=512)
-    assert format_table(_arms(), spec).splitlines() == [
+    assert format_table([_arms()], spec).splitlines() == [
         "| arm | decode 1 | e2e 1 | decode 16 | e2e 16 | prefill 512 |",
         "|---|---:|---:|---:|---:|---:|",
         "| attest exact | 55.0 | 41.0 | 350.0 | 200.0 | 1000.0 |",
@@ -137,7 +137,7 @@ def test_a_column_an_arm_did_not_measure_is_a_dash_and_has_no_ratio():
         ArmFigures("attest int4", "attest", {1: [(80, 60)]}),
         ArmFigures("transformers", "transformers", {}),
     ]
-    assert format_table(arms, spec).splitlines()[2:] == [
+    assert format_table([arms], spec).splitlines()[2:] == [
         "| attest int4 | 80.0 | 60.0 | - |",
         "| transformers | - | - | - |",
         "| attest int4 / transformers | - | - | - |",
@@ -146,7 +146,7 @@ def test_a_column_an_arm_did_not_measure_is_a_dash_and_has_no_ratio():
 
 def test_the_report_states_the_method_the_conditions_and_every_run():
     spec = TableSpec(streams=[1, 16], runs=3)
-    text = format_report(_arms(), spec, ["cpu: AMD EPYC, 2 cores; flags: avx2", "threads 2"])
+    text = format_report([_arms()], spec, ["cpu: AMD EPYC, 2 cores; flags: avx2", "threads 2"])
     assert "decode N = N x 64 / (t(65 tokens) - t(1 token))" in text
     assert "cached_tokens == 0" in text and "median of 3 runs" in text
     assert "cpu: AMD EPYC, 2 cores; flags: avx2\nthreads 2" in text
@@ -197,3 +197,33 @@ def test_a_decode_time_the_noise_swallowed_is_timed_again_never_a_negative_rate(
     assert decode == pytest.approx(4 * 8 / (8 * 0.01)) and go.calls == 4  # the pair again
     with pytest.raises(ValueError, match=r"took no longer than .* 3 times"):
         decode_rate(Jittery(bad=3), Prompts(49152), n=4, length=16, new=8)
+
+
+def test_with_rounds_a_ratio_is_the_median_of_each_rounds_ratio_not_of_the_pooled_medians():
+    # the machine twice as fast in round 2 for both arms: the rounds say 2x, 2x and 3x, the
+    # pooled medians (ours 200, 400, 400, 300: 350; theirs 100, 200, 200, 100: 150) 2.33x
+    def arm(name: str, engine: str, rates: list[float]) -> ArmFigures:
+        return ArmFigures(name, engine, {16: [(x, x / 2) for x in rates]}, [x * 10 for x in rates])
+
+    rounds = [
+        [arm("attest bf16", "attest", [200]), arm("vLLM bf16", "vllm", [100])],
+        [arm("attest bf16", "attest", [400, 400]), arm("vLLM bf16", "vllm", [200, 200])],
+        [arm("attest bf16", "attest", [300]), arm("vLLM bf16", "vllm", [100])],
+    ]
+    spec = TableSpec(streams=[16], rounds=3, runs=1)
+    assert dict(ratio_rows(rounds, [16]))["attest bf16 / vLLM bf16"] == pytest.approx(
+        [2.0, 2.0, 2.0]
+    )
+    table = format_table(rounds, spec).splitlines()
+    assert table[2] == "| attest bf16 | 350.0 | 175.0 | 3500.0 |"  # every round's runs pooled
+    assert table[3] == "| vLLM bf16 | 150.0 | 75.0 | 1500.0 |"
+    assert table[4] == "| attest bf16 / vLLM bf16 | 2.00x | 2.00x | 2.00x |"
+    text = format_report(rounds, spec, [])
+    assert "median of 3 runs (1 in each of 3 rounds)" in text
+    assert "  round 2:\n  attest bf16, 16 streams: decode [400, 400], e2e [200.0, 200.0]" in text
+    assert "  attest bf16 / vLLM bf16, decode 16: 2.00, 2.00, 3.00" in text
+
+
+def test_rounds_below_one_are_refused():
+    with pytest.raises(ValueError, match=r"--rounds must be an integer >= 1, got 0"):
+        TableSpec.from_text("1", "attest", "exact", rounds=0)

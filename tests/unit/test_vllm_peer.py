@@ -174,7 +174,7 @@ def test_every_attest_arm_gets_a_ratio_over_each_vllm_arm():
         ArmFigures(peer_row("vllm", "f32"), "vllm", {1: [(20, 15)]}, [400]),
         ArmFigures(peer_row("vllm", "bf16"), "vllm", {1: [(30, 30)]}, [600]),
     ]
-    rows = dict(ratio_rows(arms, [1]))
+    rows = dict(ratio_rows([arms], [1]))
     assert list(rows) == [
         "attest exact / vLLM f32",
         "attest exact / vLLM bf16",
@@ -183,7 +183,7 @@ def test_every_attest_arm_gets_a_ratio_over_each_vllm_arm():
     ]
     assert rows["attest bf16 / vLLM bf16"] == pytest.approx([2.0, 1.5, 2.0])
     assert rows["attest exact / vLLM f32"] == pytest.approx([2.0, 2.0, 2.0])
-    text = format_table(arms, TableSpec(streams=[1], prefill=512))
+    text = format_table([arms], TableSpec(streams=[1], prefill=512))
     assert "| vLLM bf16 | 30.0 | 30.0 | 600.0 |" in text
     assert "| attest exact / vLLM bf16 | 1.33x | 1.00x | 1.33x |" in text
 

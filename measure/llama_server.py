@@ -14,12 +14,10 @@ import os
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
-import httpx
-
 from measure.llamacpp import NO_AMX, PIN
+from measure.peer_worker import LoopbackServer
 
 ROOT = Path("build/llama-server")
 
@@ -92,35 +90,6 @@ def build(root: str | Path = ROOT) -> Path:
     return check(root)
 
 
-class LoopbackServer:
-    """A peer's HTTP server started by ``cmd`` on loopback at ``port``, its output in ``log``;
-    ``base`` is its URL once /health answers (within ``ready_timeout`` s, else it is stopped and
-    the error raised). ``stop``: SIGTERM, then SIGKILL after ``grace`` seconds."""
-
-    def __init__(
-        self,
-        cmd: list[str],
-        port: int,
-        log: Path,
-        ready_timeout: float,
-        name: str,
-        env: dict[str, str] | None = None,
-        grace: float = 30,
-    ) -> None:
-        self.base, self.grace = f"http://127.0.0.1:{port}", grace
-        self.log = open(log, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        try:
-            wait_healthy(self.proc, self.base, ready_timeout, f"{name} ({log})")
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        stop_process(self.proc, self.grace)
-        self.log.close()
-
-
 class LlamaServer(LoopbackServer):
     """A running llama-server on loopback: ``slots`` parallel sequences of ``ctx`` tokens each,
     ``threads`` threads, the model's GGUF file. ``base`` is its URL once healthy."""
@@ -154,31 +123,3 @@ class LlamaServer(LoopbackServer):
             str(threads),
         ]
         super().__init__(cmd, port, log, ready_timeout, "llama-server")
-
-
-def wait_healthy(proc: subprocess.Popen, base: str, timeout: float, what: str) -> None:
-    """Poll ``base``/health until a 200; RuntimeError naming ``what`` when the process exits
-    first or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited early (exit {proc.returncode})")
-        try:
-            if httpx.get(base + "/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not healthy in {timeout:.0f} s")
-        time.sleep(0.3)
-
-
-def stop_process(proc: subprocess.Popen, grace: float = 30) -> None:
-    """SIGTERM, then SIGKILL after ``grace`` seconds."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -1,15 +1,20 @@
-"""A peer's worker process in the peer's own virtualenv, spoken to in JSON lines: one request a
-line on its stdin, one answer a line on its stdout. The first request loads the model; its answer
-is ``info`` (what runs). llama.cpp's and vLLM's arms (measure/llamacpp.py, measure/vllm_cpu.py)
-are two of these: their environments cannot be imported here, so their engines run there."""
+"""A peer's processes, in the peer's own virtualenv. Its worker, spoken to in JSON lines: one
+request a line on its stdin, one answer a line on its stdout. The first request loads the model;
+its answer is ``info`` (what runs). llama.cpp's and vLLM's arms (measure/llamacpp.py,
+measure/vllm_cpu.py) are two of these: their environments cannot be imported here, so their
+engines run there. Its HTTP server on loopback (``LoopbackServer``: llama-server's and vLLM's
+for the online comparison), healthy before it is used, stopped in order after."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
+
+import httpx
 
 
 class MissingEnv(RuntimeError):
@@ -103,3 +108,60 @@ class PeerWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LoopbackServer:
+    """A peer's HTTP server started by ``cmd`` on loopback at ``port``, its output in ``log``;
+    ``base`` is its URL once /health answers (within ``ready_timeout`` s, else it is stopped and
+    the error raised). ``stop``: SIGTERM, then SIGKILL after ``grace`` seconds."""
+
+    def __init__(
+        self,
+        cmd: list[str],
+        port: int,
+        log: Path,
+        ready_timeout: float,
+        name: str,
+        env: dict[str, str] | None = None,
+        grace: float = 30,
+    ) -> None:
+        self.base, self.grace = f"http://127.0.0.1:{port}", grace
+        self.log = open(log, "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_healthy(self.proc, self.base, ready_timeout, f"{name} ({log})")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        stop_process(self.proc, self.grace)
+        self.log.close()
+
+
+def wait_healthy(proc: subprocess.Popen, base: str, timeout: float, what: str) -> None:
+    """Poll ``base``/health until a 200; RuntimeError naming ``what`` when the process exits
+    first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited early (exit {proc.returncode})")
+        try:
+            if httpx.get(base + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not healthy in {timeout:.0f} s")
+        time.sleep(0.3)
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

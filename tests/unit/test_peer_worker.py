@@ -10,8 +10,7 @@ import sys
 import httpx
 import pytest
 
-from measure.llama_server import LoopbackServer
-from measure.peer_worker import PeerWorker
+from measure.peer_worker import LoopbackServer, PeerWorker
 
 SCRIPT = """
 import json, sys

@@ -1,23 +1,28 @@
 """The native CPU ops (kernels/cpu_ops.cpp) against the torch ops they stand in for, per call.
 
-Small ops: RMSNorm, add+RMSNorm and rotary at 1 and 64 rows, float32 and bfloat16, on dense
-inputs. Decode attention: the tensors of real decode forwards (an engine decoding ``--batch``
+Small ops: RMSNorm, add+RMSNorm, rotary and SiLU times up at ``--rows`` (1, 64 and a prefill's
+512 by default), float32 and bfloat16, on dense inputs of the default model's widths. Decode attention: the tensors of real decode forwards (an engine decoding ``--batch``
 requests of 128-token prompts, 30 layers' calls captured once the context passed 140 tokens),
 replayed through the native and the grouped paths; "hot" repeats them back to back, "cold" first
 streams 160 MB through the caches, as a forward does between one layer's attention and the next
 step's. The native ops must be built (``make native``); the figures are medians in us.
 
-    .venv/bin/python bench/native_ops.py [--batch 1,16,64] [--quant exact|int8|int4]
+    .venv/bin/python bench/native_ops.py [--rows 1,64,512] [--batch 1,16,64] [--quant exact|int8|int4]
+    .venv/bin/python bench/native_ops.py --rows 512 --batch ''   # the small ops only
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's engine, not another
 
 
 def per_call_us(fn, n: int = 2000) -> float:
@@ -31,7 +36,7 @@ def per_call_us(fn, n: int = 2000) -> float:
 
 def op_pairs(rows: int, dtype: torch.dtype) -> dict:
     """Per op: (torch's, the native one), as calls on dense inputs of ``rows`` rows."""
-    from engine.model.fused import add_norm, apply_rope, rms_norm
+    from engine.model.fused import add_norm, apply_rope, rms_norm, silu_mul
 
     ops = torch.ops.attest
     x, y = torch.randn(rows, 576).to(dtype), torch.randn(rows, 576).to(dtype)
@@ -40,20 +45,30 @@ def op_pairs(rows: int, dtype: torch.dtype) -> dict:
     freqs = torch.arange(rows).float()[:, None] * torch.rand(32)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+    gate_up = torch.randn(rows, 2 * 1536).to(dtype)
     return {
         "rms_norm": (lambda: rms_norm(x, w, 1e-5), lambda: ops.rms_norm(x, w, 1e-5)),
         "add_norm": (lambda: add_norm(x, y, w, 1e-5), lambda: ops.add_rms_norm(h, y, w, 1e-5)),
         "rope": (lambda: apply_rope(qk, cos, sin), lambda: ops.rope_(qk, cos, sin)),
+        "silu_mul": (lambda: silu_mul(gate_up), lambda: ops.silu_mul(gate_up)),
     }
 
 
-def small_ops() -> None:
-    print("op, rows, dtype: torch us / native us")
+def small_ops(counts: list[int]) -> None:
+    """Per op: torch's and the native one alternating, five times; the medians."""
+    print("op, rows, dtype: torch us / native us (medians of 5, alternating)")
     for dtype in (torch.float32, torch.bfloat16):
-        for rows in (1, 64):
+        for rows in counts:
+            n = max(20, 20000 // rows)
             for name, (ref, native) in op_pairs(rows, dtype).items():
-                a, b = per_call_us(ref), per_call_us(native)
-                print(f"  {name}, {rows}, {str(dtype)[6:]}: {a:.1f} / {b:.1f}")
+                a, b = [], []
+                for _ in range(5):
+                    a.append(per_call_us(ref, n))
+                    b.append(per_call_us(native, n))
+                a_us, b_us = statistics.median(a), statistics.median(b)
+                print(
+                    f"  {name}, {rows}, {str(dtype)[6:]}: {a_us:.1f} / {b_us:.1f} ({a_us / b_us:.2f}x)"
+                )
 
 
 def captured(batch: int, quant: str | None) -> list[tuple]:
@@ -111,7 +126,8 @@ def attention(batches: list[int], quant: str | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", default="1,16,64")
+    ap.add_argument("--rows", default="1,64,512", help="the small ops' row counts")
+    ap.add_argument("--batch", default="1,16,64", help="decode attention's batches; '': none")
     ap.add_argument("--quant", choices=("exact", "int8", "int4"), default="int4")
     args = ap.parse_args()
     from kernels import cpu_ops
@@ -119,11 +135,12 @@ def main() -> None:
     if not cpu_ops.load():
         raise SystemExit(f"bench/native_ops.py: {cpu_ops.why_not()}")
     print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
-    small_ops()
-    print(f"decode attention, {args.quant} engine: grouped vs native, hot and cold")
-    attention(
-        [int(b) for b in args.batch.split(",")], None if args.quant == "exact" else args.quant
-    )
+    small_ops([int(r) for r in args.rows.split(",")])
+    if args.batch:
+        print(f"decode attention, {args.quant} engine: grouped vs native, hot and cold")
+        attention(
+            [int(b) for b in args.batch.split(",")], None if args.quant == "exact" else args.quant
+        )
 
 
 if __name__ == "__main__":

@@ -510,6 +510,76 @@ Tensor add_rms_norm(Tensor& h, const Tensor& y, const Tensor& w, double eps) {
   return norm_impl(h, y, w, eps);
 }
 
+// silu(gate) * up of gate_up [rows, 2n] (gate a row's first half), as silu_mul computes it in
+// torch: silu rounded to T (gate / (1 + exp(-gate)) in float32, exp torch's vector one), then
+// the product rounded. One pass where torch makes two and a tensor between them.
+#if defined(__AVX512F__)
+// v rounded to bfloat16 as c10 rounds (to nearest even; a NaN is 0x7fc0), in each lane's low half
+inline __m512i bf16_bits(__m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_set1_epi32(0x7fc0));
+}
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(c10::BFloat16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits(v)));
+}
+template <typename T>
+inline __m512 keep16(__m512 v) {  // v rounded to T and back, as keep<T> a lane at a time
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16));
+}
+#endif
+
+template <typename T>
+void silu_mul_rows(const T* x, T* y, int64_t rows, int64_t n, int64_t xs) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = x + r * xs;
+      const T* u = g + n;
+      T* o = y + r * n;
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      // torch's vector loop takes two of its vectors at a time (32 float32, 64 bfloat16), and
+      // its scalar loop (std::exp) the rest of a row: the same elements each way here
+      constexpr int64_t pair = std::is_same_v<T, float> ? 32 : 64;
+      const int64_t whole = n / pair * pair;
+      const __m512 one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
+      for (; i < whole; i += 16) {
+        const __m512 gv = load16(g + i);
+        const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(gv, sign));  // exp(-gate)
+        const __m512 s = keep16<T>(_mm512_div_ps(gv, _mm512_add_ps(one, e)));
+        store16(o + i, _mm512_mul_ps(s, load16(u + i)));
+      }
+#endif
+      for (; i < n; ++i) {  // torch's scalar loop
+        const float gf = f32(g[i]);
+        o[i] = static_cast<T>(keep<T>(gf / (1.f + std::exp(-gf))) * f32(u[i]));
+      }
+    }
+  });
+}
+
+Tensor silu_mul(const Tensor& gate_up) {
+  check_rows(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up must be [rows, 2n]");
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  Tensor y = at::empty({rows, n}, gate_up.options());
+  if (gate_up.scalar_type() == at::kFloat)
+    silu_mul_rows<float>(gate_up.data_ptr<float>(), y.data_ptr<float>(), rows, n,
+                         gate_up.stride(0));
+  else if (gate_up.scalar_type() == at::kBFloat16)
+    silu_mul_rows<c10::BFloat16>(gate_up.data_ptr<c10::BFloat16>(),
+                                 y.data_ptr<c10::BFloat16>(), rows, n, gate_up.stride(0));
+  else
+    TORCH_CHECK(false, "silu_mul: dtype ", gate_up.scalar_type());
+  return y;
+}
+
 // x [T, n, d] in place: x * cos + rotate_half(x) * sin, each product rounded, as apply_rope.
 template <typename T>
 void rope_rows(Tensor& x, const Tensor& cos, const Tensor& sin) {
@@ -565,6 +635,7 @@ TORCH_LIBRARY(attest, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) h, Tensor y, Tensor w, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> Tensor(a!)");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def(
       "decode_layers(Tensor(a!) h, Tensor x, Tensor cos, Tensor sin, Tensor[] mats, "
       "Tensor[] scales, int[] groups, Tensor[] norms, Tensor(b!)[] pools, Tensor out_slots, "
@@ -577,5 +648,6 @@ TORCH_LIBRARY_IMPL(attest, CPU, m) {
   m.impl("rms_norm", rms_norm);
   m.impl("add_rms_norm", add_rms_norm);
   m.impl("rope_", rope_);
+  m.impl("silu_mul", silu_mul);
   m.impl("decode_layers", decode_layers);
 }

@@ -7,8 +7,9 @@ Grouped as ``norm``, ``rope``, ``add_norm`` (residual add, then the next norm) a
 ``silu_mul``, they run exactly the operations the reference implementation runs, in its
 order, so exact mode keeps its tokens.
 
-Where the native CPU ops are built (``kernels.cpu_ops``), ``rope`` is one native call in every
-mode (it gives the same bits: the same roundings in the same order, no fused multiply-adds),
+Where the native CPU ops are built (``kernels.cpu_ops``), ``rope`` and ``silu_mul`` are one
+native call each in every mode (they give the same bits: the same roundings in the same order,
+no fused multiply-adds, torch's own vector exp),
 and with bfloat16 activations (fast mode, ``--dtype bfloat16``) so are ``norm`` and
 ``add_norm`` for up to ``NATIVE_NORM_ROWS`` rows. Exact mode keeps torch's norm: a native sum
 of squares adds in another order, and exact mode's tokens are transformers' tokens.
@@ -83,6 +84,14 @@ def native_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return torch.ops.attest.rope_(x, cos, sin)
 
 
+def native_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """One native pass with ``silu_mul``'s bits (torch's vector exp, the same roundings); a
+    transposed product's view takes torch's."""
+    if gate_up.dim() != 2 or gate_up.stride(-1) != 1:
+        return silu_mul(gate_up)
+    return torch.ops.attest.silu_mul(gate_up)
+
+
 def native_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.shape[0] > NATIVE_NORM_ROWS or x.stride(-1) != 1:
         return rms_norm(x, weight, eps)
@@ -111,8 +120,11 @@ def layer_ops(
         )
     if dtype == torch.float32:  # exact mode: only what gives torch's bits
         return LayerOps(
-            partial(rms_norm, eps=eps), native_rope, partial(add_norm, eps=eps), silu_mul
+            partial(rms_norm, eps=eps), native_rope, partial(add_norm, eps=eps), native_silu_mul
         )
     return LayerOps(
-        partial(native_norm, eps=eps), native_rope, partial(native_add_norm, eps=eps), silu_mul
+        partial(native_norm, eps=eps),
+        native_rope,
+        partial(native_add_norm, eps=eps),
+        native_silu_mul,
     )

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.model import fused
-from engine.model.fused import add_norm, apply_rope, layer_ops, rms_norm
+from engine.model.fused import add_norm, apply_rope, layer_ops, rms_norm, silu_mul
 from kernels import cpu_ops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,13 +64,44 @@ def test_native_norms_match_the_python_ones_in_bfloat16(rows):
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "rows,n", [(1, 1536), (7, 1536), (512, 1536), (3, 40), (3, 48), (4, 100), (2, 96), (5, 7)]
+)
+def test_native_silu_mul_gives_torchs_bits(rows, n, dtype):
+    """Exact mode runs it: torch's silu then the product, each rounded, torch's vector exp
+    where torch's vector loop runs and its scalar loop's exp for the rest of a row."""
+    g = torch.Generator().manual_seed(rows * n)
+    gate_up = (torch.randn(rows, 2 * n, generator=g) * 6).to(dtype)  # far into both tails
+    gate_up[0, :4] = torch.tensor([0.0, -0.0, 88.0, -104.0])  # exp's edges: 1, overflow, 0
+    want = silu_mul(gate_up)
+    got = torch.ops.attest.silu_mul(gate_up)
+    assert got.dtype == dtype and got.shape == (rows, n)
+    assert torch.equal(got, want)
+    wide = torch.zeros(rows, 2 * n + 8, dtype=dtype)
+    wide[:, : 2 * n] = gate_up  # rows further apart than 2n: read by the row stride
+    assert torch.equal(fused.native_silu_mul(wide[:, : 2 * n]), want)
+
+
+@needs_native
+def test_a_transposed_products_view_takes_torchs_silu_mul(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fused, "silu_mul", lambda t: calls.append(t.shape) or silu_mul(t))
+    gate_up = torch.randn(8, 4).bfloat16()
+    fused.native_silu_mul(gate_up)
+    fused.native_silu_mul(gate_up.t().contiguous().t())  # a column-major view, as (W @ x.T).T
+    assert calls == [(8, 4)]
+
+
+@needs_native
 def test_exact_mode_takes_only_the_ops_that_keep_torchs_bits():
     exact, fast = layer_ops(1e-5, torch.float32), layer_ops(1e-5, torch.bfloat16)
     assert exact.rope is fused.native_rope and fast.rope is fused.native_rope
+    assert exact.silu_mul is fused.native_silu_mul and fast.silu_mul is fused.native_silu_mul
     assert exact.norm.func is rms_norm and exact.add_norm.func is add_norm
     assert fast.norm.func is fused.native_norm and fast.add_norm.func is fused.native_add_norm
     off = layer_ops(1e-5, torch.bfloat16, native=False)
-    assert off.rope is apply_rope and off.norm.func is rms_norm
+    assert off.rope is apply_rope and off.norm.func is rms_norm and off.silu_mul is silu_mul
 
 
 @needs_native

@@ -229,7 +229,7 @@ def _attest_arm(arm: str, path: str, spec: TableSpec, say: Say) -> tuple[ArmFigu
     try:
         note = f"attest {arm}: LLM({_kwargs(ATTEST_ARMS[arm])})"
         quant = getattr(llm.core, "quant", None)  # fast mode's plan: which kernels run here
-        note += f" ({quant.path})" if quant is not None else ""
+        note += f" ({quant.path})" if quant is not None else _ways(llm.core.weights_fields())
         vocab = llm.core.model_config.vocab_size
         fig = measure(f"attest {arm}", "attest", attest_generate(llm), vocab, spec, say)
         return fig, f"{note}, torch threads {torch.get_num_threads()}"
@@ -237,6 +237,19 @@ def _attest_arm(arm: str, path: str, spec: TableSpec, say: Say) -> tuple[ArmFigu
         llm.close()
         del llm
         gc.collect()
+
+
+def _ways(fields: dict) -> str:
+    """Exact mode's dense products as its load measured them (``boot.weights``): the row
+    buckets that took (W @ x.T).T and those that took oneDNN's packed weights, per part."""
+    if "orient" not in fields and "prepacked" not in fields:
+        return ""
+    parts = [
+        f"{part}: mm {fields.get('orient', {}).get(part, [])}, packed {packed}"
+        for part, packed in fields.get("prepacked", {}).items()
+        if part != "bytes"
+    ]
+    return f" (products by rows measured at load, {'; '.join(parts)})"
 
 
 def _kwargs(kw: dict) -> str:

@@ -37,7 +37,7 @@ import torch
 
 from engine.group.comm import Comm
 from engine.group.pipeline import Stage
-from engine.model.orient import fastest
+from engine.model.orient import fastest_each
 from engine.model.quant import SMALL_ROWS, QuantPlan, QuantWeight
 
 ROWS = (SMALL_ROWS, 8, 16, 32, 64, 128, 256)  # the row counts timed, from the floor up
@@ -59,8 +59,13 @@ def measure(
     bound = rows[0]
     for n in rows:
         xs = [torch.randn(n, w.shape[1], generator=g).to(w.dense.dtype) for w in mats]
-        ints = fastest(lambda: [w.packed_matmul(x) for x, w in zip(xs, mats)], clock=clock)  # noqa: B023
-        flat = fastest(lambda: [dense(x, w.dense) for x, w in zip(xs, mats)], clock=clock)  # noqa: B023
+        ints, flat = fastest_each(
+            [
+                lambda: [w.packed_matmul(x) for x, w in zip(xs, mats)],  # noqa: B023
+                lambda: [dense(x, w.dense) for x, w in zip(xs, mats)],  # noqa: B023
+            ],
+            clock=clock,
+        )
         took[n] = (ints, flat)
         if n > rows[0] and ints >= flat:
             break

@@ -42,7 +42,8 @@ import torch.nn.functional as F
 
 ROWS = (1, 2, 4, 8, 16, 64, 256, 512)  # the row counts measured; a product takes the bucket below
 HEAD_ROWS = (1, 2, 4, 8, 16, 64)  # the LM head sees a row per sequence sampled
-REPS = 3  # timed calls per row count and way, after one warm call; the fastest counts
+REPS = 3  # timed calls per row count and way, the ways in turn, after one warm call each; the
+# fastest counts
 PACK_ROWS = 64  # the row count oneDNN lays a packed weight out for (it runs any count)
 
 
@@ -105,13 +106,27 @@ def fastest(
     clock: Callable[[], float] = time.perf_counter,
 ) -> float:
     """The fastest of ``reps`` calls of ``fn``, in seconds, after ``warm`` untimed ones."""
+    return fastest_each([fn], reps, warm, clock)[0]
+
+
+def fastest_each(
+    fns: Sequence[Callable[[], object]],
+    reps: int = REPS,
+    warm: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """Each of ``fns``' fastest of ``reps`` calls, in seconds, after ``warm`` untimed ones, the
+    ways taking turns call by call: a spell of a busy machine then slows every way's calls
+    alike, where ways timed one after the other had it fall on one way's calls alone."""
     for _ in range(warm):
-        fn()
-    best = float("inf")
+        for fn in fns:
+            fn()
+    best = [float("inf")] * len(fns)
     for _ in range(reps):
-        t = clock()
-        fn()
-        best = min(best, clock() - t)
+        for i, fn in enumerate(fns):
+            t = clock()
+            fn()
+            best[i] = min(best[i], clock() - t)
     return best
 
 
@@ -128,12 +143,13 @@ def measure(
     took: dict[int, tuple[float, ...]] = {}
     for n in rows:
         xs = [torch.randn(n, w.shape[1], generator=g, dtype=w.dtype) for w in mats]
-        lin = fastest(lambda: [F.linear(x, w) for x, w in zip(xs, mats)], clock=clock)  # noqa: B023
-        mm = fastest(lambda: [by_mm(x, w) for x, w in zip(xs, mats)], clock=clock)  # noqa: B023
-        took[n] = (lin, mm)
+        ways = [
+            lambda: [F.linear(x, w) for x, w in zip(xs, mats)],  # noqa: B023
+            lambda: [by_mm(x, w) for x, w in zip(xs, mats)],  # noqa: B023
+        ]
         if packs is not None:
-            run = lambda: [packed_linear(x, p) for x, p in zip(xs, packs)]  # noqa: B023, E731
-            took[n] += (fastest(run, clock=clock),)
+            ways.append(lambda: [packed_linear(x, p) for x, p in zip(xs, packs)])  # noqa: B023
+        took[n] = tuple(fastest_each(ways, clock=clock))
     best = [min(range(len(t)), key=t.__getitem__) for t in took.values()]
     packed = tuple(b == 2 for b in best) if packs is not None else ()
     return Orientation(rows, tuple(b == 1 for b in best), packed), took

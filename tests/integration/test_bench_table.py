@@ -92,3 +92,5 @@ def test_rounds_run_every_arm_again_in_a_rotated_order(tiny_model_dir):
     assert [[a.name for a in arms] for arms in run.rounds] == [["attest exact", "attest bf16"]] * 2
     assert [len(a.decode[2]) for a in run.arms] == [2, 2]  # both rounds' runs, per arm
     assert sum("attest bf16: LLM(" in n for n in run.notes) == 1  # one note an arm
+    (exact,) = [n for n in run.notes if n.startswith("attest exact: LLM(")]
+    assert "products by rows measured at load, layers: mm [" in exact, exact  # what it chose

@@ -12,7 +12,15 @@ import engine.model.orient as orient
 from engine import LLM
 from engine.model.llama import linear
 from engine.model.native_step import MATRICES as orient_matrices
-from engine.model.orient import ROWS, Orientation, choose, measure, pack, packed_linear
+from engine.model.orient import (
+    ROWS,
+    Orientation,
+    choose,
+    fastest_each,
+    measure,
+    pack,
+    packed_linear,
+)
 from tests.fakes import Charged
 
 F_linear = torch.nn.functional.linear
@@ -27,6 +35,21 @@ def test_a_product_takes_the_bucket_at_or_below_its_rows():
     o = Orientation((1, 2, 8), (True, False, True))
     assert [o.takes_mm(n) for n in (1, 2, 7, 8, 500)] == [True, False, False, True, True]
     assert o.fields() == [1, 8]
+
+
+def test_the_ways_take_turns_so_a_busy_spell_slows_them_alike():
+    """A spell of a busy machine over the first three timed calls: timed one way after the
+    other, it fell on all of the faster way's calls and the slower way won."""
+    clock, spell = Charged(), iter([1.0] * 3 + [0.0] * 100)
+
+    def way(cost: float):
+        def run() -> None:
+            clock.now += cost + next(spell)
+
+        return run
+
+    took = fastest_each([way(0.01), way(0.02)], reps=3, warm=0, clock=clock)
+    assert took == pytest.approx([0.01, 0.02])
 
 
 @pytest.mark.parametrize("slow", ["by_mm", "linear"])

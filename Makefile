@@ -14,8 +14,12 @@ PYTEST_ARGS ?=
 # wait on a server's boot or a subprocess, and the other worker runs meanwhile. Whole files to a
 # worker (loadfile), so a module's server boots once and its tests keep their order. Two, not
 # `auto`: every worker boots its own servers (the default model's too), and more torch processes
-# than cores only wait on each other. PYTEST_WORKERS= runs in one process.
-PYTEST_WORKERS ?= -n 2 --dist loadfile
+# than cores only wait on each other. The files go out in their collection order (end-to-end
+# first, the unit tests' quick files last), not xdist's default of the most tests first: that
+# left the files of one or two long tests (a 40 s stall, lm-eval) to the end, one worker running
+# them while the other had finished (pytest 750.8 s against 688.4 s, BENCHMARKS.md).
+# PYTEST_WORKERS= runs in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 SERVE_ARGS  ?=
 # Each module's bytecode is written the first time it is imported, whatever the machine sets
 # (PYTHONDONTWRITEBYTECODE; uv installs none): the suite starts hundreds of processes that

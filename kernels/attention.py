@@ -143,6 +143,19 @@ class AttentionBackend(ABC):
         Python-sized shapes from each batch), so a CUDA graph cannot replay it."""
         return None
 
+    def kernels(
+        self,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        kv_dtype: torch.dtype,
+    ) -> dict[str, str] | None:
+        """Which kernels attend a model of these shapes, decode and extend, where the backend
+        chooses among several by shape (``boot.weights``' ``attention``); None where it has
+        one way."""
+        return None
+
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv: LayerKV, out_slots: torch.Tensor) -> None:
     """``kv.k[out_slots[t]] = k[t]`` (and V), cast to the pool's dtype."""

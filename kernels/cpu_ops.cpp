@@ -446,6 +446,23 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_new, const Tensor& v_ne
   return out;
 }
 
+// Whether decode_attention attends q's heads over this pool a KV head at a time (head_v) or by
+// the general loops: what the boot receipt says runs.
+bool decode_by_kv_head(const Tensor& q, const Tensor& pool_k) {
+  TORCH_CHECK(q.dim() == 3 && pool_k.dim() == 3, "q [B, heads, d], pool_k [slots, kv_heads, d]");
+  TORCH_CHECK(q.size(1) % pool_k.size(1) == 0, "heads must be a multiple of kv_heads");
+#if defined(__AVX512F__)
+  const int64_t d = q.size(2), group = q.size(1) / pool_k.size(1);
+  const auto a = q.scalar_type(), p = pool_k.scalar_type();
+  if (a == at::kFloat && p == at::kFloat) return head_fn<float, float>(d, group) != nullptr;
+  if (a == at::kBFloat16 && p == at::kFloat)
+    return head_fn<c10::BFloat16, float>(d, group) != nullptr;
+  if (a == at::kBFloat16 && p == at::kBFloat16)
+    return head_fn<c10::BFloat16, c10::BFloat16>(d, group) != nullptr;
+#endif
+  return false;
+}
+
 // ---- the small per-layer ops ---------------------------------------------------------------
 
 // y = w * (x * rsqrt(mean(x^2) + eps)) rounded as fused.rms_norm rounds; with ``residual``,
@@ -632,6 +649,7 @@ TORCH_LIBRARY(attest, m) {
   m.def(
       "extend_attention(Tensor q, Tensor pool_k, Tensor pool_v, Tensor slots, Tensor prefix, "
       "Tensor starts, Tensor ext, float scale) -> Tensor");
+  m.def("decode_by_kv_head(Tensor q, Tensor pool_k) -> bool");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) h, Tensor y, Tensor w, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> Tensor(a!)");
@@ -645,6 +663,7 @@ TORCH_LIBRARY(attest, m) {
 TORCH_LIBRARY_IMPL(attest, CPU, m) {
   m.impl("decode_attention", decode_attention);
   m.impl("extend_attention", extend_attention);
+  m.impl("decode_by_kv_head", decode_by_kv_head);
   m.impl("rms_norm", rms_norm);
   m.impl("add_rms_norm", add_rms_norm);
   m.impl("rope_", rope_);

@@ -73,7 +73,7 @@ class TorchReferenceBackend(AttentionBackend):
         if self.decode == "native" and q.device.type == "cpu":
             if self._as_rows(meta):
                 return self._decode_native(q, k, v, kv, meta, scale)
-            if self._extends_natively(q, kv):
+            if self._extends_natively(q, kv.k):
                 store_kv(k, v, kv, meta.out_slots)
                 return self._extend_native(q, kv, meta, scale)
         store_kv(k, v, kv, meta.out_slots)
@@ -127,12 +127,12 @@ class TorchReferenceBackend(AttentionBackend):
         )
 
     @staticmethod
-    def _extends_natively(q: torch.Tensor, kv: LayerKV) -> bool:
+    def _extends_natively(q: torch.Tensor, pool_k: torch.Tensor) -> bool:
         """Whether the native extend kernel takes a longer extend (a prefill chunk): a CPU with
         AVX-512, head sizes 64 and 128, up to 8 query heads a KV head, the dtypes the decode
         kernel takes."""
-        heads, kv_heads = q.shape[1], kv.k.shape[1]
-        dtypes = (q.dtype, kv.k.dtype)
+        heads, kv_heads = q.shape[1], pool_k.shape[1]
+        dtypes = (q.dtype, pool_k.dtype)
         return (
             cpu_ops.vector_512()
             and q.shape[-1] in (64, 128)
@@ -141,6 +141,28 @@ class TorchReferenceBackend(AttentionBackend):
             and q.stride(-1) == 1
             and dtypes in NATIVE_DTYPES
         )
+
+    def kernels(
+        self,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        kv_dtype: torch.dtype,
+    ) -> dict[str, str]:
+        """Which kernels attend this model's heads on a CPU (``boot.weights``' ``attention``):
+        a decode step's (the native kernel a KV head at a time, or by its general loops; the
+        grouped or padded torch paths) and a prefill chunk's (native or SDPA)."""
+        q = torch.empty(1, heads, head_dim, dtype=dtype)
+        pool = torch.empty(1, kv_heads, head_dim, dtype=kv_dtype)
+        if self.decode != "native":
+            return {"decode": self.decode, "extend": "sdpa"}
+        native = (dtype, kv_dtype) in NATIVE_DTYPES
+        by_head = native and torch.ops.attest.decode_by_kv_head(q, pool)
+        return {
+            "decode": f"native, {'a KV head at a time' if by_head else 'general loops'}",
+            "extend": "native" if self._extends_natively(q, pool) else "sdpa",
+        }
 
     @staticmethod
     def _extend_native(

@@ -297,6 +297,15 @@ class EngineCore:
             fields["ops"] = "native" if cpu_ops.load() else "torch"
             if fields["ops"] == "torch":
                 fields["ops_why"] = cpu_ops.why_not()
+            attention = self.model.backend.kernels(  # which kernels attend, decode and extend
+                self.model.local_heads,
+                self.model.local_kv_heads,
+                self.model_config.head_dim,
+                self.dtype,
+                self.quant.kv_dtype if self.quant else self.dtype,
+            )
+            if attention is not None:
+                fields["attention"] = attention
             if self.model.orient is not None or self.model.head_orient is not None:
                 fields["orient"] = {  # dense products: the row counts that take (W @ x.T).T
                     part: o.fields()

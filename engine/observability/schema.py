@@ -197,7 +197,9 @@ _CATALOG = (
          "measured at load, per row count the microseconds of one layer's products in "
          "integers and dense) and what "
          "they take; "
-         "on a CPU whether the native ops run (ops native | torch, ops_why) and in fast mode "
+         "on a CPU whether the native ops run (ops native | torch, ops_why) and which kernels "
+         "attend this model's heads, a decode step's and a prefill chunk's (attention), and in "
+         "fast mode "
          "up to how many rows a decode forward's layers run as one native call (step_rows, 0: "
          "never); on a CPU, the row counts from which the layers' and the LM head's dense "
          "products take (W @ x.T).T rather than F.linear, measured at load (orient), and in "
@@ -205,7 +207,7 @@ _CATALOG = (
          "(prepacked); on a pipeline stage, which stage and the layers [start, stop) it holds",
          ("path", "small_rows", "vnni_rows", "int_vnni", "matrices", "packed_bytes", "dense_bytes",
           "quantize_s", "kv_dtype", "ops", "ops_why", "step_rows", "orient", "stage", "layers",
-          "int_rows", "prepacked")),
+          "int_rows", "prepacked", "attention")),
     Kind(BOOT_READY, ("startup_s",),
          "the engine accepts work (served: its HTTP socket is bound and serving)",
          ("host", "port", "engine_s")),

@@ -21,6 +21,7 @@ from engine.model.orient import (
     pack,
     packed_linear,
 )
+from kernels import cpu_ops
 from tests.fakes import Charged
 
 F_linear = torch.nn.functional.linear
@@ -132,6 +133,8 @@ def test_the_boot_receipt_says_which_way_runs(tiny_model_dir, tmp_path, monkeypa
     llm = LLM(model=tiny_model_dir, kv_tokens=256, log_file=str(log))
     [weights] = [json.loads(x) for x in log.read_text().splitlines() if '"boot.weights"' in x]
     assert weights["orient"] == {"layers": [], "head": []}
+    if cpu_ops.load():  # the tiny model's heads of 16: the decode kernel's general loops
+        assert weights["attention"] == {"decode": "native, general loops", "extend": "sdpa"}
     llm.close()
     monkeypatch.setenv("ATTEST_ORIENT", "mm")
     llm = LLM(model=tiny_model_dir, kv_tokens=256, log_file=str(log))

@@ -215,6 +215,29 @@ def test_the_native_head_kernel_on_both_sides_of_its_blocks(dtype, head_dim, gro
 
 
 @pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
+@pytest.mark.skipif(not cpu_ops.vector_512(), reason="the head kernel is AVX-512's")
+@pytest.mark.parametrize(("dtype", "kv_dtype"), [(torch.float32,) * 2, (torch.bfloat16,) * 2])
+def test_the_head_kernel_takes_every_shape_it_is_built_for_and_the_boot_says_so(dtype, kv_dtype):
+    """The kernels above pass the reference either way; only the dispatch tells that head sizes
+    64 and 128 at groups 1 to 8 take the KV-head-at-a-time path and other shapes do not."""
+    backend = TorchReferenceBackend("native")
+    for head_dim, group, by_head in (
+        [(64, g, True) for g in range(1, 9)]
+        + [(128, g, True) for g in range(1, 9)]
+        + [(64, 9, False), (96, 2, False), (32, 1, False)]
+    ):
+        kernels = backend.kernels(3 * group, 3, head_dim, dtype, kv_dtype)
+        way = "a KV head at a time" if by_head else "general loops"
+        assert kernels["decode"] == f"native, {way}", (head_dim, group)
+    assert backend.kernels(9, 3, 64, dtype, kv_dtype)["extend"] == "native"
+    assert backend.kernels(9, 3, 96, dtype, kv_dtype)["extend"] == "sdpa"
+    assert TorchReferenceBackend("grouped").kernels(9, 3, 64, dtype, kv_dtype) == {
+        "decode": "grouped",
+        "extend": "sdpa",
+    }
+
+
+@pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_request_alone_or_in_a_batch_gets_the_same_bits(dtype):
     """Alone (fewer requests than threads) the kernel splits a request by KV heads; in a batch

@@ -36,32 +36,57 @@ def lm_eval():
     return bin_path("lm-eval", "lm_eval", ROOT / "build" / "clients")
 
 
-def evaluate(lm_eval: Path, model: str, args: str, out: Path, extra: tuple[str, ...] = ()):
-    """Run lm_eval on the shipped tasks: ({task: metric}, {(task, doc_id): resps})."""
-    env = {
-        **os.environ,
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "HF_HOME": str(out / "hf-home"),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    cmd = [
-        str(lm_eval),
-        "--model",
-        model,
-        "--model_args",
-        args,
-        "--include_path",
-        "tests/lm_eval_tasks",
-        "--tasks",
-        ",".join(TASKS),
-        "--log_samples",
-        "--output_path",
-        str(out),
-        *extra,
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-4000:]
+class Evaluation:
+    """lm_eval on the shipped tasks, started at once; ``answers()`` waits for it."""
+
+    def __init__(
+        self, lm_eval: Path, model: str, args: str, out: Path, extra: tuple[str, ...] = ()
+    ) -> None:
+        env = {
+            **os.environ,
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "HF_HOME": str(out / "hf-home"),
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        cmd = [
+            str(lm_eval),
+            "--model",
+            model,
+            "--model_args",
+            args,
+            "--include_path",
+            "tests/lm_eval_tasks",
+            "--tasks",
+            ",".join(TASKS),
+            "--log_samples",
+            "--output_path",
+            str(out),
+            *extra,
+        ]
+        out.mkdir(parents=True, exist_ok=True)
+        self.out, self.log = out, open(out / "lm_eval.log", "w+")  # noqa: SIM115 (answers)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=self.log)
+
+    def answers(self) -> tuple[dict, dict]:
+        """({task: metric}, {(task, doc_id): sample})."""
+        code = self.proc.wait()
+        self.log.seek(0)
+        said = self.log.read()
+        self.log.close()
+        assert code == 0, said[-4000:]
+        return read_results(self.out)
+
+    def stop(self) -> None:
+        """Ended, whatever happened meanwhile."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def read_results(out: Path) -> tuple[dict, dict]:
+    """lm_eval's output in ``out``: ({task: metric}, {(task, doc_id): sample})."""
     results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]
     samples = {}
     for path in out.rglob("samples_*.jsonl"):
@@ -90,19 +115,27 @@ def same_answers(server: tuple, hf: tuple) -> None:
 
 
 def serve_and_evaluate(lm_eval, model: str, tmp: Path, hf_args: str):
-    srv = ServerProc(
-        tmp / "boot.jsonl", "--model", model, "--kv-tokens", "2048", "--served-model-name", "m"
-    )
+    # lm-eval's own reading of the weights needs no server: it runs meanwhile
+    hf = Evaluation(lm_eval, "hf", hf_args + ",dtype=float32", tmp / "hf", ("--device", "cpu"))
     try:
-        args = f"model=m,base_url={srv.base}/v1/completions,tokenizer_backend=remote,"
-        server = evaluate(
-            lm_eval, "local-completions", args + "num_concurrent=1,max_retries=1", tmp / "server"
+        srv = ServerProc(
+            tmp / "boot.jsonl", "--model", model, "--kv-tokens", "2048", "--served-model-name", "m"
         )
+        try:
+            args = f"model=m,base_url={srv.base}/v1/completions,tokenizer_backend=remote,"
+            server = Evaluation(
+                lm_eval,
+                "local-completions",
+                args + "num_concurrent=1,max_retries=1",
+                tmp / "server",
+            ).answers()
+        finally:
+            code, out = srv.stop()
+        assert code == 0 and "Traceback" not in out, out[-3000:]
+        hf_answers = hf.answers()
     finally:
-        code, out = srv.stop()
-    assert code == 0 and "Traceback" not in out, out[-3000:]
-    hf = evaluate(lm_eval, "hf", hf_args + ",dtype=float32", tmp / "hf", ("--device", "cpu"))
-    same_answers(server, hf)
+        hf.stop()
+    same_answers(server, hf_answers)
 
 
 def test_lm_eval_gets_the_hf_models_answers_from_the_server_tiny(lm_eval, tiny_model_dir, tmp_path):

@@ -315,17 +315,10 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& pool_k,
               "one prefix, start and length a request");
   at::Tensor out = at::zeros({q.size(0), q.size(1), q.size(2)}, q.options());
 #if defined(__AVX512F__)
-  const auto a = q.scalar_type(), p = pool_k.scalar_type();
-  if (a == at::kFloat && p == at::kFloat)
-    extend_kernel<float, float>(q, pool_k, pool_v, slots, prefix, starts, ext, scale, out);
-  else if (a == at::kBFloat16 && p == at::kFloat)
-    extend_kernel<c10::BFloat16, float>(q, pool_k, pool_v, slots, prefix, starts, ext, scale,
-                                        out);
-  else if (a == at::kBFloat16 && p == at::kBFloat16)
-    extend_kernel<c10::BFloat16, c10::BFloat16>(q, pool_k, pool_v, slots, prefix, starts, ext,
-                                                scale, out);
-  else
-    TORCH_CHECK(false, "extend_attention: activations ", a, " with a ", p, " pool");
+  by_dtypes(q.scalar_type(), pool_k.scalar_type(), "extend_attention", [&](auto a, auto p) {
+    extend_kernel<decltype(a), decltype(p)>(q, pool_k, pool_v, slots, prefix, starts, ext, scale,
+                                            out);
+  });
 #endif
   return out;
 }

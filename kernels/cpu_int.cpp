@@ -73,11 +73,6 @@ struct RowSpan {
 
 #ifdef ATTEST_INT_VNNI
 
-inline __m512 bf16x16(const uint16_t* p) {  // 16 bfloat16 as float32
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 inline __m512i bcast4(const int8_t* p) {  // 4 activations to every lane
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -145,7 +140,7 @@ struct Int4Blocks {
   static void run(const Mat& m, const RowSpan& xs, Y* out, int64_t b0) {
     const int64_t G = m.K / kGroup;
     const auto* packed = static_cast<const uint8_t*>(m.w);
-    const auto* scales = static_cast<const uint16_t*>(m.s);
+    const auto* scales = static_cast<const c10::BFloat16*>(m.s);
     const __m512i nibble = _mm512_set1_epi8(0x0f);
     __m512 acc[B][T];
     zero(acc, _mm512_setzero_ps());
@@ -170,8 +165,8 @@ struct Int4Blocks {
         }
       }
       for (int b = 0; b < B; ++b) {
-        const uint16_t* sb = scales + ((b0 + b) * G + g) * 2 * kRows;
-        const __m512 scale = bf16x16(sb), lo = bf16x16(sb + kRows);
+        const c10::BFloat16* sb = scales + ((b0 + b) * G + g) * 2 * kRows;
+        const __m512 scale = load16(sb), lo = load16(sb + kRows);
         for (int t = 0; t < T; ++t) {
           const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(xs.d[t * G + g]));
           acc[b][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[b][t]), sd, acc[b][t]);

@@ -432,17 +432,10 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_new, const Tensor& v_ne
   TORCH_CHECK(slots.size(0) == q.size(0) && lens.size(0) == q.size(0) &&
                   out_slots.size(0) == q.size(0), "one row a request");
   Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-  const auto a = q.scalar_type(), p = pool_k.scalar_type();
-  if (a == at::kFloat && p == at::kFloat)
-    decode_kernel<float, float>(q, k_new, v_new, pool_k, pool_v, out_slots, slots, lens, scale, out);
-  else if (a == at::kBFloat16 && p == at::kFloat)
-    decode_kernel<c10::BFloat16, float>(q, k_new, v_new, pool_k, pool_v, out_slots, slots, lens,
-                                        scale, out);
-  else if (a == at::kBFloat16 && p == at::kBFloat16)
-    decode_kernel<c10::BFloat16, c10::BFloat16>(q, k_new, v_new, pool_k, pool_v, out_slots,
-                                                slots, lens, scale, out);
-  else
-    TORCH_CHECK(false, "decode_attention: activations ", a, " with a ", p, " pool");
+  by_dtypes(q.scalar_type(), pool_k.scalar_type(), "decode_attention", [&](auto a, auto p) {
+    decode_kernel<decltype(a), decltype(p)>(q, k_new, v_new, pool_k, pool_v, out_slots, slots,
+                                            lens, scale, out);
+  });
   return out;
 }
 
@@ -453,14 +446,13 @@ bool decode_by_kv_head(const Tensor& q, const Tensor& pool_k) {
   TORCH_CHECK(q.size(1) % pool_k.size(1) == 0, "heads must be a multiple of kv_heads");
 #if defined(__AVX512F__)
   const int64_t d = q.size(2), group = q.size(1) / pool_k.size(1);
-  const auto a = q.scalar_type(), p = pool_k.scalar_type();
-  if (a == at::kFloat && p == at::kFloat) return head_fn<float, float>(d, group) != nullptr;
-  if (a == at::kBFloat16 && p == at::kFloat)
-    return head_fn<c10::BFloat16, float>(d, group) != nullptr;
-  if (a == at::kBFloat16 && p == at::kBFloat16)
-    return head_fn<c10::BFloat16, c10::BFloat16>(d, group) != nullptr;
-#endif
+  return by_dtypes(q.scalar_type(), pool_k.scalar_type(), "decode_by_kv_head",
+                   [&](auto a, auto p) {
+                     return head_fn<decltype(a), decltype(p)>(d, group) != nullptr;
+                   });
+#else
   return false;
+#endif
 }
 
 // ---- the small per-layer ops ---------------------------------------------------------------

@@ -49,6 +49,17 @@ at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& c
                          const at::Tensor& out_slots, const at::Tensor& slots,
                          const at::Tensor& lens, at::IntArrayRef dims, double scale, double eps);
 
+// f(A{}, P{}) for the element types of the (activations, pool) dtypes the attention kernels
+// take: float32 over float32, bfloat16 over float32, bfloat16 over bfloat16 (the engine's
+// NATIVE_DTYPES); an error naming ``op`` for any other pair.
+template <typename F>
+decltype(auto) by_dtypes(at::ScalarType a, at::ScalarType p, const char* op, F&& f) {
+  if (a == at::kFloat && p == at::kFloat) return f(float{}, float{});
+  if (a == at::kBFloat16 && p == at::kFloat) return f(c10::BFloat16{}, float{});
+  if (a == at::kBFloat16 && p == at::kBFloat16) return f(c10::BFloat16{}, c10::BFloat16{});
+  TORCH_CHECK(false, op, ": activations ", a, " with a ", p, " pool");
+}
+
 // An attention kernel's instantiation for a head size and a group (query heads a KV head):
 // pick(D, G), D and G as std::integral_constant, for head sizes 64 and 128 and groups 1 to 8;
 // null elsewhere (the caller's general loops, or another path, run there).

@@ -192,10 +192,15 @@ def ratio_rows(rounds: Rounds, streams: list[int]) -> list[tuple[str, list[float
     return rows
 
 
+def columns(spec: TableSpec) -> list[str]:
+    """The table's column heads, in the order of ``ArmFigures.medians``."""
+    head = [h for n in spec.streams for h in (f"decode {n}", f"e2e {n}")]
+    return head + [f"prefill {spec.prefill}" if spec.prefill else "prefill"]
+
+
 def format_table(rounds: Rounds, spec: TableSpec) -> str:
     """A Markdown table: arms' medians (tok/s) over every round's runs, then the ratios (x)."""
-    head = [h for n in spec.streams for h in (f"decode {n}", f"e2e {n}")]
-    head.append(f"prefill {spec.prefill}" if spec.prefill else "prefill")
+    head = columns(spec)
     lines = [
         "| arm | " + " | ".join(head) + " |",
         "|---|" + "---:|" * len(head),
@@ -227,10 +232,9 @@ def format_runs(rounds: Rounds, spec: TableSpec) -> str:
             if a.prefill:
                 out.append(f"  {a.name}, prefill: {[round(p, 1) for p in a.prefill]}")
     if len(rounds) > 1:
-        heads = [h for n in spec.streams for h in (f"decode {n}", f"e2e {n}")] + ["prefill"]
         out.append("  ratios per round:")
         for name, per_round in round_ratios(rounds, spec.streams):
-            for head, column in zip(heads, zip(*per_round)):
+            for head, column in zip(columns(spec), zip(*per_round)):
                 if any(c is not None for c in column):
                     cells = ", ".join("-" if c is None else f"{c:.2f}" for c in column)
                     out.append(f"  {name}, {head}: {cells}")

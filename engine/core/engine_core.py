@@ -177,10 +177,15 @@ class EngineCore:
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
         self.max_context = min(c.model.max_model_len or cfg.max_position, cfg.max_position)
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV pool's dtype: fast mode's plan's, else the activations'."""
+        return self.quant.kv_dtype if self.quant else self.dtype
+
     def _size_memory(self) -> None:
         """The KV pool (this rank's heads), its allocator, the request table, the runner."""
         c, cfg = self.config, self.model_config
-        kv_dtype = self.quant.kv_dtype if self.quant else self.dtype
+        kv_dtype = self.kv_dtype
         kv_heads = self.model.local_kv_heads  # this rank's share of them
         layers = len(self.model.span)  # and of the layers, on a pipeline stage
         per_token = cfg.kv_bytes_per_token(torch.finfo(kv_dtype).bits // 8)
@@ -302,7 +307,7 @@ class EngineCore:
                 self.model.local_kv_heads,
                 self.model_config.head_dim,
                 self.dtype,
-                self.quant.kv_dtype if self.quant else self.dtype,
+                self.kv_dtype,
             )
             if attention is not None:
                 fields["attention"] = attention

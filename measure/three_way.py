@@ -229,7 +229,8 @@ def _attest_arm(arm: str, path: str, spec: TableSpec, say: Say) -> tuple[ArmFigu
     try:
         note = f"attest {arm}: LLM({_kwargs(ATTEST_ARMS[arm])})"
         quant = getattr(llm.core, "quant", None)  # fast mode's plan: which kernels run here
-        note += f" ({quant.path})" if quant is not None else _ways(llm.core.weights_fields())
+        note += f" ({quant.path})" if quant is not None else ""
+        note += _ways(llm.core.weights_fields())
         vocab = llm.core.model_config.vocab_size
         fig = measure(f"attest {arm}", "attest", attest_generate(llm), vocab, spec, say)
         return fig, f"{note}, torch threads {torch.get_num_threads()}"
@@ -240,8 +241,9 @@ def _attest_arm(arm: str, path: str, spec: TableSpec, say: Say) -> tuple[ArmFigu
 
 
 def _ways(fields: dict) -> str:
-    """Exact mode's dense products as its load measured them (``boot.weights``): the row
-    buckets that took (W @ x.T).T and those that took oneDNN's packed weights, per part."""
+    """The dense products as the load measured them (``boot.weights``; fast mode's past its
+    integer rows): the row buckets that took (W @ x.T).T and those that took oneDNN's packed
+    weights, per part."""
     if "orient" not in fields and "prepacked" not in fields:
         return ""
     parts = [

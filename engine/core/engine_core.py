@@ -317,7 +317,8 @@ class EngineCore:
                     for part, o in (("layers", self.model.orient), ("head", self.model.head_orient))
                     if o is not None
                 }
-            if self.quant is None:  # exact mode: the buckets that take oneDNN's packed weights
+            if self.model.orient is not None or self.model.head_orient is not None:
+                # the buckets that take oneDNN's packed weights (fast mode: its dense values')
                 fields["prepacked"] = {
                     part: o.packed_fields() if o is not None else []
                     for part, o in (("layers", self.model.orient), ("head", self.model.head_orient))

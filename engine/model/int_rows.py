@@ -11,12 +11,13 @@ longer (116 us against 160 at 16 rows). There, with the bound measured, int4 dec
 faster at 8 streams than with the bound of 4 and 1.35x at 64 (BENCHMARKS.md). A bound fixed for
 one CPU is wrong on the other.
 
-So the model times one layer's four products both ways, its own matrices in their own dtype,
-at each of ``ROWS`` (the dense way as ``engine.model.orient`` chose it). The bound is the last
-row count in an unbroken run of counts where the integer products were faster, counted from
-``SMALL_ROWS`` up. A product between two counts takes the lower one's way. ``SMALL_ROWS`` itself
-is the floor: the integer products win there on both CPUs (3-4x), and the one native decode
-call (``engine.model.native_step``) runs up to that many rows.
+So the model times one layer's four products both ways, its own matrices in their own dtype, at
+each of ``ROWS`` (the dense way as ``engine.model.orient`` chose it, oneDNN's packed copy of the
+dense values among the ways). The bound is the last row count in an unbroken run of counts where
+the integer products were faster, counted from ``SMALL_ROWS`` up. A product between two counts
+takes the lower one's way. ``SMALL_ROWS`` itself is the floor: the integer products win there on
+both CPUs (3-4x), and the one native decode call (``engine.model.native_step``) runs up to that
+many rows.
 
 It runs only where every layer matrix has the integer form, on one rank and one stage. The
 speculator sizes its steps by the bound (each drafted row computed as one row would be), and a
@@ -42,7 +43,8 @@ from engine.model.quant import SMALL_ROWS, QuantPlan, QuantWeight
 
 ROWS = (SMALL_ROWS, 8, 16, 32, 64, 128, 256)  # the row counts timed, from the floor up
 
-Dense = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # x, dense values -> x @ w.T
+# x, the matrix -> x @ w.T from its dense values, the way the model runs them
+Dense = Callable[[torch.Tensor, QuantWeight], torch.Tensor]
 
 
 def measure(
@@ -62,7 +64,7 @@ def measure(
         ints, flat = fastest_each(
             [
                 lambda: [w.packed_matmul(x) for x, w in zip(xs, mats)],  # noqa: B023
-                lambda: [dense(x, w.dense) for x, w in zip(xs, mats)],  # noqa: B023
+                lambda: [dense(x, w) for x, w in zip(xs, mats)],  # noqa: B023
             ],
             clock=clock,
         )

@@ -59,16 +59,17 @@ def linear(
     orient: Orientation | None = None,
     packed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x @ w.T``. A quantised matrix (fast mode) takes its packed kernel for a few rows, its
-    dense values beyond. A dense product runs the way ``orient`` says, measured at load for this
-    CPU (``engine.model.orient``: ``F.linear``, ``(w @ x.T).T``, or oneDNN on ``packed``, ``w``
-    laid out once). Unmeasured (a GPU): float32 as ``(w @ x.T).T``, bfloat16 one row by the
-    plain call and more as ``(w @ x.T).T``.
+    """``x @ w.T``. A quantised matrix (fast mode) takes its packed kernel for a few rows, its dense
+    values beyond (with their own packed copy, ``QuantWeight.dense_packed``). A dense product runs
+    the way ``orient`` says, measured at load for this CPU (``engine.model.orient``:
+    ``F.linear``, ``(w @ x.T).T``, or oneDNN on ``packed``, ``w`` laid out once). Unmeasured (a
+    GPU): float32 as ``(w @ x.T).T``, bfloat16 one row by the plain call and more as
+    ``(w @ x.T).T``.
     """
     if isinstance(w, QuantWeight):
         if x.shape[0] <= w.small_rows:
             return w.packed_matmul(x)
-        w = w.dense
+        w, packed = w.dense, w.dense_packed
     if orient is not None:
         n = x.shape[0]
         if packed is not None and orient.takes_packed(n):
@@ -128,7 +129,7 @@ class LlamaModel:
         self.head_packed: torch.Tensor | None = None
         self.orient, self.head_orient = self._orientations()
         # fast mode: up to how many rows the layers' integer products run, on this CPU
-        widen(self, MATRICES, lambda x, w: linear(x, w, self.orient))
+        widen(self, MATRICES, lambda x, w: linear(x, w.dense, self.orient, w.dense_packed))
         # a small decode forward's layers in one native call, where it runs (fast mode)
         self.native_step = NativeStep.build(self)
 
@@ -189,9 +190,11 @@ class LlamaModel:
 
     def _orientations(self) -> tuple[Orientation | None, Orientation | None]:
         """The way dense products run on this CPU, for the layers and the LM head, measured
-        (``engine.model.orient``); None on a GPU. Exact mode measures the packed way too, and a
-        part some bucket of which takes it keeps its matrices packed beside them (the layers'
-        in each layer's ``"packed"``, the head's in ``head_packed``)."""
+        (``engine.model.orient``); None on a GPU. The packed way is measured too, and a part some
+        bucket of which takes it keeps its matrices packed beside them (exact mode's layers in
+        each layer's ``"packed"``, its head in ``head_packed``; fast mode's dense values in
+        their ``QuantWeight.dense_packed``). Fast mode's bound (``int_rows``) is measured after,
+        against the dense way chosen here."""
         if self.device.type != "cpu":
             return None, None
         dense = lambda m: m.dense if isinstance(m, QuantWeight) else m  # noqa: E731
@@ -200,22 +203,32 @@ class LlamaModel:
             packs = self._packs([dense(self.layers[0][k]) for k in MATRICES])
             layers = choose([dense(self.layers[0][k]) for k in MATRICES], packs=packs)
             for i, layer in enumerate(self.layers if layers.uses_packed else []):
-                mats = [layer[k] for k in MATRICES]
-                layer["packed"] = dict(zip(MATRICES, packs if i == 0 else self._packs(mats) or ()))
-                self.packed_bytes += sum(m.numel() * m.element_size() for m in mats)
+                got = packs if i == 0 else self._packs([dense(layer[k]) for k in MATRICES])
+                self._keep(layer, dict(zip(MATRICES, got or ())))
         if self.lm_head is not None:
             packs = self._packs([dense(self.lm_head)])
             head = choose([dense(self.lm_head)], HEAD_ROWS, packs)
             if packs is not None and head.uses_packed:
-                self.head_packed = packs[0]
+                if isinstance(self.lm_head, QuantWeight):
+                    self.lm_head.dense_packed = packs[0]
+                else:
+                    self.head_packed = packs[0]
                 self.packed_bytes += packs[0].numel() * packs[0].element_size()
         return layers, head
 
+    def _keep(self, layer: dict[str, Any], packs: dict[str, torch.Tensor]) -> None:
+        """A layer's packed copies: beside its matrices, or on each quantised one's dense
+        values; counted in ``packed_bytes``."""
+        for k, p in packs.items():
+            if isinstance(layer[k], QuantWeight):
+                layer[k].dense_packed = p
+            else:
+                layer.setdefault("packed", {})[k] = p
+            self.packed_bytes += p.numel() * p.element_size()
+
     def _packs(self, mats: list[torch.Tensor]) -> list[torch.Tensor] | None:
-        """``mats`` packed for oneDNN (``orient.pack``), in exact mode where each packs; None:
-        the products are measured without the packed way."""
-        if self.quant is not None:
-            return None
+        """``mats`` packed for oneDNN (``orient.pack``), where each packs; None: the products are
+        measured without the packed way."""
         packs = [pack(m) for m in mats]
         return None if any(p is None for p in packs) else packs  # type: ignore[return-value]
 

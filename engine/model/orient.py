@@ -20,12 +20,12 @@ it does between batch sizes anyway (exact mode's token-exact tests against trans
 either way, ``tests/integration/test_loaders.py``).
 
 A third way, measured beside the two where the caller hands ``measure`` the weights packed
-(``pack``: exact mode on a CPU, ``engine.model.llama``): oneDNN's linear on a copy of the weight
-laid out once in its blocked form (``packed_linear``). Unpacked, a bfloat16 product through
-oneDNN lays the weight out again on every call: on an AMD EPYC (Zen 4, AVX-512 BF16) the default
-model's bfloat16 LM head took 23-34 ms a row that way and 5.0 ms packed, one thread
-(BENCHMARKS.md). In bfloat16 the packed way gives ``F.linear``'s bits; in float32 it is oneDNN's
-GEMM, not MKL's, and sums in another order (as ``(w @ x.T).T`` does). The copy costs the
+(``pack``: on a CPU, ``engine.model.llama``; in fast mode its dense values): oneDNN's linear on a
+copy of the weight laid out once in its blocked form (``packed_linear``). Unpacked, a bfloat16
+product through oneDNN lays the weight out again on every call: on an AMD EPYC (Zen 4, AVX-512
+BF16) the default model's bfloat16 LM head took 23-34 ms a row that way and 5.0 ms packed, one
+thread (BENCHMARKS.md). In bfloat16 the packed way gives ``F.linear``'s bits; in float32 it is
+oneDNN's GEMM, not MKL's, and sums in another order (as ``(w @ x.T).T`` does). The copy costs the
 weight's bytes again, so it is kept only for a part (layers, head) where some bucket takes it.
 """
 
@@ -168,7 +168,7 @@ def choose(
         return Orientation((1,), (how == "mm",))
     if how == "packed":
         if packs is None:
-            raise ValueError("ATTEST_ORIENT=packed: only exact mode on a CPU packs its weights")
+            raise ValueError("ATTEST_ORIENT=packed: this torch has no oneDNN to pack weights for")
         return Orientation((1,), (False,), (True,))
     if how not in ("", "measure"):
         raise ValueError(f"ATTEST_ORIENT must be linear, mm, packed or measure, got {how!r}")

@@ -15,7 +15,11 @@ eighth of the bytes and win while a product is bound by reading weights (1 row: 
 and a dense bfloat16 GEMM of the same dequantised values wins (16 rows: 112 us against 198,
 64 rows: 326 against 832). So a quantised matrix keeps both: its packed form for products of at
 most ``small_rows`` rows, and its dequantised values in bfloat16 for the rest. Both hold the
-same quantised numbers; only the order of the sums differs.
+same quantised numbers; only the order of the sums differs. On a CPU the dense values are also
+laid out once for oneDNN where the load measures that way faster for some row count
+(``engine.model.orient``, as exact mode's weights are; ``dense_packed``): unpacked, a bfloat16
+product lays them out again on every call. That copy costs their bytes again (``boot.weights``'
+``prepacked`` says how many).
 
 Where the CPU has integer dot products (VNNI) and the matrix is large (the LM head: int8 in both
 modes, 28 M weights in the default model), its products of at most ``VNNI_ROWS`` rows are
@@ -201,9 +205,19 @@ class QuantWeight:
     """One weight-only quantised matrix ``[out, in]``: ``matmul(x)`` is ``x @ w.T``. Products of
     at most ``small_rows`` rows take ``packed_matmul`` (torch's int8 / int4 kernel, or for a
     large int8 matrix on a VNNI CPU the integer product of ``engine.model.vnni``), more its
-    dense values."""
+    dense values (on a CPU, laid out for oneDNN in ``dense_packed`` where that was measured
+    faster, as exact mode's weights are)."""
 
-    __slots__ = ("mode", "shape", "small_rows", "dense", "_packed", "_scales", "_group")
+    __slots__ = (
+        "mode",
+        "shape",
+        "small_rows",
+        "dense",
+        "dense_packed",
+        "_packed",
+        "_scales",
+        "_group",
+    )
 
     def __init__(
         self,
@@ -244,6 +258,9 @@ class QuantWeight:
                 self._scales = sz.transpose(0, 1).contiguous().to(dtype)  # [K/g, N, 2]
                 self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         self.dense = values.to(dtype).contiguous()
+        # oneDNN's layout of the dense values, where the load measured it faster for some row
+        # count (``LlamaModel._orientations``); None: never packed
+        self.dense_packed: torch.Tensor | None = None
 
     @property
     def packed_bytes(self) -> int:

@@ -33,8 +33,8 @@ def _mats() -> list[QuantWeight]:
     return [QuantWeight(torch.randn(48, 64, generator=g), "int8", torch.bfloat16, SMALL_ROWS)]
 
 
-def _dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return x @ w.t()
+def _dense(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    return x @ w.dense.t()
 
 
 def test_integer_products_slower_from_the_first_count_above_the_bound_keep_the_bound(
@@ -119,10 +119,10 @@ def test_a_measured_bound_is_what_each_product_takes_and_is_recorded(
 
     real, clock = llama.linear, Charged()
 
-    def slowed(x, w, orient=None):  # the dense values' products only
+    def slowed(x, w, orient=None, packed=None):  # the dense values' products only
         if not isinstance(w, QuantWeight):
             clock.now += SLOW
-        return real(x, w, orient)
+        return real(x, w, orient, packed)
 
     monkeypatch.setattr(llama, "linear", slowed)
     monkeypatch.setattr(int_rows, "measure", partial(int_rows.measure, clock=clock))

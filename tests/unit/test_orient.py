@@ -118,7 +118,7 @@ def test_the_environment_fixes_one_way_or_is_refused(monkeypatch):
     monkeypatch.setenv("ATTEST_ORIENT", "packed")
     packs = [pack(w) for w in _mats()]
     assert choose(_mats(), packs=packs).takes_packed(300)
-    with pytest.raises(ValueError, match="only exact mode"):
+    with pytest.raises(ValueError, match="no oneDNN"):
         choose(_mats())
     monkeypatch.setenv("ATTEST_ORIENT", "sideways")
     with pytest.raises(ValueError, match="ATTEST_ORIENT must be"):
@@ -193,11 +193,36 @@ def test_bfloat16_tokens_are_the_same_packed_or_not(tiny_model_dir, monkeypatch)
     assert got["linear"] == got["packed"]
 
 
-def test_fast_mode_keeps_no_packed_copies(tiny_model_dir, monkeypatch):
-    """Fast mode's dense values are measured two ways only: no packs, no second copy."""
-    monkeypatch.delenv("ATTEST_ORIENT", raising=False)
-    llm = LLM(model=tiny_model_dir, kv_tokens=256, receipts=False, quant="int8")
-    model = llm.core.model
-    assert model.orient.packed == () and model.head_orient.packed == ()
-    assert model.packed_bytes == 0 and all("packed" not in layer for layer in model.layers)
-    llm.close()
+def test_fast_mode_packs_its_dense_values_where_chosen_and_runs_them_packed(
+    tiny_model_dir, monkeypatch
+):
+    """Fast mode's dense values (a product past its integer rows) are measured packed too: where
+    chosen, each quantised matrix keeps its own packed copy, the boot counts their bytes, a
+    prefill's products run on them, and in bfloat16 (``F.linear``'s bits) the greedy tokens are
+    the unpacked ones."""
+    import engine.model.llama as llama
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    calls = []
+    monkeypatch.setattr(
+        llama, "packed_linear", lambda x, p: calls.append(len(x)) or packed_linear(x, p)
+    )
+    got, dtypes = {}, set()
+    for how in ("linear", "packed"):
+        monkeypatch.setenv("ATTEST_ORIENT", how)
+        llm = LLM(model=tiny_model_dir, kv_tokens=256, receipts=False, quant="int8")
+        model = llm.core.model
+        mats = [layer[k] for layer in model.layers for k in orient_matrices] + [model.lm_head]
+        dtypes |= {w.dense.dtype for w in mats}
+        kept = [w.dense_packed is not None for w in mats]
+        assert kept == [how == "packed"] * len(mats)
+        assert model.packed_bytes == (how == "packed") * sum(w.dense_bytes for w in mats)
+        assert model.head_packed is None and all("packed" not in layer for layer in model.layers)
+        calls.clear()
+        got[how] = [o.token_ids for o in llm.generate([[5, 6, 7, 8, 9, 10], [9, 3, 4]], params)]
+        # the prefill's 9 rows are past the integer rows (4): its 4 products a layer run packed
+        assert calls.count(9) == (how == "packed") * 4 * len(model.layers), calls
+        llm.close()
+    if dtypes == {torch.bfloat16}:
+        assert got["linear"] == got["packed"]

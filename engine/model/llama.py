@@ -207,7 +207,7 @@ class LlamaModel:
                 self._keep(layer, dict(zip(MATRICES, got or ())))
         if self.lm_head is not None:
             packs = self._packs([dense(self.lm_head)])
-            head = choose([dense(self.lm_head)], HEAD_ROWS, packs)
+            head = choose([dense(self.lm_head)], HEAD_ROWS, packs, rowwise=True)
             if packs is not None and head.uses_packed:
                 if isinstance(self.lm_head, QuantWeight):
                     self.lm_head.dense_packed = packs[0]
@@ -324,7 +324,8 @@ class LlamaModel:
         stage and shared with the others (whose ``hidden`` only says N)."""
         out = None
         if self.stage.last:
-            out = linear(hidden, self.lm_head, self.head_orient, self.head_packed)
+            # row by row, as the sampler reads them (``(W @ x.T).T`` is a transposed view)
+            out = linear(hidden, self.lm_head, self.head_orient, self.head_packed).contiguous()
             full = self.comm.all_gather(out, dim=-1)
             out = full[:, : self.cfg.vocab_size].float()
         return self.stage.share(out, (hidden.shape[0], self.cfg.vocab_size))

@@ -37,7 +37,7 @@ from engine.memory.allocator import TokenAllocator
 from engine.memory.radix import RadixCache
 from engine.memory.req_table import ReqToTokenPool
 from engine.model.runner import BatchEntry, ModelRunner
-from engine.model.sampling import SamplingParams, sample_for, token_logprobs
+from engine.model.sampling import SamplingParams, rows_of, sample_for, token_logprobs
 from engine.model.tokenizer import Tokenizer
 from engine.observability import computed, schema
 from engine.observability.receipts import Receipts
@@ -293,7 +293,8 @@ class Scheduler:
                 if drafted[i]
             ]
             rows = [ends[r] - 1 for r in rows]
-        outs = self._sample_and_advance(samplers, logits[rows], fill) if samplers else []
+        # the sampler adjusts its rows in place: a drafted decode's rows (``spans``) are others
+        outs = self._sample_and_advance(samplers, rows_of(logits, rows), fill) if samplers else []
         if spans:
             outs += self._advance_drafted(spans, drafts)
         if decode:
@@ -345,16 +346,7 @@ class Scheduler:
     def _sample_and_advance(
         self, reqs: list[Request], logits: torch.Tensor, fill: Fill | None = None
     ) -> list[StepOutput]:
-        for i, req in enumerate(reqs):
-            if banned := req.banned_stops():
-                logits[i, banned] = float("-inf")
-        if fill is not None:  # the grammars' masks, before any penalty or bias reads the row
-            self.masks.apply(fill, logits)
-        tokens = sample_for(logits, reqs)
-        for i, (req, tid) in enumerate(zip(reqs, tokens)):  # only for those who asked
-            if req.params.logprobs is not None:
-                row, p = logits[i], req.params
-                req.logprobs.append(token_logprobs(row, tid, p, req.output_ids, req.prompt_ids))
+        tokens = self._sample(reqs, logits, fill)
         self.generated += len(tokens)
         outs = []
         with self.memory.frees_together():
@@ -366,6 +358,22 @@ class Scheduler:
                 done = req.finish_reason is not None
                 outs.append(self._end(req, tokens=[tid]) if done else req.output([tid]))
         return outs
+
+    @torch.inference_mode()  # the stops' and masks' writes go to the forward's own logits
+    def _sample(self, reqs: list[Request], logits: torch.Tensor, fill: Fill | None) -> list[int]:
+        """Each request's token from its row (``logits``, in ``reqs``' order), its stops banned
+        and its grammar's mask applied first; the log-probabilities of those who asked."""
+        for i, req in enumerate(reqs):
+            if banned := req.banned_stops():
+                logits[i, banned] = float("-inf")
+        if fill is not None:  # the grammars' masks, before any penalty or bias reads the row
+            self.masks.apply(fill, logits)
+        tokens = sample_for(logits, reqs)
+        for i, (req, tid) in enumerate(zip(reqs, tokens)):  # only for those who asked
+            if req.params.logprobs is not None:
+                row, p = logits[i], req.params
+                req.logprobs.append(token_logprobs(row, tid, p, req.output_ids, req.prompt_ids))
+        return tokens
 
     def _advance_drafted(
         self, spans: list[tuple[Request, torch.Tensor]], drafts: dict[str, list[int]]

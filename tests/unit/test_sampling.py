@@ -334,3 +334,35 @@ def test_draw_frequencies_match_filtered_probs(params):
     dof = int(support.sum()) - 1
     # mean dof, sd sqrt(2 dof): 5 sd above covers every honest seed; a wrong filter is far off
     assert chi2 < dof + 5 * math.sqrt(2 * max(dof, 1)), (chi2, counts.tolist(), want.tolist())
+
+
+def test_the_rows_sampled_are_the_logits_themselves_when_they_are_all_of_them_in_order():
+    """A step's rows to sample (``rows_of``): every row in order is the logits tensor itself, no
+    copy, where it is contiguous; any other choice is those rows, in that order, as indexing by
+    the list gives them; and what is sampled is contiguous (the masks are written in place)."""
+    from engine.model.sampling import rows_of
+
+    logits = torch.randn(6, 50)
+    assert rows_of(logits, list(range(6))) is logits
+    for rows in ([0, 1, 2], [5, 0, 3], [2], [0, 1, 2, 3, 4, 5, 5], []):
+        got = rows_of(logits, rows)
+        assert torch.equal(got, logits[rows]) and got.shape == (len(rows), 50), rows
+    strided = torch.randn(50, 6).t()  # the LM head's (W @ x.T).T, or a padded vocabulary cut
+    for rows in (list(range(6)), [1, 4]):
+        got = rows_of(strided, rows)
+        assert got.is_contiguous() and torch.equal(got, strided[rows]), rows
+
+
+def test_greedy_takes_the_first_of_equal_maxima_in_any_layout():
+    """Greedy rows pick what ``argmax`` picks (transformers' greedy): the first of equal maxima,
+    a row of -inf its first token, a NaN where one is, in a contiguous or a strided batch."""
+    g = torch.Generator().manual_seed(3)
+    for layout in ("rows", "columns"):
+        x = torch.randint(-3, 3, (9, 300), generator=g).float()  # many ties
+        x[x == -3] = float("-inf")
+        x[2] = float("-inf")
+        x[4, 7] = float("nan")
+        if layout == "columns":
+            x = x.t().contiguous().t()
+        params = [SamplingParams(temperature=0.0)] * 9
+        assert sample(x, params, [None] * 9) == x.argmax(dim=-1).tolist(), layout

@@ -32,12 +32,15 @@ import torch.nn.functional as F
 
 from kernels import cpu_ops
 
-# Rows up to which the native norm runs (and the native rope on a transposed product). Measured
-# (bench/native_ops.py, bfloat16, 576 wide): one row 2.3 us against
-# torch's 12.2, 64 rows 17.3 against 25.4. Past a decode batch's few rows the forward's
-# products come back as transposed views, which the native op does not read, so the bound
-# mostly keeps the choice plain.
-NATIVE_NORM_ROWS = 16
+# Rows up to which the native norm runs. Measured (bench/native_ops.py, bfloat16, 576 wide;
+# BENCHMARKS.md): at 64 rows RMSNorm 22.9 us against torch's 39.8 and add and norm 38.7 against
+# 44.0 on an AMD EPYC (Zen 4), 16.6 against 38.7 and 36.0 against 49.3 on an Intel Xeon with
+# AMX; at 256 rows add and norm was slower on the Xeon (149.0 against 129.9), and at 512 on
+# both. A product that comes back as a transposed view takes torch's norm at any count.
+NATIVE_NORM_ROWS = 64
+# Rows up to which the native rope reads a transposed product in place, column by column;
+# more were slower than torch's rope, which returns them dense.
+NATIVE_ROPE_STRIDED_ROWS = 16
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -79,7 +82,7 @@ def native_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     """In place, through ``x``'s strides (a view of the fused QKV product). Many rows of a
     transposed product take torch's rope, which returns them dense: read in place, column by
     column, they were slower than torch's rope, and a prefill's 512 rows took longer."""
-    if x.stride(-1) != 1 and x.shape[0] > NATIVE_NORM_ROWS:
+    if x.stride(-1) != 1 and x.shape[0] > NATIVE_ROPE_STRIDED_ROWS:
         return apply_rope(x, cos, sin)
     return torch.ops.attest.rope_(x, cos, sin)
 

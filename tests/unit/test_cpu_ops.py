@@ -114,6 +114,25 @@ def test_many_rows_take_torchs_norm(monkeypatch):
     assert calls == [fused.NATIVE_NORM_ROWS + 1]
 
 
+@needs_native
+def test_a_transposed_product_past_a_few_rows_takes_torchs_rope(monkeypatch):
+    """The native rope reads a transposed product column by column, slower than torch's past
+    ``NATIVE_ROPE_STRIDED_ROWS``; a dense one takes the native rope up to the norm's bound."""
+    calls = []
+    monkeypatch.setattr(
+        fused, "apply_rope", lambda x, c, s: calls.append(len(x)) or apply_rope(x, c, s)
+    )
+    for rows, dense in (
+        (fused.NATIVE_ROPE_STRIDED_ROWS, False),
+        (fused.NATIVE_ROPE_STRIDED_ROWS + 1, False),
+        (fused.NATIVE_NORM_ROWS, True),
+    ):
+        x = torch.randn(rows, 2 * 64) if dense else torch.randn(2 * 64, rows).t()
+        cos, sin = torch.randn(rows, 1, 64), torch.randn(rows, 1, 64)
+        fused.native_rope(x.reshape(rows, 2, 64) if dense else x.unflatten(1, (2, 64)), cos, sin)
+    assert calls == [fused.NATIVE_ROPE_STRIDED_ROWS + 1]
+
+
 def test_a_library_is_keyed_by_the_cpu_it_was_built_for(monkeypatch):
     here = cpu_ops.build_dir()
     monkeypatch.setattr(cpu_ops, "cpu_flags", lambda: frozenset({"sse2", "avx2", "fma"}))

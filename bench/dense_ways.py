@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
-from engine.model.orient import HEAD_ROWS, ROWS, by_mm, fastest, measure, pack
+from engine.model.orient import HEAD_ROWS, ROWS, by_mm, measure, pack
+from kernels.timing import fastest
 
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 HEAD = [(49152, 576)]

@@ -143,6 +143,19 @@ class AttentionBackend(ABC):
         Python-sized shapes from each batch), so a CUDA graph cannot replay it."""
         return None
 
+    def prepare(
+        self,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        kv_dtype: torch.dtype,
+    ) -> None:
+        """Choose among this backend's ways for a model of these shapes, at boot, where it
+        times them on this machine (the torch backend's prefill kernel); nothing where it has
+        one way."""
+        return None
+
     def kernels(
         self,
         heads: int,

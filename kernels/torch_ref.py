@@ -17,6 +17,7 @@ for SDPA (``tests/unit/test_native_extend.py`` pins the two together).
 from __future__ import annotations
 
 import itertools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from kernels.paged_decode import (
     grouped_decode,
     native_slots,
 )
+from kernels.timing import fastest_each
 
 DECODE_PATHS = ("native", "grouped", "padded")
 # (activations, pool) dtypes the native kernels take
@@ -43,6 +45,10 @@ NATIVE_DTYPES = (
 # (a prefill chunk) is attended sixteen queries at a time (the extend kernel, or SDPA), which is
 # faster over many queries.
 SHORT_EXTEND = 17
+# The prefill chunk, in tokens, over which the native extend kernel and SDPA are timed at boot
+# (``TorchReferenceBackend.prepare``).
+EXTEND_TIMED = 512
+EXTEND_WAYS = ("native", "sdpa")
 
 
 class TorchReferenceBackend(AttentionBackend):
@@ -60,6 +66,10 @@ class TorchReferenceBackend(AttentionBackend):
         if decode == "padded":
             self.name = "torch-padded"
         self._buffers = IndexBuffers()
+        # a prefill chunk's kernel where the native one can take it: native until ``prepare``
+        # times the two; the microseconds each took, by way, once timed
+        self._extend = "native"
+        self._extend_us: dict[str, float] = {}
 
     def forward(
         self,
@@ -85,6 +95,13 @@ class TorchReferenceBackend(AttentionBackend):
                 plan = build_plan(meta, kv.k.shape[1], kv.k.dtype, self._buffers)
                 meta.scratch["grouped"] = plan
             return grouped_decode(q, kv.k, kv.v, plan, scale)
+        return self._extend_sdpa(q, kv, meta, scale)
+
+    def _extend_sdpa(
+        self, q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """An extend's attention by SDPA, each context gathered from the pool (``_extend_plan``);
+        the new tokens' K/V already stored."""
         out = torch.empty_like(q)
         gqa = q.shape[1] != kv.k.shape[1]
         for start, n, ext, slots, mask, causal in self._extend_plan(meta):
@@ -126,11 +143,15 @@ class TorchReferenceBackend(AttentionBackend):
             q, k, v, kv.k, kv.v, meta.out_slots, slots, lens, scale
         )
 
+    def _extends_natively(self, q: torch.Tensor, pool_k: torch.Tensor) -> bool:
+        """Whether the native extend kernel takes a longer extend (a prefill chunk): where it
+        can (``_native_extends``) and was not timed slower than SDPA at boot (``prepare``)."""
+        return self._extend == "native" and self._native_extends(q, pool_k)
+
     @staticmethod
-    def _extends_natively(q: torch.Tensor, pool_k: torch.Tensor) -> bool:
-        """Whether the native extend kernel takes a longer extend (a prefill chunk): a CPU with
-        AVX-512, head sizes 64 and 128, up to 8 query heads a KV head, the dtypes the decode
-        kernel takes."""
+    def _native_extends(q: torch.Tensor, pool_k: torch.Tensor) -> bool:
+        """Whether the native extend kernel can take a longer extend: a CPU with AVX-512, head
+        sizes 64 and 128, up to 8 query heads a KV head, the dtypes the decode kernel takes."""
         heads, kv_heads = q.shape[1], pool_k.shape[1]
         dtypes = (q.dtype, pool_k.dtype)
         return (
@@ -159,10 +180,60 @@ class TorchReferenceBackend(AttentionBackend):
             return {"decode": self.decode, "extend": "sdpa"}
         native = (dtype, kv_dtype) in NATIVE_DTYPES
         by_head = native and torch.ops.attest.decode_by_kv_head(q, pool)
-        return {
+        out = {
             "decode": f"native, {'a KV head at a time' if by_head else 'general loops'}",
             "extend": "native" if self._extends_natively(q, pool) else "sdpa",
         }
+        if self._extend_us and self._native_extends(q, pool):
+            out["extend_us"] = dict(self._extend_us)
+        return out
+
+    def prepare(
+        self,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        kv_dtype: torch.dtype,
+    ) -> None:
+        """Where the native extend kernel can take this model's prefill chunks, time it against
+        SDPA over one fresh chunk of ``EXTEND_TIMED`` tokens (the two taking turns) and keep
+        the faster. Which wins depends on the CPU: on an AMD EPYC (AVX-512 BF16, no AMX) the
+        native kernel attended a bfloat16 prefill 1.8x faster; on an Intel Xeon with AMX, SDPA
+        (whose flash kernel runs AMX tiles) made a 512-token bfloat16 prefill 1.4x faster and a
+        2,048-token one 2.6x, while in float32 the native kernel stayed 1.07x ahead
+        (BENCHMARKS.md). ``ATTEST_EXTEND=native`` or ``sdpa`` fixes the way instead."""
+        how = os.environ.get("ATTEST_EXTEND", "").strip()
+        if how not in ("", "measure", *EXTEND_WAYS):
+            raise ValueError(f"ATTEST_EXTEND must be native, sdpa or measure, got {how!r}")
+        q = torch.randn(EXTEND_TIMED, heads, head_dim).to(dtype)
+        kv = LayerKV(
+            torch.randn(EXTEND_TIMED, kv_heads, head_dim).to(kv_dtype),
+            torch.randn(EXTEND_TIMED, kv_heads, head_dim).to(kv_dtype),
+        )
+        if self.decode != "native" or not self._native_extends(q, kv.k):
+            return
+        if how in EXTEND_WAYS:
+            self._extend = how
+            return
+        slots = torch.arange(EXTEND_TIMED)
+        meta = AttentionMetadata(
+            req_to_token=slots[None],
+            req_rows=[0],
+            prefix_lens=[0],
+            extend_lens=[EXTEND_TIMED],
+            positions=slots,
+            out_slots=slots,
+        )
+        scale = head_dim**-0.5
+        took = fastest_each(
+            [
+                lambda: self._extend_native(q, kv, meta, scale),
+                lambda: self._extend_sdpa(q, kv, meta, scale),
+            ]
+        )
+        self._extend_us = {w: round(t * 1e6, 1) for w, t in zip(EXTEND_WAYS, took)}
+        self._extend = EXTEND_WAYS[took.index(min(took))]
 
     @staticmethod
     def _extend_native(

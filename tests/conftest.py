@@ -23,6 +23,10 @@ settings.load_profile("attest")
 # in one test compute each product alike however busy the machine is; the measure's own tests
 # unset it.
 os.environ.setdefault("ATTEST_INT_ROWS", "4")
+# Likewise the torch backend times its prefill kernel against SDPA at boot (which wins depends
+# on the CPU); the suite fixes the native one, so every boot attends alike; the timing's own
+# tests unset it.
+os.environ.setdefault("ATTEST_EXTEND", "native")
 
 
 requires_default_model = pytest.mark.skipif(

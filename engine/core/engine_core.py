@@ -173,6 +173,13 @@ class EngineCore:
         self.comm = self.member.comm if self.member is not None else Comm()
         self.shard_comm, self.stage = self.comm.layout(c.group.tp)
         self.model = self._new_model(self.loaded, backend, self.quant)
+        if torch.device(c.model.device).type == "cpu" and c.group.world == 1:
+            # the backend times its ways for these shapes (a group's ranks keep the default,
+            # so they attend alike)
+            m = self.model
+            backend.prepare(
+                m.local_heads, m.local_kv_heads, cfg.head_dim, self.dtype, self.kv_dtype
+            )
         self.receipts.emit(schema.BOOT_WEIGHTS, **self.weights_fields())
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
         self.max_context = min(c.model.max_model_len or cfg.max_position, cfg.max_position)

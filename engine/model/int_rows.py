@@ -38,8 +38,8 @@ import torch
 
 from engine.group.comm import Comm
 from engine.group.pipeline import Stage
-from engine.model.orient import fastest_each
 from engine.model.quant import SMALL_ROWS, QuantPlan, QuantWeight
+from kernels.timing import fastest_each
 
 ROWS = (SMALL_ROWS, 8, 16, 32, 64, 128, 256)  # the row counts timed, from the floor up
 

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.timing import fastest_each
+
 ROWS = (1, 2, 4, 8, 16, 64, 256, 512)  # the row counts measured; a product takes the bucket below
 HEAD_ROWS = (1, 2, 4, 8, 16, 64)  # the LM head sees a row per sequence sampled
-REPS = 3  # timed calls per row count and way, the ways in turn, after one warm call each; the
-# fastest counts
 PACK_ROWS = 64  # the row count oneDNN lays a packed weight out for (it runs any count)
 
 
@@ -97,37 +97,6 @@ def pack(w: torch.Tensor) -> torch.Tensor | None:
 def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """``x @ w.T`` on ``pack(w)``."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-
-
-def fastest(
-    fn: Callable[[], object],
-    reps: int = REPS,
-    warm: int = 1,
-    clock: Callable[[], float] = time.perf_counter,
-) -> float:
-    """The fastest of ``reps`` calls of ``fn``, in seconds, after ``warm`` untimed ones."""
-    return fastest_each([fn], reps, warm, clock)[0]
-
-
-def fastest_each(
-    fns: Sequence[Callable[[], object]],
-    reps: int = REPS,
-    warm: int = 1,
-    clock: Callable[[], float] = time.perf_counter,
-) -> list[float]:
-    """Each of ``fns``' fastest of ``reps`` calls, in seconds, after ``warm`` untimed ones, the
-    ways taking turns call by call: a spell of a busy machine then slows every way's calls
-    alike, where ways timed one after the other had it fall on one way's calls alone."""
-    for _ in range(warm):
-        for fn in fns:
-            fn()
-    best = [float("inf")] * len(fns)
-    for _ in range(reps):
-        for i, fn in enumerate(fns):
-            t = clock()
-            fn()
-            best[i] = min(best[i], clock() - t)
-    return best
 
 
 def measure(

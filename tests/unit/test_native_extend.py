@@ -83,3 +83,54 @@ def test_a_cpu_without_avx512_stays_on_sdpa(monkeypatch):
     got, want, scratch = native_and_sdpa(b)
     assert "native_extend" not in scratch
     torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("faster", ["native", "sdpa"])
+def test_the_boot_times_both_ways_and_the_faster_attends_every_prefill_chunk(monkeypatch, faster):
+    """``prepare`` times the native kernel against SDPA over one chunk (which wins depends on
+    the CPU: AMX tiles speed SDPA's flash kernel), keeps the faster for every later chunk, and
+    the boot receipt's ``attention`` says which, with what each took."""
+    import kernels.torch_ref as torch_ref
+
+    monkeypatch.delenv("ATTEST_EXTEND", raising=False)
+    timed = []
+
+    def fake(fns, *a, **kw):  # the ways' seconds as if timed: the named one twice as fast
+        timed.append(len(fns))
+        return [1e-3 if way == faster else 2e-3 for way in torch_ref.EXTEND_WAYS]
+
+    monkeypatch.setattr(torch_ref, "fastest_each", fake)
+    backend = TorchReferenceBackend("native")
+    backend.prepare(9, 3, 64, torch.bfloat16, torch.bfloat16)
+    assert timed == [2]
+    said = backend.kernels(9, 3, 64, torch.bfloat16, torch.bfloat16)
+    us = {w: 1000.0 if w == faster else 2000.0 for w in torch_ref.EXTEND_WAYS}
+    assert said["extend"] == faster and said["extend_us"] == us, said
+    b = make_paged_batch([(5, 40), (0, 33)], 9, 3, 64, torch.bfloat16, page_size=4, seed=2)
+    kv = b.pool_copy()
+    backend.forward(b.q, b.k, b.v, kv, b.meta, b.scale)
+    assert ("native_extend" in b.meta.scratch) == (faster == "native"), b.meta.scratch.keys()
+    assert ("extend" in b.meta.scratch) == (faster == "sdpa")
+
+
+def test_the_environment_fixes_the_way_and_nothing_is_timed_where_one_way_runs(monkeypatch):
+    import kernels.torch_ref as torch_ref
+
+    monkeypatch.setattr(torch_ref, "fastest_each", lambda *a, **kw: pytest.fail("timed"))
+    monkeypatch.setenv("ATTEST_EXTEND", "sdpa")
+    backend = TorchReferenceBackend("native")
+    backend.prepare(9, 3, 64, torch.float32, torch.float32)
+    said = backend.kernels(9, 3, 64, torch.float32, torch.float32)
+    assert said["extend"] == "sdpa" and "extend_us" not in said
+    monkeypatch.delenv("ATTEST_EXTEND")
+    for heads, kv_heads, head_dim in ((4, 2, 16), (16, 1, 64)):  # head size 16; a group of 16
+        backend = TorchReferenceBackend("native")
+        backend.prepare(heads, kv_heads, head_dim, torch.float32, torch.float32)
+        assert backend.kernels(heads, kv_heads, head_dim, torch.float32, torch.float32) == {
+            "decode": "native, general loops",
+            "extend": "sdpa",
+        }
+    TorchReferenceBackend("grouped").prepare(9, 3, 64, torch.float32, torch.float32)
+    monkeypatch.setenv("ATTEST_EXTEND", "sideways")
+    with pytest.raises(ValueError, match="ATTEST_EXTEND must be native, sdpa or measure"):
+        TorchReferenceBackend("native").prepare(9, 3, 64, torch.float32, torch.float32)

@@ -16,12 +16,12 @@ from engine.model.orient import (
     ROWS,
     Orientation,
     choose,
-    fastest_each,
     measure,
     pack,
     packed_linear,
 )
 from kernels import cpu_ops
+from kernels.timing import fastest_each
 from tests.fakes import Charged
 
 F_linear = torch.nn.functional.linear

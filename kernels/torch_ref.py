@@ -83,7 +83,7 @@ class TorchReferenceBackend(AttentionBackend):
         if self.decode == "native" and q.device.type == "cpu":
             if self._as_rows(meta):
                 return self._decode_native(q, k, v, kv, meta, scale)
-            if self._extends_natively(q, kv.k):
+            if self._extends_natively(q, kv.k, meta):
                 store_kv(k, v, kv, meta.out_slots)
                 return self._extend_native(q, kv, meta, scale)
         store_kv(k, v, kv, meta.out_slots)
@@ -143,10 +143,18 @@ class TorchReferenceBackend(AttentionBackend):
             q, k, v, kv.k, kv.v, meta.out_slots, slots, lens, scale
         )
 
-    def _extends_natively(self, q: torch.Tensor, pool_k: torch.Tensor) -> bool:
-        """Whether the native extend kernel takes a longer extend (a prefill chunk): where it
-        can (``_native_extends``) and was not timed slower than SDPA at boot (``prepare``)."""
-        return self._extend == "native" and self._native_extends(q, pool_k)
+    def _extends_natively(
+        self, q: torch.Tensor, pool_k: torch.Tensor, meta: AttentionMetadata | None = None
+    ) -> bool:
+        """Whether the native extend kernel takes a forward with a longer extend (a prefill
+        chunk): where it can (``_native_extends``), and either was not timed slower than SDPA at
+        boot (``prepare``) or the forward carries short extends too (decodes beside a chunk),
+        which SDPA would attend one call per request and per layer, where the native kernel
+        takes the whole batch in one."""
+        if not self._native_extends(q, pool_k):
+            return False
+        mixed = meta is not None and min(meta.extend_lens) <= SHORT_EXTEND
+        return self._extend == "native" or mixed
 
     @staticmethod
     def _native_extends(q: torch.Tensor, pool_k: torch.Tensor) -> bool:

@@ -111,6 +111,11 @@ def test_the_boot_times_both_ways_and_the_faster_attends_every_prefill_chunk(mon
     backend.forward(b.q, b.k, b.v, kv, b.meta, b.scale)
     assert ("native_extend" in b.meta.scratch) == (faster == "native"), b.meta.scratch.keys()
     assert ("extend" in b.meta.scratch) == (faster == "sdpa")
+    # decodes beside a chunk: SDPA would take each decode alone, a call per request and layer;
+    # the native kernel takes the whole forward whichever way was timed faster
+    b = make_paged_batch([(30, 1), (12, 1), (0, 40)], 9, 3, 64, torch.bfloat16, seed=4)
+    backend.forward(b.q, b.k, b.v, b.pool_copy(), b.meta, b.scale)
+    assert "native_extend" in b.meta.scratch and "extend" not in b.meta.scratch
 
 
 def test_the_environment_fixes_the_way_and_nothing_is_timed_where_one_way_runs(monkeypatch):

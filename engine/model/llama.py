@@ -20,7 +20,15 @@ from engine.model.config import ModelConfig
 from engine.model.fused import layer_ops
 from engine.model.int_rows import widen
 from engine.model.native_step import MATRICES, NativeStep
-from engine.model.orient import HEAD_ROWS, Orientation, by_mm, choose, pack, packed_linear
+from engine.model.orient import (
+    HEAD_ROWS,
+    Orientation,
+    by_mm,
+    by_rows,
+    choose,
+    pack,
+    packed_linear,
+)
 from engine.model.quant import QuantPlan, QuantWeight, quantize_weight
 from engine.model.shard import cols, plan_shard, rows, vocab_rows
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
@@ -74,7 +82,7 @@ def linear(
         n = x.shape[0]
         if packed is not None and orient.takes_packed(n):
             return packed_linear(x, packed)
-        return by_mm(x, w) if orient.takes_mm(n) else F.linear(x, w)
+        return by_rows(x, w) if orient.takes_mm(n) else F.linear(x, w)
     if w.dtype != torch.float32:
         return F.linear(x, w) if x.shape[0] == 1 else torch.mm(w, x.t()).t()
     return by_mm(x, w)
@@ -207,7 +215,7 @@ class LlamaModel:
                 self._keep(layer, dict(zip(MATRICES, got or ())))
         if self.lm_head is not None:
             packs = self._packs([dense(self.lm_head)])
-            head = choose([dense(self.lm_head)], HEAD_ROWS, packs, rowwise=True)
+            head = choose([dense(self.lm_head)], HEAD_ROWS, packs)
             if packs is not None and head.uses_packed:
                 if isinstance(self.lm_head, QuantWeight):
                     self.lm_head.dense_packed = packs[0]
@@ -324,8 +332,7 @@ class LlamaModel:
         stage and shared with the others (whose ``hidden`` only says N)."""
         out = None
         if self.stage.last:
-            # row by row, as the sampler reads them (``(W @ x.T).T`` is a transposed view)
-            out = linear(hidden, self.lm_head, self.head_orient, self.head_packed).contiguous()
+            out = linear(hidden, self.lm_head, self.head_orient, self.head_packed)
             full = self.comm.all_gather(out, dim=-1)
             out = full[:, : self.cfg.vocab_size].float()
         return self.stage.share(out, (hidden.shape[0], self.cfg.vocab_size))

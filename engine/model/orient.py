@@ -85,6 +85,15 @@ def by_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.mm(w, x.t()).t()
 
 
+def by_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``by_mm``'s product laid out row by row, as the forward reads it: ``(w @ x.T).T`` is a
+    transposed view, and what follows a product reads rows (the native norm, SiLU times up and
+    the sampler take dense rows; on a transposed view the forward fell back to torch's ops, and
+    the LM head's logits, sampled in that layout, cost a 64-stream bfloat16 step 10 ms more
+    than their copy). So the mm way is measured, and runs, with that copy."""
+    return by_mm(x, w).contiguous()
+
+
 def pack(w: torch.Tensor) -> torch.Tensor | None:
     """``w`` ([out, in], bfloat16 or float32, on the CPU) as oneDNN's linear takes it, laid out
     once (a second copy); None where torch has no oneDNN or ``w`` is not such a matrix."""
@@ -104,27 +113,21 @@ def measure(
     rows: tuple[int, ...] = ROWS,
     clock: Callable[[], float] = time.perf_counter,
     packs: Sequence[torch.Tensor] | None = None,
-    rowwise: bool = False,
 ) -> tuple[Orientation, dict[int, tuple[float, ...]]]:
     """The faster way for ``mats`` (all their products of ``n`` rows together) at each of
     ``rows``; with the seconds each way took, ``{n: (linear, mm)}``, and with ``packs`` (``mats``
-    packed, ``pack``) the packed way timed too, ``{n: (linear, mm, packed)}``. ``rowwise``: each
-    product is timed laid out row by row, as its caller needs it (``(w @ x.T).T`` is a
-    transposed view, and the LM head's logits are read a row at a time: sampled from them in
-    that layout, 64 rows of the default model's took 10 ms more a step than their copy)."""
+    packed, ``pack``) the packed way timed too, ``{n: (linear, mm, packed)}``. Each way is timed
+    as the forward runs it, its product laid out row by row (``by_rows``)."""
     g = torch.Generator().manual_seed(0)
     took: dict[int, tuple[float, ...]] = {}
-    done = torch.Tensor.contiguous if rowwise else (lambda t: t)
     for n in rows:
         xs = [torch.randn(n, w.shape[1], generator=g, dtype=w.dtype) for w in mats]
         ways = [
-            lambda: [done(F.linear(x, w)) for x, w in zip(xs, mats)],  # noqa: B023
-            lambda: [done(by_mm(x, w)) for x, w in zip(xs, mats)],  # noqa: B023
+            lambda: [F.linear(x, w) for x, w in zip(xs, mats)],  # noqa: B023
+            lambda: [by_rows(x, w) for x, w in zip(xs, mats)],  # noqa: B023
         ]
         if packs is not None:
-            ways.append(
-                lambda: [done(packed_linear(x, p)) for x, p in zip(xs, packs)]  # noqa: B023
-            )
+            ways.append(lambda: [packed_linear(x, p) for x, p in zip(xs, packs)])  # noqa: B023
         took[n] = tuple(fastest_each(ways, clock=clock))
     best = [min(range(len(t)), key=t.__getitem__) for t in took.values()]
     packed = tuple(b == 2 for b in best) if packs is not None else ()
@@ -135,7 +138,6 @@ def choose(
     mats: Sequence[torch.Tensor],
     rows: tuple[int, ...] = ROWS,
     packs: Sequence[torch.Tensor] | None = None,
-    rowwise: bool = False,
 ) -> Orientation:
     """``measure``'s choice (the packed way among them with ``packs``), unless ``ATTEST_ORIENT``
     is ``linear``, ``mm`` or ``packed`` (one way at every size: to measure against, or to rule
@@ -149,4 +151,4 @@ def choose(
         return Orientation((1,), (False,), (True,))
     if how not in ("", "measure"):
         raise ValueError(f"ATTEST_ORIENT must be linear, mm, packed or measure, got {how!r}")
-    return measure(mats, rows, packs=packs, rowwise=rowwise)[0]
+    return measure(mats, rows, packs=packs)[0]

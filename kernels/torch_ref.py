@@ -209,7 +209,7 @@ class TorchReferenceBackend(AttentionBackend):
         the faster. Which wins depends on the CPU: on an AMD EPYC (AVX-512 BF16, no AMX) the
         native kernel attended a bfloat16 prefill 1.8x faster; on an Intel Xeon with AMX, SDPA
         (whose flash kernel runs AMX tiles) made a 512-token bfloat16 prefill 1.4x faster and a
-        2,048-token one 2.6x, while in float32 the native kernel stayed 1.07x ahead
+        2,048-token one 2.7x, while in float32 the native kernel stayed 1.06x ahead
         (BENCHMARKS.md). ``ATTEST_EXTEND=native`` or ``sdpa`` fixes the way instead."""
         how = os.environ.get("ATTEST_EXTEND", "").strip()
         if how not in ("", "measure", *EXTEND_WAYS):

@@ -21,6 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -87,6 +88,18 @@ class GraphDecode:
     update: Callable[[AttentionMetadata], None] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class HeadShape:
+    """A model's attention as a backend's choices read it: this rank's query and KV heads, the
+    head size, the activations' dtype and the KV pool's."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+
+
 class AttentionBackend(ABC):
     """Computes attention for a flat batch over a paged KV pool.
 
@@ -143,27 +156,13 @@ class AttentionBackend(ABC):
         Python-sized shapes from each batch), so a CUDA graph cannot replay it."""
         return None
 
-    def prepare(
-        self,
-        heads: int,
-        kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        kv_dtype: torch.dtype,
-    ) -> None:
+    def prepare(self, shape: HeadShape) -> None:
         """Choose among this backend's ways for a model of these shapes, at boot, where it
         times them on this machine (the torch backend's prefill kernel); nothing where it has
         one way."""
         return None
 
-    def kernels(
-        self,
-        heads: int,
-        kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        kv_dtype: torch.dtype,
-    ) -> dict[str, str] | None:
+    def kernels(self, shape: HeadShape) -> dict[str, Any] | None:
         """Which kernels attend a model of these shapes, decode and extend, where the backend
         chooses among several by shape (``boot.weights``' ``attention``); None where it has
         one way."""

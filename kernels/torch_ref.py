@@ -18,12 +18,19 @@ from __future__ import annotations
 
 import itertools
 import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from kernels import cpu_ops
-from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV, store_kv
+from kernels.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    HeadShape,
+    LayerKV,
+    store_kv,
+)
 from kernels.paged_decode import (
     IndexBuffers,
     build_plan,
@@ -171,22 +178,15 @@ class TorchReferenceBackend(AttentionBackend):
             and dtypes in NATIVE_DTYPES
         )
 
-    def kernels(
-        self,
-        heads: int,
-        kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        kv_dtype: torch.dtype,
-    ) -> dict[str, str]:
+    def kernels(self, shape: HeadShape) -> dict[str, Any]:
         """Which kernels attend this model's heads on a CPU (``boot.weights``' ``attention``):
         a decode step's (the native kernel a KV head at a time, or by its general loops; the
-        grouped or padded torch paths) and a prefill chunk's (native or SDPA)."""
-        q = torch.empty(1, heads, head_dim, dtype=dtype)
-        pool = torch.empty(1, kv_heads, head_dim, dtype=kv_dtype)
+        grouped or padded torch paths) and a prefill chunk's (native or SDPA, with what each
+        took where ``prepare`` timed them)."""
+        q, pool = self._probes(shape)
         if self.decode != "native":
             return {"decode": self.decode, "extend": "sdpa"}
-        native = (dtype, kv_dtype) in NATIVE_DTYPES
+        native = (shape.dtype, shape.kv_dtype) in NATIVE_DTYPES
         by_head = native and torch.ops.attest.decode_by_kv_head(q, pool)
         out = {
             "decode": f"native, {'a KV head at a time' if by_head else 'general loops'}",
@@ -196,14 +196,14 @@ class TorchReferenceBackend(AttentionBackend):
             out["extend_us"] = dict(self._extend_us)
         return out
 
-    def prepare(
-        self,
-        heads: int,
-        kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        kv_dtype: torch.dtype,
-    ) -> None:
+    @staticmethod
+    def _probes(shape: HeadShape, rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random queries and a pool of ``rows`` rows of ``shape``'s heads and dtypes: what the
+        native kernels' dispatch reads (and ``prepare`` times)."""
+        q = torch.randn(rows, shape.heads, shape.head_dim).to(shape.dtype)
+        return q, torch.randn(rows, shape.kv_heads, shape.head_dim).to(shape.kv_dtype)
+
+    def prepare(self, shape: HeadShape) -> None:
         """Where the native extend kernel can take this model's prefill chunks, time it against
         SDPA over one fresh chunk of ``EXTEND_TIMED`` tokens (the two taking turns) and keep
         the faster. Which wins depends on the CPU: on an AMD EPYC (AVX-512 BF16, no AMX) the
@@ -214,11 +214,8 @@ class TorchReferenceBackend(AttentionBackend):
         how = os.environ.get("ATTEST_EXTEND", "").strip()
         if how not in ("", "measure", *EXTEND_WAYS):
             raise ValueError(f"ATTEST_EXTEND must be native, sdpa or measure, got {how!r}")
-        q = torch.randn(EXTEND_TIMED, heads, head_dim).to(dtype)
-        kv = LayerKV(
-            torch.randn(EXTEND_TIMED, kv_heads, head_dim).to(kv_dtype),
-            torch.randn(EXTEND_TIMED, kv_heads, head_dim).to(kv_dtype),
-        )
+        q, k = self._probes(shape, EXTEND_TIMED)
+        kv = LayerKV(k, self._probes(shape, EXTEND_TIMED)[1])
         if self.decode != "native" or not self._native_extends(q, kv.k):
             return
         if how in EXTEND_WAYS:
@@ -233,7 +230,7 @@ class TorchReferenceBackend(AttentionBackend):
             positions=slots,
             out_slots=slots,
         )
-        scale = head_dim**-0.5
+        scale = shape.head_dim**-0.5
         took = fastest_each(
             [
                 lambda: self._extend_native(q, kv, meta, scale),

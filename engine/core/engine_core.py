@@ -46,7 +46,7 @@ from engine.scheduler.traces import RequestTraces
 from engine.tiers.host_tier import HostTier, size_host_tier
 from engine.tiers.store_tier import StoreTier, model_identity, open_store
 from kernels import cpu_ops
-from kernels.attention import AttentionBackend
+from kernels.attention import AttentionBackend, HeadShape
 from kernels.select import choose_backend, get_backend
 
 # the dtypes EngineConfig accepts (validated there, torch-free), as torch knows them
@@ -176,10 +176,7 @@ class EngineCore:
         if torch.device(c.model.device).type == "cpu" and c.group.world == 1:
             # the backend times its ways for these shapes (a group's ranks keep the default,
             # so they attend alike)
-            m = self.model
-            backend.prepare(
-                m.local_heads, m.local_kv_heads, cfg.head_dim, self.dtype, self.kv_dtype
-            )
+            backend.prepare(self.head_shape)
         self.receipts.emit(schema.BOOT_WEIGHTS, **self.weights_fields())
         self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
         self.max_context = min(c.model.max_model_len or cfg.max_position, cfg.max_position)
@@ -188,6 +185,14 @@ class EngineCore:
     def kv_dtype(self) -> torch.dtype:
         """The KV pool's dtype: fast mode's plan's, else the activations'."""
         return self.quant.kv_dtype if self.quant else self.dtype
+
+    @property
+    def head_shape(self) -> HeadShape:
+        """This rank's attention shapes and dtypes, as the backend's choices read them."""
+        m = self.model
+        return HeadShape(
+            m.local_heads, m.local_kv_heads, self.model_config.head_dim, self.dtype, self.kv_dtype
+        )
 
     def _size_memory(self) -> None:
         """The KV pool (this rank's heads), its allocator, the request table, the runner."""
@@ -309,13 +314,8 @@ class EngineCore:
             fields["ops"] = "native" if cpu_ops.load() else "torch"
             if fields["ops"] == "torch":
                 fields["ops_why"] = cpu_ops.why_not()
-            attention = self.model.backend.kernels(  # which kernels attend, decode and extend
-                self.model.local_heads,
-                self.model.local_kv_heads,
-                self.model_config.head_dim,
-                self.dtype,
-                self.kv_dtype,
-            )
+            # which kernels attend, decode and extend
+            attention = self.model.backend.kernels(self.head_shape)
             if attention is not None:
                 fields["attention"] = attention
             if self.model.orient is not None or self.model.head_orient is not None:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels import cpu_ops
-from kernels.attention import LayerKV
+from kernels.attention import HeadShape, LayerKV
 from kernels.torch_ref import TorchReferenceBackend
 from tests.unit.paged_batch import make_paged_batch
 
@@ -101,9 +101,9 @@ def test_the_boot_times_both_ways_and_the_faster_attends_every_prefill_chunk(mon
 
     monkeypatch.setattr(torch_ref, "fastest_each", fake)
     backend = TorchReferenceBackend("native")
-    backend.prepare(9, 3, 64, torch.bfloat16, torch.bfloat16)
+    backend.prepare(HeadShape(9, 3, 64, torch.bfloat16, torch.bfloat16))
     assert timed == [2]
-    said = backend.kernels(9, 3, 64, torch.bfloat16, torch.bfloat16)
+    said = backend.kernels(HeadShape(9, 3, 64, torch.bfloat16, torch.bfloat16))
     us = {w: 1000.0 if w == faster else 2000.0 for w in torch_ref.EXTEND_WAYS}
     assert said["extend"] == faster and said["extend_us"] == us, said
     b = make_paged_batch([(5, 40), (0, 33)], 9, 3, 64, torch.bfloat16, page_size=4, seed=2)
@@ -124,18 +124,20 @@ def test_the_environment_fixes_the_way_and_nothing_is_timed_where_one_way_runs(m
     monkeypatch.setattr(torch_ref, "fastest_each", lambda *a, **kw: pytest.fail("timed"))
     monkeypatch.setenv("ATTEST_EXTEND", "sdpa")
     backend = TorchReferenceBackend("native")
-    backend.prepare(9, 3, 64, torch.float32, torch.float32)
-    said = backend.kernels(9, 3, 64, torch.float32, torch.float32)
+    backend.prepare(HeadShape(9, 3, 64, torch.float32, torch.float32))
+    said = backend.kernels(HeadShape(9, 3, 64, torch.float32, torch.float32))
     assert said["extend"] == "sdpa" and "extend_us" not in said
     monkeypatch.delenv("ATTEST_EXTEND")
     for heads, kv_heads, head_dim in ((4, 2, 16), (16, 1, 64)):  # head size 16; a group of 16
         backend = TorchReferenceBackend("native")
-        backend.prepare(heads, kv_heads, head_dim, torch.float32, torch.float32)
-        assert backend.kernels(heads, kv_heads, head_dim, torch.float32, torch.float32) == {
+        backend.prepare(HeadShape(heads, kv_heads, head_dim, torch.float32, torch.float32))
+        assert backend.kernels(
+            HeadShape(heads, kv_heads, head_dim, torch.float32, torch.float32)
+        ) == {
             "decode": "native, general loops",
             "extend": "sdpa",
         }
-    TorchReferenceBackend("grouped").prepare(9, 3, 64, torch.float32, torch.float32)
+    TorchReferenceBackend("grouped").prepare(HeadShape(9, 3, 64, torch.float32, torch.float32))
     monkeypatch.setenv("ATTEST_EXTEND", "sideways")
     with pytest.raises(ValueError, match="ATTEST_EXTEND must be native, sdpa or measure"):
-        TorchReferenceBackend("native").prepare(9, 3, 64, torch.float32, torch.float32)
+        TorchReferenceBackend("native").prepare(HeadShape(9, 3, 64, torch.float32, torch.float32))

@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kernels import cpu_ops
-from kernels.attention import AttentionMetadata
+from kernels.attention import AttentionMetadata, HeadShape
 from kernels.paged_decode import IndexBuffers, build_plan, grouped_decode
 from kernels.select import get_backend
 from kernels.torch_ref import TorchReferenceBackend
@@ -226,12 +226,12 @@ def test_the_head_kernel_takes_every_shape_it_is_built_for_and_the_boot_says_so(
         + [(128, g, True) for g in range(1, 9)]
         + [(64, 9, False), (96, 2, False), (32, 1, False)]
     ):
-        kernels = backend.kernels(3 * group, 3, head_dim, dtype, kv_dtype)
+        kernels = backend.kernels(HeadShape(3 * group, 3, head_dim, dtype, kv_dtype))
         way = "a KV head at a time" if by_head else "general loops"
         assert kernels["decode"] == f"native, {way}", (head_dim, group)
-    assert backend.kernels(9, 3, 64, dtype, kv_dtype)["extend"] == "native"
-    assert backend.kernels(9, 3, 96, dtype, kv_dtype)["extend"] == "sdpa"
-    assert TorchReferenceBackend("grouped").kernels(9, 3, 64, dtype, kv_dtype) == {
+    assert backend.kernels(HeadShape(9, 3, 64, dtype, kv_dtype))["extend"] == "native"
+    assert backend.kernels(HeadShape(9, 3, 96, dtype, kv_dtype))["extend"] == "sdpa"
+    assert TorchReferenceBackend("grouped").kernels(HeadShape(9, 3, 64, dtype, kv_dtype)) == {
         "decode": "grouped",
         "extend": "sdpa",
     }

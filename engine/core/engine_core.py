@@ -318,17 +318,13 @@ class EngineCore:
             attention = self.model.backend.kernels(self.head_shape)
             if attention is not None:
                 fields["attention"] = attention
-            if self.model.orient is not None or self.model.head_orient is not None:
-                fields["orient"] = {  # dense products: the row counts that take (W @ x.T).T
-                    part: o.fields()
-                    for part, o in (("layers", self.model.orient), ("head", self.model.head_orient))
-                    if o is not None
-                }
-            if self.model.orient is not None or self.model.head_orient is not None:
-                # the buckets that take oneDNN's packed weights (fast mode: its dense values')
+            parts = (("layers", self.model.orient), ("head", self.model.head_orient))
+            if any(o is not None for _, o in parts):
+                # dense products: the row counts that take (W @ x.T).T, and those that take
+                # oneDNN's packed weights (fast mode: its dense values')
+                fields["orient"] = {part: o.fields() for part, o in parts if o is not None}
                 fields["prepacked"] = {
-                    part: o.packed_fields() if o is not None else []
-                    for part, o in (("layers", self.model.orient), ("head", self.model.head_orient))
+                    part: o.packed_fields() if o is not None else [] for part, o in parts
                 } | {"bytes": self.model.packed_bytes}
             if self.quant is not None:  # a small decode forward's layers in one native call
                 step = self.model.native_step

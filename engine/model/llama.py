@@ -212,27 +212,24 @@ class LlamaModel:
             layers = choose([dense(self.layers[0][k]) for k in MATRICES], packs=packs)
             for i, layer in enumerate(self.layers if layers.uses_packed else []):
                 got = packs if i == 0 else self._packs([dense(layer[k]) for k in MATRICES])
-                self._keep(layer, dict(zip(MATRICES, got or ())))
+                for k, p in zip(MATRICES, got or ()):
+                    if (beside := self._keep(layer[k], p)) is not None:
+                        layer.setdefault("packed", {})[k] = beside
         if self.lm_head is not None:
             packs = self._packs([dense(self.lm_head)])
             head = choose([dense(self.lm_head)], HEAD_ROWS, packs)
             if packs is not None and head.uses_packed:
-                if isinstance(self.lm_head, QuantWeight):
-                    self.lm_head.dense_packed = packs[0]
-                else:
-                    self.head_packed = packs[0]
-                self.packed_bytes += packs[0].numel() * packs[0].element_size()
+                self.head_packed = self._keep(self.lm_head, packs[0])
         return layers, head
 
-    def _keep(self, layer: dict[str, Any], packs: dict[str, torch.Tensor]) -> None:
-        """A layer's packed copies: beside its matrices, or on each quantised one's dense
-        values; counted in ``packed_bytes``."""
-        for k, p in packs.items():
-            if isinstance(layer[k], QuantWeight):
-                layer[k].dense_packed = p
-            else:
-                layer.setdefault("packed", {})[k] = p
-            self.packed_bytes += p.numel() * p.element_size()
+    def _keep(self, mat: torch.Tensor | QuantWeight, packed: torch.Tensor) -> torch.Tensor | None:
+        """``mat``'s packed copy, counted in ``packed_bytes``: kept on a quantised matrix's dense
+        values (None returned), else returned to be kept beside the matrix."""
+        self.packed_bytes += packed.numel() * packed.element_size()
+        if isinstance(mat, QuantWeight):
+            mat.dense_packed = packed
+            return None
+        return packed
 
     def _packs(self, mats: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """``mats`` packed for oneDNN (``orient.pack``), where each packs; None: the products are

@@ -457,14 +457,82 @@ bool decode_by_kv_head(const Tensor& q, const Tensor& pool_k) {
 
 // ---- the small per-layer ops ---------------------------------------------------------------
 
+#if defined(__AVX512F__)
+// v rounded to bfloat16 as c10 rounds (to nearest even; a NaN is 0x7fc0), in each lane's low half
+inline __m512i bf16_bits(__m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_set1_epi32(0x7fc0));
+}
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(c10::BFloat16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits(v)));
+}
+template <typename T>
+inline __m512 keep16(__m512 v) {  // v rounded to T and back, as keep<T> a lane at a time
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16));
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define ATTEST_ROWS_V 1  // the norm's and rope's vector loops
+// the first k of 16 lanes (k >= 16: all), for a row's last, partial vector
+inline __mmask16 lanes(int64_t k) {
+  return k >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << k) - 1);
+}
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {  // lanes off read 0
+  const __m256i x = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits(v)));
+}
+
+// One row of norm_rows, 16 columns a vector: the same roundings; the sum of squares adds in
+// 16 lanes, then across them (the scalar loop adds column by column: another order again).
+template <typename T>
+inline void norm_row_v(T* xr, const T* rr, const T* w, T* yr, int64_t n, float eps, float* buf) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes(n - i);
+    __m512 v = load16(xr + i, m);
+    if (rr) {
+      v = keep16<T>(_mm512_add_ps(v, load16(rr + i, m)));
+      store16(xr + i, v, m);
+    }
+    _mm512_storeu_ps(buf + i, v);
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+  }
+  const __m512 inv =
+      _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(n) + eps));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes(n - i);
+    const __m512 normed = keep16<T>(_mm512_mul_ps(_mm512_loadu_ps(buf + i), inv));
+    store16(yr + i, _mm512_mul_ps(load16(w + i, m), normed), m);
+  }
+}
+#endif
+
 // y = w * (x * rsqrt(mean(x^2) + eps)) rounded as fused.rms_norm rounds; with ``residual``,
 // first x = x + residual, written back into x (add_norm's new h).
 template <typename T>
 void norm_rows(T* x, const T* residual, const T* w, T* y, int64_t rows, int64_t n, int64_t xs,
                int64_t rs, int64_t ys, double eps) {
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(n);
+    std::vector<float> buf((n + 15) / 16 * 16);
     for (int64_t r = begin; r < end; ++r) {
+#if defined(ATTEST_ROWS_V)
+      norm_row_v(x + r * xs, residual ? residual + r * rs : nullptr, w, y + r * ys, n,
+                 static_cast<float>(eps), buf.data());
+      continue;
+#endif
       T* xr = x + r * xs;
       float ss = 0.f;
       for (int64_t i = 0; i < n; ++i) {
@@ -510,6 +578,16 @@ Tensor norm_impl(const Tensor& x, const c10::optional<Tensor>& residual, const T
   return y;
 }
 
+// Whether the norm's and rope's rows run in vector loops (a CPU with AVX-512 BW and VL): the
+// scalar norm loses to torch's over a prefill's rows, so the engine bounds it there.
+bool rows_vectorised() {
+#if defined(ATTEST_ROWS_V)
+  return true;
+#else
+  return false;
+#endif
+}
+
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
   return norm_impl(x, c10::nullopt, w, eps);
 }
@@ -522,27 +600,6 @@ Tensor add_rms_norm(Tensor& h, const Tensor& y, const Tensor& w, double eps) {
 // silu(gate) * up of gate_up [rows, 2n] (gate a row's first half), as silu_mul computes it in
 // torch: silu rounded to T (gate / (1 + exp(-gate)) in float32, exp torch's vector one), then
 // the product rounded. One pass where torch makes two and a tensor between them.
-#if defined(__AVX512F__)
-// v rounded to bfloat16 as c10 rounds (to nearest even; a NaN is 0x7fc0), in each lane's low half
-inline __m512i bf16_bits(__m512 v) {
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_set1_epi32(0x7fc0));
-}
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(c10::BFloat16* p, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits(v)));
-}
-template <typename T>
-inline __m512 keep16(__m512 v) {  // v rounded to T and back, as keep<T> a lane at a time
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else
-    return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16));
-}
-#endif
 
 template <typename T>
 void silu_mul_rows(const T* x, T* y, int64_t rows, int64_t n, int64_t xs) {
@@ -604,6 +661,22 @@ void rope_rows(Tensor& x, const Tensor& cos, const Tensor& sin) {
       const T* s = sp + r * d;
       for (int64_t hh = 0; hh < n; ++hh) {
         T* v = xp + r * xs0 + hh * xs1;
+#if defined(ATTEST_ROWS_V)
+        if (xs2 == 1 && half % 16 == 0) {  // 16 pairs a vector, both halves read first
+          const __m512 sign = _mm512_set1_ps(-0.f);
+          for (int64_t i = 0; i < half; i += 16) {
+            const __m512 a = load16(v + i), b = load16(v + half + i);
+            const __m512 lo = _mm512_add_ps(
+                keep16<T>(_mm512_mul_ps(a, load16(c + i))),
+                keep16<T>(_mm512_mul_ps(_mm512_xor_ps(b, sign), load16(s + i))));
+            const __m512 hi = _mm512_add_ps(keep16<T>(_mm512_mul_ps(b, load16(c + half + i))),
+                                            keep16<T>(_mm512_mul_ps(a, load16(s + half + i))));
+            store16(v + i, lo);
+            store16(v + half + i, hi);
+          }
+          continue;
+        }
+#endif
         for (int64_t i = 0; i < d; ++i) {
           const float rot = i < half ? -f32(v[(i + half) * xs2]) : f32(v[(i - half) * xs2]);
           tmp[i] = keep<T>(keep<T>(f32(v[i * xs2]) * f32(c[i])) + keep<T>(rot * f32(s[i])));
@@ -642,6 +715,7 @@ TORCH_LIBRARY(attest, m) {
       "extend_attention(Tensor q, Tensor pool_k, Tensor pool_v, Tensor slots, Tensor prefix, "
       "Tensor starts, Tensor ext, float scale) -> Tensor");
   m.def("decode_by_kv_head(Tensor q, Tensor pool_k) -> bool");
+  m.def("rows_vectorised() -> bool", &rows_vectorised);
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) h, Tensor y, Tensor w, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> Tensor(a!)");

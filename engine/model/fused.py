@@ -11,8 +11,9 @@ Where the native CPU ops are built (``kernels.cpu_ops``), ``rope`` and ``silu_mu
 native call each in every mode (they give the same bits: the same roundings in the same order,
 no fused multiply-adds, torch's own vector exp),
 and with bfloat16 activations (fast mode, ``--dtype bfloat16``) so are ``norm`` and
-``add_norm`` for up to ``NATIVE_NORM_ROWS`` rows. Exact mode keeps torch's norm: a native sum
-of squares adds in another order, and exact mode's tokens are transformers' tokens.
+``add_norm`` (at any number of rows where their loops are vector ones, ``norm_rows``). Exact
+mode in float32 keeps torch's norm: a native sum of squares adds in another order, and that
+mode's tokens are transformers' tokens.
 
 Compiling each group (``torch.compile``, inductor's C++ backend, dynamic in the number of
 tokens) was measured (one run, on a loaded machine; BENCHMARKS.md) and is not used: once warm,
@@ -23,6 +24,7 @@ serving mix of batch sizes exhausted.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -32,12 +34,14 @@ import torch.nn.functional as F
 
 from kernels import cpu_ops
 
-# Rows up to which the native norm runs. Measured (bench/native_ops.py, bfloat16, 576 wide;
-# BENCHMARKS.md): at 64 rows RMSNorm 22.9 us against torch's 39.8 and add and norm 38.7 against
-# 44.0 on an AMD EPYC (Zen 4), 16.6 against 38.7 and 36.0 against 49.3 on an Intel Xeon with
-# AMX; at 256 rows add and norm was slower on the Xeon (149.0 against 129.9), and at 512 on
-# both. A product that comes back as a transposed view takes torch's norm at any count.
-NATIVE_NORM_ROWS = 64
+# Rows up to which the native norm runs where its loops are scalar (a CPU without AVX-512 BW and
+# VL). Measured with those loops (bench/native_ops.py, bfloat16, 576 wide; BENCHMARKS.md): at 64
+# rows RMSNorm 22.9 us against torch's 39.8 and add and norm 38.7 against 44.0 on an AMD EPYC
+# (Zen 4), 16.6 against 38.7 and 36.0 against 49.3 on an Intel Xeon with AMX; at 256 rows add and
+# norm was slower on the Xeon (149.0 against 129.9), and at 512 on both. The vector loops were
+# faster at every count measured, 1 to 512 rows (add and norm of 512 rows on that Xeon: 95.8 us
+# against torch's 335.2). A product that comes back as a transposed view takes torch's norm.
+SCALAR_NORM_ROWS = 64
 # Rows up to which the native rope reads a transposed product in place, column by column;
 # more were slower than torch's rope, which returns them dense.
 NATIVE_ROPE_STRIDED_ROWS = 16
@@ -95,17 +99,23 @@ def native_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.ops.attest.silu_mul(gate_up)
 
 
-def native_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.shape[0] > NATIVE_NORM_ROWS or x.stride(-1) != 1:
+def norm_rows() -> float:
+    """Rows up to which the native norms run: any number where their loops are vector ones,
+    ``SCALAR_NORM_ROWS`` where they are scalar."""
+    return math.inf if torch.ops.attest.rows_vectorised() else SCALAR_NORM_ROWS
+
+
+def native_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows: float) -> torch.Tensor:
+    if x.shape[0] > rows or x.stride(-1) != 1:
         return rms_norm(x, weight, eps)
     return torch.ops.attest.rms_norm(x, weight, eps)
 
 
 def native_add_norm(
-    h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+    h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, rows: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``add_norm`` with the sum written into ``h`` (the forward's own residual stream)."""
-    if h.shape[0] > NATIVE_NORM_ROWS or y.stride(-1) != 1 or not h.is_contiguous():
+    if h.shape[0] > rows or y.stride(-1) != 1 or not h.is_contiguous():
         return add_norm(h, y, weight, eps)
     return h, torch.ops.attest.add_rms_norm(h, y, weight, eps)
 
@@ -125,9 +135,10 @@ def layer_ops(
         return LayerOps(
             partial(rms_norm, eps=eps), native_rope, partial(add_norm, eps=eps), native_silu_mul
         )
+    rows = norm_rows()
     return LayerOps(
-        partial(native_norm, eps=eps),
+        partial(native_norm, eps=eps, rows=rows),
         native_rope,
-        partial(native_add_norm, eps=eps),
+        partial(native_add_norm, eps=eps, rows=rows),
         native_silu_mul,
     )

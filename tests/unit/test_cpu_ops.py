@@ -3,6 +3,7 @@ the engine finds them: built for this CPU or not at all, with an off switch."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -20,11 +21,11 @@ needs_native = pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def rope_inputs(rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def rope_inputs(rows: int, dtype: torch.dtype, d: int = 64) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(rows)
-    qkv = torch.randn(rows, 15 * 64, generator=g).to(dtype)  # 9 + 3 heads rotated, 3 not
-    qk = qkv[:, : 12 * 64].reshape(rows, 12, 64)  # a row-strided view, as the forward has
-    inv = 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64))
+    qkv = torch.randn(rows, 15 * d, generator=g).to(dtype)  # 9 + 3 heads rotated, 3 not
+    qk = qkv[:, : 12 * d].reshape(rows, 12, d)  # a row-strided view, as the forward has
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
     freqs = (torch.arange(rows).float() + 37)[:, None] * inv[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return qk, emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
@@ -32,10 +33,11 @@ def rope_inputs(rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
 
 @needs_native
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("rows", [1, 3, 64])
-def test_native_rope_gives_the_python_ops_bits(rows, dtype):
-    """Exact mode runs the native rope: the same roundings in the same order, no FMA."""
-    qk, cos, sin = rope_inputs(rows, dtype)
+@pytest.mark.parametrize("rows,d", [(1, 64), (3, 64), (64, 64), (512, 64), (5, 128), (5, 16)])
+def test_native_rope_gives_the_python_ops_bits(rows, d, dtype):
+    """Exact mode runs the native rope: the same roundings in the same order, no FMA (head
+    sizes whose half is 16 columns or more in vector loops, 16 in the scalar one)."""
+    qk, cos, sin = rope_inputs(rows, dtype, d)
     want = apply_rope(qk, cos, sin)
     got = torch.ops.attest.rope_(qk.clone(), cos, sin)
     assert torch.equal(got, want)
@@ -45,11 +47,12 @@ def test_native_rope_gives_the_python_ops_bits(rows, dtype):
 
 
 @needs_native
-@pytest.mark.parametrize("rows", [1, 16])
-def test_native_norms_match_the_python_ones_in_bfloat16(rows):
+@pytest.mark.parametrize("rows,n", [(1, 576), (16, 576), (512, 576), (3, 100), (2, 7)])
+def test_native_norms_match_the_python_ones_in_bfloat16(rows, n):
+    """A prefill's rows too, and widths that end in a part of a vector."""
     g = torch.Generator().manual_seed(rows)
-    x, y = (torch.randn(rows, 576, generator=g).bfloat16() for _ in range(2))
-    w = torch.randn(576, generator=g).bfloat16()
+    x, y = (torch.randn(rows, n, generator=g).bfloat16() for _ in range(2))
+    w = torch.randn(n, generator=g).bfloat16()
     want = rms_norm(x, w, 1e-5)
     got = torch.ops.attest.rms_norm(x, w, 1e-5)
     # the sum of squares adds in another order: rarely apart, by a step or two of bfloat16
@@ -105,19 +108,30 @@ def test_exact_mode_takes_only_the_ops_that_keep_torchs_bits():
 
 
 @needs_native
-def test_many_rows_take_torchs_norm(monkeypatch):
+def test_rows_past_the_bound_take_torchs_norm(monkeypatch):
     calls = []
     monkeypatch.setattr(fused, "rms_norm", lambda *a: calls.append(len(a[0])) or rms_norm(*a))
-    w = torch.ones(8).bfloat16()
-    fused.native_norm(torch.randn(fused.NATIVE_NORM_ROWS, 8).bfloat16(), w, 1e-5)
-    fused.native_norm(torch.randn(fused.NATIVE_NORM_ROWS + 1, 8).bfloat16(), w, 1e-5)
-    assert calls == [fused.NATIVE_NORM_ROWS + 1]
+    w, bound = torch.ones(8).bfloat16(), fused.SCALAR_NORM_ROWS
+    fused.native_norm(torch.randn(bound, 8).bfloat16(), w, 1e-5, rows=bound)
+    fused.native_norm(torch.randn(bound + 1, 8).bfloat16(), w, 1e-5, rows=bound)
+    fused.native_norm(torch.randn(512, 8).bfloat16(), w, 1e-5, rows=math.inf)
+    assert calls == [bound + 1]
+
+
+@needs_native
+def test_the_norms_bound_follows_their_loops(monkeypatch):
+    """Vector loops take a prefill's rows (they were faster at every count measured); scalar
+    ones only up to ``SCALAR_NORM_ROWS``, past which torch's norm was faster."""
+    assert fused.norm_rows() == (
+        math.inf if torch.ops.attest.rows_vectorised() else fused.SCALAR_NORM_ROWS
+    )
+    assert layer_ops(1e-5, torch.bfloat16).norm.keywords["rows"] == fused.norm_rows()
 
 
 @needs_native
 def test_a_transposed_product_past_a_few_rows_takes_torchs_rope(monkeypatch):
     """The native rope reads a transposed product column by column, slower than torch's past
-    ``NATIVE_ROPE_STRIDED_ROWS``; a dense one takes the native rope up to the norm's bound."""
+    ``NATIVE_ROPE_STRIDED_ROWS``; a dense one takes the native rope at any count."""
     calls = []
     monkeypatch.setattr(
         fused, "apply_rope", lambda x, c, s: calls.append(len(x)) or apply_rope(x, c, s)
@@ -125,7 +139,7 @@ def test_a_transposed_product_past_a_few_rows_takes_torchs_rope(monkeypatch):
     for rows, dense in (
         (fused.NATIVE_ROPE_STRIDED_ROWS, False),
         (fused.NATIVE_ROPE_STRIDED_ROWS + 1, False),
-        (fused.NATIVE_NORM_ROWS, True),
+        (512, True),
     ):
         x = torch.randn(rows, 2 * 64) if dense else torch.randn(2 * 64, rows).t()
         cos, sin = torch.randn(rows, 1, 64), torch.randn(rows, 1, 64)

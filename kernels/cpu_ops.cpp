@@ -724,6 +724,10 @@ TORCH_LIBRARY(attest, m) {
       "decode_layers(Tensor(a!) h, Tensor x, Tensor cos, Tensor sin, Tensor[] mats, "
       "Tensor[] scales, int[] groups, Tensor[] norms, Tensor(b!)[] pools, Tensor out_slots, "
       "Tensor slots, Tensor lens, int[] dims, float scale, float eps) -> Tensor");
+  m.def(
+      "dense_layers(Tensor(a!) h, Tensor x, Tensor cos, Tensor sin, Tensor[] mats, int way, "
+      "Tensor[] norms, Tensor(b!)[] pools, Tensor out_slots, Tensor slots, Tensor lens, "
+      "int[] dims, float scale, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attest, CPU, m) {
@@ -735,4 +739,8 @@ TORCH_LIBRARY_IMPL(attest, CPU, m) {
   m.impl("rope_", rope_);
   m.impl("silu_mul", silu_mul);
   m.impl("decode_layers", decode_layers);
+  m.impl("dense_layers", dense_layers);
 }
+
+// dense_layers' packed way: the packed copies are oneDNN's tensors, which dispatch by this key
+TORCH_LIBRARY_IMPL(attest, MkldnnCPU, m) { m.impl("dense_layers", dense_layers); }

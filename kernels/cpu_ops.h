@@ -36,6 +36,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 at::Tensor add_rms_norm(at::Tensor& h, const at::Tensor& y, const at::Tensor& w, double eps);
 at::Tensor rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor int4_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales);
 at::Tensor int8_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales);
 at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& pool_k,
@@ -48,6 +49,11 @@ at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& c
                          at::IntArrayRef groups, at::TensorList norms, at::TensorList pools,
                          const at::Tensor& out_slots, const at::Tensor& slots,
                          const at::Tensor& lens, at::IntArrayRef dims, double scale, double eps);
+at::Tensor dense_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
+                        const at::Tensor& sin, at::TensorList mats, int64_t way,
+                        at::TensorList norms, at::TensorList pools, const at::Tensor& out_slots,
+                        const at::Tensor& slots, const at::Tensor& lens, at::IntArrayRef dims,
+                        double scale, double eps);
 
 // f(A{}, P{}) for the element types of the (activations, pool) dtypes the attention kernels
 // take: float32 over float32, bfloat16 over float32, bfloat16 over bfloat16 (the engine's

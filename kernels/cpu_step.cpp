@@ -4,9 +4,12 @@
 // or the integer ones of cpu_int.cpp, whichever the matrices were packed for, the native rope,
 // decode attention and norms of cpu_ops.cpp, torch's SiLU and product. Only the Python between
 // them is gone (at one stream a step runs about 15 ops a layer, each a few microseconds of
-// Python dispatch), so the result has the Python forward's bits.
+// Python dispatch), so the result has the Python forward's bits. Exact mode in bfloat16 runs its
+// dense products the same way (dense_layers): the one of linear's three ways its rows take.
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 
 #include "cpu_ops.h"
 
@@ -26,48 +29,88 @@ at::Tensor packed_mm(const at::Tensor& x, const at::Tensor& packed, const at::Te
   return at::_weight_int4pack_mm_for_cpu(x, packed, group, scales);
 }
 
-}  // namespace
-
-// h, x: [T, hidden], the residual stream (updated in place) and the first layer's normed input;
-// per layer l, mats / scales / groups [4l .. 4l+3]: QKV, O, gate-up, down; norms [2l, 2l+1]: the
-// layer's MLP norm and the norm after it (the next layer's input norm, or the final one);
-// pools [2l, 2l+1]: its K and V pools. dims: heads, kv_heads, head_dim. Returns the last norm's
-// output, as the forward does.
-at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
-                         const at::Tensor& sin, at::TensorList mats, at::TensorList scales,
-                         at::IntArrayRef groups, at::TensorList norms, at::TensorList pools,
-                         const at::Tensor& out_slots, const at::Tensor& slots,
-                         const at::Tensor& lens, at::IntArrayRef dims, double scale, double eps) {
+// The layers' loop both calls share: product(cur, l, j) is ``cur`` times layer l's matrix j
+// (QKV, O, gate-up, down). h, x: [T, hidden], the residual stream (updated in place) and the
+// first layer's normed input; norms [2l, 2l+1]: the layer's MLP norm and the norm after it (the
+// next layer's input norm, or the final one); pools [2l, 2l+1]: its K and V pools. dims: heads,
+// kv_heads, head_dim. Returns the last norm's output, as the forward does.
+template <typename Product>
+at::Tensor layers_loop(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
+                       const at::Tensor& sin, int64_t matrices, at::TensorList norms,
+                       at::TensorList pools, const at::Tensor& out_slots, const at::Tensor& slots,
+                       const at::Tensor& lens, at::IntArrayRef dims, double scale, double eps,
+                       const char* op, Product product) {
   const int64_t layers = static_cast<int64_t>(norms.size()) / 2;
-  TORCH_CHECK(norms.size() % 2 == 0 && mats.size() == 4 * norms.size() / 2 &&
-                  scales.size() == mats.size() && groups.size() == mats.size() &&
-                  pools.size() == norms.size(),
-              "decode_layers: 4 matrices, 2 norms and 2 pools a layer");
-  TORCH_CHECK(dims.size() == 3, "decode_layers: dims are heads, kv_heads, head_dim");
-  TORCH_CHECK(h.is_contiguous() && h.sizes() == x.sizes() && x.dim() == 2,
-              "decode_layers: h and x [T, hidden], h contiguous");
+  TORCH_CHECK(norms.size() % 2 == 0 && matrices == 4 * layers && pools.size() == norms.size(),
+              op, ": 4 matrices, 2 norms and 2 pools a layer");
+  TORCH_CHECK(dims.size() == 3, op, ": dims are heads, kv_heads, head_dim");
+  TORCH_CHECK(h.is_contiguous() && h.sizes() == x.sizes() && x.dim() == 2, op,
+              ": h and x [T, hidden], h contiguous");
   const int64_t T = x.size(0), heads = dims[0], kv_heads = dims[1], d = dims[2];
   const int64_t q_size = heads * d, kv_size = kv_heads * d;
   at::Tensor cur = x;
   for (int64_t l = 0; l < layers; ++l) {
-    const int64_t m = 4 * l;
-    at::Tensor qkv = packed_mm(cur, mats[m], scales[m], groups[m]);
-    TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "decode_layers: QKV width of layer ", l);
+    at::Tensor qkv = product(cur, l, 0);
+    TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, op, ": QKV width of layer ", l);
     at::Tensor qk = qkv.narrow(1, 0, q_size + kv_size).view({T, heads + kv_heads, d});
     rope_(qk, cos, sin);
     at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, kv_heads, d});
     at::Tensor pool_k = pools[2 * l], pool_v = pools[2 * l + 1];
     at::Tensor attn = decode_attention(qk.narrow(1, 0, heads), qk.narrow(1, heads, kv_heads), v,
                                        pool_k, pool_v, out_slots, slots, lens, scale);
-    at::Tensor o = packed_mm(attn.view({T, q_size}), mats[m + 1], scales[m + 1], groups[m + 1]);
+    at::Tensor o = product(attn.view({T, q_size}), l, 1);
     cur = add_rms_norm(h, o, norms[2 * l], eps);
-    at::Tensor gate_up = packed_mm(cur, mats[m + 2], scales[m + 2], groups[m + 2]);
-    auto halves = gate_up.chunk(2, -1);
-    at::Tensor act = at::silu(halves[0]).mul_(halves[1]);
-    at::Tensor down = packed_mm(act, mats[m + 3], scales[m + 3], groups[m + 3]);
-    cur = add_rms_norm(h, down, norms[2 * l + 1], eps);
+    at::Tensor act = silu_mul(product(cur, l, 2));
+    cur = add_rms_norm(h, product(act, l, 3), norms[2 * l + 1], eps);
   }
   return cur;
+}
+
+}  // namespace
+
+// Fast mode: per layer l, mats / scales / groups [4l .. 4l+3], each matrix packed (packed_mm).
+at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
+                         const at::Tensor& sin, at::TensorList mats, at::TensorList scales,
+                         at::IntArrayRef groups, at::TensorList norms, at::TensorList pools,
+                         const at::Tensor& out_slots, const at::Tensor& slots,
+                         const at::Tensor& lens, at::IntArrayRef dims, double scale, double eps) {
+  TORCH_CHECK(scales.size() == mats.size() && groups.size() == mats.size(),
+              "decode_layers: a scale and a group a matrix");
+  auto product = [&](const at::Tensor& cur, int64_t l, int64_t j) {
+    const int64_t m = 4 * l + j;
+    return packed_mm(cur, mats[m], scales[m], groups[m]);
+  };
+  return layers_loop(h, x, cos, sin, static_cast<int64_t>(mats.size()), norms, pools, out_slots,
+                     slots, lens, dims, scale, eps, "decode_layers", product);
+}
+
+// Exact mode in bfloat16: every product the one way ``way`` that engine/model/llama.py's linear
+// takes at these rows (orient.py): 0 F.linear, 1 (w @ x.T).T laid out by rows (one row padded
+// to two), 2 oneDNN's linear on weights packed at load. mats: per layer l [4l .. 4l+3], the
+// dense matrices ([out, in]) or, way 2, their packed copies.
+at::Tensor dense_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
+                        const at::Tensor& sin, at::TensorList mats, int64_t way,
+                        at::TensorList norms, at::TensorList pools, const at::Tensor& out_slots,
+                        const at::Tensor& slots, const at::Tensor& lens, at::IntArrayRef dims,
+                        double scale, double eps) {
+  TORCH_CHECK(way >= 0 && way <= 2, "dense_layers: way 0 (linear), 1 (mm) or 2 (packed)");
+  static const c10::OperatorHandle packed_linear =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  auto product = [&](const at::Tensor& cur, int64_t l, int64_t j) -> at::Tensor {
+    const at::Tensor& w = mats[4 * l + j];
+    if (way == 0) return at::linear(cur, w);
+    if (way == 1) {
+      if (cur.size(0) == 1)
+        return at::mm(w, at::cat({cur, at::zeros_like(cur)}).t()).narrow(1, 0, 1).t().contiguous();
+      return at::mm(w, cur.t()).t().contiguous();
+    }
+    torch::jit::Stack stack{cur, w, c10::IValue(), std::string("none"),
+                            c10::List<std::optional<at::Scalar>>(), std::string("")};
+    packed_linear.callBoxed(&stack);
+    return stack[0].toTensor();
+  };
+  return layers_loop(h, x, cos, sin, static_cast<int64_t>(mats.size()), norms, pools, out_slots,
+                     slots, lens, dims, scale, eps, "dense_layers", product);
 }
 
 }  // namespace attest_ops

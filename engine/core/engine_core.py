@@ -326,9 +326,9 @@ class EngineCore:
                 fields["prepacked"] = {
                     part: o.packed_fields() if o is not None else [] for part, o in parts
                 } | {"bytes": self.model.packed_bytes}
-            if self.quant is not None:  # a small decode forward's layers in one native call
-                step = self.model.native_step
-                fields["step_rows"] = step.rows if step is not None else 0
+            # a small decode forward's layers in one native call (fast mode, bfloat16)
+            step = self.model.native_step
+            fields["step_rows"] = step.rows if step is not None else 0
         return fields
 
     def _group(self) -> GroupView:

@@ -299,7 +299,7 @@ class LlamaModel:
             x = ops.norm(h, self.layers[0]["attn_norm"])
         else:  # the residual stream and the next norm's output, from the stage before
             h, x = stage.recv((T, cfg.hidden_size), self.dtype, 2)
-        if self.native_step is not None and T <= self.native_step.rows:
+        if self.native_step is not None and self.native_step.takes(meta):
             return self.native_step(h, x, cos, sin, meta, kv_layers)  # the same bits
         for layer, kv, next_norm in zip(self.layers, kv_layers, self.next_norms):
             pk = layer.get("packed", {})

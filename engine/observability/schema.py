@@ -199,10 +199,9 @@ _CATALOG = (
          "they take; "
          "on a CPU whether the native ops run (ops native | torch, ops_why) and which kernels "
          "attend this model's heads, a decode step's and a prefill chunk's, the latter timed "
-         "against SDPA at boot where both can run (attention, extend_us), and in "
-         "fast mode "
+         "against SDPA at boot where both can run (attention, extend_us), and "
          "up to how many rows a decode forward's layers run as one native call (step_rows, 0: "
-         "never); on a CPU, the row counts from which the layers' and the LM head's dense "
+         "never; fast mode and bfloat16); on a CPU, the row counts from which the layers' and the LM head's dense "
          "products take (W @ x.T).T rather than F.linear, measured at load (orient), and "
          "those that take oneDNN's weights packed at load (fast mode: its dense values'), with "
          "the copies' bytes (prepacked); on a pipeline stage, which stage and the layers [start, stop) it holds",

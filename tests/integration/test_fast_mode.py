@@ -10,7 +10,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.model.int_vnni import int_vnni_native
-from engine.model.native_step import STEP_ROWS
+from engine.model.native_step import DENSE_STEP_ROWS
 from engine.model.quant import QuantWeight, quantize_int4
 from kernels import cpu_ops
 from kernels.cpu_ops import cpu_flags
@@ -57,9 +57,9 @@ def test_int4_boots_says_so_and_agrees_with_exact_mode(q4_model, tmp_path):
     # four matrices a layer (qkv, o, gate_up, down) in int4; the LM head in int8
     assert weights[0]["matrices"] == {"int4": 4 * layers, "int8": 1}
     assert weights[0]["mode"] == "int4" and weights[0]["dtype"] == info["dtype"]
-    # where the packed kernels and the native ops run, a one-to-four-row decode is one call
+    # where the packed kernels and the native ops run, a decode forward's layers are one call
     runs = fast.core.quant.small_rows > 0 and cpu_ops.load()
-    assert weights[0]["step_rows"] == (STEP_ROWS if runs else 0)
+    assert weights[0]["step_rows"] == (DENSE_STEP_ROWS if runs else 0)
     # where the CPU has AVX-512 VNNI, the layer products of those rows are integer ones
     ints = runs and int_vnni_native(cpu_flags())
     assert weights[0]["int_vnni"] is ints and ("integer products" in weights[0]["path"]) is ints

@@ -15,7 +15,7 @@ import engine.model.int_rows as int_rows
 from engine import LLM
 from engine.model.int_rows import choose, measure
 from engine.model.int_vnni import int_vnni_native
-from engine.model.native_step import MATRICES
+from engine.model.native_step import DENSE_STEP_ROWS, MATRICES
 from engine.model.quant import SMALL_ROWS, QuantWeight
 from kernels.cpu_ops import cpu_flags
 from tests.fakes import Charged
@@ -102,7 +102,7 @@ def test_a_bound_fixed_by_the_environment_reaches_every_layer_matrix_and_the_boo
     weights = _boot_weights(log)
     assert weights["small_rows"] == 8 and "int_rows" not in weights
     assert "up to 8 rows" in weights["path"] and "measured" not in weights["path"]
-    assert weights["step_rows"] == SMALL_ROWS  # the one native call keeps its own rows
+    assert weights["step_rows"] == DENSE_STEP_ROWS  # the one native call, dense values past 8
     llm.close()
 
 
@@ -194,19 +194,15 @@ def test_the_bound_stays_where_a_rank_or_matrix_could_compute_a_row_another_way(
 
 
 @needs_ints
-def test_a_bound_fixed_under_the_native_steps_rows_turns_the_step_off_and_says_why(
+def test_a_bound_fixed_under_the_packed_kernels_floor_keeps_the_native_step_at_that_bound(
     tiny_model_dir, monkeypatch
 ):
-    """The one native call computes up to ``STEP_ROWS`` rows in integers; with a lower bound the
-    Python layers would compute some of those rows from the dense values, so it does not run."""
+    """The one native call computes in integers up to the plan's bound, as the Python layers do
+    (``tests/unit/test_native_step.py`` compares the bits), however low it is fixed."""
     from engine.model.native_step import STEP_ROWS, why_not
 
     monkeypatch.setenv("ATTEST_INT_ROWS", str(STEP_ROWS - 2))
     llm = LLM(model=tiny_model_dir, kv_tokens=4096, quant="int4", receipts=False)
     model = llm.core.model
-    assert model.native_step is None
-    assert (
-        why_not(model)
-        == f"the packed kernels' bound ({STEP_ROWS - 2} rows) is under its {STEP_ROWS}"
-    )
+    assert why_not(model) is None and model.native_step.int_rows == STEP_ROWS - 2
     llm.close()

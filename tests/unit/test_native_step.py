@@ -11,13 +11,14 @@ from engine.group.pipeline import Stage
 from engine.model.int_vnni import int_vnni_native
 from engine.model.llama import LlamaModel
 from engine.model.loader import load_model
-from engine.model.native_step import STEP_ROWS, NativeStep, why_not
+from engine.model.native_step import DENSE_STEP_ROWS, STEP_ROWS, NativeStep, why_not
 from engine.model.quant import plan_quant
 from kernels import cpu_ops
 from kernels.attention import LayerKV
 from kernels.cpu_ops import cpu_flags
 from kernels.paged_decode import native_slots
 from kernels.select import get_backend
+from kernels.torch_ref import SHORT_EXTEND
 from tests.unit.paged_batch import make_paged_batch
 
 pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason=f"{cpu_ops.why_not()}")
@@ -34,6 +35,18 @@ def _model(path: str, mode: str = "int4", backend: str = "torch", **kw) -> Llama
     return LlamaModel(loaded.config, dict(loaded.weights), plan.dtype, be, quant=plan, **kw)
 
 
+def _exact(path: str, orient: str, monkeypatch) -> LlamaModel:
+    """Exact mode in bfloat16, every dense product the one way ``orient`` (ATTEST_ORIENT)."""
+    monkeypatch.setenv("ATTEST_ORIENT", orient)
+    loaded = load_model(path)
+    be = get_backend("torch", "cpu", torch.bfloat16, 1)
+    return LlamaModel(loaded.config, dict(loaded.weights), torch.bfloat16, be)
+
+
+def _kv_dtype(model: LlamaModel) -> torch.dtype:
+    return model.quant.kv_dtype if model.quant is not None else model.dtype
+
+
 def _batch(model: LlamaModel, spec: list[tuple[int, int]], seed: int):
     """A batch of ``spec`` (prefix, extend) per request, a pool per layer of the plan's KV
     dtype with the prefixes written, and token ids."""
@@ -45,7 +58,7 @@ def _batch(model: LlamaModel, spec: list[tuple[int, int]], seed: int):
             cfg.num_heads,
             cfg.num_kv_heads,
             cfg.head_dim,
-            dtype=model.quant.kv_dtype,
+            dtype=_kv_dtype(model),
             seed=seed + layer,
         )
         pools.append(b.kv)
@@ -81,27 +94,114 @@ def test_the_native_layers_give_the_python_layers_bits(tiny_model_dir, mode, spe
     model.native_step = step
 
 
-def test_it_runs_in_place_of_the_python_layers_up_to_its_rows(tiny_model_dir, monkeypatch):
-    """A forward of at most STEP_ROWS tokens is one native call; one of more runs the layers."""
-    model = _model(tiny_model_dir)
+def _same_bits(model: LlamaModel, spec: list[tuple[int, int]], seed: int) -> None:
+    """The one call's output and every layer's pool against the Python layers', bit for bit."""
+    step = model.native_step
+    ids, meta, pools = _batch(model, spec, seed=seed)
+    assert step.takes(meta)
+    theirs = _copy(pools)
+    got = model.forward(ids, meta, pools)
+    model.native_step = None
+    meta.scratch.clear()
+    want = model.forward(ids, meta, theirs)
+    model.native_step = step
+    assert torch.equal(got, want)
+    for a, b in zip(pools, theirs):
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+
+
+@pytest.mark.parametrize("orient,way", [("linear", 0), ("mm", 1), ("packed", 2)])
+@pytest.mark.parametrize("spec", [[(9, 1)], [(5, 1), (17, 1), (2, 1)], [(6, 3)], [(0, 4)]])
+def test_exact_bfloat16_layers_give_the_python_layers_bits(
+    tiny_model_dir, monkeypatch, orient, way, spec
+):
+    """Exact mode in bfloat16: each of the dense products' three ways (one row padded to two
+    in the mm way), decodes, drafts, a short prompt."""
+    model = _exact(tiny_model_dir, orient, monkeypatch)
+    assert model.native_step is not None and why_not(model) is None
+    assert model.native_step.way(len(spec)) == way
+    _same_bits(model, spec, seed=len(spec) + way)
+
+
+def test_exact_bfloat16_takes_the_ways_measured_at_load(tiny_model_dir, monkeypatch):
+    model = _exact(tiny_model_dir, "measure", monkeypatch)
+    step, orient = model.native_step, model.orient
+    for rows in (1, 2, 16, 64):
+        want = 2 if orient.takes_packed(rows) else 1 if orient.takes_mm(rows) else 0
+        assert step.way(rows) == want
+    _same_bits(model, [(3, 1)] * 16, seed=16)
+
+
+def test_a_prefill_chunk_runs_the_python_layers(tiny_model_dir, monkeypatch):
+    """A request bringing more than SHORT_EXTEND tokens is attended by the extend kernels, not
+    as rows: the Python layers run it, however few its tokens."""
+    model = _exact(tiny_model_dir, "measure", monkeypatch)
     calls = []
-    op = torch.ops.attest.decode_layers
-    monkeypatch.setattr(torch.ops.attest, "decode_layers", lambda *a: calls.append(1) or op(*a))
-    for rows, native in ((STEP_ROWS, 1), (STEP_ROWS + 1, 0)):
+    op = torch.ops.attest.dense_layers
+    monkeypatch.setattr(torch.ops.attest, "dense_layers", lambda *a: calls.append(1) or op(*a))
+    for spec, native in (([(0, SHORT_EXTEND)], 1), ([(0, SHORT_EXTEND + 1)], 0)):
+        calls.clear()
+        ids, meta, pools = _batch(model, spec, seed=3)
+        model.forward(ids, meta, pools)
+        assert len(calls) == native, spec
+
+
+def test_it_runs_in_place_of_the_python_layers_up_to_its_rows(tiny_model_dir, monkeypatch):
+    """Fast mode: a forward of at most its packed products' rows is one call of them, one of
+    more up to ``rows`` one call of the dense values, one of more than that runs the layers."""
+    model = _model(tiny_model_dir)
+    step = model.native_step
+    assert step.int_rows == model.quant.small_rows and step.rows == DENSE_STEP_ROWS
+    calls = []
+    for name in ("decode_layers", "dense_layers"):
+        op = getattr(torch.ops.attest, name)
+        monkeypatch.setattr(
+            torch.ops.attest, name, lambda *a, n=name, op=op: calls.append(n) or op(*a)
+        )
+    ints = step.int_rows
+    for rows, want in (
+        (ints, ["decode_layers"]),
+        (ints + 1, ["dense_layers"]),
+        (DENSE_STEP_ROWS, ["dense_layers"]),
+        (DENSE_STEP_ROWS + 1, []),
+    ):
         calls.clear()
         ids, meta, pools = _batch(model, [(4, 1)] * rows, seed=rows)
         model.forward(ids, meta, pools)
-        assert len(calls) == native, rows
+        assert calls == want, rows
+
+
+@pytest.mark.parametrize("mode", ["int4", "int8-vnni"])
+def test_fast_modes_dense_values_past_its_packed_rows_give_the_python_layers_bits(
+    tiny_model_dir, mode
+):
+    model = _model(tiny_model_dir, mode)
+    rows = model.native_step.int_rows + 2
+    _same_bits(model, [(5, 1)] * rows, seed=rows)
+
+
+def test_a_bound_under_the_packed_kernels_floor_splits_where_the_python_layers_do(
+    tiny_model_dir, monkeypatch
+):
+    """``ATTEST_INT_ROWS`` under ``STEP_ROWS``: the call computes in integers exactly the rows
+    the Python layers compute in integers, the rest from the dense values."""
+    monkeypatch.setenv("ATTEST_INT_ROWS", str(STEP_ROWS - 2))
+    model = _model(tiny_model_dir, "int4-vnni")
+    if model.quant.small_rows != STEP_ROWS - 2:
+        pytest.skip("the bound is measured only with the native integer products")
+    assert model.native_step.int_rows == STEP_ROWS - 2
+    for rows in (STEP_ROWS - 2, STEP_ROWS - 1):
+        _same_bits(model, [(7, 1)] * rows, seed=rows)
 
 
 def test_it_is_not_taken_where_it_would_run_other_kernels(tiny_model_dir, monkeypatch):
-    """Exact mode, the grouped decode path, a pipeline stage, or the switch off: the Python
-    layers, each with its reason."""
+    """Exact mode in float32, the grouped decode path, a pipeline stage, or the switch off: the
+    Python layers, each with its reason."""
     assert _model(tiny_model_dir).native_step is not None
     loaded = load_model(tiny_model_dir)
     be = get_backend("torch", "cpu", torch.float32, 1)
     exact = LlamaModel(loaded.config, dict(loaded.weights), torch.float32, be)
-    assert exact.native_step is None and "fast mode" in why_not(exact)
+    assert exact.native_step is None and "float32" in why_not(exact)
     grouped = _model(tiny_model_dir)
     grouped.backend.decode = "grouped"
     assert "attention backend" in why_not(grouped)

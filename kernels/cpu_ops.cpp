@@ -703,6 +703,63 @@ Tensor rope_(Tensor& x, const Tensor& cos, const Tensor& sin) {
   return x;
 }
 
+// ---- greedy sampling ------------------------------------------------------------------------
+
+// The index of the largest of x[0, n), as torch.argmax gives it: the first of equal maxima, and
+// where the row holds a NaN, its first NaN.
+inline int64_t argmax_row(const float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(ATTEST_ROWS_V)
+  if (n >= 16) {
+    // per lane its largest value and where it first stood (a strictly greater one replaces it)
+    __m512 best = _mm512_loadu_ps(x);
+    __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i idx = at;
+    const __m512i step = _mm512_set1_epi32(16);
+    __mmask16 nan = _mm512_cmp_ps_mask(best, best, _CMP_UNORD_Q);
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (i = 16; i < n; i += 16) {
+      idx = _mm512_add_epi32(idx, step);
+      const __mmask16 m = lanes(n - i);
+      const __m512 v = _mm512_mask_loadu_ps(ninf, m, x + i);
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      const __mmask16 gt = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+      best = _mm512_mask_mov_ps(best, gt, v);
+      at = _mm512_mask_mov_epi32(at, gt, idx);
+    }
+    if (!nan) {
+      const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best));
+      const __mmask16 eq = _mm512_cmp_ps_mask(best, top, _CMP_EQ_OQ);
+      return _mm512_reduce_min_epi32(
+          _mm512_mask_mov_epi32(_mm512_set1_epi32(std::numeric_limits<int32_t>::max()), eq, at));
+    }
+    i = 0;  // a NaN: the scalar loop finds the first
+  }
+#endif
+  int64_t arg = 0;
+  float best = x[0];
+  for (i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) return i;
+    if (x[i] > best) best = x[i], arg = i;
+  }
+  return arg;
+}
+
+Tensor argmax_rows(const Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kFloat,
+              "argmax_rows: x must be a float32 [rows, n] on the cpu");
+  TORCH_CHECK(x.size(1) > 0 && x.stride(1) == 1, "argmax_rows: rows of at least one value, dense");
+  TORCH_CHECK(x.size(1) <= std::numeric_limits<int32_t>::max(), "argmax_rows: a row too long");
+  const int64_t rows = x.size(0), n = x.size(1), xs = x.stride(0);
+  Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
+  const float* p = x.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) o[r] = argmax_row(p + r * xs, n);
+  });
+  return out;
+}
+
 }  // namespace attest_ops
 
 using namespace attest_ops;
@@ -716,6 +773,7 @@ TORCH_LIBRARY(attest, m) {
       "Tensor starts, Tensor ext, float scale) -> Tensor");
   m.def("decode_by_kv_head(Tensor q, Tensor pool_k) -> bool");
   m.def("rows_vectorised() -> bool", &rows_vectorised);
+  m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) h, Tensor y, Tensor w, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> Tensor(a!)");
@@ -740,6 +798,7 @@ TORCH_LIBRARY_IMPL(attest, CPU, m) {
   m.impl("silu_mul", silu_mul);
   m.impl("decode_layers", decode_layers);
   m.impl("dense_layers", dense_layers);
+  m.impl("argmax_rows", argmax_rows);
 }
 
 // dense_layers' packed way: the packed copies are oneDNN's tensors, which dispatch by this key

@@ -185,3 +185,20 @@ def test_native_rope_reads_a_column_of_a_product(dtype):
     want = apply_rope(qk, cos, sin)
     assert torch.equal(torch.ops.attest.rope_(view, cos, sin), want)
     assert torch.equal(col[:, 0].reshape(1, 12, 64), want)  # written in place
+
+
+@needs_native
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 100, 49152])
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_native_argmax_is_torchs(rows, n):
+    """Greedy sampling's native argmax: the first of equal maxima, a row of -inf (or of -0.0
+    and 0.0) its first, a NaN where one is, rows read by their stride."""
+    g = torch.Generator().manual_seed(rows * n)
+    x = torch.randint(-3, 4, (rows, n + 5), generator=g).float()[:, :n]  # ties; rows apart
+    x[0] = float("-inf")
+    x[rows - 1, torch.randint(0, n, (1,), generator=g)] = float("nan")
+    if rows > 2:
+        x[1] = -0.0
+        x[1, n // 2 :] = 0.0
+    assert x.stride(0) == n + 5
+    assert torch.equal(torch.ops.attest.argmax_rows(x), x.argmax(dim=-1))

@@ -784,7 +784,7 @@ TORCH_LIBRARY(attest, m) {
       "Tensor slots, Tensor lens, int[] dims, float scale, float eps) -> Tensor");
   m.def(
       "dense_layers(Tensor(a!) h, Tensor x, Tensor cos, Tensor sin, Tensor[] mats, int way, "
-      "Tensor[] norms, Tensor(b!)[] pools, Tensor out_slots, Tensor slots, Tensor lens, "
+      "bool native_norm, Tensor[] norms, Tensor(b!)[] pools, Tensor out_slots, Tensor slots, Tensor lens, "
       "int[] dims, float scale, float eps) -> Tensor");
 }
 

@@ -50,7 +50,7 @@ at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& c
                          const at::Tensor& out_slots, const at::Tensor& slots,
                          const at::Tensor& lens, at::IntArrayRef dims, double scale, double eps);
 at::Tensor dense_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
-                        const at::Tensor& sin, at::TensorList mats, int64_t way,
+                        const at::Tensor& sin, at::TensorList mats, int64_t way, bool native_norm,
                         at::TensorList norms, at::TensorList pools, const at::Tensor& out_slots,
                         const at::Tensor& slots, const at::Tensor& lens, at::IntArrayRef dims,
                         double scale, double eps);

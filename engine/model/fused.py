@@ -80,6 +80,7 @@ class LayerOps:
     rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     add_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    norm_rows: float = 0  # rows up to which the norms are the native ones (dense rows); 0: torch's
 
 
 def native_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -141,4 +142,5 @@ def layer_ops(
         native_rope,
         partial(native_add_norm, eps=eps, rows=rows),
         native_silu_mul,
+        rows,
     )

@@ -1,5 +1,4 @@
-"""One native call for all the layers of a decode forward (fast mode, and exact mode in
-bfloat16).
+"""One native call for all the layers of a decode forward (fast mode and exact mode).
 
 At one decoding stream a step runs about fifteen operations a layer (the four products, the
 rotary embedding, decode attention, two residual add-and-norms, SiLU times up, and the views
@@ -9,14 +8,16 @@ mode's packed products, up to the rows they take) and ``dense_layers`` (dense pr
 mode's, and fast mode's dense values past those rows; each the way ``linear`` takes it at these
 rows: ``F.linear``, ``(W @ x.T).T`` or oneDNN on weights packed at load) (``kernels/cpu_step.cpp``)
 run the same kernels in the same order for every layer in one call, so the result has the Python
-forward's bits (``tests/unit/test_native_step.py`` compares them).
+forward's bits (``tests/unit/test_native_step.py`` compares them). Where the Python layers take
+torch's add and norm (exact mode in float32, whose tokens are transformers'; bfloat16 past the
+native norms' rows, ``LayerOps.norm_rows``) the call runs the same torch ops.
 
 It takes a forward when every one of these holds, else the Python layers run:
 
 * fast mode with its packed kernels (``small_rows`` > 0: a CPU with bfloat16 units), every layer
   matrix in a packed int8 or int4 form, torch's or the native integer products' of
   ``engine.model.int_vnni`` (not FBGEMM's integer product, which has its own quantisation step in
-  Python), all with the plan's bound; or exact mode in bfloat16;
+  Python), all with the plan's bound; or exact mode, its dense products' ways measured at load;
 * the native CPU ops are built for this CPU and the attention backend is the torch reference's
   native decode path (the kernel the call runs), and every request of the forward brings at
   most ``SHORT_EXTEND`` tokens (what that path attends as rows: a decode, drafts);
@@ -24,9 +25,6 @@ It takes a forward when every one of these holds, else the Python layers run:
 * at most ``rows`` tokens in the forward (``DENSE_STEP_ROWS`` where the dense products' ways were
   measured at load, as on a CPU they are; else fast mode's bound, ``small_rows``).
 
-Exact mode in float32 keeps its Python layers: torch's norm and the products' one-row
-orientation are what give transformers' bits, and at one stream its products take most of the
-step, not the dispatch between them.
 ``ATTEST_NATIVE_STEP=0`` in the environment turns it off (to measure against, or to rule it out);
 ``boot.weights`` says whether it runs (``step_rows``).
 """
@@ -41,6 +39,7 @@ import torch
 from engine.group.comm import Comm
 from engine.group.pipeline import Stage
 from engine.model.config import ModelConfig
+from engine.model.fused import LayerOps
 from engine.model.orient import Orientation
 from engine.model.quant import SMALL_ROWS, QuantPlan, QuantWeight
 from kernels import cpu_ops
@@ -60,7 +59,7 @@ class Stepped(Protocol):
     and so cannot be imported here)."""
 
     cfg: ModelConfig
-    dtype: torch.dtype
+    ops: LayerOps
     orient: Orientation | None  # exact mode's dense products' ways, measured at load
     quant: QuantPlan | None
     device: torch.device
@@ -79,8 +78,6 @@ def why_not(model: Stepped) -> str | None:
     (None: they can run as one native call)."""
     if os.environ.get("ATTEST_NATIVE_STEP", "").strip() == "0":
         return "turned off (ATTEST_NATIVE_STEP=0)"
-    if model.quant is None and model.dtype != torch.bfloat16:
-        return "exact mode in float32, not fast mode or bfloat16"
     if model.quant is not None and not model.quant.small_rows:
         return "not fast mode with packed kernels"
     if model.device.type != "cpu" or not cpu_ops.load():
@@ -138,6 +135,7 @@ class NativeStep:
             self.int_rows = model.quant.small_rows
         self.orient = model.orient
         self.dense, self.packed = _dense(model)
+        self.norm_rows = model.ops.norm_rows  # the native norms' rows; past them torch's
         self.rows = DENSE_STEP_ROWS if self.orient is not None else self.int_rows
 
     @classmethod
@@ -177,4 +175,5 @@ class NativeStep:
             )
         way = self.way(x.shape[0])
         mats = self.packed if way == 2 else self.dense
-        return torch.ops.attest.dense_layers(h, x, cos, sin, mats, way, *tail)
+        native_norm = x.shape[0] <= self.norm_rows
+        return torch.ops.attest.dense_layers(h, x, cos, sin, mats, way, native_norm, *tail)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.group.pipeline import Stage
+from engine.model import fused
 from engine.model.int_vnni import int_vnni_native
 from engine.model.llama import LlamaModel
 from engine.model.loader import load_model
@@ -35,12 +36,12 @@ def _model(path: str, mode: str = "int4", backend: str = "torch", **kw) -> Llama
     return LlamaModel(loaded.config, dict(loaded.weights), plan.dtype, be, quant=plan, **kw)
 
 
-def _exact(path: str, orient: str, monkeypatch) -> LlamaModel:
-    """Exact mode in bfloat16, every dense product the one way ``orient`` (ATTEST_ORIENT)."""
+def _exact(path: str, orient: str, monkeypatch, dtype: torch.dtype = torch.bfloat16) -> LlamaModel:
+    """Exact mode in ``dtype``, every dense product the one way ``orient`` (ATTEST_ORIENT)."""
     monkeypatch.setenv("ATTEST_ORIENT", orient)
     loaded = load_model(path)
-    be = get_backend("torch", "cpu", torch.bfloat16, 1)
-    return LlamaModel(loaded.config, dict(loaded.weights), torch.bfloat16, be)
+    be = get_backend("torch", "cpu", dtype, 1)
+    return LlamaModel(loaded.config, dict(loaded.weights), dtype, be)
 
 
 def _kv_dtype(model: LlamaModel) -> torch.dtype:
@@ -110,17 +111,35 @@ def _same_bits(model: LlamaModel, spec: list[tuple[int, int]], seed: int) -> Non
         assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("orient,way", [("linear", 0), ("mm", 1), ("packed", 2)])
 @pytest.mark.parametrize("spec", [[(9, 1)], [(5, 1), (17, 1), (2, 1)], [(6, 3)], [(0, 4)]])
-def test_exact_bfloat16_layers_give_the_python_layers_bits(
-    tiny_model_dir, monkeypatch, orient, way, spec
+def test_exact_layers_give_the_python_layers_bits(
+    tiny_model_dir, monkeypatch, orient, way, spec, dtype
 ):
-    """Exact mode in bfloat16: each of the dense products' three ways (one row padded to two
-    in the mm way), decodes, drafts, a short prompt."""
-    model = _exact(tiny_model_dir, orient, monkeypatch)
+    """Exact mode: each of the dense products' three ways (one row padded to two in the mm
+    way), decodes, drafts, a short prompt; in float32 with torch's norms."""
+    model = _exact(tiny_model_dir, orient, monkeypatch, dtype)
+    assert model.native_step.norm_rows == (0 if dtype == torch.float32 else fused.norm_rows())
     assert model.native_step is not None and why_not(model) is None
     assert model.native_step.way(len(spec)) == way
     _same_bits(model, spec, seed=len(spec) + way)
+
+
+def test_rows_past_the_native_norms_bound_take_torchs_norms_as_the_python_layers_do(
+    tiny_model_dir, monkeypatch
+):
+    """Where the native norms stop (a CPU whose norm loops are scalar), the call runs torch's
+    add and norm past them, as the Python layers do."""
+    monkeypatch.setattr(fused, "norm_rows", lambda: 2)
+    model = _exact(tiny_model_dir, "measure", monkeypatch)
+    assert model.native_step.norm_rows == 2
+    native = []
+    op = torch.ops.attest.dense_layers
+    monkeypatch.setattr(torch.ops.attest, "dense_layers", lambda *a: native.append(a[6]) or op(*a))
+    for rows in (2, 3, 16):
+        _same_bits(model, [(4, 1)] * rows, seed=rows)
+    assert native == [True, False, False]  # the native norms' rows, then torch's
 
 
 def test_exact_bfloat16_takes_the_ways_measured_at_load(tiny_model_dir, monkeypatch):
@@ -195,13 +214,9 @@ def test_a_bound_under_the_packed_kernels_floor_splits_where_the_python_layers_d
 
 
 def test_it_is_not_taken_where_it_would_run_other_kernels(tiny_model_dir, monkeypatch):
-    """Exact mode in float32, the grouped decode path, a pipeline stage, or the switch off: the
-    Python layers, each with its reason."""
+    """The grouped decode path, a pipeline stage, or the switch off: the Python layers, each
+    with its reason."""
     assert _model(tiny_model_dir).native_step is not None
-    loaded = load_model(tiny_model_dir)
-    be = get_backend("torch", "cpu", torch.float32, 1)
-    exact = LlamaModel(loaded.config, dict(loaded.weights), torch.float32, be)
-    assert exact.native_step is None and "float32" in why_not(exact)
     grouped = _model(tiny_model_dir)
     grouped.backend.decode = "grouped"
     assert "attention backend" in why_not(grouped)

@@ -160,6 +160,9 @@ def test_the_forward_runs_its_products_the_way_chosen(tiny_model_dir, monkeypatc
     import engine.model.llama as llama
 
     monkeypatch.setenv("ATTEST_ORIENT", how)
+    # the Python layers' products, counted here (the one native call takes the same way, bit
+    # for bit: tests/unit/test_native_step.py)
+    monkeypatch.setenv("ATTEST_NATIVE_STEP", "0")
     llm = LLM(model=tiny_model_dir, kv_tokens=256, receipts=False)
     calls: dict[str, int] = {"linear": 0, "packed": 0}
 

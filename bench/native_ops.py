@@ -1,7 +1,8 @@
 """The native CPU ops (kernels/cpu_ops.cpp) against the torch ops they stand in for, per call.
 
 Small ops: RMSNorm, add+RMSNorm, rotary and SiLU times up at ``--rows`` (1, 64 and a prefill's
-512 by default), float32 and bfloat16, on dense inputs of the default model's widths. Decode attention: the tensors of real decode forwards (an engine decoding ``--batch``
+512 by default), float32 and bfloat16, on dense inputs of the default model's widths; greedy
+sampling's argmax over float32 logits of its vocabulary (torch's ``max``, the sampler's before). Decode attention: the tensors of real decode forwards (an engine decoding ``--batch``
 requests of 128-token prompts, 30 layers' calls captured once the context passed 140 tokens),
 replayed through the native and the grouped paths; "hot" repeats them back to back, "cold" first
 streams 160 MB through the caches, as a forward does between one layer's attention and the next
@@ -46,12 +47,19 @@ def op_pairs(rows: int, dtype: torch.dtype) -> dict:
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
     gate_up = torch.randn(rows, 2 * 1536).to(dtype)
-    return {
+    pairs = {
         "rms_norm": (lambda: rms_norm(x, w, 1e-5), lambda: ops.rms_norm(x, w, 1e-5)),
         "add_norm": (lambda: add_norm(x, y, w, 1e-5), lambda: ops.add_rms_norm(h, y, w, 1e-5)),
         "rope": (lambda: apply_rope(qk, cos, sin), lambda: ops.rope_(qk, cos, sin)),
         "silu_mul": (lambda: silu_mul(gate_up), lambda: ops.silu_mul(gate_up)),
     }
+    if dtype == torch.float32:  # greedy sampling: the logits are float32 in every mode
+        logits = torch.randn(rows, 49152)
+        pairs["argmax"] = (
+            lambda: logits.max(dim=-1).indices,
+            lambda: ops.argmax_rows(logits),
+        )
+    return pairs
 
 
 def small_ops(counts: list[int]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -314,6 +315,9 @@ class EngineCore:
             fields["ops"] = "native" if cpu_ops.load() else "torch"
             if fields["ops"] == "torch":
                 fields["ops_why"] = cpu_ops.why_not()
+            # rows up to which the norms are the native ones (0: torch's; "any": every count)
+            rows = self.model.ops.norm_rows
+            fields["norm_rows"] = "any" if rows == math.inf else int(rows)
             # which kernels attend, decode and extend
             attention = self.model.backend.kernels(self.head_shape)
             if attention is not None:

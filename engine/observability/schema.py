@@ -197,7 +197,8 @@ _CATALOG = (
          "measured at load, per row count the microseconds of one layer's products in "
          "integers and dense) and what "
          "they take; "
-         "on a CPU whether the native ops run (ops native | torch, ops_why) and which kernels "
+         "on a CPU whether the native ops run (ops native | torch, ops_why), up to how many rows "
+         "the norms are the native ones (norm_rows: 0 torch's, \"any\" every count) and which kernels "
          "attend this model's heads, a decode step's and a prefill chunk's, the latter timed "
          "against SDPA at boot where both can run (attention, extend_us), and "
          "up to how many rows a decode forward's layers run as one native call (step_rows, 0: "
@@ -206,7 +207,7 @@ _CATALOG = (
          "those that take oneDNN's weights packed at load (fast mode: its dense values'), with "
          "the copies' bytes (prepacked); on a pipeline stage, which stage and the layers [start, stop) it holds",
          ("path", "small_rows", "vnni_rows", "int_vnni", "matrices", "packed_bytes", "dense_bytes",
-          "quantize_s", "kv_dtype", "ops", "ops_why", "step_rows", "orient", "stage", "layers",
+          "quantize_s", "kv_dtype", "ops", "ops_why", "norm_rows", "step_rows", "orient", "stage", "layers",
           "int_rows", "prepacked", "attention")),
     Kind(BOOT_READY, ("startup_s",),
          "the engine accepts work (served: its HTTP socket is bound and serving)",

@@ -202,3 +202,17 @@ def test_native_argmax_is_torchs(rows, n):
         x[1, n // 2 :] = 0.0
     assert x.stride(0) == n + 5
     assert torch.equal(torch.ops.attest.argmax_rows(x), x.argmax(dim=-1))
+
+
+@needs_native
+def test_the_boot_receipt_says_up_to_how_many_rows_the_norms_are_native(tiny_model_dir, tmp_path):
+    import json
+
+    from engine import LLM
+
+    for dtype, want in (("float32", 0), ("bfloat16", fused.norm_rows())):
+        log = tmp_path / f"{dtype}.jsonl"
+        llm = LLM(model=tiny_model_dir, kv_tokens=256, dtype=dtype, log_file=str(log))
+        [weights] = [json.loads(x) for x in log.read_text().splitlines() if '"boot.weights"' in x]
+        assert weights["norm_rows"] == ("any" if want == math.inf else want), dtype
+        llm.close()

@@ -92,9 +92,10 @@ def rows_of(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 def greedy_rows(logits: torch.Tensor) -> list[int]:
     """Each row's argmax (the first of equal maxima; a row's first NaN where it holds one): the
-    native op on the CPU (``attest::argmax_rows``, one pass of vector compares, 305.6 us over a
-    [64, 49152] against 799.6 for torch's ``max``; BENCHMARKS.md), else ``max``'s indices,
-    argmax's own and three times faster than ``argmax`` over those rows."""
+    native op on the CPU (``attest::argmax_rows``, one pass of vector compares: 271.7 us over a
+    [64, 49152] against 864.8 for torch's ``max`` on an Intel Xeon, ``bench/native_ops.py``,
+    BENCHMARKS.md), else ``max``'s indices, argmax's own and three times faster than ``argmax``
+    over those rows."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and cpu_ops.load():
         if logits.dim() == 2 and logits.shape[1] > 0 and logits.stride(1) == 1:
             return torch.ops.attest.argmax_rows(logits).tolist()

@@ -16,8 +16,8 @@ each of ``ROWS`` (the dense way as ``engine.model.orient`` chose it, oneDNN's pa
 dense values among the ways). The bound is the last row count in an unbroken run of counts where
 the integer products were faster, counted from ``SMALL_ROWS`` up. A product between two counts
 takes the lower one's way. ``SMALL_ROWS`` itself is the floor: the integer products win there on
-both CPUs (3-4x), and the one native decode call (``engine.model.native_step``) runs up to that
-many rows.
+both CPUs (3-4x). The one native decode call (``engine.model.native_step``) takes the integer
+products up to the bound and the dense values past it, as the Python layers do.
 
 It runs only where every layer matrix has the integer form, on one rank and one stage. The
 speculator sizes its steps by the bound (each drafted row computed as one row would be), and a

@@ -41,15 +41,14 @@ from engine.group.pipeline import Stage
 from engine.model.config import ModelConfig
 from engine.model.fused import LayerOps
 from engine.model.orient import Orientation
-from engine.model.quant import SMALL_ROWS, QuantPlan, QuantWeight
+from engine.model.quant import QuantPlan, QuantWeight
 from kernels import cpu_ops
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
 from kernels.paged_decode import native_slots
 from kernels.torch_ref import SHORT_EXTEND
 
-STEP_ROWS = SMALL_ROWS  # fast mode's least bound: the rows its packed products take at least
 # the bound with dense products: a decode batch of up to this many requests (the default
-# max_running is 64)
+# max_running is 64); chosen, not measured: past it the Python layers run
 DENSE_STEP_ROWS = 256
 MATRICES = ("qkv", "o", "gate_up", "down")  # a layer's linear matrices, in their order
 
@@ -60,7 +59,9 @@ class Stepped(Protocol):
 
     cfg: ModelConfig
     ops: LayerOps
-    orient: Orientation | None  # exact mode's dense products' ways, measured at load
+    orient: (
+        Orientation | None
+    )  # the dense products' ways (fast mode: its dense values'), measured at load
     quant: QuantPlan | None
     device: torch.device
     backend: AttentionBackend

@@ -199,10 +199,10 @@ def test_a_bound_fixed_under_the_packed_kernels_floor_keeps_the_native_step_at_t
 ):
     """The one native call computes in integers up to the plan's bound, as the Python layers do
     (``tests/unit/test_native_step.py`` compares the bits), however low it is fixed."""
-    from engine.model.native_step import STEP_ROWS, why_not
+    from engine.model.native_step import why_not
 
-    monkeypatch.setenv("ATTEST_INT_ROWS", str(STEP_ROWS - 2))
+    monkeypatch.setenv("ATTEST_INT_ROWS", str(SMALL_ROWS - 2))
     llm = LLM(model=tiny_model_dir, kv_tokens=4096, quant="int4", receipts=False)
     model = llm.core.model
-    assert why_not(model) is None and model.native_step.int_rows == STEP_ROWS - 2
+    assert why_not(model) is None and model.native_step.int_rows == SMALL_ROWS - 2
     llm.close()

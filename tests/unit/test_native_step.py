@@ -12,8 +12,8 @@ from engine.model import fused
 from engine.model.int_vnni import int_vnni_native
 from engine.model.llama import LlamaModel
 from engine.model.loader import load_model
-from engine.model.native_step import DENSE_STEP_ROWS, STEP_ROWS, NativeStep, why_not
-from engine.model.quant import plan_quant
+from engine.model.native_step import DENSE_STEP_ROWS, NativeStep, why_not
+from engine.model.quant import SMALL_ROWS, plan_quant
 from kernels import cpu_ops
 from kernels.attention import LayerKV
 from kernels.cpu_ops import cpu_flags
@@ -202,14 +202,14 @@ def test_fast_modes_dense_values_past_its_packed_rows_give_the_python_layers_bit
 def test_a_bound_under_the_packed_kernels_floor_splits_where_the_python_layers_do(
     tiny_model_dir, monkeypatch
 ):
-    """``ATTEST_INT_ROWS`` under ``STEP_ROWS``: the call computes in integers exactly the rows
+    """``ATTEST_INT_ROWS`` under ``SMALL_ROWS``: the call computes in integers exactly the rows
     the Python layers compute in integers, the rest from the dense values."""
-    monkeypatch.setenv("ATTEST_INT_ROWS", str(STEP_ROWS - 2))
+    monkeypatch.setenv("ATTEST_INT_ROWS", str(SMALL_ROWS - 2))
     model = _model(tiny_model_dir, "int4-vnni")
-    if model.quant.small_rows != STEP_ROWS - 2:
+    if model.quant.small_rows != SMALL_ROWS - 2:
         pytest.skip("the bound is measured only with the native integer products")
-    assert model.native_step.int_rows == STEP_ROWS - 2
-    for rows in (STEP_ROWS - 2, STEP_ROWS - 1):
+    assert model.native_step.int_rows == SMALL_ROWS - 2
+    for rows in (SMALL_ROWS - 2, SMALL_ROWS - 1):
         _same_bits(model, [(7, 1)] * rows, seed=rows)
 
 

@@ -108,8 +108,6 @@ at::Tensor dense_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& co
                         const at::Tensor& slots, const at::Tensor& lens, at::IntArrayRef dims,
                         double scale, double eps) {
   TORCH_CHECK(way >= 0 && way <= 2, "dense_layers: way 0 (linear), 1 (mm) or 2 (packed)");
-  static const c10::OperatorHandle packed_linear =
-      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   auto product = [&](const at::Tensor& cur, int64_t l, int64_t j) -> at::Tensor {
     const at::Tensor& w = mats[4 * l + j];
     if (way == 0) return at::linear(cur, w);
@@ -118,6 +116,9 @@ at::Tensor dense_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& co
         return at::mm(w, at::cat({cur, at::zeros_like(cur)}).t()).narrow(1, 0, 1).t().contiguous();
       return at::mm(w, cur.t()).t().contiguous();
     }
+    // looked up once, where a packed copy exists: torch has oneDNN (orient.py's pack)
+    static const c10::OperatorHandle packed_linear =
+        c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
     torch::jit::Stack stack{cur, w, c10::IValue(), std::string("none"),
                             c10::List<std::optional<at::Scalar>>(), std::string("")};
     packed_linear.callBoxed(&stack);

@@ -58,6 +58,14 @@ EXTEND_TIMED = 512
 EXTEND_WAYS = ("native", "sdpa")
 
 
+def as_rows(meta: AttentionMetadata) -> bool:
+    """Whether the native decode kernel takes this forward: a decode batch, or one whose
+    every request brings at most ``SHORT_EXTEND`` tokens (drafted tokens being verified),
+    each token a row of its own that sees its context up to itself. A drafted position then
+    attends exactly as the decode step it saves would have."""
+    return max(meta.extend_lens) <= SHORT_EXTEND
+
+
 class TorchReferenceBackend(AttentionBackend):
     name = "torch"
 
@@ -88,7 +96,7 @@ class TorchReferenceBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         if self.decode == "native" and q.device.type == "cpu":
-            if self._as_rows(meta):
+            if as_rows(meta):
                 return self._decode_native(q, k, v, kv, meta, scale)
             if self._extends_natively(q, kv.k, meta):
                 store_kv(k, v, kv, meta.out_slots)
@@ -124,14 +132,6 @@ class TorchReferenceBackend(AttentionBackend):
             )
             out[rows] = oi.transpose(1, 2).flatten(0, 1)
         return out
-
-    @staticmethod
-    def _as_rows(meta: AttentionMetadata) -> bool:
-        """Whether the native decode kernel takes this forward: a decode batch, or one whose
-        every request brings at most ``SHORT_EXTEND`` tokens (drafted tokens being verified),
-        each token a row of its own that sees its context up to itself. A drafted position then
-        attends exactly as the decode step it saves would have."""
-        return max(meta.extend_lens) <= SHORT_EXTEND
 
     @staticmethod
     def _decode_native(

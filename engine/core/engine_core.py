@@ -330,7 +330,7 @@ class EngineCore:
                 fields["prepacked"] = {
                     part: o.packed_fields() if o is not None else [] for part, o in parts
                 } | {"bytes": self.model.packed_bytes}
-            # a small decode forward's layers in one native call (fast mode, bfloat16)
+            # a decode forward's layers in one native call (fast and exact mode, on a CPU)
             step = self.model.native_step
             fields["step_rows"] = step.rows if step is not None else 0
         return fields

@@ -45,7 +45,7 @@ from engine.model.quant import QuantPlan, QuantWeight
 from kernels import cpu_ops
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
 from kernels.paged_decode import native_slots
-from kernels.torch_ref import SHORT_EXTEND
+from kernels.torch_ref import as_rows
 
 # the bound with dense products: a decode batch of up to this many requests (the default
 # max_running is 64); chosen, not measured: past it the Python layers run
@@ -146,7 +146,7 @@ class NativeStep:
     def takes(self, meta: AttentionMetadata) -> bool:
         """Whether this forward runs as the one call: at most ``rows`` tokens, each request
         bringing at most ``SHORT_EXTEND`` (the rows the native decode path attends)."""
-        return meta.num_tokens <= self.rows and max(meta.extend_lens) <= SHORT_EXTEND
+        return meta.num_tokens <= self.rows and as_rows(meta)
 
     def way(self, rows: int) -> int:
         """The way ``linear`` takes a dense product of ``rows`` rows, as ``dense_layers``

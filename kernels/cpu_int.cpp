@@ -22,15 +22,25 @@
 // Per activation row and group g: d = max |x| / 127, a = round(x / d) in [-127, 127]. The integer
 // sums are exact, the float ones in a fixed order: a row's result does not depend on the other
 // rows of the product.
+//
+// On a CPU with AMX's int8 tiles an int8 product of more rows runs on them instead (int8_tiles):
+// a group's 8 x 64 bytes of a block are one B tile as they lie (4 columns of 16 rows a tile row,
+// the layout above), 16 activation rows' 32 bytes of the group one A tile, and one tile product
+// (signed times signed) gives every row's integer sum with the block's 16 rows. Each sum is the
+// vector kernel's integer (exact either way), scaled and added in the same order, so a row's bits
+// are the same whichever runs.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cpu_ops.h"
@@ -39,6 +49,11 @@
     defined(__AVX512VNNI__)
 #define ATTEST_INT_VNNI 1
 #include <immintrin.h>
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define ATTEST_INT_TILES 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 
 namespace attest_ops {
@@ -111,8 +126,9 @@ inline void quantise_group(const X* xg, int8_t* ag, float& d, float& dsum) {
 template <typename X>
 void quantise_rows(const X* x, int64_t rows, int64_t K, QuantRows& r) {
   const int64_t G = K / kGroup;
-  r.a.assign(rows * K, 0);
-  r.d.resize(rows * G);
+  const int64_t whole = (rows + kRows - 1) / kRows * kRows;  // whole tiles of 16 rows, zeros past
+  r.a.assign(whole * K, 0);
+  r.d.assign(whole * G, 0.f);
   r.dsum.resize(rows * G);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t g = 0; g < G; ++g)
@@ -216,6 +232,130 @@ struct Int8Blocks {
   }
 };
 
+#ifdef ATTEST_INT_TILES
+
+// Linux hands a process the tiles' state only once it asks for it (arch_prctl; every thread of
+// the process then may use them). Asked once; false where the kernel refuses.
+bool tiles_permitted() {
+  static const bool ok = [] {
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return ok;
+}
+
+// The tiles' shapes: 0, 1 A (16 activation rows x a group's 32 bytes), 2, 3 B (a block's group:
+// 8 rows of 64 bytes), 4 to 7 C (16 rows x 16 int32): two groups in flight, and two more
+// stored while the next two run.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {32, 32, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 8, 8, 16, 16, 16, 16};
+};
+
+// acc[r] += float(c[r]) * d[r * G] for the 16 rows of a C tile stored at c: the vector kernel's
+// sum (its integer, exact in float32) scaled and added as it does.
+inline void scale_rows(const int32_t (*c)[kRows], const float* d, int64_t G, __m512* acc) {
+  for (int r = 0; r < kRows; ++r) {  // all 16, the rows past the product's zeros: in registers
+    const __m512 sum = _mm512_cvtepi32_ps(_mm512_load_si512(c[r]));
+    acc[r] = _mm512_fmadd_ps(sum, _mm512_set1_ps(d[r * G]), acc[r]);
+  }
+}
+
+// x @ w.T for an int8 matrix on the tiles: the T quantised rows (xs, whole tiles of 16 rows)
+// against the blocks of 16 output rows, the blocks shared among the threads; a block's groups
+// (its 9 KB for 576 columns) stay in cache while every 16 rows run over them.
+template <typename Y>
+void int8_tiles(const Mat& m, const QuantRows& xs, int64_t T, Y* out) {
+  const int64_t K = m.K, N = m.N, G = K / kGroup, blocks = N / kRows;
+  const auto* packed = static_cast<const int8_t*>(m.w);
+  const auto* scales = static_cast<const float*>(m.s);
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    const TileConfig cfg;
+    _tile_loadconfig(&cfg);
+    alignas(64) int32_t c[2][2][kRows][kRows];  // two pairs of groups' sums
+    for (int64_t b = b0; b < b1; ++b) {
+      const int8_t* wb = packed + b * G * 512;
+      const __m512 rs = _mm512_loadu_ps(scales + (b * (G + 1) + G) * kRows);
+      for (int64_t t0 = 0; t0 < T; t0 += kRows) {
+        const int M = static_cast<int>(std::min<int64_t>(kRows, T - t0));
+        const int8_t* a = xs.a.data() + t0 * K;
+        const float* d = xs.d.data() + t0 * G;
+        __m512 acc[kRows];
+        for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+        // groups in pairs, each pair's sums stored while the next pair's products run and
+        // scaled after them: a tile's store is not read back at once
+        const int64_t pairs = (G + 1) / 2;
+        for (int64_t p = 0; p <= pairs; ++p) {
+          const int64_t g = 2 * p;
+          int32_t (*cs)[kRows][kRows] = c[p % 2];
+          if (p < pairs) {
+            _tile_loadd(0, a + g * kGroup, K);
+            _tile_loadd(2, wb + g * 512, 64);
+            if (p % 2) {
+              _tile_zero(6);
+              _tile_dpbssd(6, 0, 2);
+            } else {
+              _tile_zero(4);
+              _tile_dpbssd(4, 0, 2);
+            }
+            if (g + 1 < G) {
+              _tile_loadd(1, a + (g + 1) * kGroup, K);
+              _tile_loadd(3, wb + (g + 1) * 512, 64);
+              if (p % 2) {
+                _tile_zero(7);
+                _tile_dpbssd(7, 1, 3);
+              } else {
+                _tile_zero(5);
+                _tile_dpbssd(5, 1, 3);
+              }
+            }
+          }
+          if (p > 0) {  // the previous pair's sums
+            int32_t (*ps)[kRows][kRows] = c[(p - 1) % 2];
+            scale_rows(ps[0], d + g - 2, G, acc);
+            if (g - 1 < G) scale_rows(ps[1], d + g - 1, G, acc);
+          }
+          if (p < pairs) {
+            if (p % 2) {
+              _tile_stored(6, cs[0], 64);
+              if (g + 1 < G) _tile_stored(7, cs[1], 64);
+            } else {
+              _tile_stored(4, cs[0], 64);
+              if (g + 1 < G) _tile_stored(5, cs[1], 64);
+            }
+          }
+        }
+        for (int r = 0; r < M; ++r) store_rows(_mm512_mul_ps(acc[r], rs), out + (t0 + r) * N + b * kRows);
+      }
+    }
+    _tile_release();
+  });
+}
+
+#endif
+
+// Products of at least this many rows run on the tiles where they are built and permitted: from
+// 8 (below it the vector kernel is as fast or faster: a tile product costs the same for 1 row as
+// for 16), or never where ATTEST_INT_TILES=0 (to measure against); set_int8_tiles_from changes it.
+constexpr int64_t kTilesFrom = 8;
+std::atomic<int64_t>& tiles_from() {
+  static std::atomic<int64_t> from{[] {
+    const char* off = std::getenv("ATTEST_INT_TILES");
+    return off != nullptr && std::string(off) == "0" ? int64_t{0} : kTilesFrom;
+  }()};
+  return from;
+}
+
+bool tiles_ready() {
+#ifdef ATTEST_INT_TILES
+  return tiles_permitted();
+#else
+  return false;
+#endif
+}
+
 // Blocks [begin, end) in runs of B, the rest one at a time.
 template <template <int, int, typename> class Blocks, int T, int B, typename Y>
 void span(const Mat& m, const RowSpan& xs, Y* out, int64_t begin, int64_t end) {
@@ -229,7 +369,7 @@ void span(const Mat& m, const RowSpan& xs, Y* out, int64_t begin, int64_t end) {
 // rows over a tile while its weights are in cache (one pass over the matrix from memory, not one
 // per four rows).
 template <template <int, int, typename> class Blocks>
-at::Tensor run_int(const at::Tensor& x, const Mat& m) {
+at::Tensor run_int(const at::Tensor& x, const Mat& m, bool tiles = false) {
   const at::Tensor xc = x.contiguous();
   const int64_t T = xc.size(0), K = m.K, N = m.N, blocks = N / kRows;
   at::Tensor out = at::empty({T, N}, xc.options());
@@ -237,6 +377,9 @@ at::Tensor run_int(const at::Tensor& x, const Mat& m) {
   QuantRows& xs = mine;  // the calling thread's: the workers below read it by this reference
   auto go = [&](auto* x0, auto* o0) {  // float32 or bfloat16, in and out (checked before)
     quantise_rows(x0, T, K, xs);
+#ifdef ATTEST_INT_TILES
+    if (tiles) return int8_tiles(m, xs, T, o0);
+#endif
     at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
       // more than four rows: tiles of 8 blocks (128 output rows of K weights, in L2), each run
       // by every four rows before the next; four rows or fewer: the thread's blocks in one run
@@ -329,11 +472,25 @@ at::Tensor int8_vnni_mm(const at::Tensor& x, const at::Tensor& packed, const at:
   const Mat m = checked(x, packed, scales, {"int8_vnni_mm", 8, at::kChar, at::kFloat,
       "packed [N/16, K/32, 8, 64] int8, scales [N/16, K/32 + 1, 16] float32"});
 #ifdef ATTEST_INT_VNNI
-  return run_int<Int8Blocks>(x, m);
+  const int64_t from = tiles_from().load();
+  return run_int<Int8Blocks>(x, m, from > 0 && x.size(0) >= from && tiles_ready());
 #else
   return at::Tensor();
 #endif
 }
+
+// Whether int8 products can run on AMX's tiles here: built for them, and Linux lets this
+// process use them.
+bool int8_tiles_built() { return tiles_ready(); }
+
+// From how many rows an int8 product runs on the tiles (0: never); returns the bound it replaces.
+int64_t set_int8_tiles_from(int64_t rows) {
+  TORCH_CHECK(rows >= 0, "set_int8_tiles_from: rows must be 0 or more, not ", rows);
+  return tiles_from().exchange(rows);
+}
+
+// From how many rows an int8 product runs on the tiles (0: never), where int8_tiles_built.
+int64_t int8_tiles_from() { return tiles_ready() ? tiles_from().load() : 0; }
 
 }  // namespace attest_ops
 
@@ -341,6 +498,9 @@ TORCH_LIBRARY_FRAGMENT(attest, m) {
   m.def("int4_vnni_mm(Tensor x, Tensor packed, Tensor scales) -> Tensor");
   m.def("int8_vnni_mm(Tensor x, Tensor packed, Tensor scales) -> Tensor");
   m.def("int_vnni_built() -> bool", &attest_ops::int_vnni_built);
+  m.def("int8_tiles_built() -> bool", &attest_ops::int8_tiles_built);
+  m.def("set_int8_tiles_from(int rows) -> int", &attest_ops::set_int8_tiles_from);
+  m.def("int8_tiles_from() -> int", &attest_ops::int8_tiles_from);
 }
 
 TORCH_LIBRARY_IMPL(attest, CPU, m) {

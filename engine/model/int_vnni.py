@@ -35,6 +35,15 @@ def int_vnni_native(flags: frozenset[str]) -> bool:
     return cpu_ops.load() and bool(torch.ops.attest.int_vnni_built())
 
 
+def tiles_from() -> int:
+    """From how many rows an int8 product runs on AMX's int8 tiles instead of the vector kernel
+    (the same bits either way), 0 where it never does: the CPU lacks them, the native ops were
+    built without them, Linux refuses the process their state, or ``ATTEST_INT_TILES=0``."""
+    if not cpu_ops.load():
+        return 0
+    return int(torch.ops.attest.int8_tiles_from())
+
+
 def fits(n: int, k: int) -> bool:
     """Whether an n x k matrix has the kernels' shape: rows in blocks of 16, columns in groups
     of 32."""

@@ -61,6 +61,7 @@ import torch
 
 from engine.config import QUANTS
 from engine.model.int_vnni import fits, int_vnni_native, pack_int4, pack_int8
+from engine.model.int_vnni import tiles_from as int_tiles_from
 from engine.model.vnni import Int8Vnni, vnni_native
 from kernels import cpu_ops
 from kernels.cpu_ops import cpu_flags
@@ -151,8 +152,10 @@ def plan_quant(
         native = cpu_ops.load() if native is None else native
         kv = torch.bfloat16 if native else torch.float32
         layer_ints = bool(native) and int_vnni_native(flags)
+        tiles = int_tiles_from() if layer_ints and mode == "int8" else 0
         kernel = (
-            f"{mode} integer products (activations 8 bits per group of 32, AVX-512 VNNI)"
+            f"{mode} integer products (activations 8 bits per group of 32, AVX-512 VNNI"
+            + (f"; AMX int8 tiles from {tiles} rows)" if tiles else ")")
             if layer_ints
             else f"{mode} packed kernel"
         )

@@ -5,6 +5,12 @@ takes them."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -16,6 +22,7 @@ from engine.model.int_vnni import (
     quantise_activations,
     reference_int4,
     reference_int8,
+    tiles_from,
 )
 from engine.model.quant import QuantWeight, plan_quant, quantize_int4, quantize_int8
 from kernels.cpu_ops import cpu_flags
@@ -26,6 +33,21 @@ needs_kernel = pytest.mark.skipif(
     not int_vnni_native(cpu_flags()),
     reason="no AVX-512 VNNI here, or the native ops are not built: the kernel does not run",
 )
+
+needs_tiles = pytest.mark.skipif(
+    not int_vnni_native(cpu_flags()) or tiles_from() == 0,
+    reason="no AMX int8 tiles here (or the native ops are built without them)",
+)
+
+
+@contextmanager
+def _tiles_from(rows: int):
+    """int8 products of at least ``rows`` rows on the tiles (0: none) for the block's length."""
+    old = torch.ops.attest.set_int8_tiles_from(rows)
+    try:
+        yield
+    finally:
+        torch.ops.attest.set_int8_tiles_from(old)
 
 
 class _Matrix:
@@ -211,10 +233,49 @@ def test_the_activations_are_quantised_per_group_of_32():
     assert torch.allclose(d[0], torch.tensor([2.0 / 127, 0.5 / 127], dtype=torch.float64))
 
 
+@needs_tiles
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("out", "inp"), [(16, 32), (48, 96), (160, 576), (64, 1536)])
+@pytest.mark.parametrize("rows", [1, 7, 16, 17, 40])
+def test_the_tiles_give_the_vector_kernels_bits(dtype, out, inp, rows):
+    """A row's bits do not depend on which kernel ran it (odd and even counts of groups, a
+    partial tile of rows, a row of zeros and one with a NaN among them)."""
+    m = _Matrix(8, out, inp)
+    x = _rows(rows, inp).to(dtype)
+    x[rows // 2, inp // 3] = float("nan")
+    if rows > 2:
+        x[1] = 0
+    with _tiles_from(0):
+        vector = m.mm(x)
+    with _tiles_from(1):
+        tiles = m.mm(x)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(tiles.view(bits), vector.view(bits))
+    nan_row = rows // 2
+    assert tiles[nan_row].isnan().all()
+    assert not tiles[torch.arange(rows) != nan_row].isnan().any()
+
+
+@needs_tiles
+def test_the_tiles_bound_is_refused_below_zero_and_off_by_the_environment():
+    with pytest.raises(RuntimeError, match="0 or more"):
+        torch.ops.attest.set_int8_tiles_from(-1)
+    root = Path(__file__).resolve().parents[2]
+    code = "from engine.model.int_vnni import tiles_from; print(tiles_from())"
+    env = {**os.environ, "ATTEST_INT_TILES": "0"}
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True
+    )
+    assert run.stdout.strip() == "0"
+
+
 @pytest.mark.parametrize("mode", ["int4", "int8"])
 def test_the_plan_takes_them_where_the_cpu_has_vnni(monkeypatch, mode):
     plan = plan_quant(mode, "cpu", VNNI_CPU, native=True)
     assert plan.int_vnni == int_vnni_native(VNNI_CPU) and plan.fields()["int_vnni"] == plan.int_vnni
+    # the boot receipt says where int8 products run on AMX's tiles
+    tiles = f"AMX int8 tiles from {tiles_from()} rows"
+    assert (tiles in plan.kernel) == (mode == "int8" and plan.int_vnni and tiles_from() > 0)
     assert not plan_quant(mode, "cpu", BF16_ONLY, native=True).int_vnni
     assert not plan_quant(mode, "cpu", VNNI_CPU, native=False).int_vnni
     monkeypatch.setenv("ATTEST_INT_VNNI", "0")

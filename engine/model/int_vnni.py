@@ -8,7 +8,11 @@ groups' scales in float32. The weights are the same values and scales as torch's
 bfloat16).
 
 Each row's result is computed from that row alone in a fixed order, so its bits do not depend on
-the other rows of the product (the speculator and a prefix hit rely on that).
+the other rows of the product (the speculator and a prefix hit rely on that). Where the CPU has
+AMX's int8 tiles, an int8 product of ``tiles_from()`` rows or more runs on them: the same integer
+sums per group (a tile product, signed times signed, over a group's 32 columns of 16 rows and 16
+output rows), scaled and added in the same order, so the same bits as the vector kernel; a tile
+product costs as much for one row as for 16, so fewer rows keep the vector kernel.
 
 ``reference_int4`` and ``reference_int8`` are the same arithmetic in torch (float64), which the
 tests compare the kernels with.

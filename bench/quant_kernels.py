@@ -1,7 +1,8 @@
 """One linear layer's product at several row counts: exact mode's float32 against fast mode's
 candidates (dense bfloat16, the packed int8 and int4 kernels, and where the CPU has AVX-512 VNNI
 the integer products of ``engine.model.int_vnni``: columns int8v and int4v, their ratios to
-torch's kernels last), on this CPU. Fast mode's kernel
+torch's kernels after; int8t: the int8 ones on AMX's int8 tiles at every row count where the CPU
+has them, the engine's from ``tiles_from()`` rows, its ratio to int8v last), on this CPU. Fast mode's kernel
 switch (``engine.model.quant.SMALL_ROWS``) is read off this table.
 
 The weight is the default model's fused gate/up matrix shape (3072 x 576); each figure is the
@@ -30,7 +31,7 @@ from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's engine, not another's
 
-from engine.model.int_vnni import int_vnni_native  # noqa: E402
+from engine.model.int_vnni import int_vnni_native, tiles_from  # noqa: E402
 from engine.model.llama import linear  # noqa: E402
 from engine.model.quant import QuantWeight  # noqa: E402
 from kernels.cpu_ops import cpu_flags  # noqa: E402
@@ -55,7 +56,7 @@ LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 class Mats:
     """One matrix in every form the table times."""
 
-    NAMES = ("fp32", "bf16", "int8", "int4", "int8v", "int4v")
+    NAMES = ("fp32", "bf16", "int8", "int4", "int8v", "int4v", "int8t")
 
     def __init__(self, w: torch.Tensor, ints: bool) -> None:
         self.w, self.dense16 = w, w.bfloat16()
@@ -76,12 +77,20 @@ class Mats:
             return linear(x, self.w)
         if name == "bf16":
             return linear(xb, self.dense16)
-        return getattr(self, "q" + name[3:]).packed_matmul(xb)
+        return getattr(self, "q" + name[3:].replace("t", "v")).packed_matmul(xb)
 
 
 def run_all(mats: list[Mats], xs: dict[int, tuple[torch.Tensor, torch.Tensor]], name: str) -> None:
+    # int8t on the tiles at every row count, int8v on the vector kernel at every row count
+    set_tiles(1 if name == "int8t" else 0)
     for m in mats:
         m.call(name, *xs[m.w.shape[1]])
+
+
+def set_tiles(rows: int) -> None:
+    """int8 products of at least ``rows`` rows on AMX's tiles (0: none), where they exist."""
+    if tiles_from():
+        torch.ops.attest.set_int8_tiles_from(rows)
 
 
 def main() -> None:
@@ -95,6 +104,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     ints = int_vnni_native(cpu_flags())
+    engine_tiles = tiles_from()
     shapes = LAYER if args.layers else [(args.out_features, args.in_features)]
     mats = [Mats(torch.randn(n, k), ints) for _ in range(max(args.layers, 1)) for n, k in shapes]
     print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
@@ -105,9 +115,10 @@ def main() -> None:
     )
     print(f"{what}, us per call (median of {args.runs})")
     v = "" if ints else " (no VNNI here: int8v is int8, int4v int4)"
+    t = f"; the engine's tiles from {engine_tiles} rows" if engine_tiles else "; no tiles here"
     print(
         f"{'rows':>5} {'fp32':>8} {'bf16':>8} {'int8':>8} {'int4':>8} {'int8v':>8} {'int4v':>8}"
-        f"   best / fp32   int8 / int8v, int4 / int4v{v}"
+        f" {'int8t':>8}   best / fp32   int8 / int8v, int4 / int4v   int8v / int8t{v}{t}"
     )
     iters = max(1, args.iters // len(mats))
     for rows in (int(r) for r in args.rows.split(",")):
@@ -117,12 +128,14 @@ def main() -> None:
             xs[k] = (x, x.bfloat16())
         calls = {name: partial(run_all, mats, xs, name) for name in Mats.NAMES}
         r = {name: per_call_us(fn, iters, args.runs) for name, fn in calls.items()}
-        best = min(("bf16", "int8", "int4", "int8v", "int4v"), key=r.get)
-        cols = " ".join(f"{r[k]:>8.1f}" for k in ("fp32", "bf16", "int8", "int4", "int8v", "int4v"))
+        best = min(("bf16", "int8", "int4", "int8v", "int4v", "int8t"), key=r.get)
+        cols = " ".join(f"{r[k]:>8.1f}" for k in Mats.NAMES)
         print(
             f"{rows:>5} {cols}   {best} {r['fp32'] / r[best]:.2f}x   "
-            f"{r['int8'] / r['int8v']:.2f}x, {r['int4'] / r['int4v']:.2f}x"
+            f"{r['int8'] / r['int8v']:.2f}x, {r['int4'] / r['int4v']:.2f}x   "
+            f"{r['int8v'] / r['int8t']:.2f}x"
         )
+    set_tiles(engine_tiles)
 
 
 if __name__ == "__main__":

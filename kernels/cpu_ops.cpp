@@ -760,6 +760,62 @@ Tensor argmax_rows(const Tensor& x) {
   return out;
 }
 
+
+// ---- a row's k largest ----------------------------------------------------------------------
+
+// Whether a ranks above b in top_rows' order: larger first, a NaN above every number (as
+// torch.topk ranks it), equal values by their place (the first above).
+inline bool above(float a, int64_t ia, float b, int64_t ib) {
+  const bool na = std::isnan(a), nb = std::isnan(b);
+  if (na != nb) return na;
+  if (!na && a != b) return a > b;
+  return ia < ib;
+}
+
+// The indices of the k largest of x[0, n) in that order (k <= n): one pass, each value past the
+// first k compared with the k-th held so far (sixteen at a time where the loops are vector ones)
+// and placed among them where it ranks above it.
+inline void top_row(const float* x, int64_t n, int64_t k, int64_t* out) {
+  std::vector<float> v(k);
+  std::vector<int64_t> at(k);
+  int64_t held = 0;
+  auto place = [&](int64_t i) {  // x[i] among the held, the last dropped where all k are held
+    const bool full = held == k;
+    int64_t j = full ? k - 1 : held++;
+    if (full && !above(x[i], i, v[j], at[j])) return;
+    for (; j > 0 && above(x[i], i, v[j - 1], at[j - 1]); --j) v[j] = v[j - 1], at[j] = at[j - 1];
+    v[j] = x[i], at[j] = i;
+  };
+  int64_t i = 0;
+  for (; i < std::min(n, k); ++i) place(i);
+#if defined(ATTEST_ROWS_V)
+  for (; i + 16 <= n; i += 16) {
+    const __m512 xs = _mm512_loadu_ps(x + i);
+    // above the k-th: greater, or a NaN (an equal value later in the row never is)
+    __mmask16 m = _mm512_cmp_ps_mask(xs, xs, _CMP_UNORD_Q);
+    if (!std::isnan(v[k - 1])) m |= _mm512_cmp_ps_mask(xs, _mm512_set1_ps(v[k - 1]), _CMP_GT_OQ);
+    for (; m; m &= m - 1) place(i + __builtin_ctz(m));
+  }
+#endif
+  for (; i < n; ++i) place(i);
+  for (int64_t j = 0; j < k; ++j) out[j] = at[j];
+}
+
+Tensor top_rows(const Tensor& x, int64_t k) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kFloat,
+              "top_rows: x must be a float32 [rows, n] on the cpu");
+  TORCH_CHECK(x.stride(1) == 1, "top_rows: rows must be dense");
+  TORCH_CHECK(k >= 1 && k <= x.size(1), "top_rows: k must be 1 to the row's length ", x.size(1),
+              ", not ", k);
+  const int64_t rows = x.size(0), n = x.size(1), xs = x.stride(0);
+  Tensor out = at::empty({rows, k}, x.options().dtype(at::kLong));
+  const float* p = x.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) top_row(p + r * xs, n, k, o + r * k);
+  });
+  return out;
+}
 }  // namespace attest_ops
 
 using namespace attest_ops;
@@ -774,6 +830,7 @@ TORCH_LIBRARY(attest, m) {
   m.def("decode_by_kv_head(Tensor q, Tensor pool_k) -> bool");
   m.def("rows_vectorised() -> bool", &rows_vectorised);
   m.def("argmax_rows(Tensor x) -> Tensor");
+  m.def("top_rows(Tensor x, int k) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) h, Tensor y, Tensor w, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin) -> Tensor(a!)");
@@ -799,6 +856,7 @@ TORCH_LIBRARY_IMPL(attest, CPU, m) {
   m.impl("decode_layers", decode_layers);
   m.impl("dense_layers", dense_layers);
   m.impl("argmax_rows", argmax_rows);
+  m.impl("top_rows", top_rows);
 }
 
 // dense_layers' packed way: the packed copies are oneDNN's tensors, which dispatch by this key

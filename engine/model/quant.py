@@ -24,7 +24,9 @@ product lays them out again on every call. That copy costs their bytes again (``
 Where the CPU has integer dot products (VNNI) and the matrix is large (the LM head: int8 in both
 modes, 28 M weights in the default model), its products of at most ``VNNI_ROWS`` rows are
 FBGEMM's integer ones instead (``engine.model.vnni``: the same int8 values, activations
-quantised to 8 bits per row), and each row's ``REFINE_TOP`` largest entries are computed again
+quantised to 8 bits per row; where AMX's int8 tiles are, the native integer products below,
+faster at every count to 16: 16 rows of the head in 1.2 against 1.6 ms, BENCHMARKS.md), in
+float32 as the logits are kept, and each row's ``REFINE_TOP`` largest entries are computed again
 from the dense values (``refine_top``), so a greedy pick reads what the bfloat16 product would
 give (8-bit activations alone moved held-out greedy agreement from 97.3 to 96.1 %; refined it
 is 97.3 % again). Measured here, one row of the head in about 1.0 ms against 2.3 ms for the
@@ -152,7 +154,14 @@ def plan_quant(
         native = cpu_ops.load() if native is None else native
         kv = torch.bfloat16 if native else torch.float32
         layer_ints = bool(native) and int_vnni_native(flags)
-        tiles = int_tiles_from() if layer_ints and mode == "int8" else 0
+        tiles = int_tiles_from() if layer_ints else 0
+        if vnni and tiles:  # the head (QuantWeight): the native ones, not FBGEMM's
+            ints = (
+                f"; int8 matrices of {VNNI_MIN_WEIGHTS >> 20} M weights or more (the LM head): "
+                f"the native integer products up to {VNNI_ROWS} rows (activations 8 bits per "
+                f"group of 32), each row's {REFINE_TOP} largest entries again from the dense values"
+            )
+        tiles = tiles if mode == "int8" else 0
         kernel = (
             f"{mode} integer products (activations 8 bits per group of 32, AVX-512 VNNI"
             + (f"; AMX int8 tiles from {tiles} rows)" if tiles else ")")
@@ -204,6 +213,17 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
     return q.reshape(n, k), scale, lo
 
 
+def top_indices(out: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of each row's ``k`` largest entries (a NaN above any number; of equal ones
+    the first): the native op on the CPU (``attest::top_rows``, one pass of vector compares:
+    68 us for 16 rows of 49,152 against 552 for torch's ``topk``, BENCHMARKS.md), else
+    ``topk``'s (its choice among equal entries)."""
+    if out.device.type == "cpu" and out.dtype == torch.float32 and out.stride(1) == 1:
+        if cpu_ops.load():
+            return torch.ops.attest.top_rows(out, k)
+    return out.topk(k, dim=1, sorted=False).indices
+
+
 class QuantWeight:
     """One weight-only quantised matrix ``[out, in]``: ``matmul(x)`` is ``x @ w.T``. Products of
     at most ``small_rows`` rows take ``packed_matmul`` (torch's int8 / int4 kernel, or for a
@@ -220,6 +240,7 @@ class QuantWeight:
         "_packed",
         "_scales",
         "_group",
+        "refined",
     )
 
     def __init__(
@@ -238,12 +259,16 @@ class QuantWeight:
         self._group = group or 0
         self.small_rows = small_rows  # the plan's: 0 without bfloat16 units
         self._packed = self._scales = None
+        self.refined = False  # a few-row product's largest entries computed again (refine_top)
         if self.mode == "int8":
             q, scale = quantize_int8(w)
             values = q.float() * scale[:, None]
             if vnni_rows > 0 and w.numel() >= VNNI_MIN_WEIGHTS:  # the same values, in integers
-                self._packed, self.small_rows = Int8Vnni(q, scale), vnni_rows
-                self._scales = scale
+                self.small_rows, self.refined = vnni_rows, True
+                if int_vnni and fits(*w.shape) and int_tiles_from() > 0:
+                    self._packed, self._scales = pack_int8(q, scale)  # the native ones
+                else:
+                    self._packed, self._scales = Int8Vnni(q, scale), scale
             elif small_rows > 0 and int_vnni and fits(*w.shape):
                 self._packed, self._scales = pack_int8(q, scale)  # the same values, in integers
             elif small_rows > 0:  # the packed form is kept only where its kernel runs
@@ -281,7 +306,7 @@ class QuantWeight:
         8-bit activations reorder a near tie at the top (the next token of a greedy request),
         the order is the bfloat16 product's."""
         k = min(REFINE_TOP, out.shape[1])
-        top = out.topk(k, dim=1, sorted=False).indices  # [rows, k]
+        top = top_indices(out, k)  # [rows, k]
         exact = torch.bmm(self.dense[top], x.to(self.dense.dtype).unsqueeze(2)).squeeze(2)
         return out.scatter_(1, top, exact.to(out.dtype))
 
@@ -303,6 +328,8 @@ class QuantWeight:
         return self._packed, self._scales, self._group
 
     def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T`` by the packed form, in ``x``'s dtype; a refined matrix's (the LM head's)
+        in float32, as the logits are kept."""
         if isinstance(self._packed, Int8Vnni):
             return self.refine_top(x, self._packed.matmul(x))
         if self.integer:  # engine.model.int_vnni's layouts (torch's have 2 dimensions)
@@ -311,6 +338,8 @@ class QuantWeight:
                 if self.mode == "int8"
                 else torch.ops.attest.int4_vnni_mm
             )
+            if self.refined:  # float32 rows give the same integers, and float32 out
+                return self.refine_top(x, op(x.float(), self._packed, self._scales))
             return op(x, self._packed, self._scales)
         if self.mode == "int8":
             return torch.ops.aten._weight_int8pack_mm(x, self._packed, self._scales)

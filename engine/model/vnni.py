@@ -65,8 +65,9 @@ class Int8Vnni:
         self._edge[0, 0], self._edge[0, 1] = _EDGE, -_EDGE
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """The product in ``x``'s dtype; each row's bits do not depend on the other rows."""
+        """The product in float32 (the LM head's logits are kept in float32: no rounding to
+        ``x``'s dtype and back); each row's bits do not depend on the other rows."""
         xf = x.float()
         s = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)
         y = torch.ops.quantized.linear_dynamic(torch.cat([xf / s, self._edge]), self._packed, False)
-        return y[:-1].mul_(s).to(x.dtype)
+        return y[:-1].mul_(s)

@@ -205,6 +205,37 @@ def test_native_argmax_is_torchs(rows, n):
 
 
 @needs_native
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 100, 49152])
+@pytest.mark.parametrize("k", [1, 3, 8, 100])
+def test_native_top_rows_are_the_k_largest_in_order(n, k):
+    """The LM head's refined entries: each row's k largest in descending order, a NaN above any
+    number, of equal values the first, rows read by their stride; torch's ``topk`` holds the same
+    values (its choice among equal ones is its own)."""
+    if k > n:
+        k = n
+    g = torch.Generator().manual_seed(n * k)
+    x = torch.randint(-3, 4, (4, n + 5), generator=g).float()[:, :n]  # ties; rows apart
+    x[0] = float("-inf")
+    x[2, torch.randint(0, n, (2,), generator=g)] = float("nan")
+    x[3] = torch.randn(n, generator=g)
+    top = torch.ops.attest.top_rows(x, k)
+    got = x.gather(1, top)
+    assert torch.equal(got.nan_to_num(99.0), x.topk(k, dim=1).values.nan_to_num(99.0))
+    for r in range(4):  # the order itself: larger first, then the earlier of equals
+        row = x[r].nan_to_num(99.0).tolist()
+        want = sorted(range(n), key=lambda i: (-row[i], i))[:k]
+        assert top[r].tolist() == want, r
+
+
+@needs_native
+def test_native_top_rows_refuses_what_it_cannot_rank():
+    with pytest.raises(RuntimeError, match="k must be 1 to"):
+        torch.ops.attest.top_rows(torch.zeros(2, 4), 5)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.attest.top_rows(torch.zeros(2, 4, dtype=torch.bfloat16), 1)
+
+
+@needs_native
 def test_the_boot_receipt_says_up_to_how_many_rows_the_norms_are_native(tiny_model_dir, tmp_path):
     import json
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.model.int_vnni import int_vnni_native, tiles_from
 from engine.model.llama import linear
 from engine.model.quant import (
     REFINE_TOP,
@@ -70,12 +71,12 @@ def test_a_rows_result_is_the_same_bits_in_any_product():
 
 
 @needs_vnni
-def test_the_product_keeps_bfloat16_in_and_out():
+def test_the_product_of_bfloat16_rows_is_float32_as_the_logits_are_kept():
     w = _matrix()
     q, scale = quantize_int8(w)
     x = _rows(3).bfloat16()
     got = Int8Vnni(q, scale).matmul(x)
-    assert got.dtype == torch.bfloat16 and got.shape == (3, 96)
+    assert got.dtype == torch.float32 and got.shape == (3, 96)
 
 
 @pytest.mark.skipif(
@@ -123,13 +124,23 @@ def test_attest_vnni_0_turns_the_integer_products_off(monkeypatch):
     assert plan_quant("int8", "cpu", VNNI_CPU, native=True).vnni_rows == 0
 
 
+def _head(w: torch.Tensor, kernel: str) -> QuantWeight:
+    """A matrix the size of an LM head, its few-row products FBGEMM's or the native ones."""
+    if kernel == "native" and not (int_vnni_native(cpu_flags()) and tiles_from()):
+        pytest.skip("the native integer products take the head only where AMX tiles are")
+    qw = QuantWeight(w, "int8", torch.bfloat16, 4, VNNI_ROWS, int_vnni=kernel == "native")
+    assert isinstance(qw._packed, Int8Vnni) == (kernel == "fbgemm") and qw.refined
+    return qw
+
+
 @needs_vnni
-def test_the_top_of_each_row_is_computed_again_from_the_dense_values():
+@pytest.mark.parametrize("kernel", ["fbgemm", "native"])
+def test_the_top_of_each_row_is_computed_again_from_the_dense_values(kernel):
     """8-bit activations cost most where one element dwarfs the others (a step of 60 / 127 here):
     the entries a greedy pick reads (each row's REFINE_TOP largest) come from the dense values,
     as the bfloat16 product of more rows computes them."""
     g = torch.Generator().manual_seed(0)
-    qw = QuantWeight(torch.randn(4096, 1024, generator=g), "int8", torch.bfloat16, 4, VNNI_ROWS)
+    qw = _head(torch.randn(4096, 1024, generator=g), kernel)
     x = torch.randn(3, 1024, generator=g)
     x[:, 0] = 60
     x = x.bfloat16()
@@ -138,11 +149,16 @@ def test_the_top_of_each_row_is_computed_again_from_the_dense_values():
     top = out.topk(REFINE_TOP, dim=1).indices
     err = (out.gather(1, top) - ref.gather(1, top)).abs().max()
     assert err <= 0.01 * ref.abs().max(), err
+    # each row's largest is the dense product's, its value the bfloat16 product's own
+    dense = torch.bmm(qw.dense.unsqueeze(0).expand(3, -1, -1), x.unsqueeze(2)).squeeze(2)
+    assert torch.equal(out.argmax(1), dense.float().argmax(1))
+    assert torch.equal(out.amax(1), dense.float().amax(1))
 
 
 @needs_vnni
-def test_a_refined_rows_result_is_the_same_bits_in_any_product():
-    qw = QuantWeight(_matrix(4096, 1024), "int8", torch.bfloat16, 4, VNNI_ROWS)
+@pytest.mark.parametrize("kernel", ["fbgemm", "native"])
+def test_a_refined_rows_result_is_the_same_bits_in_any_product(kernel):
+    qw = _head(_matrix(4096, 1024), kernel)
     x = _rows(VNNI_ROWS, 1024).bfloat16()
     alone = torch.cat([qw.packed_matmul(x[i : i + 1]) for i in range(len(x))])
     assert torch.equal(alone, qw.packed_matmul(x))

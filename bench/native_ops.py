@@ -59,6 +59,11 @@ def op_pairs(rows: int, dtype: torch.dtype) -> dict:
             lambda: logits.max(dim=-1).indices,
             lambda: ops.argmax_rows(logits),
         )
+        # the LM head's refined entries (engine.model.quant.top_indices): each row's 8 largest
+        pairs["top8"] = (
+            lambda: logits.topk(8, dim=1, sorted=False).indices,
+            lambda: ops.top_rows(logits, 8),
+        )
     return pairs
 
 

@@ -11,6 +11,13 @@ mode computes it (``engine.model.llama.linear``), same run.
 
     .venv/bin/python bench/quant_kernels.py [--rows 1,2,4,8,16,32,64] [--runs 5]
     .venv/bin/python bench/quant_kernels.py --layers 30   # a decode step's products instead
+    .venv/bin/python bench/quant_kernels.py --head --rows 1,4,8,16   # the LM head's
+
+``--head``: the LM head's few-row products instead (49,152 x 576, as fast mode runs them up to
+``VNNI_ROWS`` rows, each row's ``REFINE_TOP`` largest computed again from the dense values):
+FBGEMM's integer product (``engine.model.vnni``) against the native one (``int8_vnni_mm``, on
+AMX's tiles from ``tiles_from()`` rows where they are), both in float32 and refined, and the
+dense values' product the model would run (``(W @ x.T).T``), microseconds per call.
 
 ``--layers N``: each figure is the time of N layers' four products in turn (the default model's
 shapes: q/k/v 960x576, o 576x576, gate/up 3072x576, down 576x1536), every matrix in its own
@@ -93,6 +100,39 @@ def set_tiles(rows: int) -> None:
         torch.ops.attest.set_int8_tiles_from(rows)
 
 
+def head_table(rows: list[int], iters: int, runs: int) -> None:
+    """The LM head's products both integer ways and dense (``--head``)."""
+    from engine.model.int_vnni import pack_int8
+    from engine.model.orient import by_mm
+    from engine.model.quant import VNNI_ROWS, quantize_int8
+    from engine.model.vnni import Int8Vnni
+
+    w = torch.randn(49152, 576) * 0.05
+    fb = QuantWeight(w, "int8", torch.bfloat16, 4, VNNI_ROWS)
+    q, scale = quantize_int8(w)
+    packed, scales = pack_int8(q, scale)
+    assert isinstance(fb._packed, Int8Vnni) and fb.refined  # FBGEMM's, refined
+    print(f"the LM head, 49152 x 576, us per call (median of {runs}); refined: 8 largest again")
+    print(
+        f"{'rows':>5} {'fbgemm':>9} {'native':>9} {'dense':>9}   fbgemm / native   dense / native"
+    )
+    for n in rows:
+        x = torch.randn(n, 576).bfloat16()
+        r = {
+            "fbgemm": per_call_us(lambda: fb.packed_matmul(x), iters, runs),  # noqa: B023
+            "native": per_call_us(
+                lambda: fb.refine_top(x, torch.ops.attest.int8_vnni_mm(x.float(), packed, scales)),  # noqa: B023
+                iters,
+                runs,
+            ),
+            "dense": per_call_us(lambda: by_mm(x, fb.dense), iters, runs),  # noqa: B023
+        }
+        print(
+            f"{n:>5} {r['fbgemm']:>9.1f} {r['native']:>9.1f} {r['dense']:>9.1f}   "
+            f"{r['fbgemm'] / r['native']:.2f}x   {r['dense'] / r['native']:.2f}x"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
@@ -101,8 +141,13 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--layers", type=int, default=0, help="N layers' products (0: one matrix)")
+    ap.add_argument("--head", action="store_true", help="the LM head's products instead")
     args = ap.parse_args()
     torch.manual_seed(0)
+    if args.head:
+        print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
+        head_table([int(r) for r in args.rows.split(",")], max(1, args.iters // 20), args.runs)
+        return
     ints = int_vnni_native(cpu_flags())
     engine_tiles = tiles_from()
     shapes = LAYER if args.layers else [(args.out_features, args.in_features)]

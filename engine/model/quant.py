@@ -25,7 +25,7 @@ Where the CPU has integer dot products (VNNI) and the matrix is large (the LM he
 modes, 28 M weights in the default model), its products of at most ``VNNI_ROWS`` rows are
 FBGEMM's integer ones instead (``engine.model.vnni``: the same int8 values, activations
 quantised to 8 bits per row; where AMX's int8 tiles are, the native integer products below,
-faster at every count to 16: 16 rows of the head in 1.2 against 1.6 ms, BENCHMARKS.md), in
+faster at every count to 16: 16 rows of the head, refined, in 1.7 against 2.7 ms, BENCHMARKS.md), in
 float32 as the logits are kept, and each row's ``REFINE_TOP`` largest entries are computed again
 from the dense values (``refine_top``), so a greedy pick reads what the bfloat16 product would
 give (8-bit activations alone moved held-out greedy agreement from 97.3 to 96.1 %; refined it
@@ -216,7 +216,7 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
 def top_indices(out: torch.Tensor, k: int) -> torch.Tensor:
     """The indices of each row's ``k`` largest entries (a NaN above any number; of equal ones
     the first): the native op on the CPU (``attest::top_rows``, one pass of vector compares:
-    68 us for 16 rows of 49,152 against 552 for torch's ``topk``, BENCHMARKS.md), else
+    70 us for 16 rows of 49,152 against 516 for torch's ``topk``, BENCHMARKS.md), else
     ``topk``'s (its choice among equal entries)."""
     if out.device.type == "cpu" and out.dtype == torch.float32 and out.stride(1) == 1:
         if cpu_ops.load():

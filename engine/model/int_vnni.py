@@ -42,7 +42,8 @@ def int_vnni_native(flags: frozenset[str]) -> bool:
 def tiles_from() -> int:
     """From how many rows an int8 product runs on AMX's int8 tiles instead of the vector kernel
     (the same bits either way), 0 where it never does: the CPU lacks them, the native ops were
-    built without them, Linux refuses the process their state, or ``ATTEST_INT_TILES=0``."""
+    built without them, Linux refuses the process their state, or ``ATTEST_INT_TILES=0`` (read
+    once a process, at its first integer product)."""
     if not cpu_ops.load():
         return 0
     return int(torch.ops.attest.int8_tiles_from())

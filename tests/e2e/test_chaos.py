@@ -229,7 +229,12 @@ def test_sigterm_under_heavy_load_drains_within_its_bound_with_receipts(model, t
     assert left["reason"] == "client_disconnect"
     stopped = [r for r in aborted if r is not left]
     assert {r["reason"] for r in stopped} == {"sigterm"} and stop["in_flight"] == len(stopped)
-    assert stop["drained"] == len(finished) + 1 and finished
+    assert stop["drained"] == len(finished) + 1
+    # the drain let medium requests finish; on busy cores all of them can finish before the
+    # signal lands (a fresh clone beside two spinning processes: none in flight at the drain),
+    # and then it had none to let finish
+    early = [r for r in recs[: recs.index(begin)] if r["event"] == "request.finish"]
+    assert finished or len(early) == len(shorts), (len(early), len(finished))
     every_request_ends(recs)
     for spec in ("boot_health", "no_request_lost"):
         rc, claims = audit(log, spec)

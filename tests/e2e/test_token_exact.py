@@ -104,13 +104,18 @@ def test_logits_match_reference(engines):
 
 def test_bfloat16_mode_runs_in_bfloat16_and_answers():
     """bfloat16 is the fast mode, not the exact one: same answer to a clear question, and the
-    model and KV pool really hold bfloat16."""
+    model and KV pool really hold bfloat16. Clear in bfloat16 too: France's first token is a
+    near tie there ("The" 25.325 and "L" 25.243 in float32, a quarter of a step apart or level in
+    bfloat16), so which product and attention kernels the load's timing chose (on busy cores,
+    `(W @ x.T).T` and the native extend) decided its answer; Japan's leads by 2.6 every way
+    (ATTEST_ORIENT linear, mm or packed, ATTEST_EXTEND native or sdpa: the same answer)."""
     from engine import LLM, SamplingParams
 
     llm = LLM(dtype="bfloat16", kv_tokens=2048, max_running=4)
     assert llm.core.model.embed.dtype == torch.bfloat16
     assert llm.core.kv.layers[0].k.dtype == torch.bfloat16
     assert llm.core.kv.bytes_per_token == llm.core.model_config.kv_bytes_per_token(2)
-    out = llm.chat(CHATS[:1], SamplingParams(max_tokens=20, temperature=0))[0]
-    assert out.text == "The capital of France is Paris."
+    ask = [[{"role": "user", "content": "What is the capital of Japan?"}]]
+    out = llm.chat(ask, SamplingParams(max_tokens=20, temperature=0))[0]
+    assert out.text == "The capital of Japan is Tokyo."
     llm.core.scheduler.check()

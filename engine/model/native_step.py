@@ -59,9 +59,8 @@ class Stepped(Protocol):
 
     cfg: ModelConfig
     ops: LayerOps
-    orient: (
-        Orientation | None
-    )  # the dense products' ways (fast mode: its dense values'), measured at load
+    # the dense products' ways (fast mode: its dense values'), measured at load
+    orient: Orientation | None
     quant: QuantPlan | None
     device: torch.device
     backend: AttentionBackend

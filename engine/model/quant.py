@@ -154,14 +154,13 @@ def plan_quant(
         native = cpu_ops.load() if native is None else native
         kv = torch.bfloat16 if native else torch.float32
         layer_ints = bool(native) and int_vnni_native(flags)
-        tiles = int_tiles_from() if layer_ints else 0
-        if vnni and tiles:  # the head (QuantWeight): the native ones, not FBGEMM's
+        if vnni and native_head(layer_ints):  # as QuantWeight takes the head
             ints = (
                 f"; int8 matrices of {VNNI_MIN_WEIGHTS >> 20} M weights or more (the LM head): "
                 f"the native integer products up to {VNNI_ROWS} rows (activations 8 bits per "
                 f"group of 32), each row's {REFINE_TOP} largest entries again from the dense values"
             )
-        tiles = tiles if mode == "int8" else 0
+        tiles = int_tiles_from() if layer_ints and mode == "int8" else 0
         kernel = (
             f"{mode} integer products (activations 8 bits per group of 32, AVX-512 VNNI"
             + (f"; AMX int8 tiles from {tiles} rows)" if tiles else ")")
@@ -211,6 +210,13 @@ def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tens
     scale = ((hi - lo) / 15.0).clamp(min=1e-12)
     q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
     return q.reshape(n, k), scale, lo
+
+
+def native_head(int_vnni: bool) -> bool:
+    """Whether a large int8 matrix (the LM head) takes the native integer products
+    (``engine.model.int_vnni``) rather than FBGEMM's: where the layers' do (``int_vnni``) and
+    AMX's int8 tiles are (faster than FBGEMM's there at every count to ``VNNI_ROWS``)."""
+    return int_vnni and int_tiles_from() > 0
 
 
 def top_indices(out: torch.Tensor, k: int) -> torch.Tensor:
@@ -265,7 +271,7 @@ class QuantWeight:
             values = q.float() * scale[:, None]
             if vnni_rows > 0 and w.numel() >= VNNI_MIN_WEIGHTS:  # the same values, in integers
                 self.small_rows, self.refined = vnni_rows, True
-                if int_vnni and fits(*w.shape) and int_tiles_from() > 0:
+                if native_head(int_vnni) and fits(*w.shape):
                     self._packed, self._scales = pack_int8(q, scale)  # the native ones
                 else:
                     self._packed, self._scales = Int8Vnni(q, scale), scale
@@ -330,7 +336,7 @@ class QuantWeight:
     def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ w.T`` by the packed form, in ``x``'s dtype; a refined matrix's (the LM head's)
         in float32, as the logits are kept."""
-        if isinstance(self._packed, Int8Vnni):
+        if isinstance(self._packed, Int8Vnni):  # refined (the head's only)
             return self.refine_top(x, self._packed.matmul(x))
         if self.integer:  # engine.model.int_vnni's layouts (torch's have 2 dimensions)
             op = (
@@ -338,9 +344,10 @@ class QuantWeight:
                 if self.mode == "int8"
                 else torch.ops.attest.int4_vnni_mm
             )
-            if self.refined:  # float32 rows give the same integers, and float32 out
-                return self.refine_top(x, op(x.float(), self._packed, self._scales))
-            return op(x, self._packed, self._scales)
+            if not self.refined:
+                return op(x, self._packed, self._scales)
+            # float32 rows give the same integers, and float32 out
+            return self.refine_top(x, op(x.float(), self._packed, self._scales))
         if self.mode == "int8":
             return torch.ops.aten._weight_int8pack_mm(x, self._packed, self._scales)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(

@@ -102,16 +102,15 @@ def set_tiles(rows: int) -> None:
 
 def head_table(rows: list[int], iters: int, runs: int) -> None:
     """The LM head's products both integer ways and dense (``--head``)."""
-    from engine.model.int_vnni import pack_int8
     from engine.model.orient import by_mm
-    from engine.model.quant import VNNI_ROWS, quantize_int8
+    from engine.model.quant import VNNI_ROWS
     from engine.model.vnni import Int8Vnni
 
     w = torch.randn(49152, 576) * 0.05
-    fb = QuantWeight(w, "int8", torch.bfloat16, 4, VNNI_ROWS)
-    q, scale = quantize_int8(w)
-    packed, scales = pack_int8(q, scale)
-    assert isinstance(fb._packed, Int8Vnni) and fb.refined  # FBGEMM's, refined
+    fb = QuantWeight(w, "int8", torch.bfloat16, 4, VNNI_ROWS)  # FBGEMM's
+    ours = QuantWeight(w, "int8", torch.bfloat16, 4, VNNI_ROWS, int_vnni=True)  # the native ones
+    assert isinstance(fb._packed, Int8Vnni) and fb.refined and ours.refined
+    assert ours.integer, "the native head runs only where AMX's int8 tiles are"
     print(f"the LM head, 49152 x 576, us per call (median of {runs}); refined: 8 largest again")
     print(
         f"{'rows':>5} {'fbgemm':>9} {'native':>9} {'dense':>9}   fbgemm / native   dense / native"
@@ -120,11 +119,7 @@ def head_table(rows: list[int], iters: int, runs: int) -> None:
         x = torch.randn(n, 576).bfloat16()
         r = {
             "fbgemm": per_call_us(lambda: fb.packed_matmul(x), iters, runs),  # noqa: B023
-            "native": per_call_us(
-                lambda: fb.refine_top(x, torch.ops.attest.int8_vnni_mm(x.float(), packed, scales)),  # noqa: B023
-                iters,
-                runs,
-            ),
+            "native": per_call_us(lambda: ours.packed_matmul(x), iters, runs),  # noqa: B023
             "dense": per_call_us(lambda: by_mm(x, fb.dense), iters, runs),  # noqa: B023
         }
         print(

@@ -775,9 +775,8 @@ inline bool above(float a, int64_t ia, float b, int64_t ib) {
 // The indices of the k largest of x[0, n) in that order (k <= n): one pass, each value past the
 // first k compared with the k-th held so far (sixteen at a time where the loops are vector ones)
 // and placed among them where it ranks above it.
-inline void top_row(const float* x, int64_t n, int64_t k, int64_t* out) {
-  std::vector<float> v(k);
-  std::vector<int64_t> at(k);
+// v and at: k places each, the caller's (kept across its rows).
+inline void top_row(const float* x, int64_t n, int64_t k, int64_t* out, float* v, int64_t* at) {
   int64_t held = 0;
   auto place = [&](int64_t i) {  // x[i] among the held, the last dropped where all k are held
     const bool full = held == k;
@@ -812,7 +811,9 @@ Tensor top_rows(const Tensor& x, int64_t k) {
   const float* p = x.data_ptr<float>();
   int64_t* o = out.data_ptr<int64_t>();
   at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) top_row(p + r * xs, n, k, o + r * k);
+    std::vector<float> v(k);
+    std::vector<int64_t> at(k);
+    for (int64_t r = begin; r < end; ++r) top_row(p + r * xs, n, k, o + r * k, v.data(), at.data());
   });
   return out;
 }

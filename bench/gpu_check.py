@@ -7,8 +7,9 @@ in the table, never the end of the run.
         [--sections correct,decode,serve] [--backends triton,flashinfer]
     python bench/gpu_check.py --sections graphs     # CUDA graphs, a run of their own
 
-The graphs section: decode tok/s eager (``enforce_eager``) against CUDA graphs at 1 and 64
-streams on the default model, per backend; then a Llama-8B-shaped model with random weights
+The graphs section: decode tok/s eager (``enforce_eager``) against CUDA graphs, and graphs
+against graphs with each step planned while the step before it runs (``overlap_schedule``), at 1
+and 64 streams on the default model, per backend; then a Llama-8B-shaped model with random weights
 at batch 64, its step eager and replayed against the HBM floor (the weights' bytes over the
 peak bandwidth: a decode step reads every weight once).
 
@@ -476,32 +477,40 @@ def serve_tok_s(llm, streams: int, args, vocab: int) -> float:
     return decode_tokens_per_s(streams, args.new_tokens, t_one, t_all)
 
 
+GRAPH_MODES = {  # a mode's name: its LLM(...) keywords beside speculative="off"
+    "eager": {"enforce_eager": True},
+    "graphs": {"enforce_eager": False},
+    "graphs+overlap": {"enforce_eager": False, "overlap_schedule": True},
+}
+
+
 def section_graphs_default(chk: Check, status: dict[str, str | None], args) -> None:
-    """The default model's decode tok/s, eager and with CUDA graphs, per fast backend."""
+    """The default model's decode tok/s eager, with CUDA graphs, and with graphs and each step
+    planned while the step before it runs (``overlap_schedule``), per fast backend."""
     for name in [n for n in ("triton", "flashinfer") if status[n] is None]:
-        tps: dict[bool, dict[int, float]] = {}
-        for eager in (True, False):
-            mode = "eager" if eager else "graphs"
+        tps: dict[str, dict[int, float]] = {}
+        for mode, extra in GRAPH_MODES.items():
             with chk.guard("graphs", f"{name} {mode} load"):
-                llm = default_llm(name, enforce_eager=eager, speculative="off")
+                llm = default_llm(name, speculative="off", **extra)
                 try:
                     g = llm.core.runner.graphs
-                    if not eager:
+                    if mode == "graphs":
                         sizes = g.sizes if g is not None else []
                         chk.add("graphs", f"{name} captured", str(sizes) if g else "FAIL")
                     vocab = llm.core.model_config.vocab_size
-                    tps[eager] = {}
+                    tps[mode] = {}
                     for streams in STREAMS:
                         with chk.guard("graphs", f"{name} {mode} {streams} streams"):
                             v = serve_tok_s(llm, streams, args, vocab)
-                            tps[eager][streams] = v
+                            tps[mode][streams] = v
                             chk.add("graphs", f"{name} {mode} {streams} streams", f"{v:.0f} tok/s")
                 finally:
                     llm.close()
         for streams in STREAMS:
-            if streams in tps.get(True, {}) and streams in tps.get(False, {}):
-                r = tps[False][streams] / tps[True][streams]
-                chk.add("graphs", f"{name} graphs/eager {streams} streams", f"{r:.2f}x")
+            for mode, base in (("graphs", "eager"), ("graphs+overlap", "graphs")):
+                if streams in tps.get(mode, {}) and streams in tps.get(base, {}):
+                    r = tps[mode][streams] / tps[base][streams]
+                    chk.add("graphs", f"{name} {mode}/{base} {streams} streams", f"{r:.2f}x")
 
 
 def big_model(backend_name: str, batch: int, context: int, page: int):

@@ -9,6 +9,8 @@ off), so decode steps per second = extra tokens per stream / the extra seconds t
     .venv/bin/python bench/host_step.py [--streams 1,64] [--steps 64] [--reps 3]
     .venv/bin/python bench/host_step.py --trees OTHER_TREE,.   # before/after in one sitting
     .venv/bin/python bench/host_step.py --engines attest,vllm   # against vLLM's CPU build
+    .venv/bin/python bench/host_step.py --engines attest,attest-overlap   # the next step planned
+                                                                          # beside the forward
 
 Each arm (a tree's Attest, or vLLM) runs in a child process of its own, the arms alternating
 rep by rep, and the table adds each arm's ratio to the first. vLLM's arm is its offline engine
@@ -26,6 +28,7 @@ one entry of ``ENGINES``: a function (model folder, streams, steps) -> seconds f
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -56,9 +59,10 @@ def label(tree: str, engine: str, trees: list[str]) -> str:
     return tree if len(trees) > 1 else "attest"
 
 
-def attest_generate(model: str, streams: int) -> Callable[[int], float]:
+def attest_generate(model: str, streams: int, overlap: bool = False) -> Callable[[int], float]:
     """Attest offline on the CPU with the tiny model: the seconds of one greedy ``generate``
-    of ``n`` tokens per stream, each stream its own random prompt (no prefix shared)."""
+    of ``n`` tokens per stream, each stream its own random prompt (no prefix shared).
+    ``overlap``: each step planned while the step before it runs (``--overlap-schedule``)."""
     from engine import LLM, SamplingParams
 
     llm = LLM(
@@ -67,6 +71,7 @@ def attest_generate(model: str, streams: int) -> Callable[[int], float]:
         max_running=max(64, streams),
         speculative="off",  # one token a step per stream: steps are what is counted
         threads=1,
+        overlap_schedule=overlap,
     )
     vocab = llm.core.model_config.vocab_size
     rng = random.Random(0)
@@ -107,6 +112,7 @@ def vllm_generate(model: str, streams: int) -> Callable[[int], float]:
 
 ENGINES: dict[str, Callable[[str, int], Callable[[int], float]]] = {
     "attest": attest_generate,
+    "attest-overlap": functools.partial(attest_generate, overlap=True),
     "vllm": vllm_generate,
 }
 

@@ -79,6 +79,7 @@ GrammarWaitingOpt = Annotated[int, typer.Option(help=HELP["grammar_waiting"])]
 PolicyOpt = Annotated[str, typer.Option(help=HELP["scheduling_policy"])]
 SpeculativeOpt = Annotated[str, typer.Option(help=HELP["speculative"])]
 SpecTokensOpt = Annotated[int, typer.Option(help=HELP["spec_tokens"])]
+OverlapOpt = Annotated[bool, typer.Option(help=HELP["overlap_schedule"])]
 KvFractionOpt = Annotated[float, typer.Option(help=HELP["kv_memory_fraction"])]
 PageSizeOpt = Annotated[int, typer.Option(help=HELP["page_size"])]
 LogFileOpt = Annotated[

@@ -28,6 +28,8 @@ ATTEST_ARMS: dict[str, dict[str, Any]] = {
     "int8": {"quant": "int8", "speculative": "off"},
     "int4": {"quant": "int4", "speculative": "off"},
 }
+# each arm again with the next step planned while its forward runs (--overlap-schedule)
+ATTEST_ARMS |= {f"{k}+overlap": v | {"overlap_schedule": True} for k, v in ATTEST_ARMS.items()}
 BASELINES = {"transformers": "transformers", "llamacpp": "llama.cpp", "vllm": "vLLM"}
 VLLM_ARMS = {"f32": "float32", "bf16": "bfloat16"}  # vLLM's arms: a name for its dtype
 

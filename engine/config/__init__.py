@@ -192,6 +192,12 @@ class SchedulerSection(_Section):
         "unchanged; a request with its own seed is not drafted for); off: one token a step.",
     )
     spec_tokens: int = _knob(4, "Tokens proposed per request and step, at most.")
+    overlap_schedule: bool = _knob(
+        False,
+        "Plan the next step while this step's forward runs (on a worker thread): its "
+        "decodes funded, its prompts admitted, its slots taken; relief waits for the forward "
+        "first. One rank, --speculative off.",
+    )
     grammar_timeout: float = _knob(
         10.0,
         "Seconds a request's grammar (response_format) may take to compile; past them the "
@@ -224,6 +230,7 @@ class SchedulerSection(_Section):
         need(is_int(self.grammar_waiting, 0), self, "grammar_waiting", "an integer >= 0")
         need(self.scheduling_policy in POLICIES, self, "scheduling_policy", " or ".join(POLICIES))
         need(self.speculative in SPECULATIVE, self, "speculative", " or ".join(SPECULATIVE))
+        need(isinstance(self.overlap_schedule, bool), self, "overlap_schedule", "a boolean")
         need(
             is_int(self.spec_tokens, 1) and self.spec_tokens <= 16,
             self,
@@ -318,6 +325,14 @@ def _check_across(c: EngineConfig) -> None:
         mem,
         "kv_tokens",
         "given off the CPU (otherwise the pool is sized from host memory)",
+    )
+    sched = c.scheduler
+    need(
+        not sched.overlap_schedule or (world == 1 and sched.speculative == "off"),
+        sched,
+        "overlap_schedule",
+        "False with more than one rank or with --speculative on (a group plans in lockstep; "
+        "a draft is proposed from the token before it)",
     )
     need(
         world == 1 or not mem.host_kv_tokens,

@@ -299,6 +299,7 @@ class Cutovers:
     def _change(self, a: Active) -> None:
         """The change itself, at an iteration boundary."""
         sched, t0 = self.sched, time.time_ns()
+        sched.unplan()  # a step planned ahead holds slots of the pool about to change
         if a.ask.kind == "pool":
             broken = self._promises(a.ask)  # again: a drain let promises be made meanwhile
             capacity = a.ask.kv_tokens - a.ask.kv_tokens % sched.page_size

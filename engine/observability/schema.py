@@ -375,7 +375,8 @@ _CATALOG = (
          "scheduled work, with the digest of the batch about to run (batch_digest)",
          ("parked", "token_usage", "avail", "evictable", "staged", "cached", "ratio", "digest",
           "constrained", "mask_ms", "spec_proposed", "spec_accepted", "spec_recent_tokens",
-          "graph_steps", "eager_steps") + PROGRESS),
+          "graph_steps", "eager_steps", "overlap_ahead", "overlap_waited", "overlap_dropped")
+         + PROGRESS),
     Kind(INVARIANT_VIOLATION, ("what",), "a checked invariant failed (once per kind)"),
     Kind(NOTICE, ("text",), "something said once", ("process",)),
     Kind(SCHEDULER_STALL, ("since", "limit_s", "running", "waiting", "parked"),

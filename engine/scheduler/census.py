@@ -45,8 +45,9 @@ class Census:
 
 
 def pending_prefill(req: Request) -> int:
-    """Prompt tokens ``req`` has not prefilled yet (none once it has generated)."""
-    return 0 if req.output_ids else max(0, req.prompt_len - req.kv_len)
+    """Prompt tokens ``req`` has not prefilled yet (none once it has generated); positions
+    planned ahead (overlap) hold slots but are not prefilled until their step runs."""
+    return 0 if req.output_ids else max(0, req.prompt_len - (req.kv_len - req.ahead))
 
 
 def backlog(*groups: Iterable[Request]) -> int:

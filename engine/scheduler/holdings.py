@@ -131,7 +131,11 @@ class Holdings:
 
     def release(self, req: Request) -> None:
         """Hand a request's KV back: computed pages into the prefix cache (for reuse), the
-        partial last page to the allocator, the prefix lock released, the row freed."""
+        partial last page to the allocator, the prefix lock released, the row freed. Positions
+        planned ahead and not run (overlap) go back first: their KV was never computed."""
+        if req.ahead and req.row is not None:
+            self.shrink(req, req.kv_len - req.ahead)
+        req.ahead = 0
         if req.row is not None:
             slots = self.req_table.slots(req.row, req.kv_len)
             self.cache.insert(req.fill_ids[: req.kv_len], slots)

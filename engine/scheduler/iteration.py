@@ -17,6 +17,7 @@ from engine.request.messages import PoolSnapshot
 from engine.scheduler.admission import NewTokenRatio
 from engine.scheduler.group import GroupView
 from engine.scheduler.memory import Memory
+from engine.scheduler.overlap import Flight
 from engine.scheduler.request import Request, State
 from engine.scheduler.speculate import Speculator
 
@@ -34,6 +35,7 @@ class Reported(Protocol):
     ratio: NewTokenRatio
     masks: Masks
     spec: Speculator | None
+    flight: Flight | None
     runner: ModelRunner
     generated: int
 
@@ -82,6 +84,8 @@ class IterationLog:
             extra["constrained"] = sum(r.guided is not None for r in sched.running)
         if sched.spec is not None:
             extra |= sched.spec.iteration_fields()
+        if sched.flight is not None:  # steps planned beside a forward, and those that waited
+            extra |= sched.flight.iteration_fields()
         if sched.runner.graphs is not None:  # decode steps replayed, and forwards run eagerly
             extra["graph_steps"], extra["eager_steps"] = sched.runner.steps.take()
         self.digest_iter = sched.receipts.iter if digest is not None else self.digest_iter

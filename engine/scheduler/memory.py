@@ -112,6 +112,7 @@ class Memory:
         ratio: NewTokenRatio,
         ladder: bool = True,
         throttle_iterations: int = 8,
+        settle: Callable[[], None] | None = None,
     ) -> None:
         self.allocator, self.req_table, self.cache = allocator, req_table, cache
         self.group, self.receipts, self.ratio = group, receipts, ratio
@@ -119,6 +120,8 @@ class Memory:
         self.holdings = Holdings(allocator, req_table, cache, self.running)
         self.page_size = allocator.page_size
         self.throttle = Throttle(throttle_iterations)
+        # overlap: waits for the forward in flight before relief lets go of what it reads
+        self.settle = settle or (lambda: None)
         self.rungs: list[Rung] = self._ladder() if ladder else []
         self._asking: tuple[str, str | None] = ("relief", None)  # the site and rid being served
         if ladder:
@@ -192,6 +195,7 @@ class Memory:
         backstop. At ``decode`` the backstop acts only when the ladder moved nothing (evict what is cached,
         else retract); at ``admission`` and ``alloc_net`` it evicts what is still short (the
         evictable counter promised it); at ``park`` there is none (the chunk parks)."""
+        self.settle()
         before, running = self.available(), len(self.running)
         ladder = self.serves(site)
         relieved = self._climb(short, site, rid) if ladder else 0

@@ -49,6 +49,8 @@ class Request:
     cached_len: int = 0  # [0, cached_len) are owned by the prefix cache, locked by this request
     prefix_node: TreeNode | None = None  # the locked node covering [0, cached_len)
     prefill_target: int = 0  # prefill runs until kv_len reaches this (set at admission)
+    # positions at the end of [0, kv_len) planned ahead (overlap), their slots taken, not yet run
+    ahead: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (first admission)
     parks: int = 0
     retractions: int = 0
@@ -125,6 +127,12 @@ class Request:
         if len(self.output_ids) + ahead >= p.min_tokens or p.ignore_eos:
             return []
         return sorted(set(self.stop_ids) | set(p.stop_token_ids or ()))
+
+    def last_ahead(self) -> bool:
+        """Whether the token the forward in flight samples for it is its last for certain (its
+        ``max_tokens``, or the context's end), so no step is planned for it beside that one."""
+        made = len(self.output_ids) + 1
+        return made >= self.params.max_tokens or self.prompt_len + made >= self.max_context
 
     def append_token(self, tid: int) -> None:
         """Record one sampled token and decide whether the request is done."""

@@ -49,9 +49,38 @@ from engine.scheduler.admitter import Admitter, Planned
 from engine.scheduler.group import GroupView
 from engine.scheduler.iteration import IterationLog, snapshot_of
 from engine.scheduler.memory import Memory
+from engine.scheduler.overlap import Flight
 from engine.scheduler.request import Request, State
 from engine.scheduler.speculate import speculator
 from engine.scheduler.traces import RequestTraces
+
+LIVE = (State.RUNNING, State.PARKED)  # a request whose planned entries may still run
+
+
+class Plan:
+    """A step's batch in order (the decodes', then the chunks') with what its results need,
+    read when it is planned (each request's ``kv_len`` then counts this batch's positions):
+    the requests sampled (every undrafted decode, every chunk that completes its prefill) and
+    their entries, and the entries whose every position's logits are wanted (drafted decodes,
+    chunks scoring their prompt; None: none)."""
+
+    __slots__ = ("batch", "chunks", "decode", "drafts", "every", "reqs", "rows", "samplers")
+
+    def __init__(
+        self,
+        batch: list[BatchEntry],
+        decode: list[Request],
+        chunks: Planned,
+        drafts: dict[str, list[int]],
+    ) -> None:
+        self.batch, self.decode, self.chunks, self.drafts = batch, decode, chunks, drafts
+        self.reqs = [*decode, *(r for r, _ in chunks)]
+        drafted = [r.rid in drafts for r in decode]
+        self.rows = [i for i, d in enumerate(drafted) if not d]
+        self.rows += [len(decode) + i for i, (r, _) in enumerate(chunks) if not r.prefilling]
+        self.samplers = [self.reqs[i] for i in self.rows]
+        every = drafted + [r.scores_prompt(r.kv_len - n) for r, n in chunks]
+        self.every = every if any(every) else None
 
 
 class Scheduler:
@@ -96,6 +125,7 @@ class Scheduler:
             self.ratio,
             config.memory.relief_ladder,
             config.memory.relief_throttle_iterations,
+            settle=self._settle,
         )
         self.admitter = Admitter(
             config.scheduler, self.memory, receipts, self.ratio, self.running, self.waiting
@@ -109,6 +139,9 @@ class Scheduler:
         self.masks = Masks(vocab)
         self.spec = speculator(config.scheduler, allocator, receipts, self.masks, runner.model)
         torch.manual_seed(config.scheduler.seed)
+        # overlap: the forward in flight, and the step planned beside it (launched next)
+        self.flight = Flight(runner.device) if config.scheduler.overlap_schedule else None
+        self._planned: Plan | None = None
 
     # -- intake -------------------------------------------------------------------------------
 
@@ -208,34 +241,109 @@ class Scheduler:
     # -- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[StepOutput]:
-        """One iteration, in the module docstring's order; returns what it produced."""
+        """One iteration, in the module docstring's order; returns what it produced. With
+        ``overlap_schedule`` the next step is planned while this one's forward runs
+        (``engine/scheduler/overlap.py``)."""
         self.receipts.next_iteration()
+        if self.flight is not None:
+            return self._step_overlapped(self.flight)
+        outs: list[StepOutput] = []
+        plan = self._plan(outs)
+        if plan.batch:
+            fill = self.masks.begin([r.guided for r in plan.samplers])
+            outs += self._apply(plan, self.runner.forward(plan.batch, every=plan.every), fill)
+        self._after_step(plan.chunks)
+        return outs
+
+    def _plan(self, outs: list[StepOutput], ahead: bool = False) -> Plan:
+        """A step's decisions and slots (steps 1 to 3 and the slots of 4). ``ahead``: planned
+        while the step before it runs, whose sampled tokens its decodes take at launch."""
         self.group.sync()  # rank 0 of a group hands the others what arrived
         self.group.publish(self.memory.local(), self.receipts)  # once, before any branch
-        outs: list[StepOutput] = []
-        decode = self._fund_decode(outs)
+        decode = self._fund_decode(outs, ahead)
         chunks = self.admitter.admit(decode)  # before any slot is taken: it may retract
         decode = [r for r in decode if r.state is State.RUNNING]  # what a retraction left
         need = sum(self.memory.fresh_slots(r, n) for r, n in chunks)
         # drafts from what the decodes and chunks leave (agreed numbers: every rank drafts alike)
         spare = self.memory.available() - need
         drafts = self.spec.fund(decode, spare, chunks) if self.spec and decode else {}
-        batch = self._decode_entries(decode, drafts)
+        batch = self._decode_entries(decode, drafts, ahead)
         if need > self.memory.available():  # admission counted evictable tokens: pay them
             self.memory.make_room(need - self.memory.available(), "admission")
         batch += [self._entry(r, r.fill_ids[r.kv_len : r.kv_len + n], "extend") for r, n in chunks]
         if batch and self.group.world > 1:  # before the forward: the ranks run the same batch
             self._agree(decode, chunks, drafts)
-        if batch:
-            outs += self._forward(batch, decode, chunks, drafts)
-        self._after_step(chunks)
+        plan = Plan(batch, decode, chunks, drafts)
+        if ahead:
+            for req, entry in zip(plan.reqs, batch):
+                req.ahead = len(entry.token_ids)
+        return plan
+
+    def _step_overlapped(self, flight: Flight) -> list[StepOutput]:
+        """Launch the step planned during the last one (or plan it now), plan the next while
+        its forward runs, then apply its results."""
+        outs: list[StepOutput] = []
+        plan, self._planned = self._planned, None
+        if plan is not None:
+            plan = self._launchable(plan, flight)
+        if plan is None or not plan.batch:  # nothing planned ahead: the first step after idle
+            plan = self._plan(outs)
+        if not plan.batch:
+            self._after_step(plan.chunks)
+            return outs
+        fill = self.masks.begin([r.guided for r in plan.samplers])
+        flight.launch(lambda: self.runner.forward(plan.batch, every=plan.every), plan.reqs)
+        try:
+            self._planned = self._plan(outs, ahead=True)
+            flight.tally(ahead=1)
+        finally:
+            logits = flight.land()  # the forward's error, if it raised, over the plan's
+        outs += self._apply(plan, logits, fill, flight.current())
+        self._after_step(plan.chunks)
         return outs
 
+    def _launchable(self, plan: Plan, flight: Flight) -> Plan:
+        """``plan`` as it can run now: the entries of requests that ended or went back in line
+        since it was planned dropped (their planned slots went back as they did), each decode
+        given the token the step before it sampled."""
+        keep = [
+            r.state in LIVE and r.ahead == len(e.token_ids) for r, e in zip(plan.reqs, plan.batch)
+        ]
+        flight.tally(dropped=keep.count(False))
+        n = len(plan.decode)
+        decode = [r for r, k in zip(plan.decode, keep) if k]
+        for r, e, k in zip(plan.decode, plan.batch, keep):
+            if k:
+                e.token_ids = [r.output_ids[-1]]
+        chunks = [c for c, k in zip(plan.chunks, keep[n:]) if k]
+        batch = [e for e, k in zip(plan.batch, keep) if k]
+        for r in (*decode, *(r for r, _ in chunks)):
+            r.ahead = 0
+        return Plan(batch, decode, chunks, plan.drafts)
+
+    def unplan(self) -> None:
+        """Give back what the step planned ahead holds (a cutover changes the pool under it)."""
+        plan, self._planned = self._planned, None
+        if plan is None:
+            return
+        holdings = self.memory.holdings
+        with self.memory.frees_together():
+            for req in plan.reqs:
+                if req.ahead and req.row is not None:
+                    holdings.shrink(req, req.kv_len - req.ahead)
+                req.ahead = 0
+
+    def _settle(self) -> None:
+        """Before relief lets go of KV running requests hold: the forward in flight has run."""
+        if self.flight is not None:
+            self.flight.settle()
+
     def _decode_entries(
-        self, decode: list[Request], drafts: dict[str, list[int]]
+        self, decode: list[Request], drafts: dict[str, list[int]], ahead: bool = False
     ) -> list[BatchEntry]:
         """The decodes' batch entries, in order: the undrafted ones' slots taken at once
-        (``Memory.alloc_decode``), a drafted one's through the net with its drafts."""
+        (``Memory.alloc_decode``), a drafted one's through the net with its drafts. ``ahead``:
+        their tokens are sampled by the forward in flight (put in at launch; -1 until then)."""
         plain = [r for r in decode if not drafts.get(r.rid)]
         taken = dict(zip((r.rid for r in plain), self.memory.alloc_decode(plain, "decode")))
         batch = []
@@ -244,7 +352,7 @@ class Scheduler:
             if slots is None:
                 batch.append(self._entry(r, [r.output_ids[-1], *drafts[r.rid]], "decode"))
                 continue
-            batch.append(self._placed(r, [r.output_ids[-1]], slots))
+            batch.append(self._placed(r, [-1 if ahead else r.output_ids[-1]], slots))
         return batch
 
     def _entry(self, req: Request, tokens: list[int], site: str) -> BatchEntry:
@@ -259,38 +367,37 @@ class Scheduler:
         req.kv_len += len(tokens)
         return entry
 
-    def _forward(
-        self,
-        batch: list[BatchEntry],
-        decode: list[Request],
-        chunks: Planned,
-        drafts: dict[str, list[int]],
+    def _apply(
+        self, plan: Plan, logits: torch.Tensor, fill: Fill | None, live: list[bool] | None = None
     ) -> list[StepOutput]:
-        """Run the batch; sample for every undrafted decode and every chunk that completed its
-        prefill; keep what the rows accept of each drafted decode's drafts."""
-        drafted = [r.rid in drafts for r in decode]
-        rows = [i for i, d in enumerate(drafted) if not d]
-        samplers = [r for r, d in zip(decode, drafted) if not d]
-        for i, (req, _) in enumerate(chunks):
-            if not req.prefilling:  # this chunk completed its prefill: sample its next token
-                rows.append(len(decode) + i)
-                samplers.append(req)
-        fill = self.masks.begin([r.guided for r in samplers])  # filled while the forward runs
-        # logits at every position: drafted decodes, and chunks whose prompt logprobs were asked
-        every = drafted + [r.scores_prompt(r.kv_len - n) for r, n in chunks]
-        logits = self.runner.forward(batch, every=every if any(every) else None)
+        """A forward's results: sample for every undrafted decode and every chunk that
+        completed its prefill; keep what the rows accept of each drafted decode's drafts.
+        ``live``: per entry, whether its request's result still applies (overlap: relief sent
+        some back in line while the next step was planned); None: all."""
+        batch, decode, chunks, drafts = plan.batch, plan.decode, plan.chunks, plan.drafts
+        live = live or [True] * len(batch)
+        samplers, rows = plan.samplers, plan.rows
+        if not all(live):  # the dropped rows' masks are not wanted: filled again for the others
+            kept = [i for i, row in enumerate(rows) if live[row]]
+            samplers, rows = [samplers[i] for i in kept], [rows[i] for i in kept]
+            if fill is not None:
+                fill.future.result()
+                fill = self.masks.begin([r.guided for r in samplers])
         spans: list[tuple[Request, torch.Tensor]] = []
-        if any(every):
+        if (every := plan.every) is not None:
             ends = list(
                 itertools.accumulate(len(e.token_ids) if w else 1 for e, w in zip(batch, every))
             )
-            for (req, n), end, w in zip(chunks, ends[len(decode) :], every[len(decode) :]):
-                if w:
-                    req.score_prompt(req.kv_len - n, logits[end - n : end])
+            at = len(decode)
+            for j, (req, n) in enumerate(chunks):
+                if every[at + j] and live[at + j]:  # from where its chunk began
+                    req.score_prompt(
+                        batch[at + j].prefix_len, logits[ends[at + j] - n : ends[at + j]]
+                    )
             spans = [
                 (r, logits[ends[i] - len(batch[i].token_ids) : ends[i]])
                 for i, r in enumerate(decode)
-                if drafted[i]
+                if r.rid in drafts and live[i]
             ]
             rows = [ends[r] - 1 for r in rows]
         # the sampler adjusts its rows in place: a drafted decode's rows (``spans``) are others
@@ -319,15 +426,22 @@ class Scheduler:
         elif self._was_busy and not self.has_work():
             checks.audit_idle(self)  # production: the ledger is checked whenever it goes idle
         self._was_busy = self.has_work()
+        if not self._was_busy:  # what was planned ahead ended with its requests
+            self._planned = None
 
     # -- decode memory and retraction ---------------------------------------------------------
 
-    def _fund_decode(self, outs: list[StepOutput]) -> list[Request]:
+    def _fund_decode(self, outs: list[StepOutput], ahead: bool = False) -> list[Request]:
         """The decoding requests whose next slot is funded; memory makes room until they are
-        (its ladder, then eviction or retraction as its floor)."""
+        (its ladder, then eviction or retraction as its floor). ``ahead``: planned beside the
+        forward before it, so a request the token that forward samples must end is left out."""
         memory = self.memory  # agreed numbers: every rank retracts the same victims
         while True:
-            decode = [r for r in self.running if r.state is State.RUNNING and not r.prefilling]
+            decode = [
+                r
+                for r in self.running
+                if r.state is State.RUNNING and not r.prefilling and not (ahead and r.last_ahead())
+            ]
             need = sum(memory.fresh_slots(r, 1) for r in decode)
             if need <= memory.available() + memory.staged():  # staged: the net flushes them
                 return decode
@@ -335,6 +449,7 @@ class Scheduler:
                 continue
             req = self.running[0]
             if not memory.fits(req.kv_len + 1):
+                self._settle()  # it ends: the forward in flight has read its KV first
                 # alone, and its next token does not fit the whole pool: it never can
                 need = req.kv_len + 1
                 outs.append(self._end(req, "exceeds_pool", need=need, capacity=memory.capacity))

@@ -80,12 +80,16 @@ POOL = {
 }
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("name", sorted(POOL))
 def test_a_pool_cutover_under_load_changes_no_token_and_the_window_passes(
-    tiny_model_dir, expected, tmp_path, name
+    tiny_model_dir, expected, tmp_path, name, overlap
 ):
+    """``overlap``: with the next step planned while each forward runs, the cutover lets go of
+    the step planned ahead (its slots are the old pool's) before it changes the pool."""
     log = tmp_path / "boot.jsonl"
-    got, (end,), llm = serve_with(tiny_model_dir, {5: POOL[name]}, log)
+    ahead = {"speculative": "off", "overlap_schedule": True} if overlap else {}
+    got, (end,), llm = serve_with(tiny_model_dir, {5: POOL[name]}, log, **ahead)
     llm.close("test")
     assert got == expected
     assert end["outcome"] == "ok" and end["kv_tokens"] == POOL[name].kv_tokens

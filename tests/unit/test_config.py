@@ -113,6 +113,7 @@ def test_defaults_and_good_values_are_accepted():
         "scheduling_policy": "fcfs",
         "speculative": "suffix",
         "spec_tokens": 4,
+        "overlap_schedule": False,
         "grammar_timeout": 10.0,
         "grammar_workers": 2,
         "grammar_waiting": 8,

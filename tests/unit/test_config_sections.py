@@ -57,6 +57,7 @@ RECEIPT_KEYS = {
     "grammar_waiting",
     "speculative",
     "spec_tokens",
+    "overlap_schedule",
     "iteration_receipt_interval",
     "check_invariants",
     "receipts",
@@ -145,6 +146,8 @@ OTHERS = {
     "scheduling_policy": "priority",
     "speculative": "ngram",
     "spec_tokens": 3,
+    # True needs one rank and --speculative off (both differ here): that rule has its own test
+    "overlap_schedule": False,
 }
 
 HOSTS_RULE = "a tuple of '*' or hosts (NAME or NAME:PORT; an IPv6 address in brackets)"
@@ -158,6 +161,7 @@ ORIGINS_RULE = "a tuple of '*' or origins (scheme://host[:port], no path)"
         (ModelSection, "device", "gpu", "cpu, cuda or cuda:N"),
         (ModelSection, "threads", 0, "None or an integer >= 1"),
         (ModelSection, "enforce_eager", "yes", "a boolean"),
+        (SchedulerSection, "overlap_schedule", "yes", "a boolean"),
         (ModelSection, "cuda_graph_max_batch", 0, "None or an integer >= 1"),
         (MemorySection, "page_size", 0, "an integer >= 1"),
         (MemorySection, "kv_memory_fraction", 0.95, "in (0, 0.9]"),

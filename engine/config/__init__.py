@@ -194,7 +194,7 @@ class SchedulerSection(_Section):
     spec_tokens: int = _knob(4, "Tokens proposed per request and step, at most.")
     overlap_schedule: bool = _knob(
         False,
-        "Plan the next step while this step's forward runs (on a worker thread): its "
+        "Plan the next step on a worker thread while this step's forward runs: its "
         "decodes funded, its prompts admitted, its slots taken; relief waits for the forward "
         "first. One rank, --speculative off.",
     )

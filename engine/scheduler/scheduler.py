@@ -49,12 +49,10 @@ from engine.scheduler.admitter import Admitter, Planned
 from engine.scheduler.group import GroupView
 from engine.scheduler.iteration import IterationLog, snapshot_of
 from engine.scheduler.memory import Memory
-from engine.scheduler.overlap import Flight
+from engine.scheduler.overlap import LIVE, Flight
 from engine.scheduler.request import Request, State
 from engine.scheduler.speculate import speculator
 from engine.scheduler.traces import RequestTraces
-
-LIVE = (State.RUNNING, State.PARKED)  # a request whose planned entries may still run
 
 
 class Plan:
@@ -292,12 +290,18 @@ class Scheduler:
             self._after_step(plan.chunks)
             return outs
         fill = self.masks.begin([r.guided for r in plan.samplers])
-        flight.launch(lambda: self.runner.forward(plan.batch, every=plan.every), plan.reqs)
+        beside: list[StepOutput] = []  # what the plan ends (a request beyond the whole pool)
+        planning = flight.beside(plan.reqs, lambda: self._plan(beside, ahead=True))
         try:
-            self._planned = self._plan(outs, ahead=True)
-            flight.tally(ahead=1)
-        finally:
-            logits = flight.land()  # the forward's error, if it raised, over the plan's
+            logits = self.runner.forward(plan.batch, every=plan.every)
+        except BaseException:
+            flight.land()
+            planning.exception()  # the plan done with (its slots are the pool's) first
+            raise
+        flight.land()
+        self._planned = planning.result()
+        flight.tally(ahead=1)
+        outs += beside
         outs += self._apply(plan, logits, fill, flight.current())
         self._after_step(plan.chunks)
         return outs

@@ -11,10 +11,11 @@ slot back (``Holdings.release`` shrinks it first, as a rejected draft's) and its
 at launch. A request whose next token is its last (``Request.last_ahead``) is not planned for.
 
 Beside a forward runs only what touches memory that forward does not read or write: free
-slots, a new row, positions past the batch's. Relief (an eviction, a spill, a retraction, an
-end for the pool) lets go of KV that running requests hold, so ``Memory.make_room`` first
-waits for the forward to land (``Flight.settle``); this step's results are applied after the
-plan, and a request that relief sent back in line loses its result (``Flight.current``).
+slots, a new row, positions past the batch's. Relief may let go of KV the forward reads (a
+retraction or an end for the pool frees a running request's, and its eviction and spills may
+then move those pages), so ``Memory.make_room`` first waits for the forward to land
+(``Flight.settle``); this step's results are applied after the plan, and a request that relief
+sent back in line loses its result (``Flight.current``).
 
 One rank alone and no drafts: a group's ranks plan in lockstep over collectives, and a draft
 is proposed from the token before it (``EngineConfig``'s rules refuse the others).

@@ -13,6 +13,9 @@ plus prefill chunks admitted within this round's budget. The order inside a step
 4. take the step's slots, forward, sample, and apply the results inside one group of frees
    (``Memory.frees_together``).
 
+With ``overlap_schedule`` steps 1 to 3 and the slots of the next step are planned on a worker
+thread while this step's forward runs (``overlap.py``), and the next step launches that plan.
+
 Every decision writes a receipt with its inputs. The decisions themselves are pure functions
 elsewhere (``admission.py``, ``victims.py``); admission's two phases are wired in
 ``admitter.py``; memory (the numbers, making room, the allocation-site net, the free group,

@@ -12,6 +12,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
+from engine.request.guide import Guide
 
 
 def greedy(n: int, **kw) -> SamplingParams:
@@ -65,6 +66,32 @@ def test_the_same_tokens_as_a_step_planned_after_its_forward(
                 assert summed(llm, "overlap_waited") > 0
                 assert llm.core.receipts.of("retract")
     assert runs[True] == runs[False]
+
+
+KINDS = {
+    "logprobs": {"logprobs": 2},
+    "penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.3, "repetition_penalty": 1.3},
+    "bias": {"logit_bias": {7: 3.0, 11: -2.0}},
+    # token 7 ends it and is every row's argmax: banned for the first 9 tokens, so the 10th ends it
+    "min_tokens": {"min_tokens": 9, "stop_token_ids": [7], "logit_bias": {7: 30.0}},
+    "json": {"guide": Guide("json_object")},
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_requests_of_every_kind_answer_as_without_overlap(tiny_model_dir, kind):
+    """What sampling reads of a request's output (penalties, banned stops, a grammar's state)
+    is the output with the token before it, though its step was planned without that token."""
+    prompts, _ = workload(5, n=6)
+    params = SamplingParams(max_tokens=24, temperature=0, **KINDS[kind])
+    runs = {}
+    for overlap in (False, True):
+        llm = engine(tiny_model_dir, overlap)
+        outs = llm.generate(prompts, [params] * len(prompts))
+        runs[overlap] = [(o.token_ids, o.finish_reason) for o in outs]
+    assert runs[True] == runs[False]
+    if kind == "min_tokens":  # each stopped where its stop token was first allowed
+        assert [(len(t), r) for t, r in runs[True]] == [(10, "stop")] * len(prompts)
 
 
 def test_no_relief_runs_beside_a_forward(tiny_model_dir):

@@ -153,3 +153,29 @@ def test_graphs_section_runs_the_big_shape_shrunk_on_cpu(gc, monkeypatch):
     layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64
     nbytes = 2 * (2 * layer + 64 + 320 * 64)
     assert floor.result == f"{nbytes / 1e12 * 1e3:.2f} ms"
+
+
+def test_graphs_section_times_each_mode_and_says_the_ratios(gc, monkeypatch, tiny_model_dir):
+    """Eager, graphs and graphs with overlap, each an engine of its own keywords (on the CPU the
+    torch backend stands in and no graph is captured: that row says FAIL, the others run)."""
+    from engine import LLM
+
+    built: list[dict] = []
+
+    def tiny_llm(backend, **extra):
+        built.append(extra)
+        return LLM(model=tiny_model_dir, kv_tokens=4096, receipts=False, **extra)
+
+    monkeypatch.setattr(gc, "default_llm", tiny_llm)
+    monkeypatch.setattr(gc, "STREAMS", (1, 3))
+    chk = gc.Check(budget_s=600)
+    args = gc.parse_args(["--new-tokens", "3", "--prompt-tokens", "6"])
+    status = {"triton": None, "flashinfer": "not installed"}
+    chk.section("graphs", lambda: gc.section_graphs_default(chk, status, args))
+    assert built == [{"speculative": "off"} | kw for kw in gc.GRAPH_MODES.values()]
+    rows = {r.check: r.result for r in chk.rows}
+    assert rows["triton captured"] == "FAIL"  # a CPU has no CUDA graphs
+    for mode in gc.GRAPH_MODES:
+        assert rows[f"triton {mode} 3 streams"].endswith("tok/s")
+    for ratio in ("graphs/eager", "graphs+overlap/graphs"):
+        assert rows[f"triton {ratio} 1 streams"].endswith("x")

@@ -91,7 +91,10 @@ class TorchComm(Comm):
         )
         self.work = None  # the default group
         self.sched = dist.new_group(backend="gloo", timeout=timeout)
-        self.intake = dist.new_group(backend="gloo", timeout=IDLE_WAIT)
+        # rank 0 only sends on the intake: its send waits no longer than any collective for a
+        # rank that stopped answering (gloo can miss a pair closed between two operations and
+        # leave the next one waiting); the others idle on it until the next iteration's comes
+        self.intake = dist.new_group(backend="gloo", timeout=timeout if rank == 0 else IDLE_WAIT)
         self._layouts: dict[int, tuple[Comm, Stage]] = {}  # by tp: a stage's shards, the stage
         self._closed = False
 

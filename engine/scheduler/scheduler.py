@@ -313,19 +313,19 @@ class Scheduler:
         """``plan`` as it can run now: the entries of requests that ended or went back in line
         since it was planned dropped (their planned slots went back as they did), each decode
         given the token the step before it sampled."""
-        keep = [
-            r.state in LIVE and r.ahead == len(e.token_ids) for r, e in zip(plan.reqs, plan.batch)
-        ]
-        flight.tally(dropped=keep.count(False))
         n = len(plan.decode)
-        decode = [r for r, k in zip(plan.decode, keep) if k]
-        for r, e, k in zip(plan.decode, plan.batch, keep):
-            if k:
-                e.token_ids = [r.output_ids[-1]]
-        chunks = [c for c, k in zip(plan.chunks, keep[n:]) if k]
-        batch = [e for e, k in zip(plan.batch, keep) if k]
-        for r in (*decode, *(r for r, _ in chunks)):
+        batch, decode, chunks = [], [], []
+        for i, (r, e) in enumerate(zip(plan.reqs, plan.batch)):
+            if r.state not in LIVE or r.ahead != len(e.token_ids):
+                continue
             r.ahead = 0
+            batch.append(e)
+            if i < n:
+                e.token_ids = [r.output_ids[-1]]
+                decode.append(r)
+            else:
+                chunks.append(plan.chunks[i - n])
+        flight.tally(dropped=len(plan.batch) - len(batch))
         return Plan(batch, decode, chunks, plan.drafts)
 
     def unplan(self) -> None:
@@ -333,12 +333,9 @@ class Scheduler:
         plan, self._planned = self._planned, None
         if plan is None:
             return
-        holdings = self.memory.holdings
         with self.memory.frees_together():
             for req in plan.reqs:
-                if req.ahead and req.row is not None:
-                    holdings.shrink(req, req.kv_len - req.ahead)
-                req.ahead = 0
+                self.memory.holdings.unplan(req)
 
     def _settle(self) -> None:
         """Before relief lets go of KV running requests hold: the forward in flight has run."""

@@ -36,6 +36,14 @@ def workload(seed: int = 0, n: int = 24) -> tuple[list[list[int]], list[Sampling
     return prompts, [greedy(rng.randrange(1, 30)) for _ in range(n)]
 
 
+def both_ways(model: str, prompts, params, **config) -> tuple[list, list, LLM]:
+    """The outputs of an engine planning each step after its forward and of one planning it
+    beside the forward before, and the latter engine."""
+    plain = engine(model, False, **config).generate(prompts, params)
+    llm = engine(model, True, **config)
+    return plain, llm.generate(prompts, params), llm
+
+
 def summed(llm: LLM, field: str) -> int:
     return sum(r.get(field, 0) for r in llm.core.receipts.of("iteration"))
 
@@ -50,22 +58,13 @@ def test_the_same_tokens_as_a_step_planned_after_its_forward(
     """Roomy and tight pools (relief then waits for a forward, and retracts), and prompts in
     chunks of 8 (a chunk planned ahead of the chunk before it)."""
     prompts, params = workload()
-    runs = {}
-    for overlap in (False, True):
-        llm = engine(
-            tiny_model_dir,
-            overlap,
-            kv_tokens=kv_tokens,
-            page_size=page_size,
-            chunk_tokens=chunk_tokens,
-        )
-        runs[overlap] = [o.token_ids for o in llm.generate(prompts, params)]
-        if overlap:
-            assert summed(llm, "overlap_ahead") > 0  # steps were planned beside a forward
-            if kv_tokens < 1000:  # the tight pools made relief wait for a forward, and retract
-                assert summed(llm, "overlap_waited") > 0
-                assert llm.core.receipts.of("retract")
-    assert runs[True] == runs[False]
+    config = {"kv_tokens": kv_tokens, "page_size": page_size, "chunk_tokens": chunk_tokens}
+    plain, ahead, llm = both_ways(tiny_model_dir, prompts, params, **config)
+    assert summed(llm, "overlap_ahead") > 0  # steps were planned beside a forward
+    if kv_tokens < 1000:  # the tight pools made relief wait for a forward, and retract
+        assert summed(llm, "overlap_waited") > 0
+        assert llm.core.receipts.of("retract")
+    assert [o.token_ids for o in ahead] == [o.token_ids for o in plain]
 
 
 KINDS = {
@@ -84,11 +83,11 @@ def test_requests_of_every_kind_answer_as_without_overlap(tiny_model_dir, kind):
     is the output with the token before it, though its step was planned without that token."""
     prompts, _ = workload(5, n=6)
     params = SamplingParams(max_tokens=24, temperature=0, **KINDS[kind])
-    runs = {}
-    for overlap in (False, True):
-        llm = engine(tiny_model_dir, overlap)
-        outs = llm.generate(prompts, [params] * len(prompts))
-        runs[overlap] = [(o.token_ids, o.finish_reason) for o in outs]
+    plain, ahead, _ = both_ways(tiny_model_dir, prompts, [params] * len(prompts))
+    runs = {
+        overlap: [(o.token_ids, o.finish_reason) for o in outs]
+        for overlap, outs in ((False, plain), (True, ahead))
+    }
     assert runs[True] == runs[False]
     if kind == "min_tokens":  # each stopped where its stop token was first allowed
         assert [(len(t), r) for t, r in runs[True]] == [(10, "stop")] * len(prompts)

@@ -9,6 +9,10 @@
 // multiply-adds of a broadcast query value, with no sum across lanes; the block's V rows are
 // made float once and met by a few queries' accumulators held in registers. Float32 inside;
 // the output rounded once to the activations' dtype.
+//
+// On a CPU with AMX's bfloat16 tiles a bfloat16 chunk over a bfloat16 pool of at least sixteen
+// new tokens runs on them instead (the tiles' method, below): the scores and the weighted sum
+// of V are tile products, the softmax between them vector loops over the scores transposed.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -16,13 +20,21 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "cpu_ops.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AMX_TILE__) && \
+    defined(__AMX_BF16__)
+#define ATTEST_EXTEND_TILES 1
+#endif
 
 namespace attest_ops {
 
@@ -229,6 +241,280 @@ void extend_item(const A* q, int64_t qs0, int64_t qs1, const P* pk, const P* pv,
   }
 }
 
+#if defined(ATTEST_EXTEND_TILES)
+// ---- the tiles' method ------------------------------------------------------------------------
+//
+// A request's context, for each KV head, is first laid out once in a scratch buffer: its keys as
+// rows (an A tile is 16 keys' 32 dimensions) and its values transposed (an A tile is 16
+// dimensions' 32 keys), each padded with zeros to whole blocks of 32 keys. A work item is then
+// 16 consecutive queries of one query head. Per block of 32 keys it takes the scores transposed,
+// S^T = K Q^T (16 keys x 16 queries a tile, the item's queries laid out once as the B tile's
+// pairs of dimensions), so each key's 16 scores are one vector of the 16 queries: the running
+// max, the weights and their sum are lane-wise, with no sum across lanes. The weights rounded to
+// bfloat16 are the B tile of O^T += V^T P^T (16 dimensions x 16 queries a tile, O^T in L1).
+//
+// The running max is raised lazily: a query's reference moves only when a block's max passes it
+// by more than 2^8 in the weights (then the query's sum and output are rescaled), so the
+// weights against it stay at most 256 and most blocks rescale nothing. The softmax is the same
+// function of the scores; only the reference its terms are taken against differs.
+namespace tiles {
+
+constexpr int kQ = 16;      // queries an item: a tile's 16 columns
+constexpr int kBlock = 32;  // keys a block: the K dimension of one bfloat16 tile product
+constexpr float kLazy = 8.f;  // log2 of the most a weight may reach before the reference moves
+
+// All eight tiles 16 rows of 64 bytes: 0, 1 the scores (C); 2 a tile of O^T (C); 3 a key tile
+// (A); 4 the queries' pairs (B); 5 a V^T tile (A); 6 the weights' pairs (B).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// 2^x a lane, x at most about 16: x = n + f with |f| <= 1/2, 2^f by its Taylor polynomial to
+// the sixth power (relative error under 2e-7, far inside the bfloat16 the weights are rounded
+// to), times 2^n by vscalefps. Below -127 (a -inf or NaN among them) it is 2^-127.
+inline __m512 exp2_16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-127.f));  // a NaN in x gives the second operand
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// The lanes n >= t of 16 (t <= 0: all; t >= 16: none): the queries that see a key t positions
+// past the item's first query.
+inline __mmask16 from_lane(int64_t t) {
+  if (t <= 0) return 0xFFFF;
+  if (t >= 16) return 0;
+  return static_cast<__mmask16>(0xFFFFu << t);
+}
+
+// The 16 x 16 matrix of 32-bit elements in rows[0..15] transposed in place.
+inline void transpose16(__m512i* rows) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // pairs of rows: their elements interleaved
+    t[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(rows[i], rows[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // then pairs of pairs
+    rows[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    rows[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    rows[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    rows[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // each 128-bit lane now holds a 4 x 4 block: gather the lanes across four rows apart
+  for (int i = 0; i < 4; ++i) {
+    const __m512i a = _mm512_shuffle_i32x4(rows[i], rows[i + 4], 0x88);   // lanes 0, 2 of each
+    const __m512i b = _mm512_shuffle_i32x4(rows[i], rows[i + 4], 0xdd);   // lanes 1, 3
+    const __m512i c = _mm512_shuffle_i32x4(rows[i + 8], rows[i + 12], 0x88);
+    const __m512i d = _mm512_shuffle_i32x4(rows[i + 8], rows[i + 12], 0xdd);
+    t[i] = _mm512_shuffle_i32x4(a, c, 0x88);
+    t[i + 8] = _mm512_shuffle_i32x4(a, c, 0xdd);
+    t[i + 4] = _mm512_shuffle_i32x4(b, d, 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(b, d, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) rows[i] = t[i];
+}
+
+// A request's context for one KV head: keys as rows ([Lp, D]), values transposed ([D, Lp]).
+struct Laid {
+  const uint16_t* k;
+  const uint16_t* vt;
+  int64_t Lp;
+};
+
+// Lay out keys [0, L) of (slots, head h) from the pool into k and vt (Lp = L rounded up to
+// kBlock; the rest zeros), a block of kBlock keys at a time: their rows read once into L1, each
+// dimension's row of vt written whole.
+template <int D>
+void lay_out(const uint16_t* pk, const uint16_t* pv, int64_t kvh, int64_t h, const int64_t* srow,
+             int64_t ss1, int64_t L, int64_t Lp, uint16_t* k, uint16_t* vt) {
+  alignas(64) uint16_t vb[kBlock][D];
+  for (int64_t k0 = 0; k0 < Lp; k0 += kBlock) {
+    for (int j = 0; j < kBlock; ++j) {
+      if (k0 + j >= L) {
+        std::memset(k + (k0 + j) * D, 0, D * sizeof(uint16_t));
+        std::memset(vb[j], 0, D * sizeof(uint16_t));
+        continue;
+      }
+      const int64_t at = (srow[(k0 + j) * ss1] * kvh + h) * D;
+      std::memcpy(k + (k0 + j) * D, pk + at, D * sizeof(uint16_t));
+      std::memcpy(vb[j], pv + at, D * sizeof(uint16_t));
+    }
+    for (int d = 0; d < D; ++d)
+      for (int j = 0; j < kBlock; ++j) vt[d * Lp + k0 + j] = vb[j][d];
+  }
+}
+
+// O^T's four tiles for a head size of 64, held in tiles 2 to 5 across the blocks (a macro: the
+// tile intrinsics take their tiles' numbers as literals).
+#define ATTEST_OT_TILES(op, ot) \
+  do {                          \
+    op(2, ot[0], 64);           \
+    op(3, ot[16], 64);          \
+    op(4, ot[32], 64);          \
+    op(5, ot[48], 64);          \
+  } while (0)
+
+// One item: queries j0 .. j0 + nq - 1 of a request (rows q + j * qs0 of one query head, the
+// first at position qpos0), against keys [0, qpos0 + nq) of its laid-out context; the output
+// rows out + j * os0. Tiles: 0, 1 a block's scores; 6 an A tile (keys, or V^T), 7 a B tile
+// (the queries' pairs, or the weights'); O^T in tiles 2 to 5 at a head size of 64, else in L1
+// and a tile at a time through tile 2.
+template <int D>
+void item(const uint16_t* q, int64_t qs0, const Laid& ctx, int64_t qpos0, int64_t nq,
+          float scale, c10::BFloat16* out, int64_t os0) {
+  constexpr int C = D / 32;  // the dimensions' chunks of a tile product
+  constexpr bool held = D == 64;
+  alignas(64) uint32_t qt[C][16][kQ];   // B tiles: the queries' pairs of dimensions
+  alignas(64) float sb[2][kBlock][kQ];  // a block's scores, and the next block's
+  alignas(64) uint16_t pt[16][2 * kQ];  // B tile: the weights' pairs of keys
+  alignas(64) float ot[D][kQ];          // O^T
+  for (int c = 0; c < C; ++c) {  // each query's 16 pairs of the chunk, a column of qt[c]
+    __m512i rows[kQ];
+    for (int n = 0; n < kQ; ++n)
+      rows[n] = n < nq ? _mm512_loadu_si512(q + n * qs0 + 32 * c) : _mm512_setzero_si512();
+    transpose16(rows);
+    for (int p = 0; p < 16; ++p) _mm512_store_si512(qt[c][p], rows[p]);
+  }
+  if constexpr (held) {
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+  } else {
+    std::memset(ot, 0, sizeof(ot));
+  }
+  const __m512 cs = _mm512_set1_ps(scale * 1.4426950408889634f);  // scores to log2 units
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 ms = ninf;  // each query's reference, log2 units
+  __m512 l0 = _mm512_setzero_ps(), l1 = _mm512_setzero_ps();
+  // pair n of the weights' keys 2p and 2p + 1: bf16 lanes n and 16 + n of cvtne2ps's result
+  alignas(64) static constexpr uint16_t kPairs[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                      21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
+                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i pairs = _mm512_load_si512(kPairs);
+  const int64_t last = qpos0 + nq;  // keys [0, last) are seen by some query here
+  // the scores of the block at k0 into sb[at]: issued a block ahead, so the tiles compute the
+  // next block's while the vector units take this one's softmax
+  auto scores = [&](int64_t k0, int at) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int c = 0; c < C; ++c) {
+      _tile_loadd(7, qt[c], 64);
+      _tile_loadd(6, ctx.k + k0 * D + 32 * c, D * 2);
+      _tile_dpbf16ps(0, 6, 7);
+      _tile_loadd(6, ctx.k + (k0 + 16) * D + 32 * c, D * 2);
+      _tile_dpbf16ps(1, 6, 7);
+    }
+    _tile_stored(0, sb[at][0], 64);
+    _tile_stored(1, sb[at][16], 64);
+  };
+  scores(0, 0);
+  for (int64_t k0 = 0, at = 0; k0 < last; k0 += kBlock, at ^= 1) {
+    if (k0 + kBlock < last) scores(k0 + kBlock, at ^ 1);
+    const float(*s)[kQ] = sb[at];
+    // key k0 + i is seen by the lanes n with qpos0 + n >= k0 + i: every lane for every key of a
+    // block that ends before the first query; a mask a key on the diagonal's blocks
+    const bool whole = k0 + kBlock - 1 <= qpos0;
+    const int rows = static_cast<int>(std::min<int64_t>(kBlock, last - k0));
+    __m512 b[4] = {ninf, ninf, ninf, ninf};
+    if (whole)
+      for (int i = 0; i < kBlock; ++i) b[i % 4] = _mm512_max_ps(b[i % 4], _mm512_load_ps(s[i]));
+    else
+      for (int i = 0; i < rows; ++i)
+        b[i % 4] = _mm512_mask_max_ps(b[i % 4], from_lane(k0 + i - qpos0), b[i % 4],
+                                      _mm512_load_ps(s[i]));
+    const __m512 bms =
+        _mm512_mul_ps(_mm512_max_ps(_mm512_max_ps(b[0], b[1]), _mm512_max_ps(b[2], b[3])), cs);
+    const __mmask16 moved =
+        _mm512_cmp_ps_mask(bms, _mm512_add_ps(ms, _mm512_set1_ps(kLazy)), _CMP_GT_OQ);
+    if (k0 == 0) {  // the first block: nothing summed yet to rescale
+      ms = bms;
+    } else if (moved) {  // rescale the sums and O^T of the queries whose reference moves
+      const __m512 alpha =
+          _mm512_mask_blend_ps(moved, _mm512_set1_ps(1.f), exp2_16(_mm512_sub_ps(ms, bms)));
+      l0 = _mm512_mul_ps(l0, alpha);
+      l1 = _mm512_mul_ps(l1, alpha);
+      if constexpr (held) ATTEST_OT_TILES(_tile_stored, ot);
+      for (int d = 0; d < D; ++d)
+        _mm512_store_ps(ot[d], _mm512_mul_ps(_mm512_load_ps(ot[d]), alpha));
+      if constexpr (held) ATTEST_OT_TILES(_tile_loadd, ot);
+      ms = _mm512_mask_mov_ps(ms, moved, bms);
+    }
+    for (int i = 0; i < kBlock; i += 2) {
+      __m512 p0 = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(s[i]), cs, ms));
+      __m512 p1 = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(s[i + 1]), cs, ms));
+      if (!whole) {
+        p0 = _mm512_maskz_mov_ps(i < rows ? from_lane(k0 + i - qpos0) : 0, p0);
+        p1 = _mm512_maskz_mov_ps(i + 1 < rows ? from_lane(k0 + i + 1 - qpos0) : 0, p1);
+      }
+      l0 = _mm512_add_ps(l0, p0);
+      l1 = _mm512_add_ps(l1, p1);
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);  // p0's 16, then p1's
+      _mm512_store_si512(pt[i / 2], _mm512_permutexvar_epi16(pairs, both));
+    }
+    _tile_loadd(7, pt, 64);
+    const uint16_t* vt = ctx.vt + k0;
+    const int64_t vs = ctx.Lp * 2;
+    if constexpr (held) {
+      _tile_loadd(6, vt, vs);
+      _tile_dpbf16ps(2, 6, 7);
+      _tile_loadd(6, vt + 16 * ctx.Lp, vs);
+      _tile_dpbf16ps(3, 6, 7);
+      _tile_loadd(6, vt + 32 * ctx.Lp, vs);
+      _tile_dpbf16ps(4, 6, 7);
+      _tile_loadd(6, vt + 48 * ctx.Lp, vs);
+      _tile_dpbf16ps(5, 6, 7);
+    } else {
+      for (int dt = 0; dt < D / 16; ++dt) {
+        _tile_loadd(2, ot[16 * dt], 64);
+        _tile_loadd(6, vt + 16 * dt * ctx.Lp, vs);
+        _tile_dpbf16ps(2, 6, 7);
+        _tile_stored(2, ot[16 * dt], 64);
+      }
+    }
+  }
+  if constexpr (held) ATTEST_OT_TILES(_tile_stored, ot);
+  // each query's column of O^T divided by its sum and rounded to bfloat16 (to nearest even, as
+  // a cast rounds): 16 dimensions at a time, their 16 x 16 block transposed
+  alignas(64) float inv[kQ];
+  _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(l0, l1)));
+  for (int dt = 0; dt < D / 16; ++dt) {
+    __m512i rows[16];
+    for (int i = 0; i < 16; ++i) rows[i] = _mm512_load_si512(ot[16 * dt + i]);
+    transpose16(rows);
+    for (int64_t n = 0; n < nq; ++n) {
+      const __m512 o = _mm512_mul_ps(_mm512_castsi512_ps(rows[n]), _mm512_set1_ps(inv[n]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + n * os0 + 16 * dt),
+                          (__m256i)_mm512_cvtneps_pbh(o));
+    }
+  }
+}
+#undef ATTEST_OT_TILES
+
+}  // namespace tiles
+
+// Whether bfloat16 chunks run on the tiles: built and permitted, and not turned off
+// (ATTEST_EXTEND_TILES=0, to measure against; set_extend_tiles changes it).
+std::atomic<bool>& tiles_on() {
+  static std::atomic<bool> on{[] {
+    const char* off = std::getenv("ATTEST_EXTEND_TILES");
+    return !(off != nullptr && std::string(off) == "0");
+  }()};
+  return on;
+}
+#endif
+
+
 template <typename A, typename P>
 using ItemFn = void (*)(const A*, int64_t, int64_t, const P*, const P*, int64_t, int64_t,
                         const int64_t*, int64_t, int64_t, int64_t, int64_t, float, A*, int64_t,
@@ -240,6 +526,10 @@ ItemFn<A, P> item_fn(int64_t d, int64_t group) {
     return extend_item<A, P, decltype(D)::value, decltype(G)::value>;
   });
 }
+
+// Requests of at least this many new tokens run on the tiles where they can (fewer would pay
+// for laying out the whole context for less than one item's queries).
+constexpr int64_t kTileRows = 16;
 
 template <typename A, typename P>
 void extend_kernel(const at::Tensor& q, const at::Tensor& pool_k, const at::Tensor& pool_v,
@@ -257,32 +547,125 @@ void extend_kernel(const at::Tensor& q, const at::Tensor& pool_k, const at::Tens
     TORCH_CHECK(pre[r] >= 0 && ex[r] >= 1 && pre[r] + ex[r] <= W && st[r] >= 0 &&
                     st[r] + ex[r] <= q.size(0),
                 "extend_attention: request ", r, " reads past its slots or rows");
-  // the items: (request, KV head, kQueries positions), the longest contexts first
-  std::vector<std::array<int64_t, 3>> items;
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t h = 0; h < kvh; ++h)
-      for (int64_t j0 = 0; j0 < ex[r]; j0 += kQueries) items.push_back({r, h, j0});
-  std::stable_sort(items.begin(), items.end(), [&](const auto& a, const auto& b) {
-    return pre[a[0]] + a[2] > pre[b[0]] + b[2];
-  });
   const A* qp = q.data_ptr<A>();
   const P* pk = pool_k.data_ptr<P>();
   const P* pv = pool_v.data_ptr<P>();
   const int64_t* sl = slots.data_ptr<int64_t>();
   A* op = out.data_ptr<A>();
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
+  // the requests the tiles take: their contexts laid out (per KV head, at lay[r] + h * size[r])
+  std::vector<char> on_tiles(R, 0);
+#if defined(ATTEST_EXTEND_TILES)
+  constexpr bool bf16 = std::is_same_v<A, c10::BFloat16> && std::is_same_v<P, c10::BFloat16>;
+  if (bf16 && extend_on_tiles())
+    for (int64_t r = 0; r < R; ++r) on_tiles[r] = ex[r] >= kTileRows;
+  std::vector<int64_t> lay(R + 1, 0);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t Lp = (pre[r] + ex[r] + tiles::kBlock - 1) / tiles::kBlock * tiles::kBlock;
+    lay[r + 1] = lay[r] + (on_tiles[r] ? 2 * Lp * d * kvh : 0);
+  }
+  std::vector<uint16_t> laid(lay[R]);
+  auto laid_of = [&](int64_t r, int64_t h) {
+    const int64_t Lp = (lay[r + 1] - lay[r]) / (2 * d * kvh);
+    uint16_t* k = laid.data() + lay[r] + h * 2 * Lp * d;
+    return std::make_tuple(k, k + Lp * d, Lp);
+  };
+  if (lay[R] > 0) {
+    std::vector<std::array<int64_t, 2>> lays;
+    for (int64_t r = 0; r < R; ++r)
+      if (on_tiles[r])
+        for (int64_t h = 0; h < kvh; ++h) lays.push_back({r, h});
+    at::parallel_for(0, static_cast<int64_t>(lays.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const auto [r, h] = lays[i];
+        const auto [k, vt, Lp] = laid_of(r, h);
+        const auto* pk16 = reinterpret_cast<const uint16_t*>(pk);
+        const auto* pv16 = reinterpret_cast<const uint16_t*>(pv);
+        const int64_t L = pre[r] + ex[r];
+        if (d == 64)
+          tiles::lay_out<64>(pk16, pv16, kvh, h, sl + r * slots.stride(0), slots.stride(1), L,
+                             Lp, k, vt);
+        else
+          tiles::lay_out<128>(pk16, pv16, kvh, h, sl + r * slots.stride(0), slots.stride(1), L,
+                              Lp, k, vt);
+      }
+    });
+  }
+#endif
+  // the items: (request, KV head or query head on the tiles, kQueries positions), the longest
+  // contexts first
+  std::vector<std::array<int64_t, 3>> items;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = 0; h < (on_tiles[r] ? H : kvh); ++h)
+      for (int64_t j0 = 0; j0 < ex[r]; j0 += kQueries) items.push_back({r, h, j0});
+  std::stable_sort(items.begin(), items.end(), [&](const auto& a, const auto& b) {
+    return pre[a[0]] + a[2] > pre[b[0]] + b[2];
+  });
+  // the threads take the items one at a time, the longest first: an item's work grows with its
+  // position, and a static split of the sorted items gave the first thread three quarters of a
+  // fresh prompt's
+  const int64_t n = static_cast<int64_t>(items.size());
+  std::atomic<int64_t> taken{0};
+  at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+#if defined(ATTEST_EXTEND_TILES)
+    bool configured = false;
+#endif
+    for (int64_t i; (i = taken.fetch_add(1, std::memory_order_relaxed)) < n;) {
       const auto [r, h, j0] = items[i];
+      const int64_t nq = std::min<int64_t>(kQueries, ex[r] - j0);
+#if defined(ATTEST_EXTEND_TILES)
+      if (on_tiles[r]) {
+        if (!configured) {
+          const tiles::TileConfig cfg;
+          _tile_loadconfig(&cfg);
+          configured = true;
+        }
+        const auto [k, vt, Lp] = laid_of(r, h / group);
+        const tiles::Laid ctx{k, vt, Lp};
+        const auto* q16 = reinterpret_cast<const uint16_t*>(qp);
+        const int64_t row = st[r] + j0;
+        auto* o = reinterpret_cast<c10::BFloat16*>(op) + row * out.stride(0) + h * out.stride(1);
+        const uint16_t* qr = q16 + row * q.stride(0) + h * q.stride(1);
+        if (d == 64)
+          tiles::item<64>(qr, q.stride(0), ctx, pre[r] + j0, nq, static_cast<float>(scale), o,
+                          out.stride(0));
+        else
+          tiles::item<128>(qr, q.stride(0), ctx, pre[r] + j0, nq, static_cast<float>(scale), o,
+                           out.stride(0));
+        continue;
+      }
+#endif
       fn(qp + st[r] * q.stride(0), q.stride(0), q.stride(1), pk, pv, kvh, h,
-         sl + r * slots.stride(0), slots.stride(1), pre[r], j0,
-         std::min<int64_t>(kQueries, ex[r] - j0), static_cast<float>(scale),
+         sl + r * slots.stride(0), slots.stride(1), pre[r], j0, nq, static_cast<float>(scale),
          op + st[r] * out.stride(0), out.stride(0), out.stride(1));
     }
+#if defined(ATTEST_EXTEND_TILES)
+    if (configured) _tile_release();
+#endif
   });
 }
 
 }  // namespace
 #endif
+
+// Whether a bfloat16 chunk of at least kTileRows new tokens over a bfloat16 pool runs on AMX's
+// tiles here: built for them, permitted, and not turned off (ATTEST_EXTEND_TILES=0).
+bool extend_on_tiles() {
+#if defined(ATTEST_EXTEND_TILES)
+  return tiles_on().load() && tiles_permitted();
+#else
+  return false;
+#endif
+}
+
+// Turns the tiles' method on or off (where built); returns whether it was on.
+bool set_extend_tiles(bool on) {
+#if defined(ATTEST_EXTEND_TILES)
+  return tiles_on().exchange(on);
+#else
+  (void)on;
+  return false;
+#endif
+}
 
 bool extend_attention_built() {
 #if defined(__AVX512F__)

@@ -51,8 +51,6 @@
 #include <immintrin.h>
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define ATTEST_INT_TILES 1
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 #endif
 
@@ -237,16 +235,6 @@ struct Int8Blocks {
 
 #ifdef ATTEST_INT_TILES
 
-// Linux hands a process the tiles' state only once it asks for it (arch_prctl; every thread of
-// the process then may use them). Asked once; false where the kernel refuses.
-bool tiles_permitted() {
-  static const bool ok = [] {
-    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XTILEDATA
-    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
-  }();
-  return ok;
-}
-
 // The tiles' shapes: 0, 1 A (16 activation rows x a group's 32 bytes), 2, 3 B (a block's group:
 // 8 rows of 64 bytes), 4 to 7 C (16 rows x 16 int32): two groups in flight, and two more
 // stored while the next two run.
@@ -363,7 +351,7 @@ std::atomic<int64_t>& tiles_from() {
 
 bool tiles_ready() {
 #ifdef ATTEST_INT_TILES
-  return tiles_permitted();
+  return tiles_permitted();  // cpu_ops.h
 #else
   return false;
 #endif

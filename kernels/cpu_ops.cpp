@@ -23,9 +23,26 @@
 
 #include "cpu_ops.h"
 
+#if defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace attest_ops {
 
 using at::Tensor;
+
+bool tiles_permitted() {
+#if defined(__AMX_TILE__)
+  static const bool ok = [] {
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
 
 // What the activation dtype keeps of a float: a no-op for float, a rounding for bfloat16.
 template <typename T>
@@ -829,6 +846,8 @@ TORCH_LIBRARY(attest, m) {
       "extend_attention(Tensor q, Tensor pool_k, Tensor pool_v, Tensor slots, Tensor prefix, "
       "Tensor starts, Tensor ext, float scale) -> Tensor");
   m.def("decode_by_kv_head(Tensor q, Tensor pool_k) -> bool");
+  m.def("extend_on_tiles() -> bool", &extend_on_tiles);
+  m.def("set_extend_tiles(bool on) -> bool", &set_extend_tiles);
   m.def("rows_vectorised() -> bool", &rows_vectorised);
   m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("top_rows(Tensor x, int k) -> Tensor");

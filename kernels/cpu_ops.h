@@ -30,6 +30,11 @@ inline __m512 load16(const c10::BFloat16* p) {  // 16 bfloat16 as float32
 }
 #endif
 
+// Whether this process may use AMX's tiles: built for a CPU with them, and Linux hands a process
+// the tiles' state only once it asks (arch_prctl; every thread of the process then may use
+// them). Asked once; false where the kernel refuses or the library has no tiles.
+bool tiles_permitted();
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
                             at::Tensor& pool_k, at::Tensor& pool_v, const at::Tensor& out_slots,
                             const at::Tensor& slots, const at::Tensor& lens, double scale);
@@ -44,6 +49,8 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& pool_k,
                             const at::Tensor& prefix, const at::Tensor& starts,
                             const at::Tensor& ext, double scale);
 bool extend_attention_built();
+bool extend_on_tiles();
+bool set_extend_tiles(bool on);
 at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
                          const at::Tensor& sin, at::TensorList mats, at::TensorList scales,
                          at::IntArrayRef groups, at::TensorList norms, at::TensorList pools,

@@ -194,7 +194,18 @@ class TorchReferenceBackend(AttentionBackend):
         }
         if self._extend_us and self._native_extends(q, pool):
             out["extend_us"] = dict(self._extend_us)
+        if out["extend"] == "native":
+            out["extend_tiles"] = self._extends_on_tiles(q, pool)
         return out
+
+    @staticmethod
+    def _extends_on_tiles(q: torch.Tensor, pool_k: torch.Tensor) -> bool:
+        """Whether the native extend kernel attends this model's prefill chunks (of 16 new
+        tokens or more) on AMX's bfloat16 tiles: bfloat16 activations over a bfloat16 pool, on a
+        CPU with the tiles (``kernels/cpu_extend.cpp``; ``ATTEST_EXTEND_TILES=0`` turns them
+        off)."""
+        bf16 = q.dtype == pool_k.dtype == torch.bfloat16
+        return bf16 and bool(torch.ops.attest.extend_on_tiles())
 
     @staticmethod
     def _probes(shape: HeadShape, rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,8 +219,9 @@ class TorchReferenceBackend(AttentionBackend):
         SDPA over one fresh chunk of ``EXTEND_TIMED`` tokens (the two taking turns) and keep
         the faster. Which wins depends on the CPU: on an AMD EPYC (AVX-512 BF16, no AMX) the
         native kernel attended a bfloat16 prefill 1.8x faster; on an Intel Xeon with AMX, SDPA
-        (whose flash kernel runs AMX tiles) made a 512-token bfloat16 prefill 1.4x faster and a
-        2,048-token one 2.7x, while in float32 the native kernel stayed 1.06x ahead
+        (whose flash kernel runs AMX tiles) made a 512-token bfloat16 prefill 1.4x faster than
+        the native kernel's vector loops and a 2,048-token one 2.7x, until the native kernel ran
+        bfloat16 chunks on the tiles too; in float32 the native kernel stayed 1.06x ahead
         (BENCHMARKS.md). ``ATTEST_EXTEND=native`` or ``sdpa`` fixes the way instead."""
         how = os.environ.get("ATTEST_EXTEND", "").strip()
         if how not in ("", "measure", *EXTEND_WAYS):

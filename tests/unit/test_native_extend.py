@@ -1,13 +1,14 @@
 """The native extend kernel (kernels/cpu_extend.cpp), which attends a prefill chunk's tokens to
 their contexts in the pool, against SDPA over the gathered context (the path it replaces, still
 the one for other head sizes and on a GPU): random page tables, prefixes and chunk lengths on
-both sides of its blocks of sixteen, GQA groups up to 8, head sizes 64 and 128."""
+both sides of its blocks of sixteen, GQA groups up to 8, head sizes 64 and 128; bfloat16 chunks
+both on AMX's tiles (where the CPU has them) and by the vector loops."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernels import cpu_ops
@@ -19,6 +20,17 @@ pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()
 
 # float32 sums in another order than SDPA's; bfloat16 rounds the weights of V for its products
 TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
+
+
+TILE_WAYS = [True, False] if cpu_ops.load() and torch.ops.attest.extend_on_tiles() else [False]
+
+
+@pytest.fixture(params=TILE_WAYS, ids=lambda on: "tiles" if on else "vectors")
+def tiles(request):
+    """bfloat16 chunks on AMX's tiles (where the CPU has them) or by the vector loops."""
+    was = torch.ops.attest.set_extend_tiles(request.param)
+    yield request.param
+    torch.ops.attest.set_extend_tiles(was)
 
 
 def native_and_sdpa(b, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -33,7 +45,10 @@ def native_and_sdpa(b, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, 
     return got, want, b.meta.scratch
 
 
-@settings(max_examples=40, deadline=None)
+# the fixture sets one switch for every input alike
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     gqa=st.sampled_from([(4, 4), (4, 2), (9, 3), (8, 2), (8, 1)]),
     head_dim=st.sampled_from([64, 128]),
@@ -43,13 +58,40 @@ def native_and_sdpa(b, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, 
     seed=st.integers(0, 2**16),
 )
 def test_native_extends_equal_sdpa_over_the_gathered_context(
-    gqa, head_dim, dtype, page_size, spec, seed
+    tiles, gqa, head_dim, dtype, page_size, spec, seed
 ):
     b = make_paged_batch(spec, gqa[0], gqa[1], head_dim, dtype, page_size, seed)
     got, want, scratch = native_and_sdpa(b)
     assert "native_extend" in scratch  # the native kernel took it
     assert got.dtype == want.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_short_and_long_chunks_in_one_call_with_scores_that_keep_rising(tiles, head_dim):
+    """Requests of 1, 5 and 15 new tokens (under the tiles' 16: the vector loops) beside ones of
+    16, 40 and 97 (on the tiles where they are), prefixes on both sides of a block of 32 keys;
+    the keys grow with their position, so a query's largest score keeps rising block after
+    block and the tiles' lazily raised reference moves many times."""
+    spec = [(30, 1), (0, 97), (7, 5), (33, 40), (64, 16), (3, 15)]
+    b = make_paged_batch(spec, 8, 2, head_dim, torch.bfloat16, page_size=4, seed=7)
+    width = b.meta.req_to_token.shape[1]
+    for row, (prefix, ext) in zip(b.meta.req_rows, spec):
+        slots = b.meta.req_to_token[row, : prefix + ext]
+        ramp = (torch.arange(prefix + ext, dtype=torch.float32) / 8).to(torch.bfloat16)
+        b.kv.k[slots[:prefix]] = (b.kv.k[slots[:prefix]].abs() * ramp[:prefix, None, None]).to(
+            b.kv.k.dtype
+        )
+    assert width >= max(p + e for p, e in spec)
+    first = 0
+    for prefix, ext in spec:  # the new keys keep the ramp, the queries all positive
+        ramp = (torch.arange(prefix, prefix + ext, dtype=torch.float32) / 8)[:, None, None]
+        b.k[first : first + ext] = (b.k[first : first + ext].float().abs() * ramp).to(b.k.dtype)
+        first += ext
+    b.q.copy_(b.q.abs())
+    got, want, scratch = native_and_sdpa(b)
+    assert "native_extend" in scratch
+    torch.testing.assert_close(got.float(), want.float(), **TOL[torch.bfloat16])
 
 
 def test_bfloat16_queries_on_a_float32_pool():

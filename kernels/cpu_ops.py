@@ -29,7 +29,10 @@ SOURCE = Path(__file__).with_name("cpu_ops.cpp")
 # compiled into one library; the key covers them all
 SOURCES = (
     SOURCE,
-    *(SOURCE.with_name(n) for n in ("cpu_step.cpp", "cpu_int.cpp", "cpu_extend.cpp", "cpu_ops.h")),
+    *(
+        SOURCE.with_name(n)
+        for n in ("cpu_step.cpp", "cpu_int.cpp", "cpu_extend.cpp", "cpu_dense.cpp", "cpu_ops.h")
+    ),
 )
 NAME = "attest_cpu_ops"
 # no fused multiply-adds: the elementwise ops keep the Python ops' roundings (see the source);

@@ -325,11 +325,12 @@ class EngineCore:
             parts = (("layers", self.model.orient), ("head", self.model.head_orient))
             if any(o is not None for _, o in parts):
                 # dense products: the row counts that take (W @ x.T).T, and those that take
-                # oneDNN's packed weights (fast mode: its dense values')
+                # the weights packed at load (fast mode: its dense values'), for AMX's tiles or
+                # for oneDNN
                 fields["orient"] = {part: o.fields() for part, o in parts if o is not None}
                 fields["prepacked"] = {
                     part: o.packed_fields() if o is not None else [] for part, o in parts
-                } | {"bytes": self.model.packed_bytes}
+                } | {"bytes": self.model.packed_bytes, "tiles": self.model.packed_tiles}
             # a decode forward's layers in one native call (fast and exact mode, on a CPU)
             step = self.model.native_step
             fields["step_rows"] = step.rows if step is not None else 0

@@ -26,6 +26,7 @@ from engine.model.orient import (
     by_mm,
     by_rows,
     choose,
+    on_tiles,
     pack,
     packed_linear,
 )
@@ -134,6 +135,7 @@ class LlamaModel:
         self.q_size = self.local_heads * cfg.head_dim
         self.kv_size = self.local_kv_heads * cfg.head_dim
         self.packed_bytes = 0  # the packed copies' (``_orientations``)
+        self.packed_tiles = False  # whether they are laid out for AMX's tiles (``orient.pack``)
         self.head_packed: torch.Tensor | None = None
         self.orient, self.head_orient = self._orientations()
         # fast mode: up to how many rows the layers' integer products run, on this CPU
@@ -226,14 +228,15 @@ class LlamaModel:
         """``mat``'s packed copy, counted in ``packed_bytes``: kept on a quantised matrix's dense
         values (None returned), else returned to be kept beside the matrix."""
         self.packed_bytes += packed.numel() * packed.element_size()
+        self.packed_tiles = on_tiles(packed)
         if isinstance(mat, QuantWeight):
             mat.dense_packed = packed
             return None
         return packed
 
     def _packs(self, mats: list[torch.Tensor]) -> list[torch.Tensor] | None:
-        """``mats`` packed for oneDNN (``orient.pack``), where each packs; None: the products are
-        measured without the packed way."""
+        """``mats`` packed (``orient.pack``: for AMX's tiles or for oneDNN), where each packs;
+        None: the products are measured without the packed way."""
         packs = [pack(m) for m in mats]
         return None if any(p is None for p in packs) else packs  # type: ignore[return-value]
 

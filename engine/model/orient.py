@@ -20,13 +20,18 @@ it does between batch sizes anyway (exact mode's token-exact tests against trans
 either way, ``tests/integration/test_loaders.py``).
 
 A third way, measured beside the two where the caller hands ``measure`` the weights packed
-(``pack``: on a CPU, ``engine.model.llama``; in fast mode its dense values): oneDNN's linear on a
-copy of the weight laid out once in its blocked form (``packed_linear``). Unpacked, a bfloat16
-product through oneDNN lays the weight out again on every call: on an AMD EPYC (Zen 4, AVX-512
-BF16) the default model's bfloat16 LM head took 23-34 ms a row that way and 5.0 ms packed, one
-thread (BENCHMARKS.md). In bfloat16 the packed way gives ``F.linear``'s bits; in float32 it is
-oneDNN's GEMM, not MKL's, and sums in another order (as ``(w @ x.T).T`` does). The copy costs the
-weight's bytes again, so it is kept only for a part (layers, head) where some bucket takes it.
+(``pack``: on a CPU, ``engine.model.llama``; in fast mode its dense values): a copy of the weight
+laid out once (``packed_linear``). Where the CPU has AMX's bfloat16 tiles and the native ops are
+built, a bfloat16 matrix of whole 32s of rows and columns is laid out for the native product on
+the tiles (``kernels/cpu_dense.cpp``: 1.03-1.46x oneDNN's packed product over the default
+model's 30 layers at 1 to 512 rows, BENCHMARKS.md; ``ATTEST_DENSE_TILES=0`` turns it off);
+elsewhere it is oneDNN's linear on the weight in its blocked form. Unpacked, a bfloat16 product
+through oneDNN lays the weight out again on every call: on an AMD EPYC (Zen 4, AVX-512 BF16) the
+default model's bfloat16 LM head took 23-34 ms a row that way and 5.0 ms packed, one thread
+(BENCHMARKS.md). oneDNN's packed bfloat16 product gives ``F.linear``'s bits; the tiles' sums
+the same products in another order (each float32 sum rounded once to bfloat16), as float32's
+packed way (oneDNN's GEMM, not MKL's) and ``(w @ x.T).T`` do. The copy costs the weight's bytes
+again, so it is kept only for a part (layers, head) where some bucket takes it.
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_ops
 from kernels.timing import fastest_each
 
 ROWS = (1, 2, 4, 8, 16, 64, 256, 512)  # the row counts measured; a product takes the bucket below
@@ -94,17 +101,39 @@ def by_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return by_mm(x, w).contiguous()
 
 
+@cache
+def dense_tiles() -> bool:
+    """Whether bfloat16 matrices are laid out for the native product on AMX's tiles: the native
+    ops built with it, Linux lending the tiles, and not turned off by ``ATTEST_DENSE_TILES=0``."""
+    if os.environ.get("ATTEST_DENSE_TILES", "").strip() == "0" or not cpu_ops.load():
+        return False
+    return bool(torch.ops.attest.dense_tiles_built())
+
+
 def pack(w: torch.Tensor) -> torch.Tensor | None:
-    """``w`` ([out, in], bfloat16 or float32, on the CPU) as oneDNN's linear takes it, laid out
-    once (a second copy); None where torch has no oneDNN or ``w`` is not such a matrix."""
+    """``w`` ([out, in], bfloat16 or float32, on the CPU) laid out once (a second copy): for the
+    native product on AMX's tiles where ``dense_tiles`` and its shape takes them, else as
+    oneDNN's linear takes it; None where neither can take ``w``."""
     ok = w.device.type == "cpu" and w.dim() == 2 and w.dtype in (torch.bfloat16, torch.float32)
-    if not ok or not torch.backends.mkldnn.is_available():
+    if not ok:
+        return None
+    if w.dtype == torch.bfloat16 and dense_tiles() and torch.ops.attest.tile_shape(*w.shape):
+        return torch.ops.attest.tile_pack(w)
+    if not torch.backends.mkldnn.is_available():
         return None
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_ROWS)
 
 
+def on_tiles(packed: torch.Tensor) -> bool:
+    """Whether ``packed`` (from ``pack``) is laid out for the tiles' product (its blocks of 32
+    columns, ``[N / 32, K / 32, 2, 16, 32]``) rather than oneDNN's."""
+    return packed.dim() == 5
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """``x @ w.T`` on ``pack(w)``."""
+    if on_tiles(packed):
+        return torch.ops.attest.tile_linear(x, packed)
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 

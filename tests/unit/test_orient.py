@@ -16,7 +16,9 @@ from engine.model.orient import (
     ROWS,
     Orientation,
     choose,
+    dense_tiles,
     measure,
+    on_tiles,
     pack,
     packed_linear,
 )
@@ -86,17 +88,24 @@ def test_the_packed_way_is_taken_where_it_is_the_fastest(monkeypatch, fast):
     assert plain.packed == () and not plain.uses_packed and all(len(t) == 2 for t in took.values())
 
 
+@pytest.mark.parametrize("rows", [48, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_packed_way_computes_the_same_product(dtype):
-    """In bfloat16 the very bits of ``F.linear``; in float32 the same product summed in
-    another order."""
-    w, x = _mats()[0].to(dtype), torch.randn(5, 32).to(dtype)
+def test_the_packed_way_computes_the_same_product(dtype, rows):
+    """oneDNN's in bfloat16: the very bits of ``F.linear``; on AMX's tiles (a bfloat16 matrix
+    of whole 32s, where the CPU has them), and in float32, the same product summed in another
+    order."""
+    w = torch.randn(rows, 32, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x = torch.randn(5, 32).to(dtype)
     o = Orientation((1,), (False,), (True,))
+    packed = pack(w)
+    assert on_tiles(packed) is (dtype == torch.bfloat16 and rows == 64 and dense_tiles())
     for n in (1, 2, 5):
-        got = linear(x[:n], w, o, pack(w))
+        got = linear(x[:n], w, o, packed)
         ref = torch.nn.functional.linear(x[:n], w)
-        if dtype == torch.bfloat16:
+        if dtype == torch.bfloat16 and not on_tiles(packed):
             assert torch.equal(got, ref)
+        elif dtype == torch.bfloat16:  # one rounding of another float32 sum
+            torch.testing.assert_close(got, ref, atol=0, rtol=2**-8)
         else:
             assert torch.allclose(got, ref, atol=1e-5)
     assert torch.equal(linear(x, w, o), torch.nn.functional.linear(x, w))  # no packs: linear
@@ -140,7 +149,7 @@ def test_the_boot_receipt_says_which_way_runs(tiny_model_dir, tmp_path, monkeypa
     llm = LLM(model=tiny_model_dir, kv_tokens=256, log_file=str(log))
     weights = [json.loads(x) for x in log.read_text().splitlines() if '"boot.weights"' in x][-1]
     assert weights["orient"] == {"layers": [1], "head": [1]}
-    assert weights["prepacked"] == {"layers": [], "head": [], "bytes": 0}
+    assert weights["prepacked"] == {"layers": [], "head": [], "bytes": 0, "tiles": False}
     llm.close()
     monkeypatch.setenv("ATTEST_ORIENT", "packed")
     llm = LLM(model=tiny_model_dir, kv_tokens=256, log_file=str(log))
@@ -148,7 +157,15 @@ def test_the_boot_receipt_says_which_way_runs(tiny_model_dir, tmp_path, monkeypa
     model = llm.core.model
     mats = [layer[k] for layer in model.layers for k in orient_matrices] + [model.lm_head]
     bytes_ = sum(m.numel() * m.element_size() for m in mats)
-    assert weights["prepacked"] == {"layers": [1], "head": [1], "bytes": bytes_}
+    assert weights["prepacked"] == {"layers": [1], "head": [1], "bytes": bytes_, "tiles": False}
+    llm.close()
+    # bfloat16: laid out for AMX's tiles where the CPU has them (the tiny model's rows and
+    # columns are whole 32s), the same bytes
+    llm = LLM(model=tiny_model_dir, kv_tokens=256, log_file=str(log), dtype="bfloat16")
+    weights = [json.loads(x) for x in log.read_text().splitlines() if '"boot.weights"' in x][-1]
+    assert weights["prepacked"]["tiles"] is dense_tiles()
+    assert weights["prepacked"]["bytes"] == bytes_ // 2
+    assert on_tiles(llm.core.model.head_packed) is dense_tiles()
     llm.close()
 
 
@@ -182,7 +199,8 @@ def test_the_forward_runs_its_products_the_way_chosen(tiny_model_dir, monkeypatc
 
 
 def test_bfloat16_tokens_are_the_same_packed_or_not(tiny_model_dir, monkeypatch):
-    """bfloat16's packed products give ``F.linear``'s bits, so the same greedy tokens."""
+    """bfloat16's packed products (oneDNN's: ``F.linear``'s bits; on AMX's tiles: one rounding
+    of another float32 sum) give the same greedy tokens."""
     from engine import SamplingParams
 
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)

@@ -1,0 +1,62 @@
+"""The native bfloat16 product on AMX's tiles (kernels/cpu_dense.cpp), which a bfloat16 matrix
+laid out at load takes where the CPU has the tiles (engine.model.orient.pack): against the
+product in float64, rows on both sides of its blocks of 32 and 16 (a tile's), strided rows,
+and the shapes it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.model.orient import dense_tiles, on_tiles, pack, packed_linear
+
+pytestmark = pytest.mark.skipif(not dense_tiles(), reason="no AMX bfloat16 tiles here")
+
+
+def _bf16(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    m=st.integers(1, 100),
+    n=st.sampled_from([32, 64, 96, 160]),
+    k=st.sampled_from([32, 64, 96, 192]),
+    wide=st.integers(0, 2),
+    seed=st.integers(0, 2**16),
+)
+def test_the_tiles_product_is_the_float64_product_rounded_once(m, n, k, wide, seed):
+    """Each entry a float32 sum rounded once to bfloat16: within half a bfloat16 step (and the
+    float32 sum's own error) of the float64 product, rows read at their stride."""
+    w = _bf16(n, k, seed=seed)
+    x = _bf16(m, k + 32 * wide, seed=seed + 1)[:, :k]  # rows strided when wide
+    packed = pack(w)
+    assert packed is not None and on_tiles(packed)
+    got = packed_linear(x, packed)
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    ref = x.double() @ w.double().t()
+    torch.testing.assert_close(got.double(), ref, rtol=2**-8, atol=1e-4)
+
+
+def test_the_layout_is_the_weights_own_bytes():
+    """Every weight once, none lost: the layout's entries are the weight's entries."""
+    w = _bf16(96, 64, seed=3)
+    packed = pack(w)
+    assert packed.shape == (3, 2, 2, 16, 32)
+    assert torch.equal(packed.flatten().sort().values, w.flatten().sort().values)
+
+
+def test_a_shape_the_tiles_do_not_take_is_laid_out_for_onednn_and_a_wrong_one_refused():
+    w = _bf16(48, 64, seed=4)  # 48 rows: not whole blocks of 32 columns
+    assert not torch.ops.attest.tile_shape(48, 64)
+    packed = pack(w)
+    assert packed is not None and not on_tiles(packed)
+    with pytest.raises(RuntimeError, match="multiples of 32"):
+        torch.ops.attest.tile_pack(w)
+    tiles = pack(_bf16(64, 64, seed=5))
+    with pytest.raises(RuntimeError, match="x has 96 columns, the weights 64"):
+        torch.ops.attest.tile_linear(_bf16(3, 96, seed=6), tiles)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        torch.ops.attest.tile_linear(torch.randn(3, 64), tiles)

@@ -87,6 +87,20 @@ def test_native_silu_mul_gives_torchs_bits(rows, n, dtype):
 
 
 @needs_native
+def test_every_bfloat16_gate_gives_torchs_bits():
+    """A bfloat16 gate's silu is looked up in a table of all 65,536 values: each of them (NaNs,
+    infinities, subnormals, both zeros among them), times ups of several sizes, as torch gives."""
+    gates = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    gates = gates.reshape(1024, 64)  # whole vector pairs: every gate in torch's vector loop
+    for up in (1.0, -3.5, 1e-3, 7e4):
+        gate_up = torch.cat([gates, torch.full_like(gates, up)], dim=1)
+        got, want = torch.ops.attest.silu_mul(gate_up), silu_mul(gate_up)
+        # the same values to the bit; a NaN is a NaN (torch's vector loop writes 0xffff for
+        # it, c10's cast 0x7fc0)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@needs_native
 def test_a_transposed_products_view_takes_torchs_silu_mul(monkeypatch):
     calls = []
     monkeypatch.setattr(fused, "silu_mul", lambda t: calls.append(t.shape) or silu_mul(t))

@@ -10,6 +10,10 @@ step's. The native ops must be built (``make native``); the figures are medians 
 
     .venv/bin/python bench/native_ops.py [--rows 1,64,512] [--batch 1,16,64] [--quant exact|int8|int4]
     .venv/bin/python bench/native_ops.py --rows 512 --batch ''   # the small ops only
+    .venv/bin/python bench/native_ops.py --rows '' --batch '' --extend 512,2048   # a prompt's attention
+
+A prompt's attention (``--extend``): one fresh prompt of each length through the native extend
+kernel, on AMX's tiles and by its vector loops, against SDPA's flash kernel (medians in us).
 """
 
 from __future__ import annotations
@@ -137,18 +141,67 @@ def attention(batches: list[int], quant: str | None) -> None:
         print("  " + ", ".join(line[1:]), "us |", line[0])
 
 
+def extend_row(n: int, tiles: bool) -> str:
+    """One fresh prompt of ``n`` tokens (the default model's heads: 9 query heads, 3 KV heads of
+    64; bfloat16 queries over a bfloat16 pool): its table row."""
+    heads, kv_heads, d = 9, 3, 64
+    g = torch.Generator().manual_seed(n)
+    q = torch.randn(n, heads, d, generator=g).to(torch.bfloat16)
+    k = torch.randn(n, kv_heads, d, generator=g).to(torch.bfloat16)
+    v = torch.randn(n, kv_heads, d, generator=g).to(torch.bfloat16)
+    slots, zero, ext = torch.arange(n)[None], torch.tensor([0]), torch.tensor([n])
+    qs = q.transpose(0, 1)[None]
+    ks, vs = (t.repeat_interleave(heads // kv_heads, 1).transpose(0, 1)[None] for t in (k, v))
+
+    def median_us(fn) -> float:
+        return statistics.median(per_call_us(fn, n=1) for _ in range(7))
+
+    def native(on: bool) -> float:
+        was = torch.ops.attest.set_extend_tiles(on)
+        try:
+            return median_us(
+                lambda: torch.ops.attest.extend_attention(q, k, v, slots, zero, zero, ext, d**-0.5)
+            )
+        finally:
+            torch.ops.attest.set_extend_tiles(was)
+
+    sdpa = median_us(
+        lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+    )
+    on, off = (native(True) if tiles else float("nan")), native(False)
+    return f"| {n} | {sdpa:.0f} | {on:.0f} | {off:.0f} | {sdpa / on:.2f}x | {sdpa / off:.2f}x |"
+
+
+def extend(lengths: list[int]) -> None:
+    """A fresh prompt's attention a layer: the native kernel on AMX's tiles and by its vector
+    loops (``attest::set_extend_tiles``), and SDPA's flash kernel over the context gathered as
+    the torch path does (the baseline); medians of 7 calls."""
+    tiles = bool(torch.ops.attest.extend_on_tiles())
+    print(
+        "| prefill tokens | SDPA us | native, tiles us | native, vectors us | SDPA / tiles |"
+        " SDPA / vectors |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n in lengths:
+        print(extend_row(n, tiles), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,64,512", help="the small ops' row counts")
     ap.add_argument("--batch", default="1,16,64", help="decode attention's batches; '': none")
     ap.add_argument("--quant", choices=("exact", "int8", "int4"), default="int4")
+    ap.add_argument("--extend", default="", help="a fresh prompt's attention at these lengths")
     args = ap.parse_args()
     from kernels import cpu_ops
 
     if not cpu_ops.load():
         raise SystemExit(f"bench/native_ops.py: {cpu_ops.why_not()}")
     print(f"cpu: {describe()}; threads: {torch.get_num_threads()}")
-    small_ops([int(r) for r in args.rows.split(",")])
+    if args.extend:
+        extend([int(n) for n in args.extend.split(",")])
+    if args.rows:
+        small_ops([int(r) for r in args.rows.split(",")])
     if args.batch:
         print(f"decode attention, {args.quant} engine: grouped vs native, hot and cold")
         attention(

@@ -11,9 +11,14 @@ longer (116 us against 160 at 16 rows). There, with the bound measured, int4 dec
 faster at 8 streams than with the bound of 4 and 1.35x at 64 (BENCHMARKS.md). A bound fixed for
 one CPU is wrong on the other.
 
-So the model times one layer's four products both ways, its own matrices in their own dtype, at
-each of ``ROWS`` (the dense way as ``engine.model.orient`` chose it, oneDNN's packed copy of the
-dense values among the ways). The bound is the last row count in an unbroken run of counts where
+So the model times its layers' products both ways, its own matrices in their own dtype, at
+each of ``ROWS`` (the dense way as ``engine.model.orient`` chose it, the dense values' packed
+copy among the ways): every layer's four products a pass, each matrix read once, as a forward
+reads them from memory. One layer's four timed again and again stay in the cache, where the
+bytes the integer form saves count for nothing: timed so on an Intel Xeon with AMX, the dense
+values on AMX's bfloat16 tiles caught up at 8 rows (216 us against 226) and passed at 16 (222
+against 285), and that bound of 8 decoded 16 streams at 750 and 819 tok/s, the bound of 16
+measured over every layer at 888 and 885 (BENCHMARKS.md). The bound is the last row count in an unbroken run of counts where
 the integer products were faster, counted from ``SMALL_ROWS`` up. A product between two counts
 takes the lower one's way. ``SMALL_ROWS`` itself is the floor: the integer products win there on
 both CPUs (3-4x). The one native decode call (``engine.model.native_step``) takes the integer
@@ -108,7 +113,7 @@ def widen(model: Widened, matrices: Sequence[str], dense: Dense) -> None:
     mats = [layer[k] for layer in model.layers for k in matrices]
     if not all(isinstance(w, QuantWeight) and w.integer for w in mats):
         return
-    bound, took = choose([model.layers[0][k] for k in matrices], dense)
+    bound, took = choose(mats, dense)  # every layer's: read from memory, as a forward does
     for w in mats:
         w.small_rows = bound
     plan.small_rows, plan.int_rows = bound, took

@@ -206,3 +206,38 @@ def test_a_bound_fixed_under_the_packed_kernels_floor_keeps_the_native_step_at_t
     model = llm.core.model
     assert why_not(model) is None and model.native_step.int_rows == SMALL_ROWS - 2
     llm.close()
+
+
+def test_the_bound_is_timed_over_every_layers_matrices(monkeypatch):
+    """Each matrix read once a pass, as a forward reads them from memory: one layer's four timed
+    again and again stay in the cache, where the integer form's fewer bytes count for nothing."""
+    from types import SimpleNamespace
+
+    import engine.model.int_rows as int_rows
+    from engine.model.quant import plan_quant
+
+    monkeypatch.delenv("ATTEST_INT_ROWS", raising=False)
+    plan = plan_quant("int8", "cpu")
+    g = torch.Generator().manual_seed(0)
+    layers = [
+        {
+            k: QuantWeight(
+                torch.randn(32, 64, generator=g), "int8", plan.dtype, plan.small_rows, int_vnni=True
+            )
+            for k in MATRICES
+        }
+        for _ in range(3)
+    ]
+    timed = []
+    monkeypatch.setattr(
+        int_rows, "measure", lambda mats, dense, rows: timed.append(list(mats)) or (8, {})
+    )
+    model = SimpleNamespace(
+        quant=plan, layers=layers, comm=SimpleNamespace(world=1), stage=SimpleNamespace(count=1)
+    )
+    monkeypatch.setattr(plan, "int_vnni", True)
+    int_rows.widen(model, MATRICES, _dense)
+    assert [[id(w) for w in mats] for mats in timed] == [
+        [id(layer[k]) for layer in layers for k in MATRICES]
+    ]
+    assert plan.small_rows == 8

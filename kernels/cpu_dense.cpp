@@ -32,14 +32,6 @@ constexpr int64_t kDepth = 32;  // K a tile step: one bfloat16 tile row
 constexpr int64_t kStep = 2 * 16 * kDepth;  // bfloat16 elements of a block's tiles a step
 
 #if defined(ATTEST_DENSE_TILES)
-// Tiles 0 to 3 C (16 rows x 16 float32), 4 and 5 A (16 rows x 32 bfloat16), 6 and 7 B.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
-
 // The first rows of a C block (c: [32][32] float32) as bfloat16 into out's rows.
 inline void store_rows(const float (*c)[kCols], int64_t rows, c10::BFloat16* out, int64_t os) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -178,7 +170,7 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed) {
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   auto* op = out.data_ptr<c10::BFloat16>();
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    const TileConfig cfg;
+    const WholeTiles cfg;  // 0 to 3 C, 4 and 5 A, 6 and 7 B
     _tile_loadconfig(&cfg);
     tile_blocks(xp, x.stride(0), M, K, wp, op, N, b0, b1);
     _tile_release();

@@ -263,15 +263,6 @@ constexpr int kQ = 16;      // queries an item: a tile's 16 columns
 constexpr int kBlock = 32;  // keys a block: the K dimension of one bfloat16 tile product
 constexpr float kLazy = 8.f;  // log2 of the most a weight may reach before the reference moves
 
-// All eight tiles 16 rows of 64 bytes: 0, 1 the scores (C); 2 a tile of O^T (C); 3 a key tile
-// (A); 4 the queries' pairs (B); 5 a V^T tile (A); 6 the weights' pairs (B).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
-
 // 2^x a lane, x at most about 16: x = n + f with |f| <= 1/2, 2^f by its Taylor polynomial to
 // the sixth power (relative error under 2e-7, far inside the bfloat16 the weights are rounded
 // to), times 2^n by vscalefps. Below -127 (a -inf or NaN among them) it is 2^-127.
@@ -326,8 +317,8 @@ inline void transpose16(__m512i* rows) {
 
 // A request's context for one KV head: keys as rows ([Lp, D]), values transposed ([D, Lp]).
 struct Laid {
-  const uint16_t* k;
-  const uint16_t* vt;
+  uint16_t* k;
+  uint16_t* vt;
   int64_t Lp;
 };
 
@@ -567,7 +558,7 @@ void extend_kernel(const at::Tensor& q, const at::Tensor& pool_k, const at::Tens
   auto laid_of = [&](int64_t r, int64_t h) {
     const int64_t Lp = (lay[r + 1] - lay[r]) / (2 * d * kvh);
     uint16_t* k = laid.data() + lay[r] + h * 2 * Lp * d;
-    return std::make_tuple(k, k + Lp * d, Lp);
+    return tiles::Laid{k, k + Lp * d, Lp};
   };
   if (lay[R] > 0) {
     std::vector<std::array<int64_t, 2>> lays;
@@ -577,16 +568,16 @@ void extend_kernel(const at::Tensor& q, const at::Tensor& pool_k, const at::Tens
     at::parallel_for(0, static_cast<int64_t>(lays.size()), 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const auto [r, h] = lays[i];
-        const auto [k, vt, Lp] = laid_of(r, h);
+        const tiles::Laid at = laid_of(r, h);
         const auto* pk16 = reinterpret_cast<const uint16_t*>(pk);
         const auto* pv16 = reinterpret_cast<const uint16_t*>(pv);
         const int64_t L = pre[r] + ex[r];
         if (d == 64)
           tiles::lay_out<64>(pk16, pv16, kvh, h, sl + r * slots.stride(0), slots.stride(1), L,
-                             Lp, k, vt);
+                             at.Lp, at.k, at.vt);
         else
           tiles::lay_out<128>(pk16, pv16, kvh, h, sl + r * slots.stride(0), slots.stride(1), L,
-                              Lp, k, vt);
+                              at.Lp, at.k, at.vt);
       }
     });
   }
@@ -615,12 +606,11 @@ void extend_kernel(const at::Tensor& q, const at::Tensor& pool_k, const at::Tens
 #if defined(ATTEST_EXTEND_TILES)
       if (on_tiles[r]) {
         if (!configured) {
-          const tiles::TileConfig cfg;
+          const WholeTiles cfg;
           _tile_loadconfig(&cfg);
           configured = true;
         }
-        const auto [k, vt, Lp] = laid_of(r, h / group);
-        const tiles::Laid ctx{k, vt, Lp};
+        const tiles::Laid ctx = laid_of(r, h / group);
         const auto* q16 = reinterpret_cast<const uint16_t*>(qp);
         const int64_t row = st[r] + j0;
         auto* o = reinterpret_cast<c10::BFloat16*>(op) + row * out.stride(0) + h * out.stride(1);

@@ -35,6 +35,15 @@ inline __m512 load16(const c10::BFloat16* p) {  // 16 bfloat16 as float32
 // them). Asked once; false where the kernel refuses or the library has no tiles.
 bool tiles_permitted();
 
+// AMX's tile configuration with all eight tiles 16 rows of 64 bytes (the bfloat16 kernels': an
+// A tile 16 rows of 32 bfloat16, a B tile 16 pairs of 16 columns, a C tile 16 x 16 float32).
+struct alignas(64) WholeTiles {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
                             at::Tensor& pool_k, at::Tensor& pool_v, const at::Tensor& out_slots,
                             const at::Tensor& slots, const at::Tensor& lens, double scale);

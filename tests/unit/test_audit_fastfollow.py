@@ -111,7 +111,7 @@ def state(f: Followups) -> Any:
     return f.summary(), f.disordered, f.failed, ranks
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recs=records())
 def test_any_records_are_followed_as_the_python_rule_follows_them(recs):
     compiled, c_routes = windows(True)

@@ -74,7 +74,7 @@ def state(d: wedge.WedgeDetector) -> Any:
     return d.found(), ranks, d._last[:2]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recs=receipts(), threshold=st.sampled_from([30, 30.0, 2.5]))
 def test_any_receipts_are_fed_as_the_python_rule_feeds_them(recs, threshold):
     compiled, python = wedge.WedgeDetector(threshold), wedge.WedgeDetector(threshold)

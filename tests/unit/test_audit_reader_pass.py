@@ -182,7 +182,7 @@ line = st.one_of(
 )
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.lists(st.lists(line, max_size=25), min_size=1, max_size=2),
     st.sampled_from(["\n", "\r\n"]),
@@ -332,7 +332,7 @@ def verdict_log(steps) -> str:
     return "\n".join(out) + "\n"
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(step, max_size=60))
 # two wedges: the one named first is on the rank whose first receipt came first
 @example(

@@ -303,6 +303,68 @@ void check_rows(const Tensor& t, const char* name) {
   TORCH_CHECK(t.stride(-1) == 1, name, " must be contiguous in its last dimension");
 }
 
+// ---- K/V into the paged pool ----------------------------------------------------------------
+
+// pool_k[out_slots[t]] = k[t] and pool_v[out_slots[t]] = v[t] for the T rows (k, v [T, kv_heads,
+// d], rows at their strides), cast to the pool's dtype as torch casts (a copy where the dtypes
+// are the same, as index_copy_ copies); the rows shared among the threads where there are many
+// (a prefill chunk's).
+template <typename A, typename P>
+void write_kv(const Tensor& k, const Tensor& v, Tensor& pool_k, Tensor& pool_v,
+              const int64_t* os) {
+  const int64_t T = k.size(0), KVH = pool_k.size(1), d = pool_k.size(2);
+  const A* kn = k.data_ptr<A>();
+  const A* vn = v.data_ptr<A>();
+  P* pk = pool_k.data_ptr<P>();
+  P* pv = pool_v.data_ptr<P>();
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
+  const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
+  const bool copy = std::is_same_v<A, P> && ks2 == 1 && vs2 == 1;
+  at::parallel_for(0, T, std::max<int64_t>(1, 16384 / (KVH * d)), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t h = 0; h < KVH; ++h) {
+        P* kr = pk + (os[t] * KVH + h) * d;
+        P* vr = pv + (os[t] * KVH + h) * d;
+        const A* ks = kn + t * ks0 + h * ks1;
+        const A* vs = vn + t * vs0 + h * vs1;
+        if (copy) {
+          std::memcpy(kr, ks, d * sizeof(P));
+          std::memcpy(vr, vs, d * sizeof(P));
+          continue;
+        }
+        for (int64_t i = 0; i < d; ++i) {
+          kr[i] = static_cast<P>(f32(ks[i * ks2]));
+          vr[i] = static_cast<P>(f32(vs[i * vs2]));
+        }
+      }
+    }
+  });
+}
+
+// k, v: [T, kv_heads, d] (rows may be strided, e.g. views of the fused QKV product) into
+// pool_k/pool_v [slots, kv_heads, d] at out_slots [T]: kernels.attention.store_kv, natively.
+void store_kv(const Tensor& k, const Tensor& v, Tensor& pool_k, Tensor& pool_v,
+              const Tensor& out_slots) {
+  TORCH_CHECK(k.device().is_cpu() && v.device().is_cpu(), "store_kv: k/v on the cpu");
+  TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.dtype() == v.dtype(),
+              "store_kv: k and v must be [T, kv_heads, d] alike");
+  TORCH_CHECK(pool_k.is_contiguous() && pool_v.is_contiguous() &&
+                  pool_k.sizes() == pool_v.sizes() && pool_k.dtype() == pool_v.dtype(),
+              "store_kv: the pool's K and V must be contiguous and alike");
+  TORCH_CHECK(pool_k.dim() == 3 && k.size(1) == pool_k.size(1) && k.size(2) == pool_k.size(2),
+              "store_kv: k is ", k.sizes(), ", the pool's rows ", pool_k.sizes());
+  TORCH_CHECK(out_slots.scalar_type() == at::kLong && out_slots.is_contiguous() &&
+                  out_slots.dim() == 1 && out_slots.size(0) == k.size(0),
+              "store_kv: out_slots must be int64 [T], one a row");
+  const int64_t* os = out_slots.data_ptr<int64_t>();
+  const int64_t slots = pool_k.size(0);
+  for (int64_t t = 0; t < k.size(0); ++t)
+    TORCH_CHECK(os[t] >= 0 && os[t] < slots, "store_kv: slot ", os[t], " outside 0..", slots - 1);
+  by_dtypes(k.scalar_type(), pool_k.scalar_type(), "store_kv", [&](auto a, auto p) {
+    write_kv<decltype(a), decltype(p)>(k, v, pool_k, pool_v, os);
+  });
+}
+
 // ---- decode attention over the paged pool -------------------------------------------------
 
 template <typename A, typename P>
@@ -312,8 +374,6 @@ void decode_kernel(const Tensor& q, const Tensor& k_new, const Tensor& v_new, Te
   const int64_t B = q.size(0), H = q.size(1), d = q.size(2);
   const int64_t KVH = pool_k.size(1), group = H / KVH, width = slots.size(1);
   const A* qp = q.data_ptr<A>();
-  const A* kn = k_new.data_ptr<A>();
-  const A* vn = v_new.data_ptr<A>();
   P* pk = pool_k.data_ptr<P>();
   P* pv = pool_v.data_ptr<P>();
   const int64_t* os = out_slots.data_ptr<int64_t>();
@@ -322,24 +382,10 @@ void decode_kernel(const Tensor& q, const Tensor& k_new, const Tensor& v_new, Te
   A* op = out.data_ptr<A>();
   // q/k/v are read by their strides: views of the fused QKV product, a column of one
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), qs2 = q.stride(2);
-  const int64_t ks0 = k_new.stride(0), ks1 = k_new.stride(1), ks2 = k_new.stride(2);
-  const int64_t vs0 = v_new.stride(0), vs1 = v_new.stride(1), vs2 = v_new.stride(2);
   const int64_t ss0 = slots.stride(0), ss1 = slots.stride(1);
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(ln[b] >= 1 && ln[b] <= width, "context length ", ln[b], " outside 1..", width);
-  // this step's K/V into the pool, cast to its dtype (store_kv)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < KVH; ++h) {
-      P* kr = pk + (os[b] * KVH + h) * d;
-      P* vr = pv + (os[b] * KVH + h) * d;
-      const A* ks = kn + b * ks0 + h * ks1;
-      const A* vs = vn + b * vs0 + h * vs1;
-      for (int64_t i = 0; i < d; ++i) {
-        kr[i] = static_cast<P>(f32(ks[i * ks2]));
-        vr[i] = static_cast<P>(f32(vs[i * vs2]));
-      }
-    }
-  }
+  write_kv<A, P>(k_new, v_new, pool_k, pool_v, os);  // this step's K/V into the pool (store_kv)
   // A work item is a request (all its KV heads: a slot's rows are adjacent, read as one
   // stream) or, with fewer requests than threads, one KV head of a request.
   const int64_t split = B < at::get_num_threads() ? KVH : 1, hs = KVH / split;
@@ -880,6 +926,8 @@ TORCH_LIBRARY(attest, m) {
   m.def(
       "extend_attention(Tensor q, Tensor pool_k, Tensor pool_v, Tensor slots, Tensor prefix, "
       "Tensor starts, Tensor ext, float scale) -> Tensor");
+  m.def(
+      "store_kv(Tensor k, Tensor v, Tensor(a!) pool_k, Tensor(b!) pool_v, Tensor out_slots) -> ()");
   m.def("decode_by_kv_head(Tensor q, Tensor pool_k) -> bool");
   m.def("extend_on_tiles() -> bool", &extend_on_tiles);
   m.def("set_extend_tiles(bool on) -> bool", &set_extend_tiles);
@@ -903,6 +951,7 @@ TORCH_LIBRARY(attest, m) {
 TORCH_LIBRARY_IMPL(attest, CPU, m) {
   m.impl("decode_attention", decode_attention);
   m.impl("extend_attention", extend_attention);
+  m.impl("store_kv", store_kv);
   m.impl("decode_by_kv_head", decode_by_kv_head);
   m.impl("rms_norm", rms_norm);
   m.impl("add_rms_norm", add_rms_norm);

@@ -15,6 +15,7 @@ import torch
 from engine.model import fused
 from engine.model.fused import add_norm, apply_rope, layer_ops, rms_norm, silu_mul
 from kernels import cpu_ops
+from kernels.torch_ref import NATIVE_DTYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_native = pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()))
@@ -261,3 +262,41 @@ def test_the_boot_receipt_says_up_to_how_many_rows_the_norms_are_native(tiny_mod
         [weights] = [json.loads(x) for x in log.read_text().splitlines() if '"boot.weights"' in x]
         assert weights["norm_rows"] == ("any" if want == math.inf else want), dtype
         llm.close()
+
+
+@needs_native
+@pytest.mark.parametrize("src,pool", NATIVE_DTYPES, ids=str)
+@pytest.mark.parametrize("rows", [1, 7, 512])
+def test_native_store_kv_writes_what_index_copy_writes(rows, src, pool):
+    """A prefill chunk's K/V go into the pool by the native copy: the rows ``store_kv`` (torch's
+    index_copy_) writes, bit for bit, cast to the pool's dtype, from the row-strided views of the
+    fused QKV product, at scattered slots; nothing else in the pool touched."""
+    from kernels.attention import LayerKV, store_kv
+
+    g = torch.Generator().manual_seed(rows)
+    qkv = torch.randn(rows, 15 * 64, generator=g).to(src)
+    k = qkv[:, 9 * 64 : 12 * 64].unflatten(1, (3, 64))  # strided rows, as the forward has them
+    v = qkv[:, 12 * 64 :].unflatten(1, (3, 64))
+    size = (2 * rows + 5, 3, 64)
+    slots = torch.randperm(size[0], generator=g)[:rows]
+    want = LayerKV(torch.randn(size, generator=g).to(pool), torch.randn(size, generator=g).to(pool))
+    got = LayerKV(want.k.clone(), want.v.clone())
+    store_kv(k, v, want, slots)
+    torch.ops.attest.store_kv(k, v, got.k, got.v, slots)
+    bits = torch.int16 if pool == torch.bfloat16 else torch.int32
+    assert torch.equal(got.k.view(bits), want.k.view(bits))
+    assert torch.equal(got.v.view(bits), want.v.view(bits))
+
+
+@needs_native
+def test_native_store_kv_refuses_a_slot_outside_the_pool_and_a_pair_it_does_not_take():
+    """A slot past the pool's end is an error naming it, not a write past the pool; so is a
+    pair of dtypes the native attention does not take (float32 rows into a bfloat16 pool)."""
+    k = torch.ones(2, 3, 64)
+    pool_k, pool_v = torch.zeros(4, 3, 64), torch.zeros(4, 3, 64)
+    with pytest.raises(RuntimeError, match="slot 4 outside 0..3"):
+        torch.ops.attest.store_kv(k, k, pool_k, pool_v, torch.tensor([1, 4]))
+    assert not pool_k.any() and not pool_v.any()
+    half = torch.zeros(4, 3, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="Float with a BFloat16 pool"):
+        torch.ops.attest.store_kv(k, k, half, half.clone(), torch.tensor([1, 2]))

@@ -41,24 +41,27 @@ inline void store_rows(const float (*c)[kCols], int64_t rows, c10::BFloat16* out
   }
 }
 
-// A B tile of a block's step: with stream, loaded with the hint that it will not be used again
-// soon (TILELOADDT1), so that it does not push the A tiles out of L1 (see tile_blocks).
-template <bool stream>
-inline void load_b(const uint16_t* w) {
-  if constexpr (stream) {
-    _tile_stream_loadd(6, w, 64);
-    _tile_stream_loadd(7, w + kStep / 2, 64);
-  } else {
-    _tile_loadd(6, w, 64);
-    _tile_loadd(7, w + kStep / 2, 64);
-  }
-}
+// Which of a step's tiles are loaded with the hint that they will not be used again soon
+// (TILELOADDT1), so that they do not push the others out of L1 (see tile_blocks): none, the B
+// tiles (the weights), or the A tiles (the rows).
+enum class Stream { none, weights, rows };
+
+// Tile t from p (rows `stride` bytes apart), as a stream or not. A macro: the tile intrinsics
+// take their tile's number as a literal.
+#define ATTEST_LOAD_TILE(t, stream, p, stride) \
+  do {                                         \
+    if constexpr (stream)                      \
+      _tile_stream_loadd(t, p, stride);        \
+    else                                       \
+      _tile_loadd(t, p, stride);               \
+  } while (0)
 
 // The product of 32 rows (a, row stride as bytes; 16 of them when one) over one block's column
 // of tiles (w), into c: four C tiles (two with one).
-template <bool one, bool stream>
+template <bool one, Stream stream>
 inline void block_rows(const uint16_t* a, int64_t as, const uint16_t* w, int64_t steps,
                        float (*c)[kCols]) {
+  constexpr bool rows = stream == Stream::rows, weights = stream == Stream::weights;
   _tile_zero(0);
   _tile_zero(1);
   if constexpr (!one) {
@@ -66,12 +69,13 @@ inline void block_rows(const uint16_t* a, int64_t as, const uint16_t* w, int64_t
     _tile_zero(3);
   }
   for (int64_t s = 0; s < steps; ++s) {
-    _tile_loadd(4, a + s * kDepth, as);
-    load_b<stream>(w + s * kStep);
+    ATTEST_LOAD_TILE(4, rows, a + s * kDepth, as);
+    ATTEST_LOAD_TILE(6, weights, w + s * kStep, 64);
+    ATTEST_LOAD_TILE(7, weights, w + s * kStep + kStep / 2, 64);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     if constexpr (!one) {
-      _tile_loadd(5, a + 16 * as / 2 + s * kDepth, as);
+      ATTEST_LOAD_TILE(5, rows, a + 16 * as / 2 + s * kDepth, as);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
@@ -93,9 +97,11 @@ constexpr int64_t kFewRows = 64;  // up to these rows, a block at a time
 // loading the B tiles as a stream (without the hint a block's B tiles, as many bytes as its 32
 // rows' A tiles at every K, pushed them out: over the default model's 30 layers, 512 rows took
 // 61.6-64.5 ms with it against 66.9-70.1 without, 256 rows 35.3-37.0 against 38.5-42.9); up to
-// kFewRows rows, a block at a time (its weights in L1 for its second 32 rows, the weights one
-// stream from memory; there the hint cost 64 rows 8-13 %): over the default model's 30 layers
-// at 64 rows, 13.97 ms against 15.04.
+// kFewRows rows, a block at a time, the weights one stream from memory: with more than 32 rows
+// the rows' A tiles are loaded as the stream instead, so that the block's B tiles stay in L1
+// for its second 32 rows (over the default model's 30 layers, 64 rows took 15.7-17.0 ms so
+// against 17.2-18.9 without the hint, and 18.1-18.7 with the weights as the stream; a block at a
+// time against runs: 13.97 ms against 15.04 before either hint).
 void tile_blocks(const uint16_t* x, int64_t xs, int64_t M, int64_t K, const uint16_t* packed,
                  c10::BFloat16* out, int64_t os, int64_t b0, int64_t b1) {
   const int64_t steps = K / kDepth;
@@ -115,15 +121,20 @@ void tile_blocks(const uint16_t* x, int64_t xs, int64_t M, int64_t K, const uint
       const int64_t as = (last ? K : xs) * 2, rows = std::min<int64_t>(32, M - m0);
       for (int64_t b = r0; b < r1; ++b) {
         const uint16_t* w = packed + b * steps * kStep;
-        if (few) {
+        if (few && M <= 32) {  // one pass: the rows' tiles stay in L1 across the blocks
           if (rows <= 16)
-            block_rows<true, false>(a, as, w, steps, c);
+            block_rows<true, Stream::none>(a, as, w, steps, c);
           else
-            block_rows<false, false>(a, as, w, steps, c);
+            block_rows<false, Stream::none>(a, as, w, steps, c);
+        } else if (few) {  // two passes: the block's weights stay in L1 for the second
+          if (rows <= 16)
+            block_rows<true, Stream::rows>(a, as, w, steps, c);
+          else
+            block_rows<false, Stream::rows>(a, as, w, steps, c);
         } else if (rows <= 16) {
-          block_rows<true, true>(a, as, w, steps, c);
+          block_rows<true, Stream::weights>(a, as, w, steps, c);
         } else {
-          block_rows<false, true>(a, as, w, steps, c);
+          block_rows<false, Stream::weights>(a, as, w, steps, c);
         }
         store_rows(c, rows, out + m0 * os + b * kCols, os);
       }

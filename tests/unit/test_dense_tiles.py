@@ -40,6 +40,17 @@ def test_the_tiles_product_is_the_float64_product_rounded_once(m, n, k, wide, se
     torch.testing.assert_close(got.double(), ref, rtol=2**-8, atol=1e-4)
 
 
+@pytest.mark.parametrize("m", [1, 16, 17, 32, 33, 48, 64, 65, 128])
+def test_each_of_the_kernels_ways_is_the_float64_product_rounded_once(m):
+    """Every way the kernel runs rows: one pass of 32 rows or fewer (the rows' tiles kept in
+    L1), two passes (the rows' tiles loaded as a stream), and runs of blocks past 64 rows (the
+    weights' tiles as a stream); K long enough that a block's tiles outgrow L1."""
+    w = _bf16(96, 1536, seed=m)
+    x = _bf16(m, 1536, seed=m + 1)
+    got = packed_linear(x, pack(w))
+    torch.testing.assert_close(got.double(), x.double() @ w.double().t(), rtol=2**-8, atol=1e-3)
+
+
 def test_the_layout_is_the_weights_own_bytes():
     """Every weight once, none lost: the layout's entries are the weight's entries."""
     w = _bf16(96, 64, seed=3)

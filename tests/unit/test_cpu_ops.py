@@ -47,6 +47,51 @@ def test_native_rope_gives_the_python_ops_bits(rows, d, dtype):
     assert torch.equal(inplace, want)  # in place, through the view's strides
 
 
+def odd_bfloat16(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """bfloat16 values with the kinds of lane the rounding treats apart: denormals (the smallest
+    and the largest), NaNs with other payloads than torch's 0x7fc0 and either sign, infinities,
+    and ordinary values, scattered."""
+    g = torch.Generator().manual_seed(seed)
+    odd = (
+        torch.tensor(
+            [0x0001, 0x807F, 0x0040, 0x7FC1, 0xFFC3, 0x7F81, 0x7F80, 0xFF80, 0x0080, 0x3F80],
+            dtype=torch.int32,
+        )
+        .to(torch.int16)
+        .view(torch.bfloat16)
+    )
+    x = torch.randn(rows, cols, generator=g).bfloat16()
+    where = torch.rand(rows, cols, generator=g) < 0.2
+    pick = torch.randint(0, len(odd), (rows, cols), generator=g)
+    return torch.where(where, odd[pick], x)
+
+
+@needs_native
+def test_the_native_roundings_of_denormals_and_nans_are_torchs():
+    """The bfloat16 roundings of the native rope and residual add are torch's for every kind
+    of value: a product that lands on a float32 denormal, an infinity, a NaN. Compared as
+    integers, a NaN as a NaN (its payload is not the same: torch's vector loops write 0xffff,
+    c10's rounding 0x7fc0, the native ops' too)."""
+    rows, d = 64, 64
+    qk = odd_bfloat16(rows, 12 * d, seed=1).reshape(rows, 12, d)
+    # cos and sin that take some products below float32's normals: 2^-120 times a denormal-ish x
+    cos = odd_bfloat16(rows, d, seed=2)[:, None, :] * 2**-100
+    sin = odd_bfloat16(rows, d, seed=3)[:, None, :]
+
+    def same(got: torch.Tensor, want: torch.Tensor) -> None:
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan)
+        assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+        assert (want.float().abs() < 2**-126).any()  # the denormals were met
+
+    same(torch.ops.attest.rope_(qk.clone(), cos, sin), apply_rope(qk, cos, sin))
+    x, y = odd_bfloat16(rows, 576, seed=4), odd_bfloat16(rows, 576, seed=5) * 2**-120
+    h_want, _ = add_norm(x, y, torch.ones(576, dtype=torch.bfloat16), 1e-5)
+    h = x.clone()
+    torch.ops.attest.add_rms_norm(h, y, torch.ones(576, dtype=torch.bfloat16), 1e-5)
+    same(h, h_want)
+
+
 @needs_native
 @pytest.mark.parametrize("rows,n", [(1, 576), (16, 576), (512, 576), (3, 100), (2, 7)])
 def test_native_norms_match_the_python_ones_in_bfloat16(rows, n):

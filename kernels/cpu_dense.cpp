@@ -95,13 +95,13 @@ constexpr int64_t kFewRows = 64;  // up to these rows, a block at a time
 // blocks, out [M, N] (row stride os). The blocks in runs whose weights fit L2, every 32 rows
 // over a run while its weights are there, their A tiles kept in L1 across the run's blocks by
 // loading the B tiles as a stream (without the hint a block's B tiles, as many bytes as its 32
-// rows' A tiles at every K, pushed them out: over the default model's 30 layers, 512 rows took
-// 61.6-64.5 ms with it against 66.9-70.1 without, 256 rows 35.3-37.0 against 38.5-42.9); up to
-// kFewRows rows, a block at a time, the weights one stream from memory: with more than 32 rows
-// the rows' A tiles are loaded as the stream instead, so that the block's B tiles stay in L1
-// for its second 32 rows (over the default model's 30 layers, 64 rows took 15.7-17.0 ms so
-// against 17.2-18.9 without the hint, and 18.1-18.7 with the weights as the stream; a block at a
-// time against runs: 13.97 ms against 15.04 before either hint).
+// rows' A tiles at every K, pushed them out); up to kFewRows rows, a block at a time, the
+// weights one stream from memory: with more than 32 rows the rows' A tiles are loaded as the
+// stream instead, so that the block's B tiles stay in L1 for its second 32 rows (the weights
+// as the stream cost 64 rows 8-13 %). Over the default model's 30 layers the two hints took
+// 512 rows 56.0-58.8 ms against 64.2-68.2 without, 64 rows 15.1-15.7 against 15.8-16.5
+// (BENCHMARKS.md); a block at a time against runs at 64 rows: 13.97 ms against 15.04 before
+// either hint.
 void tile_blocks(const uint16_t* x, int64_t xs, int64_t M, int64_t K, const uint16_t* packed,
                  c10::BFloat16* out, int64_t os, int64_t b0, int64_t b1) {
   const int64_t steps = K / kDepth;

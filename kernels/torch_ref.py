@@ -99,8 +99,8 @@ class TorchReferenceBackend(AttentionBackend):
             if as_rows(meta):
                 return self._decode_native(q, k, v, kv, meta, scale)
             if self._extends_natively(q, kv.k, meta):
-                # the chunk's K/V by the native copy: index_copy_ took 50 us a layer for a
-                # 512-token bfloat16 chunk of the default model (BENCHMARKS.md)
+                # the chunk's K/V by the native copy: index_copy_ took two calls of 44-57 us a
+                # layer for a 512-token bfloat16 chunk of the default model (BENCHMARKS.md)
                 torch.ops.attest.store_kv(k, v, kv.k, kv.v, meta.out_slots)
                 return self._extend_native(q, kv, meta, scale)
         store_kv(k, v, kv, meta.out_slots)

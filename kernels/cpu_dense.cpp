@@ -88,6 +88,16 @@ inline void block_rows(const uint16_t* a, int64_t as, const uint16_t* w, int64_t
   }
 }
 
+// block_rows for `rows` rows (32 or fewer): two C tiles for 16 or fewer, four past them.
+template <Stream stream>
+inline void block_of(const uint16_t* a, int64_t as, const uint16_t* w, int64_t steps,
+                     int64_t rows, float (*c)[kCols]) {
+  if (rows <= 16)
+    block_rows<true, stream>(a, as, w, steps, c);
+  else
+    block_rows<false, stream>(a, as, w, steps, c);
+}
+
 constexpr int64_t kChunkBytes = 256 * 1024;  // a run of blocks' weights held in L2
 constexpr int64_t kFewRows = 64;  // up to these rows, a block at a time
 
@@ -121,21 +131,12 @@ void tile_blocks(const uint16_t* x, int64_t xs, int64_t M, int64_t K, const uint
       const int64_t as = (last ? K : xs) * 2, rows = std::min<int64_t>(32, M - m0);
       for (int64_t b = r0; b < r1; ++b) {
         const uint16_t* w = packed + b * steps * kStep;
-        if (few && M <= 32) {  // one pass: the rows' tiles stay in L1 across the blocks
-          if (rows <= 16)
-            block_rows<true, Stream::none>(a, as, w, steps, c);
-          else
-            block_rows<false, Stream::none>(a, as, w, steps, c);
-        } else if (few) {  // two passes: the block's weights stay in L1 for the second
-          if (rows <= 16)
-            block_rows<true, Stream::rows>(a, as, w, steps, c);
-          else
-            block_rows<false, Stream::rows>(a, as, w, steps, c);
-        } else if (rows <= 16) {
-          block_rows<true, Stream::weights>(a, as, w, steps, c);
-        } else {
-          block_rows<false, Stream::weights>(a, as, w, steps, c);
-        }
+        if (!few)  // runs: the rows' tiles stay in L1 across the run's blocks
+          block_of<Stream::weights>(a, as, w, steps, rows, c);
+        else if (M > 32)  // two passes: the block's weights stay in L1 for the second
+          block_of<Stream::rows>(a, as, w, steps, rows, c);
+        else  // one pass: the rows' tiles stay in L1 across the blocks as they are
+          block_of<Stream::none>(a, as, w, steps, rows, c);
         store_rows(c, rows, out + m0 * os + b * kCols, os);
       }
     }

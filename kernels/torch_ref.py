@@ -66,6 +66,17 @@ def as_rows(meta: AttentionMetadata) -> bool:
     return max(meta.extend_lens) <= SHORT_EXTEND
 
 
+def store_rows(k: torch.Tensor, v: torch.Tensor, kv: LayerKV, out_slots: torch.Tensor) -> None:
+    """``store_kv`` by the native copy where the native ops run and take the dtypes (the same
+    bits: index_copy_ took two calls of 44-57 us a layer for a 512-token bfloat16 chunk of the
+    default model, BENCHMARKS.md), by torch's elsewhere."""
+    native = k.device.type == "cpu" and (k.dtype, kv.k.dtype) in NATIVE_DTYPES
+    if native and cpu_ops.load():
+        torch.ops.attest.store_kv(k, v, kv.k, kv.v, out_slots)
+    else:
+        store_kv(k, v, kv, out_slots)
+
+
 class TorchReferenceBackend(AttentionBackend):
     name = "torch"
 
@@ -95,15 +106,12 @@ class TorchReferenceBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        if self.decode == "native" and q.device.type == "cpu":
-            if as_rows(meta):
-                return self._decode_native(q, k, v, kv, meta, scale)
-            if self._extends_natively(q, kv.k, meta):
-                # the chunk's K/V by the native copy: index_copy_ took two calls of 44-57 us a
-                # layer for a 512-token bfloat16 chunk of the default model (BENCHMARKS.md)
-                torch.ops.attest.store_kv(k, v, kv.k, kv.v, meta.out_slots)
-                return self._extend_native(q, kv, meta, scale)
-        store_kv(k, v, kv, meta.out_slots)
+        native = self.decode == "native" and q.device.type == "cpu"
+        if native and as_rows(meta):
+            return self._decode_native(q, k, v, kv, meta, scale)  # it stores K/V itself
+        store_rows(k, v, kv, meta.out_slots)
+        if native and self._extends_natively(q, kv.k, meta):
+            return self._extend_native(q, kv, meta, scale)
         if meta.is_decode:
             if self.decode == "padded":
                 return self._decode_padded(q, kv, meta, scale)

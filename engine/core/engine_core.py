@@ -14,6 +14,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.cutover import Cutovers
+from engine.core.heap import give_back, keep_freed
 from engine.core.info import engine_info
 from engine.core.phase import PhasePolicy, check_layouts
 from engine.group.comm import Comm, GroupFailure
@@ -101,8 +102,10 @@ class EngineCore:
         self.rank = member.rank if member is not None else 0
         self.receipts = self._open_log(launch)
         self._set_threads()
+        self.heap = keep_freed()  # before the load, whose measure of the products it steadies
         backend = self._choose_backend()
         self._load(loaded, backend, join)
+        give_back()  # what the load freed, before the pool's sizing reads the free memory
         self._size_memory()
         self.scheduler = self._build_scheduler(tracing, group)
         self.cutovers = Cutovers(self)
@@ -210,7 +213,7 @@ class EngineCore:
         )
         self.allocator = TokenAllocator(self.sizing.kv_tokens, c.memory.page_size)
         self.kv = self._pool(self.model, self.allocator.pool_slots, kv_dtype)
-        self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields())
+        self.receipts.emit(schema.BOOT_POOL_SIZED, **self.sizing.as_fields(), **self.heap)
         self.req_table = ReqToTokenPool(running_ceiling(c.scheduler.max_running), self.max_context)
         self.runner = ModelRunner(self.model, self.kv, self.req_table, self._graphs())
 

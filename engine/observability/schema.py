@@ -180,8 +180,10 @@ _CATALOG = (
          ("pid", "ppid", "host", "argv", "versions")),
     Kind(BOOT_POOL_SIZED, ("path", "kv_tokens", "bytes_per_token", "page_size"),
          "the KV pool was sized: path is 'configured' (a token count was given) or 'measured' "
-         "(from a memory budget), with the inputs of that path",
-         ("mem_available", "fraction", "budget_bytes")),
+         "(from a memory budget), with the inputs of that path; and what the process's C heap "
+         "does with what a step frees (heap: 'keep', up to heap_bytes, or 'system', glibc's "
+         "own or another C library's, with heap_why)",
+         ("mem_available", "fraction", "budget_bytes", "heap", "heap_bytes", "heap_why")),
     Kind(BOOT_GRAPHS, ("captured",),
          "on CUDA, after the pool is sized (and after a cutover that changed the weights, "
          "layout or pool): the decode batch buckets captured as CUDA graphs "

@@ -65,6 +65,8 @@ def test_idle_check_reports_a_broken_ledger_once(tiny_model_dir):
 def test_boot_receipts_name_the_pool_sizing_path(tiny_model_dir, tmp_path):
     import orjson
 
+    from engine.core import heap
+
     log = tmp_path / "boot.jsonl"
     llm = LLM(model=tiny_model_dir, kv_tokens=100, page_size=16, log_file=str(log))
     llm.core.receipts.close()
@@ -75,6 +77,8 @@ def test_boot_receipts_name_the_pool_sizing_path(tiny_model_dir, tmp_path):
     assert lines[1]["mode"] == "exact" and lines[1]["dtype"] == "float32"
     sized = lines[2]
     assert sized["path"] == "configured" and sized["kv_tokens"] == 96 and sized["page_size"] == 16
+    # and what the C heap does with what a step frees (engine/core/heap.py)
+    assert sized["heap"] == ("keep" if heap._glibc() else "system")
     assert lines[3]["path"] == "off" and lines[3]["host_kv_tokens"] == 0  # no host tier on CPU
     assert [r["seq"] for r in lines] == [1, 2, 3, 4, 5, 6, 7]
     assert lines[4]["path"] == "off" and lines[4]["reason"] == "no kv_store_dir"

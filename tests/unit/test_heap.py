@@ -1,0 +1,64 @@
+"""The C heap keeps what a step frees (engine/core/heap.py): a block allocated again is not
+faulted in again."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from engine.core import heap
+
+# A child process (the setting is its whole process's): a 64 MiB block (over glibc's largest
+# own mmap threshold) malloc'd, every page written, freed, four times; the minor page faults
+# of the last three, after keep_freed() unless told "system".
+CHILD = r"""
+import ctypes, resource, sys
+from engine.core.heap import keep_freed
+fields = keep_freed({"ATTEST_HEAP": sys.argv[1]})
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+n, faults = 64 << 20, []
+for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    p = libc.malloc(ctypes.c_size_t(n))
+    ctypes.memset(p, 1, n)
+    libc.free(ctypes.c_void_p(p))
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(fields["heap"], sum(faults[1:]))
+"""
+
+
+def _faults(how: str) -> tuple[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, how], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return out[0], int(out[1])
+
+
+@pytest.mark.skipif(heap._glibc() is None, reason="glibc's mallopt is what is set")
+def test_a_block_freed_and_allocated_again_is_not_faulted_in_again():
+    pages = (64 << 20) // 4096
+    how, kept = _faults("keep")
+    assert how == "keep"
+    assert kept < pages // 16  # the block's pages stayed the process's
+    how, given = _faults("system")
+    assert how == "system"
+    assert given > 2 * pages  # glibc's own: each of the three faulted the block in again
+
+
+def test_the_heaps_switch_is_named_in_its_error_and_system_sets_nothing(monkeypatch):
+    with pytest.raises(ValueError, match="ATTEST_HEAP must be keep or system, got 'tcmalloc'"):
+        heap.keep_freed({"ATTEST_HEAP": "tcmalloc"})
+    monkeypatch.setattr(heap, "_glibc", lambda: pytest.fail("system touches no threshold"))
+    assert heap.keep_freed({"ATTEST_HEAP": "system"}) == {
+        "heap": "system",
+        "heap_why": "ATTEST_HEAP=system",
+    }
+
+
+def test_another_c_library_is_left_as_it_is(monkeypatch):
+    monkeypatch.setattr(heap, "_glibc", lambda: None)
+    assert heap.keep_freed({}) == {"heap": "system", "heap_why": "not glibc"}
+    heap.give_back()  # nothing to call, and no error

@@ -4,7 +4,7 @@ engine in a process of its own (the setting is a process's), the arms taking tur
 
 Per arm and turn: whether the load's measure (``engine.model.orient``) gave a layer's 512-row
 products to the weights packed at load (AMX's tiles in bfloat16 where the CPU has them, else
-oneDNN's layout); a 512-token prefill (tok/s, the
+oneDNN's layout); the process's resident memory once booted; a 512-token prefill (tok/s, the
 median of 3, ``measure.method.prefill_rate``); a prefill of 64 prompts of 128 tokens (seconds,
 the fastest of 2); the decode of 64 streams (tok/s, ``measure.method.decode_rate``, 32 new
 tokens); and the minor page faults of each. Every generate is asserted uncached
@@ -46,6 +46,7 @@ def child(dtype: str) -> dict:
         kv_tokens=STREAMS * (LENGTH + NEW + 16),
         max_running=STREAMS,
     )
+    rss = next(ln for ln in open("/proc/self/status") if ln.startswith("VmRSS:"))
     weights = llm.core.receipts.of("boot.weights")[0]
     sized = llm.core.receipts.of("boot.pool_sized")[0]
     assert sized["heap"] == os.environ["ATTEST_HEAP"], sized  # the arm this process is
@@ -62,6 +63,7 @@ def child(dtype: str) -> dict:
     decode, _ = decode_rate(go, prompts, STREAMS, LENGTH, NEW)
     return {
         "packed_512": 512 in weights.get("prepacked", {}).get("layers", []),
+        "rss_mib_booted": int(rss.split()[1]) // 1024,  # resident after the boot
         "prefill_tok_s": prefill,
         "prefill_faults": prefill_faults,
         "batch_prefill_s": batch,
@@ -99,7 +101,9 @@ def main() -> None:
     print("| figure | keep | system | keep / system |")
     print("|---|---:|---:|---:|")
     packed = {arm: sum(r["packed_512"] for r in got[arm]) for arm in ARMS}
-    print(f"| boots giving 512 rows to the packed weights | {packed['keep']} | {packed['system']} | |")
+    print(
+        f"| boots giving 512 rows to the packed weights | {packed['keep']} | {packed['system']} | |"
+    )
     for k in keys:
         med = {arm: statistics.median(r[k] for r in got[arm]) for arm in ARMS}
         # a rate is better higher, seconds and faults lower: the ratio says keep's gain

@@ -1,17 +1,19 @@
 """The bfloat16 product on AMX's tiles (``kernels/cpu_dense.cpp``, the packed way of
-``engine.model.orient`` on a CPU with the tiles) against the ways it replaces, as a forward
-meets them: the default model's 30 layers' four products (QKV 960x576, O 576x576, gate-up
+``engine.model.orient`` on a CPU with the tiles), or with ``--dtype float32`` the native float32
+product (``kernels/cpu_dense_f32.cpp``, its packed way where the native ops are built with
+AVX-512), against the ways it replaces, as a forward meets them: the default model's 30 layers' four products (QKV 960x576, O 576x576, gate-up
 3072x576, down 576x1536), each layer its own random weights, so each product reads its weights
 from memory as a forward does, not from the cache a repeated product keeps them in.
 
 The ways, each over all 30 layers: ``F.linear`` (the baseline: transformers' call), ``(W @
 x.T).T`` (``engine.model.orient.by_mm``: one row padded to two), oneDNN's linear on weights
 reordered once (``mkldnn._reorder_linear_weight`` for 64 rows, as ``orient.pack`` laid them out
-before the tiles), and the tiles' product on weights laid out once (``attest::tile_pack``). Per
-row count: the fastest of --reps passes (milliseconds for the 30 layers), and the tiles' ratio
-over the fastest other way.
+before the native products), and the native product on weights laid out once (``orient.pack``:
+``attest::tile_pack``, or ``attest::f32_pack`` in float32). Per row count: the fastest of --reps
+passes (milliseconds for the 30 layers), and the native product's ratio over the fastest other
+way.
 
-    .venv/bin/python bench/dense_tiles.py [--rows 1,16,64,128,512] [--reps 7]
+    .venv/bin/python bench/dense_tiles.py [--rows 1,16,64,128,512] [--reps 7] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
-from engine.model.orient import by_mm, dense_tiles, on_tiles, pack
+from engine.model.orient import by_mm, dense_f32, dense_tiles, on_f32, on_tiles, pack, packed_linear
 from kernels.timing import fastest
 
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -33,33 +35,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,16,64,128,512")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
     print(f"cpu: {describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    if not dense_tiles():
-        raise SystemExit("no AMX bfloat16 tiles here (or the native ops are not built)")
+    if not (dense_tiles() if dtype == torch.bfloat16 else dense_f32()):
+        raise SystemExit(f"no native {args.dtype} product here (or the native ops are not built)")
     g = torch.Generator().manual_seed(0)
-    layers = [
-        [torch.randn(o, i, generator=g).to(torch.bfloat16) for o, i in LAYER] for _ in range(LAYERS)
-    ]
+    layers = [[torch.randn(o, i, generator=g).to(dtype) for o, i in LAYER] for _ in range(LAYERS)]
     onednn = [[torch.ops.mkldnn._reorder_linear_weight(w, 64) for w in ws] for ws in layers]
     tiles = [[pack(w) for w in ws] for ws in layers]
-    assert all(on_tiles(p) for ps in tiles for p in ps)  # the tiles' layout, not oneDNN's
+    ours = on_tiles if dtype == torch.bfloat16 else on_f32
+    assert all(ours(p) for ps in tiles for p in ps)  # the native layout, not oneDNN's
     ways = {
         "F.linear": lambda x, w, od, t: F.linear(x, w),
         "(W @ x.T).T": lambda x, w, od, t: by_mm(x, w),
         "oneDNN packed": lambda x, w, od, t: torch.ops.mkldnn._linear_pointwise(
             x, od, None, "none", [], ""
         ),
-        "tiles": lambda x, w, od, t: torch.ops.attest.tile_linear(x, t),
+        "native": lambda x, w, od, t: packed_linear(x, t),
     }
     print(
-        f"{LAYERS} layers' four bfloat16 products, each layer its own weights; fastest of "
+        f"{LAYERS} layers' four {args.dtype} products, each layer its own weights; fastest of "
         f"{args.reps} passes, milliseconds"
     )
-    print("| rows | " + " | ".join(ways) + " | tiles / fastest other |")
+    print("| rows | " + " | ".join(ways) + " | native / fastest other |")
     print("|---:|" + "---:|" * (len(ways) + 1))
     for n in (int(r) for r in args.rows.split(",")):
-        xs = {k: torch.randn(n, k, generator=g).to(torch.bfloat16) for k in (576, 1536)}
+        xs = {k: torch.randn(n, k, generator=g).to(dtype) for k in (576, 1536)}
         ms = {}
         for name, way in ways.items():
 
@@ -69,9 +72,9 @@ def main() -> None:
                         way(xs[w.shape[1]], w, od, t)
 
             ms[name] = fastest(run, args.reps, warm=1) * 1e3
-        other = min(v for k, v in ms.items() if k != "tiles")
+        other = min(v for k, v in ms.items() if k != "native")
         cells = " | ".join(f"{v:.2f}" for v in ms.values())
-        print(f"| {n} | {cells} | {other / ms['tiles']:.2f}x |", flush=True)
+        print(f"| {n} | {cells} | {other / ms['native']:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& pool_k,
                             const at::Tensor& ext, double scale);
 bool extend_attention_built();
 at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed);
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed);
 bool extend_on_tiles();
 bool set_extend_tiles(bool on);
 at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,

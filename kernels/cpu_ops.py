@@ -31,7 +31,14 @@ SOURCES = (
     SOURCE,
     *(
         SOURCE.with_name(n)
-        for n in ("cpu_step.cpp", "cpu_int.cpp", "cpu_extend.cpp", "cpu_dense.cpp", "cpu_ops.h")
+        for n in (
+            "cpu_step.cpp",
+            "cpu_int.cpp",
+            "cpu_extend.cpp",
+            "cpu_dense.cpp",
+            "cpu_dense_f32.cpp",
+            "cpu_ops.h",
+        )
     ),
 )
 NAME = "attest_cpu_ops"

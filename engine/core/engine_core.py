@@ -333,7 +333,11 @@ class EngineCore:
                 fields["orient"] = {part: o.fields() for part, o in parts if o is not None}
                 fields["prepacked"] = {
                     part: o.packed_fields() if o is not None else [] for part, o in parts
-                } | {"bytes": self.model.packed_bytes, "tiles": self.model.packed_tiles}
+                } | {
+                    "bytes": self.model.packed_bytes,
+                    "tiles": self.model.packed_tiles,
+                    "f32": self.model.packed_f32,
+                }
             # a decode forward's layers in one native call (fast and exact mode, on a CPU)
             step = self.model.native_step
             fields["step_rows"] = step.rows if step is not None else 0

@@ -26,6 +26,7 @@ from engine.model.orient import (
     by_mm,
     by_rows,
     choose,
+    on_f32,
     on_tiles,
     pack,
     packed_linear,
@@ -136,6 +137,7 @@ class LlamaModel:
         self.kv_size = self.local_kv_heads * cfg.head_dim
         self.packed_bytes = 0  # the packed copies' (``_orientations``)
         self.packed_tiles = False  # whether they are laid out for AMX's tiles (``orient.pack``)
+        self.packed_f32 = False  # ... or for the native float32 product
         self.head_packed: torch.Tensor | None = None
         self.orient, self.head_orient = self._orientations()
         # fast mode: up to how many rows the layers' integer products run, on this CPU
@@ -229,6 +231,7 @@ class LlamaModel:
         values (None returned), else returned to be kept beside the matrix."""
         self.packed_bytes += packed.numel() * packed.element_size()
         self.packed_tiles = on_tiles(packed)
+        self.packed_f32 = on_f32(packed)
         if isinstance(mat, QuantWeight):
             mat.dense_packed = packed
             return None

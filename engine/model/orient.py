@@ -25,12 +25,17 @@ laid out once (``packed_linear``). Where the CPU has AMX's bfloat16 tiles and th
 built, a bfloat16 matrix of whole 32s of rows and columns is laid out for the native product on
 the tiles (``kernels/cpu_dense.cpp``: 1.03-1.46x oneDNN's packed product over the default
 model's 30 layers at 1 to 512 rows, BENCHMARKS.md; ``ATTEST_DENSE_TILES=0`` turns it off);
-elsewhere it is oneDNN's linear on the weight in its blocked form. Unpacked, a bfloat16 product
+where the native ops are built with AVX-512, a float32 matrix of whole 32s of rows is laid out for
+the native float32 product (``kernels/cpu_dense_f32.cpp``: 1.2-1.4x oneDNN's packed product
+over the default model's 30 layers at 8 to 64 rows, level from 256, BENCHMARKS.md;
+``ATTEST_DENSE_F32=0`` turns it off); elsewhere it is oneDNN's linear on the weight in its
+blocked form. Unpacked, a bfloat16 product
 through oneDNN lays the weight out again on every call: on an AMD EPYC (Zen 4, AVX-512 BF16) the
 default model's bfloat16 LM head took 23-34 ms a row that way and 5.0 ms packed, one thread
 (BENCHMARKS.md). oneDNN's packed bfloat16 product gives ``F.linear``'s bits; the tiles' sums
 the same products in another order (each float32 sum rounded once to bfloat16), as float32's
-packed way (oneDNN's GEMM, not MKL's) and ``(w @ x.T).T`` do. The copy costs the weight's bytes
+packed ways (oneDNN's GEMM, not MKL's; the native one, each sum over K in order, whatever its
+batch) and ``(w @ x.T).T`` do. The copy costs the weight's bytes
 again, so it is kept only for a part (layers, head) where some bucket takes it.
 """
 
@@ -102,6 +107,15 @@ def by_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @cache
+def dense_f32() -> bool:
+    """Whether float32 matrices are laid out for the native float32 product: the native ops
+    built with AVX-512 and not turned off by ``ATTEST_DENSE_F32=0``."""
+    if os.environ.get("ATTEST_DENSE_F32", "").strip() == "0" or not cpu_ops.load():
+        return False
+    return bool(torch.ops.attest.dense_f32_built())
+
+
+@cache
 def dense_tiles() -> bool:
     """Whether bfloat16 matrices are laid out for the native product on AMX's tiles: the native
     ops built with it, Linux lending the tiles, and not turned off by ``ATTEST_DENSE_TILES=0``."""
@@ -111,14 +125,17 @@ def dense_tiles() -> bool:
 
 
 def pack(w: torch.Tensor) -> torch.Tensor | None:
-    """``w`` ([out, in], bfloat16 or float32, on the CPU) laid out once (a second copy): for the
-    native product on AMX's tiles where ``dense_tiles`` and its shape takes them, else as
-    oneDNN's linear takes it; None where neither can take ``w``."""
+    """``w`` ([out, in], bfloat16 or float32, on the CPU) laid out once (a second copy): in
+    bfloat16 for the native product on AMX's tiles where ``dense_tiles`` and its shape takes
+    them, in float32 for the native float32 product where ``dense_f32`` and its shape takes
+    them, else as oneDNN's linear takes it; None where neither can take ``w``."""
     ok = w.device.type == "cpu" and w.dim() == 2 and w.dtype in (torch.bfloat16, torch.float32)
     if not ok:
         return None
     if w.dtype == torch.bfloat16 and dense_tiles() and torch.ops.attest.tile_shape(*w.shape):
         return torch.ops.attest.tile_pack(w)
+    if w.dtype == torch.float32 and dense_f32() and torch.ops.attest.f32_shape(*w.shape):
+        return torch.ops.attest.f32_pack(w)
     if not torch.backends.mkldnn.is_available():
         return None
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_ROWS)
@@ -130,10 +147,18 @@ def on_tiles(packed: torch.Tensor) -> bool:
     return packed.dim() == 5
 
 
+def on_f32(packed: torch.Tensor) -> bool:
+    """Whether ``packed`` (from ``pack``) is laid out for the native float32 product (its
+    blocks of 32 columns, ``[N / 32, K, 32]``) rather than oneDNN's."""
+    return packed.dim() == 3
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """``x @ w.T`` on ``pack(w)``."""
     if on_tiles(packed):
         return torch.ops.attest.tile_linear(x, packed)
+    if on_f32(packed):
+        return torch.ops.attest.f32_linear(x, packed)
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 

@@ -16,6 +16,7 @@ from engine.model.orient import (
     ROWS,
     Orientation,
     choose,
+    dense_f32,
     dense_tiles,
     measure,
     on_tiles,
@@ -149,7 +150,13 @@ def test_the_boot_receipt_says_which_way_runs(tiny_model_dir, tmp_path, monkeypa
     llm = LLM(model=tiny_model_dir, kv_tokens=256, log_file=str(log))
     weights = [json.loads(x) for x in log.read_text().splitlines() if '"boot.weights"' in x][-1]
     assert weights["orient"] == {"layers": [1], "head": [1]}
-    assert weights["prepacked"] == {"layers": [], "head": [], "bytes": 0, "tiles": False}
+    assert weights["prepacked"] == {
+        "layers": [],
+        "head": [],
+        "bytes": 0,
+        "tiles": False,
+        "f32": False,
+    }
     llm.close()
     monkeypatch.setenv("ATTEST_ORIENT", "packed")
     llm = LLM(model=tiny_model_dir, kv_tokens=256, log_file=str(log))
@@ -157,7 +164,15 @@ def test_the_boot_receipt_says_which_way_runs(tiny_model_dir, tmp_path, monkeypa
     model = llm.core.model
     mats = [layer[k] for layer in model.layers for k in orient_matrices] + [model.lm_head]
     bytes_ = sum(m.numel() * m.element_size() for m in mats)
-    assert weights["prepacked"] == {"layers": [1], "head": [1], "bytes": bytes_, "tiles": False}
+    # float32: laid out for the native float32 product where the native ops are built with
+    # AVX-512 (the tiny model's rows are whole 32s), else for oneDNN
+    assert weights["prepacked"] == {
+        "layers": [1],
+        "head": [1],
+        "bytes": bytes_,
+        "tiles": False,
+        "f32": dense_f32(),
+    }
     llm.close()
     # bfloat16: laid out for AMX's tiles where the CPU has them (the tiny model's rows and
     # columns are whole 32s), the same bytes

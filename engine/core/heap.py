@@ -5,13 +5,13 @@ mmap threshold (128 KiB at start, raised as such blocks are freed, 32 MiB at mos
 own, unmapped again when the block is freed, and gives the top of its heap back to the system
 past its trim threshold. A page given back is faulted in and zeroed again on its next touch,
 and a step's activations are blocks of megabytes that the next step allocates again: a
-bfloat16 prefill of 64 prompts of 128 tokens faulted 63,970-226,337 pages each time, 32 tokens
-of their decode 169,038-582,625 more. While the model loaded, the measure of its products' ways
-(``engine.model.orient``) ran in the faults of a heap still being given back: at 512 rows it
-timed AMX's tiles at 2.45-2.75 ms where they take 1.6-1.8 once loaded, and chose ``F.linear``
-instead in 3 boots of 4. Kept, the same prefill faulted 5-3,604 pages, the decode 903-11,409;
-64 streams decoded 1.06x as fast in bfloat16, 1.15x in float32 (BENCHMARKS.md, "2026-12-07
-(heap)").
+bfloat16 prefill of 64 prompts of 128 tokens faulted 63,970-226,337 pages each time, and two
+generates of such prompts (1 token, then 33) 169,038-582,625. While the model loaded, the
+measure of its products' ways (``engine.model.orient``) ran in the faults of a heap still being
+given back: at 512 rows it timed AMX's tiles at 2.45-2.75 ms where they take 1.58-1.75 once
+loaded, and chose ``F.linear`` instead in 3 boots of 4. Kept, the same prefill faulted 40-3,604
+pages, the two generates 903-1,869; 64 streams decoded 1.06x as fast in bfloat16, 1.15x in
+float32 (BENCHMARKS.md, "2026-12-07 (heap)").
 
 So the engine sets both thresholds to ``KEEP`` (``keep_freed``): a block under it comes from the
 heap, and what a step frees stays there for the next step; a block over it (a large KV pool)

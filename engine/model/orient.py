@@ -25,17 +25,17 @@ laid out once (``packed_linear``). Where the CPU has AMX's bfloat16 tiles and th
 built, a bfloat16 matrix of whole 32s of rows and columns is laid out for the native product on
 the tiles (``kernels/cpu_dense.cpp``: 1.03-1.46x oneDNN's packed product over the default
 model's 30 layers at 1 to 512 rows, BENCHMARKS.md; ``ATTEST_DENSE_TILES=0`` turns it off);
-where the native ops are built with AVX-512, a float32 matrix of whole 32s of rows is laid out for
-the native float32 product (``kernels/cpu_dense_f32.cpp``: 1.35-1.51x oneDNN's packed product
+where the native ops are built with AVX-512, a float32 matrix of whole 32s of rows is laid out
+for the native float32 product (``kernels/cpu_dense_f32.cpp``: 1.35-1.51x oneDNN's packed product
 over the default model's 30 layers at 8 to 64 rows, level from 256, BENCHMARKS.md;
 ``ATTEST_DENSE_F32=0`` turns it off); elsewhere it is oneDNN's linear on the weight in its
 blocked form. Unpacked, a bfloat16 product through oneDNN lays the weight out again on every
 call: on an AMD EPYC (Zen 4, AVX-512 BF16) the default model's bfloat16 LM head took 23-34 ms a
-row that way and 5.0 ms packed, one thread (BENCHMARKS.md). oneDNN's packed bfloat16 product gives ``F.linear``'s bits; the tiles' sums
-the same products in another order (each float32 sum rounded once to bfloat16), as float32's
-packed ways (oneDNN's GEMM, not MKL's; the native one, each sum over K in order, whatever its
-batch) and ``(w @ x.T).T`` do. The copy costs the weight's bytes
-again, so it is kept only for a part (layers, head) where some bucket takes it.
+row that way and 5.0 ms packed, one thread (BENCHMARKS.md). oneDNN's packed bfloat16 product
+gives ``F.linear``'s bits; the tiles' sums the same products in another order (each float32 sum
+rounded once to bfloat16), as float32's packed ways (oneDNN's GEMM, not MKL's; the native one,
+each sum over K in order, whatever its batch) and ``(w @ x.T).T`` do. The copy costs the
+weight's bytes again, so it is kept only for a part (layers, head) where some bucket takes it.
 """
 
 from __future__ import annotations

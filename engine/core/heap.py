@@ -18,7 +18,8 @@ heap, and what a step frees stays there for the next step; a block over it (a la
 keeps pages of its own, given back when freed. What the load freed (its temporaries) is given
 back once after it (``give_back``, glibc's ``malloc_trim``), so the pool's sizing reads memory
 they no longer hold. This is what vLLM's CPU build asks of tcmalloc, preloaded; glibc's own
-switches need nothing installed. The setting is the process's: the first engine sets it.
+switches need nothing installed. The setting is the process's and holds once made: an engine
+told ``ATTEST_HEAP=system`` after another of its process kept the heap says so.
 ``boot.pool_sized`` records it (``heap``). ``ATTEST_HEAP=system`` leaves glibc's own; with
 another C library nothing is set.
 """
@@ -33,6 +34,7 @@ from functools import cache
 KEEP = 1 << 30  # bytes: a block under it comes from the heap; this much freed stays there
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
+_kept = False  # whether this process's heap was set to keep (it stays so)
 
 
 @cache
@@ -51,10 +53,14 @@ def keep_freed(env: Mapping[str, str] = os.environ) -> dict[str, object]:
     """Set glibc's thresholds to ``KEEP`` unless ``ATTEST_HEAP=system``; the fields that say
     what the heap does (``boot.pool_sized``): ``heap`` ``keep`` with ``heap_bytes``, or
     ``system`` with ``heap_why``."""
+    global _kept
     how = env.get("ATTEST_HEAP", "").strip()
     if how not in ("", "keep", "system"):
         raise ValueError(f"ATTEST_HEAP must be keep or system, got {how!r}")
     if how == "system":
+        if _kept:
+            why = "ATTEST_HEAP=system, but an earlier engine of this process kept the heap"
+            return {"heap": "keep", "heap_bytes": KEEP, "heap_why": why}
         return {"heap": "system", "heap_why": "ATTEST_HEAP=system"}
     libc = _glibc()
     if libc is None:
@@ -62,6 +68,7 @@ def keep_freed(env: Mapping[str, str] = os.environ) -> dict[str, object]:
     for param in (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD):
         if libc.mallopt(param, KEEP) != 1:
             return {"heap": "system", "heap_why": f"mallopt({param}, {KEEP}) refused"}
+    _kept = True
     return {"heap": "keep", "heap_bytes": KEEP}
 
 

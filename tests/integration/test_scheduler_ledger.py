@@ -80,7 +80,9 @@ def test_boot_receipts_name_the_pool_sizing_path(tiny_model_dir, tmp_path):
     assert sized["path"] == "configured" and sized["kv_tokens"] == 96 and sized["page_size"] == 16
     # and what the C heap does with what a step frees (engine/core/heap.py; the environment's
     # ATTEST_HEAP=system leaves glibc's own)
-    kept = heap._glibc() is not None and os.environ.get("ATTEST_HEAP", "").strip() != "system"
+    kept = heap._glibc() is not None and (
+        heap._kept or os.environ.get("ATTEST_HEAP", "").strip() != "system"
+    )
     assert sized["heap"] == ("keep" if kept else "system")
     assert lines[3]["path"] == "off" and lines[3]["host_kv_tokens"] == 0  # no host tier on CPU
     assert [r["seq"] for r in lines] == [1, 2, 3, 4, 5, 6, 7]

@@ -53,6 +53,7 @@ GIVE_BACK = r"""
 import ctypes
 from engine.core.heap import give_back, keep_freed
 assert keep_freed({})["heap"] == "keep"
+assert keep_freed({"ATTEST_HEAP": "system"})["heap"] == "keep"  # kept, it stays kept
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 def resident():
@@ -83,10 +84,14 @@ def test_the_heaps_switch_is_named_in_its_error_and_system_sets_nothing(monkeypa
     with pytest.raises(ValueError, match="ATTEST_HEAP must be keep or system, got 'tcmalloc'"):
         heap.keep_freed({"ATTEST_HEAP": "tcmalloc"})
     monkeypatch.setattr(heap, "_glibc", lambda: pytest.fail("system touches no threshold"))
+    monkeypatch.setattr(heap, "_kept", False)
     assert heap.keep_freed({"ATTEST_HEAP": "system"}) == {
         "heap": "system",
         "heap_why": "ATTEST_HEAP=system",
     }
+    # a heap kept earlier in the process stays kept, and an engine told system says so
+    monkeypatch.setattr(heap, "_kept", True)
+    assert heap.keep_freed({"ATTEST_HEAP": "system"})["heap"] == "keep"
 
 
 def test_another_c_library_is_left_as_it_is(monkeypatch):

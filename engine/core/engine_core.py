@@ -104,9 +104,8 @@ class EngineCore:
         self._set_threads()
         self.heap = keep_freed()  # before the load, whose measure of the products it steadies
         backend = self._choose_backend()
-        self._load(loaded, backend, join)
-        give_back()  # what the load freed, before the pool's sizing reads the free memory
-        self._size_memory()
+        self._load(loaded, backend, join)  # what the load freed given back (_new_model) ...
+        self._size_memory()  # ... before the pool's sizing reads the free memory
         self.scheduler = self._build_scheduler(tracing, group)
         self.cutovers = Cutovers(self)
         auto = config.group.phase_policy == "auto" and self.rank == 0
@@ -182,7 +181,6 @@ class EngineCore:
             # so they attend alike)
             backend.prepare(self.head_shape)
         self.receipts.emit(schema.BOOT_WEIGHTS, **self.weights_fields())
-        self.loaded.weights = {}  # the model holds its own (fused, cast) copies now
         self.max_context = min(c.model.max_model_len or cfg.max_position, cfg.max_position)
 
     @property
@@ -385,16 +383,16 @@ class EngineCore:
 
     def build_model(self, loaded: LoadedModel) -> LlamaModel:
         """A model of ``loaded``'s weights on this engine's dtype, backend, device and place in
-        its group (a weights cutover builds the new one beside the serving one); the file's
-        copies are let go."""
-        model = self._new_model(loaded, self.model.backend, self._plan_quant())
-        loaded.weights = {}
-        return model
+        its group (a weights cutover builds the new one beside the serving one)."""
+        return self._new_model(loaded, self.model.backend, self._plan_quant())
 
     def _new_model(
         self, loaded: LoadedModel, backend: AttentionBackend, quant: QuantPlan | None
     ) -> LlamaModel:
-        return LlamaModel(
+        """The model of ``loaded``'s weights (the boot's, a weights cutover's, a relayout's): the
+        file's copies are let go once it holds its own (fused, cast), and what the load freed
+        is given back to the system (``engine.core.heap``: the kept heap would hold it)."""
+        model = LlamaModel(
             loaded.config,
             loaded.weights,
             self.dtype,
@@ -404,6 +402,9 @@ class EngineCore:
             quant=quant,
             stage=self.stage,
         )
+        loaded.weights = {}
+        give_back()
+        return model
 
     def swap_model(self, loaded: LoadedModel, model: LlamaModel) -> None:
         """Serve ``model`` from the next step on (at an iteration boundary, nothing resident)."""
@@ -426,7 +427,7 @@ class EngineCore:
         self.config = replace(self.config, group=replace(before, tp=op.tp, pp=op.pp))
         self.shard_comm, self.stage = self.comm.layout(op.tp)
         loaded = load_model(self.loaded.path)
-        model, loaded.weights = self._new_model(loaded, self.model.backend, self.quant), {}
+        model = self._new_model(loaded, self.model.backend, self.quant)
         self.kv.take_over(self._pool(model, self.kv.pool_slots, self.kv.dtype))
         self.loaded, self.model = loaded, model
         self.recapture()

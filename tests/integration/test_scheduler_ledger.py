@@ -91,3 +91,20 @@ def test_boot_receipts_name_the_pool_sizing_path(tiny_model_dir, tmp_path):
     m = measured.receipts.of("boot.pool_sized")[0]
     assert m["path"] == "measured" and m["mem_available"] > 0
     assert m["kv_tokens"] == m["budget_bytes"] // m["bytes_per_token"]
+
+
+def test_every_model_built_gives_back_what_its_load_freed(tiny_model_dir, monkeypatch):
+    """The boot's model and a weights cutover's alike (engine.core.heap: the kept heap would hold
+    the load's temporaries): the file's copies let go, then the heap's free pages given back."""
+    from engine.core import engine_core
+    from engine.model.loader import load_model
+
+    calls: list[int] = []
+    monkeypatch.setattr(engine_core, "give_back", lambda: calls.append(1))
+    llm = LLM(model=tiny_model_dir, kv_tokens=64)
+    assert calls == [1] and llm.core.loaded.weights == {}
+    loaded = load_model(tiny_model_dir)
+    assert loaded.weights
+    llm.core.build_model(loaded)  # a weights cutover builds its model so
+    assert calls == [1, 1] and loaded.weights == {}
+    llm.close()

@@ -100,8 +100,8 @@ at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& c
 // Dense products (exact mode's, fast mode's dense values): every product the one way ``way``
 // that engine/model/llama.py's linear takes at these rows (orient.py): 0 F.linear, 1 (w @ x.T).T
 // laid out by rows (one row padded to two), 2 on weights packed at load: the native product on
-// AMX's tiles or the native float32 one where they are laid out for it, else oneDNN's linear. mats: per layer l
-// [4l .. 4l+3], the dense matrices ([out, in]) or, way 2, their packed copies.
+// AMX's tiles or the native float32 one where they are laid out for it, else oneDNN's linear.
+// mats: per layer l [4l .. 4l+3], the dense matrices ([out, in]) or, way 2, their packed copies.
 // native_norm: the native add and norm (bfloat16), else torch's ops (float32: transformers' bits).
 at::Tensor dense_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
                         const at::Tensor& sin, at::TensorList mats, int64_t way, bool native_norm,

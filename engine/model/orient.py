@@ -105,22 +105,26 @@ def by_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return by_mm(x, w).contiguous()
 
 
+def _native_product(switch: str, built: str) -> bool:
+    """Whether a native product runs: the native ops loaded, ``attest::<built>`` true, and not
+    turned off by ``<switch>=0``."""
+    if os.environ.get(switch, "").strip() == "0" or not cpu_ops.load():
+        return False
+    return bool(getattr(torch.ops.attest, built)())
+
+
 @cache
 def dense_f32() -> bool:
     """Whether float32 matrices are laid out for the native float32 product: the native ops
     built with AVX-512 and not turned off by ``ATTEST_DENSE_F32=0``."""
-    if os.environ.get("ATTEST_DENSE_F32", "").strip() == "0" or not cpu_ops.load():
-        return False
-    return bool(torch.ops.attest.dense_f32_built())
+    return _native_product("ATTEST_DENSE_F32", "dense_f32_built")
 
 
 @cache
 def dense_tiles() -> bool:
     """Whether bfloat16 matrices are laid out for the native product on AMX's tiles: the native
     ops built with it, Linux lending the tiles, and not turned off by ``ATTEST_DENSE_TILES=0``."""
-    if os.environ.get("ATTEST_DENSE_TILES", "").strip() == "0" or not cpu_ops.load():
-        return False
-    return bool(torch.ops.attest.dense_tiles_built())
+    return _native_product("ATTEST_DENSE_TILES", "dense_tiles_built")
 
 
 def pack(w: torch.Tensor) -> torch.Tensor | None:

@@ -30,10 +30,15 @@ print(fields["heap"], sum(faults[1:]))
 """
 
 
-def _faults(how: str) -> tuple[str, int]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, how], capture_output=True, text=True, check=True
+def _child(script: str, *args: str) -> list[str]:
+    """What ``script`` prints, run in a process of its own (the heap's setting is a process's)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, check=True
     ).stdout.split()
+
+
+def _faults(how: str) -> tuple[str, int]:
+    out = _child(CHILD, how)
     return out[0], int(out[1])
 
 
@@ -72,10 +77,7 @@ print(before, kept, resident())
 def test_what_the_heap_kept_is_given_back_when_asked():
     """The load's temporaries, freed, stay the process's until ``give_back`` (the engine calls
     it once after the load, before the pool's sizing reads the free memory)."""
-    out = subprocess.run(
-        [sys.executable, "-c", GIVE_BACK], capture_output=True, text=True, check=True
-    ).stdout.split()
-    before, kept, given = (int(v) for v in out)
+    before, kept, given = (int(v) for v in _child(GIVE_BACK))
     assert kept - before > 60 * 1024  # the freed block's 64 MiB still resident
     assert kept - given > 60 * 1024  # and given back
 

@@ -14,6 +14,12 @@ passes (milliseconds for the 30 layers), and the native product's ratio over the
 way.
 
     .venv/bin/python bench/dense_tiles.py [--rows 1,16,64,128,512] [--reps 7] [--dtype float32]
+
+With ``--gated``, the 30 layers' gate-up products and their activation only: the tiles' product
+then ``silu_mul`` (the baseline: the way before the gated layout) against the gated product
+(``orient.gated_linear``: silu(gate) * up as the sums leave the tiles), whose bits it checks
+are the baseline's; the heap kept as the engine keeps it (``engine.core.heap``), so that
+neither way's output is new memory each call.
 """
 
 from __future__ import annotations
@@ -24,8 +30,19 @@ import torch
 import torch.nn.functional as F
 from cpuinfo import describe  # bench/cpuinfo.py, beside this script
 
-from engine.model.orient import by_mm, dense_f32, dense_tiles, on_f32, on_tiles, pack, packed_linear
-from kernels.timing import fastest
+from engine.core.heap import keep_freed
+from engine.model.fused import native_silu_mul
+from engine.model.orient import (
+    by_mm,
+    dense_f32,
+    dense_tiles,
+    gated_linear,
+    on_f32,
+    on_tiles,
+    pack,
+    packed_linear,
+)
+from kernels.timing import fastest, fastest_each
 
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 LAYERS = 30
@@ -36,7 +53,10 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16,64,128,512")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    ap.add_argument("--gated", action="store_true", help="the gate-up products and activation")
     args = ap.parse_args()
+    if args.gated:
+        return gated(args)
     dtype = getattr(torch, args.dtype)
     print(f"cpu: {describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     if not (dense_tiles() if dtype == torch.bfloat16 else dense_f32()):
@@ -75,6 +95,35 @@ def main() -> None:
         other = min(v for k, v in ms.items() if k != "native")
         cells = " | ".join(f"{v:.2f}" for v in ms.values())
         print(f"| {n} | {cells} | {other / ms['native']:.2f}x |", flush=True)
+
+
+def gated(args: argparse.Namespace) -> None:
+    print(f"heap: {keep_freed()}")
+    print(f"cpu: {describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if not dense_tiles():
+        raise SystemExit("no native bfloat16 product on the tiles here")
+    g = torch.Generator().manual_seed(0)
+    out, inp = LAYER[2]
+    mats = [torch.randn(out, inp, generator=g).bfloat16() * 0.05 for _ in range(LAYERS)]
+    plain = [pack(w) for w in mats]
+    laid = [pack(w, gated=True) for w in mats]
+    ways = {
+        "tiles, then silu_mul": lambda x: [native_silu_mul(packed_linear(x, p)) for p in plain],
+        "gated": lambda x: [gated_linear(x, p, native_silu_mul) for p in laid],
+    }
+    print(
+        f"{LAYERS} layers' gate-up products and SiLU times up; fastest of {args.reps} each, the ways in turn, ms"
+    )
+    print("| rows | " + " | ".join(ways) + " | gated / baseline |")
+    print("|---:|---:|---:|---:|")
+    for n in (int(r) for r in args.rows.split(",")):
+        x = torch.randn(n, inp, generator=g).bfloat16()
+        a, b = ways["tiles, then silu_mul"](x), ways["gated"](x)
+        assert all(torch.equal(u.view(torch.int16), v.view(torch.int16)) for u, v in zip(a, b))
+        took = fastest_each([lambda f=f, x=x: f(x) for f in ways.values()], args.reps)
+        ms = {k: t * 1e3 for k, t in zip(ways, took)}
+        cells = " | ".join(f"{v:.2f}" for v in ms.values())
+        print(f"| {n} | {cells} | {ms['tiles, then silu_mul'] / ms['gated']:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@
 // block, every 32 rows run over it as four C tiles (2 x 2: two A tiles, two B tiles a step of K),
 // the block's weights in cache while they do. float32 sums, rounded once to bfloat16 (to nearest
 // even) as they are stored: the sums of oneDNN's product in another order.
+//
+// A gate/up matrix ([2n, K], gate's rows then up's) can be laid out gated: each block's first
+// B tile 16 of gate's columns, its second the same 16 of up's. Its product (tile_gated_linear)
+// then stores silu(gate) * up for those 16 columns as a block's C tiles leave the tiles, as
+// silu_mul computes it from the two rounded sums: the MLP's activation without the [rows, 2n]
+// product written to memory and read back (at 512 rows, 3 MB a layer each way).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -32,14 +38,45 @@ constexpr int64_t kDepth = 32;  // K a tile step: one bfloat16 tile row
 constexpr int64_t kStep = 2 * 16 * kDepth;  // bfloat16 elements of a block's tiles a step
 
 #if defined(ATTEST_DENSE_TILES)
-// The first rows of a C block (c: [32][32] float32) as bfloat16 into out's rows.
-inline void store_rows(const float (*c)[kCols], int64_t rows, c10::BFloat16* out, int64_t os) {
-  for (int64_t r = 0; r < rows; ++r) {
-    auto* o = reinterpret_cast<__m256i*>(out + r * os);
-    _mm256_storeu_si256(o, (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r])));
-    _mm256_storeu_si256(o + 1, (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r] + 16)));
+// The first rows of block b's C tiles (c: [32][32] float32) as bfloat16 into out's rows (from
+// out, its row stride os): the block's 32 columns.
+struct StoreSums {
+  inline void operator()(const float (*c)[kCols], int64_t rows, c10::BFloat16* out, int64_t os,
+                         int64_t b) const {
+    out += b * kCols;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto* o = reinterpret_cast<__m256i*>(out + r * os);
+      _mm256_storeu_si256(o, (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r])));
+      _mm256_storeu_si256(o + 1, (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r] + 16)));
+    }
   }
-}
+};
+
+// A gated block's 16 columns of silu(gate) * up: each sum rounded as StoreSums rounds it, then
+// silu_mul's arithmetic, its vector loop's where the columns lie in it (below the last whole 64
+// of n, ``vec``), else its scalar loop's.
+struct StoreGated {
+  const uint16_t* table;
+  int64_t vec;
+  inline void operator()(const float (*c)[kCols], int64_t rows, c10::BFloat16* out, int64_t os,
+                         int64_t b) const {
+    out += b * 16;
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m256i g = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r]));
+      const __m256i ub = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r] + 16));
+      const __m512 u = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ub), 16));
+      if (b * 16 < vec) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * os), silu_times16(g, u, table));
+        continue;
+      }
+      alignas(32) c10::BFloat16 gs[16];
+      alignas(64) float us[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(gs), g);
+      _mm512_store_ps(us, u);
+      for (int j = 0; j < 16; ++j) out[r * os + j] = silu_times<c10::BFloat16>(f32(gs[j]), us[j]);
+    }
+  }
+};
 
 // Which of a step's tiles are loaded with the hint that they will not be used again soon
 // (TILELOADDT1), so that they do not push the others out of L1 (see tile_blocks): none, the B
@@ -102,7 +139,7 @@ constexpr int64_t kChunkBytes = 256 * 1024;  // a run of blocks' weights held in
 constexpr int64_t kFewRows = 64;  // up to these rows, a block at a time
 
 // Column blocks [b0, b1) of x @ w.T: x [M, K] (row stride xs; K a multiple of 32), the layout's
-// blocks, out [M, N] (row stride os). The blocks in runs whose weights fit L2, every 32 rows
+// blocks, out [M, N] (row stride os), each block's C tiles leaving by ``store``. The blocks in runs whose weights fit L2, every 32 rows
 // over a run while its weights are there, their A tiles kept in L1 across the run's blocks by
 // loading the B tiles as a stream (without the hint a block's B tiles, as many bytes as its 32
 // rows' A tiles at every K, pushed them out); up to kFewRows rows, a block at a time, the
@@ -112,8 +149,9 @@ constexpr int64_t kFewRows = 64;  // up to these rows, a block at a time
 // 512 rows 56.0-58.8 ms against 64.2-68.2 without, 64 rows 15.1-15.7 against 15.8-16.5
 // (BENCHMARKS.md); a block at a time against runs at 64 rows: 13.97 ms against 15.04 before
 // either hint.
+template <typename Store>
 void tile_blocks(const uint16_t* x, int64_t xs, int64_t M, int64_t K, const uint16_t* packed,
-                 c10::BFloat16* out, int64_t os, int64_t b0, int64_t b1) {
+                 c10::BFloat16* out, int64_t os, int64_t b0, int64_t b1, const Store& store) {
   const int64_t steps = K / kDepth;
   alignas(64) float c[2 * 16][kCols];
   // the rows past M's last whole 32, zeros below them: a tile's 16 rows always read
@@ -137,7 +175,7 @@ void tile_blocks(const uint16_t* x, int64_t xs, int64_t M, int64_t K, const uint
           block_of<Stream::rows>(a, as, w, steps, rows, c);
         else  // one pass: the rows' tiles stay in L1 across the blocks as they are
           block_of<Stream::none>(a, as, w, steps, rows, c);
-        store_rows(c, rows, out + m0 * os + b * kCols, os);
+        store(c, rows, out + m0 * os, os, b);
       }
     }
   }
@@ -160,8 +198,10 @@ bool tile_shape(int64_t n, int64_t k) { return n > 0 && k > 0 && n % kCols == 0 
 
 // w [N, K] bfloat16 (N and K multiples of 32) laid out for tile_linear: [N / 32, K / 32, 2, 16,
 // 32]. Within a block's step, tile t holds columns 16t .. 16t + 15, its row p the pairs (K = 2p,
-// 2p + 1) of each column, as a B tile's rows are read.
-at::Tensor tile_pack(const at::Tensor& w) {
+// 2p + 1) of each column, as a B tile's rows are read. Gated (w a gate/up matrix, gate's N / 2
+// rows then up's), block b's tile t holds columns 16b .. 16b + 15 of gate (t = 0) or of up, for
+// tile_gated_linear.
+at::Tensor tile_pack(const at::Tensor& w, bool gated) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && w.device().is_cpu(),
               "tile_pack: w must be a 2-D bfloat16 CPU tensor");
   const int64_t N = w.size(0), K = w.size(1);
@@ -178,40 +218,70 @@ at::Tensor tile_pack(const at::Tensor& w) {
           for (int64_t p = 0; p < 16; ++p)
             for (int64_t j = 0; j < 16; ++j)
               for (int64_t e = 0; e < 2; ++e) {
-                const int64_t col = b * kCols + 16 * t + j, k = s * kDepth + 2 * p + e;
+                const int64_t col = gated ? t * (N / 2) + 16 * b + j : b * kCols + 16 * t + j;
+                const int64_t k = s * kDepth + 2 * p + e;
                 dst[(((b * steps + s) * 2 + t) * 16 + p) * 32 + 2 * j + e] = src[col * K + k];
               }
   });
   return out;
 }
 
-// x @ w.T for x [M, K] bfloat16 (rows may be strided, the last dimension dense) and
-// packed = tile_pack(w); [M, N] bfloat16.
-at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed) {
-  TORCH_CHECK(dense_tiles_built(), "tile_linear: no AMX bfloat16 tiles here");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1,
-              "tile_linear: x must be [M, K] bfloat16, dense in its last dimension");
+#if defined(ATTEST_DENSE_TILES)
+namespace {
+
+// The product on packed = tile_pack(w, gated) over x [M, K] (bfloat16, rows may be strided, the
+// last dimension dense) into a new [M, block_cols x blocks] tensor, each block's C tiles leaving
+// by ``store``.
+template <typename Store>
+at::Tensor tile_product(const at::Tensor& x, const at::Tensor& packed, const char* op,
+                        int64_t block_cols, const Store& store) {
+  TORCH_CHECK(dense_tiles_built(), op, ": no AMX bfloat16 tiles here");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1, op,
+              ": x must be [M, K] bfloat16, dense in its last dimension");
   TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == at::kBFloat16 &&
                   packed.is_contiguous() && packed.size(2) == 2 && packed.size(3) == 16 &&
                   packed.size(4) == 32,
-              "tile_linear: packed must come from tile_pack");
-  const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0), N = blocks * kCols;
-  TORCH_CHECK(packed.size(1) * kDepth == K, "tile_linear: x has ", K, " columns, the weights ",
+              op, ": packed must come from tile_pack");
+  const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0), N = blocks * block_cols;
+  TORCH_CHECK(packed.size(1) * kDepth == K, op, ": x has ", K, " columns, the weights ",
               packed.size(1) * kDepth);
   at::Tensor out = at::empty({M, N}, x.options());
-#if defined(ATTEST_DENSE_TILES)
   if (M == 0) return out;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
-  auto* op = out.data_ptr<c10::BFloat16>();
+  auto* o = out.data_ptr<c10::BFloat16>();
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     const WholeTiles cfg;  // 0 to 3 C, 4 and 5 A, 6 and 7 B
     _tile_loadconfig(&cfg);
-    tile_blocks(xp, x.stride(0), M, K, wp, op, N, b0, b1);
+    tile_blocks(xp, x.stride(0), M, K, wp, o, N, b0, b1, store);
     _tile_release();
   });
-#endif
   return out;
+}
+
+}  // namespace
+#endif
+
+// x @ w.T for x [M, K] bfloat16 (rows may be strided, the last dimension dense) and
+// packed = tile_pack(w); [M, N] bfloat16.
+at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed) {
+#if defined(ATTEST_DENSE_TILES)
+  return tile_product(x, packed, "tile_linear", kCols, StoreSums{});
+#else
+  TORCH_CHECK(false, "tile_linear: no AMX bfloat16 tiles here");
+#endif
+}
+
+// silu(gate) * up of x's product with a gate/up matrix w [2n, K], for packed = tile_pack(w,
+// gated=true): silu_mul(x @ w.T)'s bits, [M, n] bfloat16.
+at::Tensor tile_gated_linear(const at::Tensor& x, const at::Tensor& packed) {
+#if defined(ATTEST_DENSE_TILES)
+  const int64_t n = packed.dim() == 5 ? packed.size(0) * 16 : 0;
+  return tile_product(x, packed, "tile_gated_linear", 16,
+                      StoreGated{silu_bf16_table(), n / 64 * 64});
+#else
+  TORCH_CHECK(false, "tile_gated_linear: no AMX bfloat16 tiles here");
+#endif
 }
 
 }  // namespace attest_ops
@@ -219,11 +289,13 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed) {
 TORCH_LIBRARY_FRAGMENT(attest, m) {
   m.def("dense_tiles_built() -> bool", &attest_ops::dense_tiles_built);
   m.def("tile_shape(int n, int k) -> bool", &attest_ops::tile_shape);
-  m.def("tile_pack(Tensor w) -> Tensor");
+  m.def("tile_pack(Tensor w, bool gated=False) -> Tensor");
   m.def("tile_linear(Tensor x, Tensor packed) -> Tensor");
+  m.def("tile_gated_linear(Tensor x, Tensor packed) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attest, CPU, m) {
   m.impl("tile_pack", attest_ops::tile_pack);
   m.impl("tile_linear", attest_ops::tile_linear);
+  m.impl("tile_gated_linear", attest_ops::tile_gated_linear);
 }

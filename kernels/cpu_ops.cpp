@@ -521,26 +521,6 @@ bool decode_by_kv_head(const Tensor& q, const Tensor& pool_k) {
 // ---- the small per-layer ops ---------------------------------------------------------------
 
 #if defined(__AVX512F__)
-// v rounded to bfloat16 as c10 rounds (to nearest even; a NaN is 0x7fc0), in each lane's low half
-inline __m512i bf16_bits(__m512 v) {
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_set1_epi32(0x7fc0));
-}
-// The same 16 roundings packed: on a CPU with AVX-512 BF16 by its conversion, which rounds as
-// c10 does save for two kinds of lane, read first: a denormal (the instruction reads it as zero)
-// and a NaN (it keeps the payload); a vector with either takes the integer rounding above. At
-// 512 bfloat16 rows the residual add and norm took 77-84 us so against 96-99, rope 66-71
-// against 80-81 (BENCHMARKS.md).
-inline __m256i bf16_packed(__m512 v) {
-#if defined(__AVX512BF16__)
-  constexpr int kOdd = 0x01 | 0x20 | 0x80;  // quiet NaN, denormal, signalling NaN
-  if (_mm512_fpclass_ps_mask(v, kOdd) == 0) return (__m256i)_mm512_cvtneps_pbh(v);
-#endif
-  return _mm512_cvtepi32_epi16(bf16_bits(v));
-}
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 inline void store16(c10::BFloat16* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_packed(v));
@@ -719,11 +699,9 @@ void silu_mul_rows(const T* x, T* y, int64_t rows, int64_t n, int64_t xs) {
       const __m512 one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
       for (; i < whole; i += 16) {
         if constexpr (std::is_same_v<T, c10::BFloat16>) {  // silu by its table
-          const __m512i bits = _mm512_cvtepu16_epi32(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i)));
-          const __m512i got = _mm512_i32gather_epi32(bits, table, 2);
-          const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(got, 16));
-          store16(o + i, _mm512_mul_ps(s, load16(u + i)));
+          const __m256i gb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i),
+                              silu_times16(gb, load16(u + i), table));
           continue;
         }
         const __m512 gv = load16(g + i);
@@ -732,10 +710,7 @@ void silu_mul_rows(const T* x, T* y, int64_t rows, int64_t n, int64_t xs) {
         store16(o + i, _mm512_mul_ps(s, load16(u + i)));
       }
 #endif
-      for (; i < n; ++i) {  // torch's scalar loop
-        const float gf = f32(g[i]);
-        o[i] = static_cast<T>(keep<T>(gf / (1.f + std::exp(-gf))) * f32(u[i]));
-      }
+      for (; i < n; ++i) o[i] = silu_times<T>(f32(g[i]), f32(u[i]));  // torch's scalar loop
     }
   });
 }

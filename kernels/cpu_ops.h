@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
 
+#include <cmath>
 #include <type_traits>
 
 #if defined(__AVX512F__)
@@ -19,6 +20,12 @@ inline float f32(T x) {
   return static_cast<float>(x);
 }
 
+// silu(g) * u in T as torch's scalar loop computes it: the silu rounded to T, then the product
+template <typename T>
+inline T silu_times(float g, float u) {
+  return static_cast<T>(static_cast<float>(static_cast<T>(g / (1.f + std::exp(-g)))) * u);
+}
+
 #if defined(__AVX512F__)
 // torch's own vector exp (SLEEF, 1.0 ulp), exported by libtorch_cpu: the one its softmax uses
 extern "C" __m512 Sleef_expf16_u10(__m512);
@@ -28,6 +35,37 @@ inline __m512 load16(const c10::BFloat16* p) {  // 16 bfloat16 as float32
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
 }
+// v rounded to bfloat16 as c10 rounds (to nearest even; a NaN is 0x7fc0), in each lane's low half
+inline __m512i bf16_bits(__m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_set1_epi32(0x7fc0));
+}
+// The same 16 roundings packed: on a CPU with AVX-512 BF16 by its conversion, which rounds as
+// c10 does save for two kinds of lane, read first: a denormal (the instruction reads it as zero)
+// and a NaN (it keeps the payload); a vector with either takes the integer rounding above. At
+// 512 bfloat16 rows the residual add and norm took 77-84 us so against 96-99, rope 66-71
+// against 80-81 (BENCHMARKS.md).
+inline __m256i bf16_packed(__m512 v) {
+#if defined(__AVX512BF16__)
+  constexpr int kOdd = 0x01 | 0x20 | 0x80;  // quiet NaN, denormal, signalling NaN
+  if (_mm512_fpclass_ps_mask(v, kOdd) == 0) return (__m256i)_mm512_cvtneps_pbh(v);
+#endif
+  return _mm512_cvtepi32_epi16(bf16_bits(v));
+}
+
+// silu(g) = g / (1 + exp(-g)) rounded to bfloat16 for every bfloat16 g, by its bits (cpu_ops.cpp)
+const uint16_t* silu_bf16_table();
+
+// silu(g) * u rounded to bfloat16 for 16 bfloat16 gates (their bits) and their up values (as
+// float32): the silu by the table, then the product rounded, as silu_mul's vector loop
+inline __m256i silu_times16(__m256i g, __m512 u, const uint16_t* table) {
+  const __m512i got = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(g), table, 2);
+  return bf16_packed(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(got, 16)), u));
+}
+
 #endif
 
 // Whether this process may use AMX's tiles: built for a CPU with them, and Linux hands a process
@@ -59,6 +97,7 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& pool_k,
                             const at::Tensor& ext, double scale);
 bool extend_attention_built();
 at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed);
+at::Tensor tile_gated_linear(const at::Tensor& x, const at::Tensor& packed);
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed);
 bool extend_on_tiles();
 bool set_extend_tiles(bool on);

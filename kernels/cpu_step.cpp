@@ -30,17 +30,18 @@ at::Tensor packed_mm(const at::Tensor& x, const at::Tensor& packed, const at::Te
 }
 
 // The layers' loop both calls share: product(cur, l, j) is ``cur`` times layer l's matrix j
-// (QKV, O, gate-up, down); add_norm(h, y, w) adds y into h, in place, and returns the norm of
+// (QKV, O, gate-up, down), gated(cur, l) silu(gate) * up of its product with the gate-up
+// matrix; add_norm(h, y, w) adds y into h, in place, and returns the norm of
 // the new h. h, x: [T, hidden], the residual stream (updated in place) and the
 // first layer's normed input; norms [2l, 2l+1]: the layer's MLP norm and the norm after it (the
 // next layer's input norm, or the final one); pools [2l, 2l+1]: its K and V pools. dims: heads,
 // kv_heads, head_dim. Returns the last norm's output, as the forward does.
-template <typename Product, typename AddNorm>
+template <typename Product, typename Gated, typename AddNorm>
 at::Tensor layers_loop(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
                        const at::Tensor& sin, int64_t matrices, at::TensorList norms,
                        at::TensorList pools, const at::Tensor& out_slots, const at::Tensor& slots,
                        const at::Tensor& lens, at::IntArrayRef dims, double scale,
-                       const char* op, Product product, AddNorm add_norm) {
+                       const char* op, Product product, Gated gated, AddNorm add_norm) {
   const int64_t layers = static_cast<int64_t>(norms.size()) / 2;
   TORCH_CHECK(norms.size() % 2 == 0 && matrices == 4 * layers && pools.size() == norms.size(),
               op, ": 4 matrices, 2 norms and 2 pools a layer");
@@ -61,7 +62,7 @@ at::Tensor layers_loop(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos
                                        pool_k, pool_v, out_slots, slots, lens, scale);
     at::Tensor o = product(attn.view({T, q_size}), l, 1);
     cur = add_norm(h, o, norms[2 * l]);
-    at::Tensor act = silu_mul(product(cur, l, 2));
+    at::Tensor act = gated(cur, l);
     cur = add_norm(h, product(act, l, 3), norms[2 * l + 1]);
   }
   return cur;
@@ -90,18 +91,20 @@ at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& c
     const int64_t m = 4 * l + j;
     return packed_mm(cur, mats[m], scales[m], groups[m]);
   };
+  auto gated = [&](const at::Tensor& cur, int64_t l) { return silu_mul(product(cur, l, 2)); };
   auto add_norm = [&](at::Tensor& hh, const at::Tensor& y, const at::Tensor& w) {
     return add_rms_norm(hh, y, w, eps);
   };
   return layers_loop(h, x, cos, sin, static_cast<int64_t>(mats.size()), norms, pools, out_slots,
-                     slots, lens, dims, scale, "decode_layers", product, add_norm);
+                     slots, lens, dims, scale, "decode_layers", product, gated, add_norm);
 }
 
 // Dense products (exact mode's, fast mode's dense values): every product the one way ``way``
 // that engine/model/llama.py's linear takes at these rows (orient.py): 0 F.linear, 1 (w @ x.T).T
 // laid out by rows (one row padded to two), 2 on weights packed at load: the native product on
 // AMX's tiles or the native float32 one where they are laid out for it, else oneDNN's linear.
-// mats: per layer l [4l .. 4l+3], the dense matrices ([out, in]) or, way 2, their packed copies.
+// mats: per layer l [4l .. 4l+3], the dense matrices ([out, in]) or, way 2, their packed copies
+// (a gate-up matrix's for the tiles gated: tile_gated_linear its one product).
 // native_norm: the native add and norm (bfloat16), else torch's ops (float32: transformers' bits).
 at::Tensor dense_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
                         const at::Tensor& sin, at::TensorList mats, int64_t way, bool native_norm,
@@ -127,11 +130,18 @@ at::Tensor dense_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& co
     packed_linear.callBoxed(&stack);
     return stack[0].toTensor();
   };
+  // a gate-up matrix laid out for the tiles is laid out gated (orient.py's pack): its product
+  // is the activation itself
+  auto gated = [&](const at::Tensor& cur, int64_t l) {
+    const at::Tensor& w = mats[4 * l + 2];
+    if (way == 2 && w.dim() == 5) return tile_gated_linear(cur, w);
+    return silu_mul(product(cur, l, 2));
+  };
   auto add_norm = [&](at::Tensor& hh, const at::Tensor& y, const at::Tensor& w) {
     return native_norm ? add_rms_norm(hh, y, w, eps) : torch_add_norm(hh, y, w, eps);
   };
   return layers_loop(h, x, cos, sin, static_cast<int64_t>(mats.size()), norms, pools, out_slots,
-                     slots, lens, dims, scale, "dense_layers", product, add_norm);
+                     slots, lens, dims, scale, "dense_layers", product, gated, add_norm);
 }
 
 }  // namespace attest_ops

@@ -26,6 +26,7 @@ from engine.model.orient import (
     by_mm,
     by_rows,
     choose,
+    gated_linear,
     on_f32,
     on_tiles,
     pack,
@@ -34,6 +35,8 @@ from engine.model.orient import (
 from engine.model.quant import QuantPlan, QuantWeight, quantize_weight
 from engine.model.shard import cols, plan_shard, rows, vocab_rows
 from kernels.attention import AttentionBackend, AttentionMetadata, LayerKV
+
+GATED = tuple(k == "gate_up" for k in MATRICES)  # the layer matrices laid out gated (packed)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -68,23 +71,34 @@ def linear(
     w: torch.Tensor | QuantWeight,
     orient: Orientation | None = None,
     packed: torch.Tensor | None = None,
+    silu_mul: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``x @ w.T``. A quantised matrix (fast mode) takes its packed kernel for a few rows, its dense
     values beyond (with their own packed copy, ``QuantWeight.dense_packed``). A dense product runs
     the way ``orient`` says, measured at load for this CPU (``engine.model.orient``:
     ``F.linear``, ``(w @ x.T).T``, or oneDNN on ``packed``, ``w`` laid out once). Unmeasured (a
     GPU): float32 as ``(w @ x.T).T``, bfloat16 one row by the plain call and more as
-    ``(w @ x.T).T``.
+    ``(w @ x.T).T``. With ``silu_mul`` (``w`` a gate/up matrix, ``packed`` laid out gated):
+    ``silu_mul`` of the product, in the product's own pass where the packed copy is on the
+    tiles (``orient.gated_linear``).
     """
     if isinstance(w, QuantWeight):
         if x.shape[0] <= w.small_rows:
-            return w.packed_matmul(x)
+            y = w.packed_matmul(x)
+            return y if silu_mul is None else silu_mul(y)
         w, packed = w.dense, w.dense_packed
+    if orient is not None and packed is not None and orient.takes_packed(x.shape[0]):
+        if silu_mul is not None:
+            return gated_linear(x, packed, silu_mul)
+        return packed_linear(x, packed)
+    y = _unpacked(x, w, orient)
+    return y if silu_mul is None else silu_mul(y)
+
+
+def _unpacked(x: torch.Tensor, w: torch.Tensor, orient: Orientation | None) -> torch.Tensor:
+    """``x @ w.T`` by ``F.linear`` or ``(w @ x.T).T``, as ``linear`` takes them."""
     if orient is not None:
-        n = x.shape[0]
-        if packed is not None and orient.takes_packed(n):
-            return packed_linear(x, packed)
-        return by_rows(x, w) if orient.takes_mm(n) else F.linear(x, w)
+        return by_rows(x, w) if orient.takes_mm(x.shape[0]) else F.linear(x, w)
     if w.dtype != torch.float32:
         return F.linear(x, w) if x.shape[0] == 1 else torch.mm(w, x.t()).t()
     return by_mm(x, w)
@@ -212,10 +226,10 @@ class LlamaModel:
         dense = lambda m: m.dense if isinstance(m, QuantWeight) else m  # noqa: E731
         layers = head = None
         if self.layers:
-            packs = self._packs([dense(self.layers[0][k]) for k in MATRICES])
+            packs = self._packs([dense(self.layers[0][k]) for k in MATRICES], GATED)
             layers = choose([dense(self.layers[0][k]) for k in MATRICES], packs=packs)
             for i, layer in enumerate(self.layers if layers.uses_packed else []):
-                got = packs if i == 0 else self._packs([dense(layer[k]) for k in MATRICES])
+                got = packs if i == 0 else self._packs([dense(layer[k]) for k in MATRICES], GATED)
                 for k, p in zip(MATRICES, got or ()):
                     if (beside := self._keep(layer[k], p)) is not None:
                         layer.setdefault("packed", {})[k] = beside
@@ -237,10 +251,13 @@ class LlamaModel:
             return None
         return packed
 
-    def _packs(self, mats: list[torch.Tensor]) -> list[torch.Tensor] | None:
-        """``mats`` packed (``orient.pack``: for AMX's tiles or for oneDNN), where each packs;
-        None: the products are measured without the packed way."""
-        packs = [pack(m) for m in mats]
+    def _packs(
+        self, mats: list[torch.Tensor], gated: tuple[bool, ...] = ()
+    ) -> list[torch.Tensor] | None:
+        """``mats`` packed (``orient.pack``: for AMX's tiles or for oneDNN; those ``gated`` says
+        are gate/up matrices laid out gated), where each packs; None: the products are measured
+        without the packed way."""
+        packs = [pack(m, i < len(gated) and gated[i]) for i, m in enumerate(mats)]
         return None if any(p is None for p in packs) else packs  # type: ignore[return-value]
 
     def _put(self, t: torch.Tensor) -> torch.Tensor:
@@ -320,7 +337,7 @@ class LlamaModel:
             o = linear(attn.reshape(T, self.q_size), layer["o"], self.orient, pk.get("o"))
             o = self.comm.all_reduce_sum(o)
             h, x = ops.add_norm(h, o, layer["mlp_norm"])
-            act = ops.silu_mul(linear(x, layer["gate_up"], self.orient, pk.get("gate_up")))
+            act = linear(x, layer["gate_up"], self.orient, pk.get("gate_up"), ops.silu_mul)
             down = linear(act, layer["down"], self.orient, pk.get("down"))
             down = self.comm.all_reduce_sum(down)
             h, x = ops.add_norm(h, down, next_norm)

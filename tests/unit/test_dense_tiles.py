@@ -1,7 +1,8 @@
 """The native bfloat16 product on AMX's tiles (kernels/cpu_dense.cpp), which a bfloat16 matrix
 laid out at load takes where the CPU has the tiles (engine.model.orient.pack): against the
 product in float64, rows on both sides of its blocks of 32 and 16 (a tile's), strided rows,
-and the shapes it refuses."""
+and the shapes it refuses; a gate/up matrix laid out gated, whose product is the MLP's
+activation itself."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.model.orient import dense_tiles, on_tiles, pack, packed_linear
+from engine.model.fused import native_silu_mul
+from engine.model.orient import dense_tiles, gated_linear, on_tiles, pack, packed_linear
 
 pytestmark = pytest.mark.skipif(not dense_tiles(), reason="no AMX bfloat16 tiles here")
 
@@ -71,3 +73,40 @@ def test_a_shape_the_tiles_do_not_take_is_laid_out_for_onednn_and_a_wrong_one_re
         torch.ops.attest.tile_linear(_bf16(3, 96, seed=6), tiles)
     with pytest.raises(RuntimeError, match="bfloat16"):
         torch.ops.attest.tile_linear(torch.randn(3, 64), tiles)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.sampled_from([1, 5, 16, 17, 32, 33, 64, 65, 100]),
+    n=st.sampled_from([16, 48, 64, 80, 192]),
+    k=st.sampled_from([32, 96, 576]),
+    wide=st.integers(0, 1),
+    seed=st.integers(0, 2**16),
+)
+def test_a_gated_product_is_silu_mul_of_the_product_bit_for_bit(m, n, k, wide, seed):
+    """silu(gate) * up as the sums leave the tiles: the same bits as ``silu_mul`` of the plain
+    product, for every row count the kernel's ways take, columns in silu_mul's vector loop
+    (below the last whole 64 of n) and past it in its scalar loop (n = 16, 48, 80), rows at
+    their stride."""
+    w = _bf16(2 * n, k, seed=seed) * 0.25
+    x = _bf16(m, k + 32 * wide, seed=seed + 1)[:, :k]
+    gated = pack(w, gated=True)
+    assert on_tiles(gated)
+    got = gated_linear(x, gated, native_silu_mul)
+    ref = native_silu_mul(packed_linear(x, pack(w)))
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
+
+
+def test_a_gated_layout_pairs_each_block_of_gate_with_the_same_block_of_up():
+    """Block b of the gated layout holds gate's columns 16b .. 16b + 15, then up's: its plain
+    product gives those columns in that order."""
+    n, k = 64, 64
+    w = _bf16(2 * n, k, seed=7)
+    x = _bf16(3, k, seed=8)
+    plain = packed_linear(x, pack(w))
+    interleaved = packed_linear(x, pack(w, gated=True))
+    order = torch.arange(2 * n).view(2, n // 16, 16).transpose(0, 1).reshape(-1)
+    assert torch.equal(interleaved, plain[:, order])
+    with pytest.raises(RuntimeError, match="x has 96 columns, the weights 64"):
+        torch.ops.attest.tile_gated_linear(_bf16(3, 96, seed=9), pack(w, gated=True))

@@ -18,6 +18,7 @@ from engine.model.orient import (
     choose,
     dense_f32,
     dense_tiles,
+    gated_linear,
     measure,
     on_tiles,
     pack,
@@ -199,10 +200,12 @@ def test_the_forward_runs_its_products_the_way_chosen(tiny_model_dir, monkeypatc
     calls: dict[str, int] = {"linear": 0, "packed": 0}
 
     def counted(name, fn):
-        return lambda x, w: calls.__setitem__(name, calls[name] + 1) or fn(x, w)
+        return lambda x, w, *more: calls.__setitem__(name, calls[name] + 1) or fn(x, w, *more)
 
     monkeypatch.setattr(torch.nn.functional, "linear", counted("linear", F_linear))
     monkeypatch.setattr(llama, "packed_linear", counted("packed", packed_linear))
+    # the gate/up product, packed, with its activation (orient.gated_linear)
+    monkeypatch.setattr(llama, "gated_linear", counted("packed", gated_linear))
     from engine import SamplingParams
 
     llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
@@ -243,6 +246,9 @@ def test_fast_mode_packs_its_dense_values_where_chosen_and_runs_them_packed(
     calls = []
     monkeypatch.setattr(
         llama, "packed_linear", lambda x, p: calls.append(len(x)) or packed_linear(x, p)
+    )
+    monkeypatch.setattr(
+        llama, "gated_linear", lambda x, p, f: calls.append(len(x)) or gated_linear(x, p, f)
     )
     # the Python layers' products, counted here (the one native call runs the same ones and is
     # compared with them bit for bit in tests/unit/test_native_step.py)

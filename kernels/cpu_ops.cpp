@@ -305,6 +305,13 @@ void check_rows(const Tensor& t, const char* name) {
 
 // ---- K/V into the paged pool ----------------------------------------------------------------
 
+// Every one of the n slots os[] written lies in the pool's ``slots`` rows: a slot outside them
+// would write past the pool's memory.
+void check_out_slots(const int64_t* os, int64_t n, int64_t slots, const char* op) {
+  for (int64_t t = 0; t < n; ++t)
+    TORCH_CHECK(os[t] >= 0 && os[t] < slots, op, ": slot ", os[t], " outside 0..", slots - 1);
+}
+
 // pool_k[out_slots[t]] = k[t] and pool_v[out_slots[t]] = v[t] for the T rows (k, v [T, kv_heads,
 // d], rows at their strides), cast to the pool's dtype as torch casts (a copy where the dtypes
 // are the same, as index_copy_ copies); the rows shared among the threads where there are many
@@ -357,9 +364,7 @@ void store_kv(const Tensor& k, const Tensor& v, Tensor& pool_k, Tensor& pool_v,
                   out_slots.dim() == 1 && out_slots.size(0) == k.size(0),
               "store_kv: out_slots must be int64 [T], one a row");
   const int64_t* os = out_slots.data_ptr<int64_t>();
-  const int64_t slots = pool_k.size(0);
-  for (int64_t t = 0; t < k.size(0); ++t)
-    TORCH_CHECK(os[t] >= 0 && os[t] < slots, "store_kv: slot ", os[t], " outside 0..", slots - 1);
+  check_out_slots(os, k.size(0), pool_k.size(0), "store_kv");
   by_dtypes(k.scalar_type(), pool_k.scalar_type(), "store_kv", [&](auto a, auto p) {
     write_kv<decltype(a), decltype(p)>(k, v, pool_k, pool_v, os);
   });
@@ -494,6 +499,7 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_new, const Tensor& v_ne
   TORCH_CHECK(out_slots.is_contiguous() && lens.is_contiguous(), "indices must be contiguous");
   TORCH_CHECK(slots.size(0) == q.size(0) && lens.size(0) == q.size(0) &&
                   out_slots.size(0) == q.size(0), "one row a request");
+  check_out_slots(out_slots.data_ptr<int64_t>(), q.size(0), pool_k.size(0), "decode_attention");
   Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   by_dtypes(q.scalar_type(), pool_k.scalar_type(), "decode_attention", [&](auto a, auto p) {
     decode_kernel<decltype(a), decltype(p)>(q, k_new, v_new, pool_k, pool_v, out_slots, slots,

@@ -345,3 +345,20 @@ def test_native_store_kv_refuses_a_slot_outside_the_pool_and_a_pair_it_does_not_
     half = torch.zeros(4, 3, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="Float with a BFloat16 pool"):
         torch.ops.attest.store_kv(k, k, half, half.clone(), torch.tensor([1, 2]))
+
+
+@needs_native
+@pytest.mark.parametrize("bad", [4, -1])
+def test_native_decode_attention_refuses_a_slot_outside_the_pool_before_writing(bad):
+    """The step's own K/V go into the pool at out_slots before it attends: a slot past the
+    pool's either end is an error naming it, with nothing written, not a write past the pool."""
+    q = torch.ones(2, 6, 64)
+    k = torch.ones(2, 3, 64)
+    pool_k, pool_v = torch.zeros(4, 3, 64), torch.zeros(4, 3, 64)
+    slots = torch.tensor([[0, 1], [2, 3]])
+    lens = torch.tensor([2, 2])
+    with pytest.raises(RuntimeError, match=f"decode_attention: slot {bad} outside 0..3"):
+        torch.ops.attest.decode_attention(
+            q, k, k, pool_k, pool_v, torch.tensor([1, bad]), slots, lens, 0.125
+        )
+    assert not pool_k.any() and not pool_v.any()

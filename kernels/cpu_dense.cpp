@@ -52,6 +52,21 @@ struct StoreSums {
   }
 };
 
+// StoreSums's sums rounded to bfloat16 as it rounds them, stored widened to float32: the same
+// numbers as the bfloat16 product's .float(), without the bfloat16 product in memory.
+struct StoreWidened {
+  inline void operator()(const float (*c)[kCols], int64_t rows, float* out, int64_t os,
+                         int64_t b) const {
+    out += b * kCols;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r] + 16 * h));
+        _mm512_storeu_ps(out + r * os + 16 * h,
+                         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)));
+      }
+  }
+};
+
 // A gated block's 16 columns of silu(gate) * up: each sum rounded as StoreSums rounds it, then
 // silu_mul's arithmetic, its vector loop's where the columns lie in it (below the last whole 64
 // of n, ``vec``), else its scalar loop's.
@@ -149,9 +164,9 @@ constexpr int64_t kFewRows = 64;  // up to these rows, a block at a time
 // 512 rows 56.0-58.8 ms against 64.2-68.2 without, 64 rows 15.1-15.7 against 15.8-16.5
 // (BENCHMARKS.md); a block at a time against runs at 64 rows: 13.97 ms against 15.04 before
 // either hint.
-template <typename Store>
+template <typename Out, typename Store>
 void tile_blocks(const uint16_t* x, int64_t xs, int64_t M, int64_t K, const uint16_t* packed,
-                 c10::BFloat16* out, int64_t os, int64_t b0, int64_t b1, const Store& store) {
+                 Out* out, int64_t os, int64_t b0, int64_t b1, const Store& store) {
   const int64_t steps = K / kDepth;
   alignas(64) float c[2 * 16][kCols];
   // the rows past M's last whole 32, zeros below them: a tile's 16 rows always read
@@ -232,7 +247,7 @@ namespace {
 // The product on packed = tile_pack(w, gated) over x [M, K] (bfloat16, rows may be strided, the
 // last dimension dense) into a new [M, block_cols x blocks] tensor, each block's C tiles leaving
 // by ``store``.
-template <typename Store>
+template <typename Out, typename Store>
 at::Tensor tile_product(const at::Tensor& x, const at::Tensor& packed, const char* op,
                         int64_t block_cols, const Store& store) {
   TORCH_CHECK(dense_tiles_built(), op, ": no AMX bfloat16 tiles here");
@@ -245,11 +260,11 @@ at::Tensor tile_product(const at::Tensor& x, const at::Tensor& packed, const cha
   const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0), N = blocks * block_cols;
   TORCH_CHECK(packed.size(1) * kDepth == K, op, ": x has ", K, " columns, the weights ",
               packed.size(1) * kDepth);
-  at::Tensor out = at::empty({M, N}, x.options());
+  at::Tensor out = at::empty({M, N}, x.options().dtype(c10::CppTypeToScalarType<Out>::value));
   if (M == 0) return out;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
-  auto* o = out.data_ptr<c10::BFloat16>();
+  auto* o = out.data_ptr<Out>();
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     const WholeTiles cfg;  // 0 to 3 C, 4 and 5 A, 6 and 7 B
     _tile_loadconfig(&cfg);
@@ -263,10 +278,11 @@ at::Tensor tile_product(const at::Tensor& x, const at::Tensor& packed, const cha
 #endif
 
 // x @ w.T for x [M, K] bfloat16 (rows may be strided, the last dimension dense) and
-// packed = tile_pack(w); [M, N] bfloat16.
-at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed) {
+// packed = tile_pack(w); [M, N] bfloat16, or widened, the same numbers in float32.
+at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed, bool widen) {
 #if defined(ATTEST_DENSE_TILES)
-  return tile_product(x, packed, "tile_linear", kCols, StoreSums{});
+  if (widen) return tile_product<float>(x, packed, "tile_linear", kCols, StoreWidened{});
+  return tile_product<c10::BFloat16>(x, packed, "tile_linear", kCols, StoreSums{});
 #else
   TORCH_CHECK(false, "tile_linear: no AMX bfloat16 tiles here");
 #endif
@@ -277,8 +293,8 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed) {
 at::Tensor tile_gated_linear(const at::Tensor& x, const at::Tensor& packed) {
 #if defined(ATTEST_DENSE_TILES)
   const int64_t n = packed.dim() == 5 ? packed.size(0) * 16 : 0;
-  return tile_product(x, packed, "tile_gated_linear", 16,
-                      StoreGated{silu_bf16_table(), n / 64 * 64});
+  return tile_product<c10::BFloat16>(x, packed, "tile_gated_linear", 16,
+                                     StoreGated{silu_bf16_table(), n / 64 * 64});
 #else
   TORCH_CHECK(false, "tile_gated_linear: no AMX bfloat16 tiles here");
 #endif
@@ -290,7 +306,7 @@ TORCH_LIBRARY_FRAGMENT(attest, m) {
   m.def("dense_tiles_built() -> bool", &attest_ops::dense_tiles_built);
   m.def("tile_shape(int n, int k) -> bool", &attest_ops::tile_shape);
   m.def("tile_pack(Tensor w, bool gated=False) -> Tensor");
-  m.def("tile_linear(Tensor x, Tensor packed) -> Tensor");
+  m.def("tile_linear(Tensor x, Tensor packed, bool widen=False) -> Tensor");
   m.def("tile_gated_linear(Tensor x, Tensor packed) -> Tensor");
 }
 

@@ -96,7 +96,7 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& pool_k,
                             const at::Tensor& prefix, const at::Tensor& starts,
                             const at::Tensor& ext, double scale);
 bool extend_attention_built();
-at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed);
+at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed, bool widen = false);
 at::Tensor tile_gated_linear(const at::Tensor& x, const at::Tensor& packed);
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed);
 bool extend_on_tiles();

@@ -72,6 +72,7 @@ def linear(
     orient: Orientation | None = None,
     packed: torch.Tensor | None = None,
     silu_mul: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    widen: bool = False,
 ) -> torch.Tensor:
     """``x @ w.T``. A quantised matrix (fast mode) takes its packed kernel for a few rows, its dense
     values beyond (with their own packed copy, ``QuantWeight.dense_packed``). A dense product runs
@@ -80,7 +81,8 @@ def linear(
     GPU): float32 as ``(w @ x.T).T``, bfloat16 one row by the plain call and more as
     ``(w @ x.T).T``. With ``silu_mul`` (``w`` a gate/up matrix, ``packed`` laid out gated):
     ``silu_mul`` of the product, in the product's own pass where the packed copy is on the
-    tiles (``orient.gated_linear``).
+    tiles (``orient.gated_linear``). ``widen``: float32 out where the packed product can store
+    it so (``orient.packed_linear``; the LM head's logits, which are kept in float32).
     """
     if isinstance(w, QuantWeight):
         if x.shape[0] <= w.small_rows:
@@ -90,7 +92,7 @@ def linear(
     if orient is not None and packed is not None and orient.takes_packed(x.shape[0]):
         if silu_mul is not None:
             return gated_linear(x, packed, silu_mul)
-        return packed_linear(x, packed)
+        return packed_linear(x, packed, widen)
     y = _unpacked(x, w, orient)
     return y if silu_mul is None else silu_mul(y)
 
@@ -352,7 +354,10 @@ class LlamaModel:
         stage and shared with the others (whose ``hidden`` only says N)."""
         out = None
         if self.stage.last:
-            out = linear(hidden, self.lm_head, self.head_orient, self.head_packed)
+            # float32 from the product itself where it can (then .float() is no copy); across
+            # ranks the bfloat16 columns are gathered, half the bytes
+            widen = self.comm.world == 1
+            out = linear(hidden, self.lm_head, self.head_orient, self.head_packed, widen=widen)
             full = self.comm.all_gather(out, dim=-1)
             out = full[:, : self.cfg.vocab_size].float()
         return self.stage.share(out, (hidden.shape[0], self.cfg.vocab_size))

@@ -162,10 +162,12 @@ def on_f32(packed: torch.Tensor) -> bool:
     return packed.dim() == 3
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """``x @ w.T`` on ``pack(w)``."""
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, widen: bool = False) -> torch.Tensor:
+    """``x @ w.T`` on ``pack(w)``; ``widen``: in float32 where the product can store it so (on
+    the tiles: its bfloat16 sums widened as they are stored, the numbers ``.float()`` of the
+    bfloat16 product gives, without that product in memory), else in ``x``'s dtype."""
     if on_tiles(packed):
-        return torch.ops.attest.tile_linear(x, packed)
+        return torch.ops.attest.tile_linear(x, packed, widen)
     if on_f32(packed):
         return torch.ops.attest.f32_linear(x, packed)
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")

@@ -110,3 +110,15 @@ def test_a_gated_layout_pairs_each_block_of_gate_with_the_same_block_of_up():
     assert torch.equal(interleaved, plain[:, order])
     with pytest.raises(RuntimeError, match="x has 96 columns, the weights 64"):
         torch.ops.attest.tile_gated_linear(_bf16(3, 96, seed=9), pack(w, gated=True))
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 33, 64, 100])
+def test_a_widened_product_is_the_bfloat16_product_in_float32(m):
+    """Widened (the LM head's logits), each sum is rounded to bfloat16 as always and stored as
+    float32: bit for bit ``.float()`` of the bfloat16 product."""
+    w = _bf16(96, 576, seed=m)
+    x = _bf16(m, 576, seed=m + 1)
+    packed = pack(w)
+    got = packed_linear(x, packed, widen=True)
+    assert got.dtype == torch.float32 and got.shape == (m, 96)
+    assert torch.equal(got.view(torch.int32), packed_linear(x, packed).float().view(torch.int32))

@@ -245,7 +245,7 @@ def test_fast_mode_packs_its_dense_values_where_chosen_and_runs_them_packed(
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     calls = []
     monkeypatch.setattr(
-        llama, "packed_linear", lambda x, p: calls.append(len(x)) or packed_linear(x, p)
+        llama, "packed_linear", lambda x, p, *w: calls.append(len(x)) or packed_linear(x, p, *w)
     )
     monkeypatch.setattr(
         llama, "gated_linear", lambda x, p, f: calls.append(len(x)) or gated_linear(x, p, f)
@@ -290,3 +290,20 @@ def test_every_product_is_laid_out_row_by_row_whichever_way_it_takes(tiny_model_
                 x = torch.randn(n, w.shape[1], dtype=model.dtype)
                 assert linear(x, w, model.orient).is_contiguous(), (how, k)
         llm.close()
+
+
+def test_bfloat16_logits_are_the_heads_product_in_float32_widened_where_packed(
+    tiny_model_dir, monkeypatch
+):
+    """The LM head's logits (float32) are its bfloat16 product's ``.float()``, bit for bit,
+    whether the product stores them widened (packed on the tiles) or is widened after."""
+    monkeypatch.setenv("ATTEST_ORIENT", "packed")
+    llm = LLM(model=tiny_model_dir, kv_tokens=256, receipts=False, dtype="bfloat16")
+    model = llm.core.model
+    for n in (1, 3, 16, 40):
+        hidden = torch.randn(n, llm.core.model_config.hidden_size).to(torch.bfloat16)
+        got = model.logits(hidden)
+        want = packed_linear(hidden, model.head_packed).float()
+        assert got.dtype == torch.float32 and got.is_contiguous()
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), n
+    llm.close()

@@ -39,7 +39,7 @@ weight's bytes again, so it is kept only for a part (layers, head) where some bu
 A layer's gate/up matrix is laid out gated on the tiles (``pack(w, gated=True)``): its product
 is the MLP's activation, silu(gate) * up with ``silu_mul``'s bits, made as the sums leave the
 tiles (``gated_linear``), so the [rows, 2n] product is never written and read back (at 512 rows
-the 30 layers' gate/up products and SiLU took 27.7 ms so against 32.1, BENCHMARKS.md).
+the 30 layers' gate/up products and SiLU took 31.5-32.2 ms so against 34.9-53.1, BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -154,8 +154,9 @@ constexpr int64_t kChunkBytes = 256 * 1024;  // a run of blocks' weights held in
 constexpr int64_t kFewRows = 64;  // up to these rows, a block at a time
 
 // Column blocks [b0, b1) of x @ w.T: x [M, K] (row stride xs; K a multiple of 32), the layout's
-// blocks, out [M, N] (row stride os), each block's C tiles leaving by ``store``. The blocks in runs whose weights fit L2, every 32 rows
-// over a run while its weights are there, their A tiles kept in L1 across the run's blocks by
+// blocks, out [M, N] (row stride os), each block's C tiles leaving by ``store``. The blocks in
+// runs whose weights fit L2, every 32 rows over a run while its weights are there, their A
+// tiles kept in L1 across the run's blocks by
 // loading the B tiles as a stream (without the hint a block's B tiles, as many bytes as its 32
 // rows' A tiles at every K, pushed them out); up to kFewRows rows, a block at a time, the
 // weights one stream from memory: with more than 32 rows the rows' A tiles are loaded as the

@@ -1,9 +1,10 @@
 """The bfloat16 product on AMX's tiles (``kernels/cpu_dense.cpp``, the packed way of
 ``engine.model.orient`` on a CPU with the tiles), or with ``--dtype float32`` the native float32
 product (``kernels/cpu_dense_f32.cpp``, its packed way where the native ops are built with
-AVX-512), against the ways it replaces, as a forward meets them: the default model's 30 layers' four products (QKV 960x576, O 576x576, gate-up
-3072x576, down 576x1536), each layer its own random weights, so each product reads its weights
-from memory as a forward does, not from the cache a repeated product keeps them in.
+AVX-512), against the ways it replaces, as a forward meets them: the default model's 30 layers'
+four products (QKV 960x576, O 576x576, gate-up 3072x576, down 576x1536), each layer its own
+random weights, so each product reads its weights from memory as a forward does, not from the
+cache a repeated product keeps them in.
 
 The ways, each over all 30 layers: ``F.linear`` (the baseline: transformers' call), ``(W @
 x.T).T`` (``engine.model.orient.by_mm``: one row padded to two), oneDNN's linear on weights
@@ -112,7 +113,8 @@ def gated(args: argparse.Namespace) -> None:
         "gated": lambda x: [gated_linear(x, p, native_silu_mul) for p in laid],
     }
     print(
-        f"{LAYERS} layers' gate-up products and SiLU times up; fastest of {args.reps} each, the ways in turn, ms"
+        f"{LAYERS} layers' gate-up products and SiLU times up; fastest of {args.reps} each, "
+        "the ways in turn, ms"
     )
     print("| rows | " + " | ".join(ways) + " | gated / baseline |")
     print("|---:|---:|---:|---:|")

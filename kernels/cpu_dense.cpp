@@ -38,6 +38,10 @@ constexpr int64_t kDepth = 32;  // K a tile step: one bfloat16 tile row
 constexpr int64_t kStep = 2 * 16 * kDepth;  // bfloat16 elements of a block's tiles a step
 
 #if defined(ATTEST_DENSE_TILES)
+// 16 of a C tile's float32 sums rounded once to bfloat16 (to nearest even), as every way of
+// storing the product rounds them
+inline __m256i rounded16(const float* c) { return (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c)); }
+
 // The first rows of block b's C tiles (c: [32][32] float32) as bfloat16 into out's rows (from
 // out, its row stride os): the block's 32 columns.
 struct StoreSums {
@@ -46,8 +50,8 @@ struct StoreSums {
     out += b * kCols;
     for (int64_t r = 0; r < rows; ++r) {
       auto* o = reinterpret_cast<__m256i*>(out + r * os);
-      _mm256_storeu_si256(o, (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r])));
-      _mm256_storeu_si256(o + 1, (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r] + 16)));
+      _mm256_storeu_si256(o, rounded16(c[r]));
+      _mm256_storeu_si256(o + 1, rounded16(c[r] + 16));
     }
   }
 };
@@ -59,11 +63,8 @@ struct StoreWidened {
                          int64_t b) const {
     out += b * kCols;
     for (int64_t r = 0; r < rows; ++r)
-      for (int h = 0; h < 2; ++h) {
-        const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r] + 16 * h));
-        _mm512_storeu_ps(out + r * os + 16 * h,
-                         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)));
-      }
+      for (int h = 0; h < 2; ++h)
+        _mm512_storeu_ps(out + r * os + 16 * h, widen16(rounded16(c[r] + 16 * h)));
   }
 };
 
@@ -77,9 +78,8 @@ struct StoreGated {
                          int64_t b) const {
     out += b * 16;
     for (int64_t r = 0; r < rows; ++r) {
-      const __m256i g = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r]));
-      const __m256i ub = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c[r] + 16));
-      const __m512 u = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ub), 16));
+      const __m256i g = rounded16(c[r]);
+      const __m512 u = widen16(rounded16(c[r] + 16));
       if (b * 16 < vec) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * os), silu_times16(g, u, table));
         continue;

@@ -536,7 +536,7 @@ inline __m512 keep16(__m512 v) {  // v rounded to T and back, as keep<T> a lane 
   if constexpr (std::is_same_v<T, float>)
     return v;
   else
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_packed(v)), 16));
+    return widen16(bf16_packed(v));
 }
 #endif
 
@@ -548,8 +548,7 @@ inline __mmask16 lanes(int64_t k) {
 }
 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {  // lanes off read 0
-  const __m256i x = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+  return widen16(_mm256_maskz_loadu_epi16(m, p));
 }
 inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
 inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) {

@@ -30,10 +30,13 @@ inline T silu_times(float g, float u) {
 // torch's own vector exp (SLEEF, 1.0 ulp), exported by libtorch_cpu: the one its softmax uses
 extern "C" __m512 Sleef_expf16_u10(__m512);
 
+// 16 bfloat16 (their bits) as float32: each the high half of its lane
+inline __m512 widen16(__m256i x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {  // 16 bfloat16 as float32
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+  return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 // v rounded to bfloat16 as c10 rounds (to nearest even; a NaN is 0x7fc0), in each lane's low half
 inline __m512i bf16_bits(__m512 v) {

@@ -236,7 +236,7 @@ class LlamaModel:
                     if (beside := self._keep(layer[k], p)) is not None:
                         layer.setdefault("packed", {})[k] = beside
         if self.lm_head is not None:
-            packs = self._packs([dense(self.lm_head)])
+            packs = self._packs([dense(self.lm_head)], (False,))
             head = choose([dense(self.lm_head)], HEAD_ROWS, packs)
             if packs is not None and head.uses_packed:
                 self.head_packed = self._keep(self.lm_head, packs[0])
@@ -254,12 +254,12 @@ class LlamaModel:
         return packed
 
     def _packs(
-        self, mats: list[torch.Tensor], gated: tuple[bool, ...] = ()
+        self, mats: list[torch.Tensor], gated: tuple[bool, ...]
     ) -> list[torch.Tensor] | None:
-        """``mats`` packed (``orient.pack``: for AMX's tiles or for oneDNN; those ``gated`` says
-        are gate/up matrices laid out gated), where each packs; None: the products are measured
-        without the packed way."""
-        packs = [pack(m, i < len(gated) and gated[i]) for i, m in enumerate(mats)]
+        """``mats`` packed (``orient.pack``: for AMX's tiles or for oneDNN; each one ``gated``
+        says is a gate/up matrix, laid out gated), where each packs; None: the products are
+        measured without the packed way."""
+        packs = [pack(m, g) for m, g in zip(mats, gated, strict=True)]
         return None if any(p is None for p in packs) else packs  # type: ignore[return-value]
 
     def _put(self, t: torch.Tensor) -> torch.Tensor:

@@ -141,9 +141,12 @@ def attention(batches: list[int], quant: str | None) -> None:
         print("  " + ", ".join(line[1:]), "us |", line[0])
 
 
-def extend_row(n: int, tiles: bool) -> str:
+def extend_row(n: int, ways: list[str]) -> str:
     """One fresh prompt of ``n`` tokens (the default model's heads: 9 query heads, 3 KV heads of
-    64; bfloat16 queries over a bfloat16 pool): its table row."""
+    64; bfloat16 queries over a bfloat16 pool): its table row, a column for each way of
+    ``cpu_ops.EXTEND_BF16_WAYS`` (nan where the CPU does not run it)."""
+    from kernels import cpu_ops
+
     heads, kv_heads, d = 9, 3, 64
     g = torch.Generator().manual_seed(n)
     q = torch.randn(n, heads, d, generator=g).to(torch.bfloat16)
@@ -156,34 +159,53 @@ def extend_row(n: int, tiles: bool) -> str:
     def median_us(fn) -> float:
         return statistics.median(per_call_us(fn, n=1) for _ in range(7))
 
-    def native(on: bool) -> float:
-        was = torch.ops.attest.set_extend_tiles(on)
+    def native(way: str) -> float:
+        if way not in ways:
+            return float("nan")
+        was = torch.ops.attest.set_extend_way(way)
         try:
             return median_us(
                 lambda: torch.ops.attest.extend_attention(q, k, v, slots, zero, zero, ext, d**-0.5)
             )
         finally:
-            torch.ops.attest.set_extend_tiles(was)
+            torch.ops.attest.set_extend_way(was)
 
     sdpa = median_us(
         lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
     )
-    on, off = (native(True) if tiles else float("nan")), native(False)
-    return f"| {n} | {sdpa:.0f} | {on:.0f} | {off:.0f} | {sdpa / on:.2f}x | {sdpa / off:.2f}x |"
+    took = [native(way) for way in cpu_ops.EXTEND_BF16_WAYS]
+    return (
+        "| "
+        + " | ".join(
+            [
+                str(n),
+                f"{sdpa:.0f}",
+                *(f"{t:.0f}" for t in took),
+                *(f"{sdpa / t:.2f}x" for t in took),
+            ]
+        )
+        + " |"
+    )
 
 
 def extend(lengths: list[int]) -> None:
-    """A fresh prompt's attention a layer: the native kernel on AMX's tiles and by its vector
-    loops (``attest::set_extend_tiles``), and SDPA's flash kernel over the context gathered as
-    the torch path does (the baseline); medians of 7 calls."""
-    tiles = bool(torch.ops.attest.extend_on_tiles())
+    """A fresh prompt's attention a layer: the native kernel each way this CPU runs a bfloat16
+    chunk (``attest::set_extend_way``: the laid-out method on AMX's tiles, on AVX-512 BF16
+    vectors, the item loops), and SDPA's flash kernel over the context gathered as the torch path
+    does (the baseline); medians of 7 calls."""
+    from kernels import cpu_ops
+
+    ways = cpu_ops.extend_ways()
     print(
-        "| prefill tokens | SDPA us | native, tiles us | native, vectors us | SDPA / tiles |"
-        " SDPA / vectors |"
+        "| prefill tokens | SDPA us | "
+        + " | ".join(f"native, {w} us" for w in cpu_ops.EXTEND_BF16_WAYS)
+        + " | "
+        + " | ".join(f"SDPA / {w}" for w in cpu_ops.EXTEND_BF16_WAYS)
+        + " |"
     )
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("|---:" * (2 + 2 * len(cpu_ops.EXTEND_BF16_WAYS)) + "|")
     for n in lengths:
-        print(extend_row(n, tiles), flush=True)
+        print(extend_row(n, ways), flush=True)
 
 
 def main() -> None:

@@ -10,9 +10,12 @@
 // made float once and met by a few queries' accumulators held in registers. Float32 inside;
 // the output rounded once to the activations' dtype.
 //
-// On a CPU with AMX's bfloat16 tiles a bfloat16 chunk over a bfloat16 pool of at least sixteen
-// new tokens runs on them instead (the tiles' method, below): the scores and the weighted sum
-// of V are tile products, the softmax between them vector loops over the scores transposed.
+// A bfloat16 chunk over a bfloat16 pool of at least sixteen new tokens runs the laid-out method
+// instead (below), where the CPU has bfloat16 dot products: its request's context laid out once,
+// the scores taken transposed so that the softmax runs lane-wise over sixteen queries. On a CPU
+// with AMX's bfloat16 tiles the scores and the weighted sum of V are tile products ("tiles");
+// elsewhere the same products run as AVX-512 BF16 pair products on vectors ("pairs"). The
+// extend_way switch says which runs ("loops": the items above, for every chunk).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -31,12 +34,55 @@
 
 #include "cpu_ops.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AMX_TILE__) && \
-    defined(__AMX_BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define ATTEST_EXTEND_LAID 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define ATTEST_EXTEND_TILES 1
+#endif
 #endif
 
 namespace attest_ops {
+
+namespace {
+
+// How a bfloat16 chunk of at least kLaidRows new tokens over a bfloat16 pool runs: the items'
+// loops, the laid-out method on vectors, or on the tiles (the most the CPU can run, unless
+// ATTEST_EXTEND_WAY names a lesser one; set_extend_way changes it).
+enum Way : int { kLoops = 0, kPairs = 1, kTiles = 2 };
+constexpr const char* kWayNames[] = {"loops", "pairs", "tiles"};
+
+int way_of(const std::string& name) {
+  for (int w = kLoops; w <= kTiles; ++w)
+    if (name == kWayNames[w]) return w;
+  return -1;
+}
+
+// The most this CPU and build can run.
+int best_way() {
+#if defined(ATTEST_EXTEND_TILES)
+  if (tiles_permitted()) return kTiles;
+#endif
+#if defined(ATTEST_EXTEND_LAID)
+  return kPairs;
+#else
+  return kLoops;
+#endif
+}
+
+std::atomic<int>& way_chosen() {
+  static std::atomic<int> chosen{[] {
+    const char* env = std::getenv("ATTEST_EXTEND_WAY");
+    if (env == nullptr || *env == '\0') return static_cast<int>(kTiles);
+    const int w = way_of(env);
+    TORCH_CHECK(w >= 0, "ATTEST_EXTEND_WAY must be loops, pairs or tiles, got '", env, "'");
+    return w;
+  }()};
+  return chosen;
+}
+
+int way_now() { return std::min(way_chosen().load(), best_way()); }
+
+}  // namespace
 
 #if defined(__AVX512F__)
 namespace {
@@ -241,23 +287,29 @@ void extend_item(const A* q, int64_t qs0, int64_t qs1, const P* pk, const P* pv,
   }
 }
 
-#if defined(ATTEST_EXTEND_TILES)
-// ---- the tiles' method ------------------------------------------------------------------------
+#if defined(ATTEST_EXTEND_LAID)
+// ---- the laid-out method ----------------------------------------------------------------------
 //
 // A request's context, for each KV head, is first laid out once in a scratch buffer: its keys as
-// rows (an A tile is 16 keys' 32 dimensions) and its values transposed (an A tile is 16
-// dimensions' 32 keys), each padded with zeros to whole blocks of 32 keys. A work item is then
-// 16 consecutive queries of one query head. Per block of 32 keys it takes the scores transposed,
-// S^T = K Q^T (16 keys x 16 queries a tile, the item's queries laid out once as the B tile's
-// pairs of dimensions), so each key's 16 scores are one vector of the 16 queries: the running
-// max, the weights and their sum are lane-wise, with no sum across lanes. The weights rounded to
-// bfloat16 are the B tile of O^T += V^T P^T (16 dimensions x 16 queries a tile, O^T in L1).
+// rows (16 keys' 32 dimensions are an A tile) and its values transposed (16 dimensions' 32 keys
+// are one), each padded with zeros to whole blocks of 32 keys. A work item is then 16
+// consecutive queries of one query head. Per block of 32 keys it takes the scores transposed,
+// S^T = K Q^T (the item's queries laid out once as pairs of dimensions, a vector of 16 queries a
+// pair), so each key's 16 scores are one vector of the 16 queries: the running max, the weights
+// and their sum are lane-wise, with no sum across lanes. The weights rounded to bfloat16, as
+// pairs of keys a vector, meet V^T in O^T += V^T P^T (O^T: a vector of the 16 queries a
+// dimension).
+//
+// The products run on AMX's tiles where the CPU has them (tile_item: 16 keys x 16 queries of
+// S^T, or 16 dimensions x 16 queries of O^T, a tile product) and as AVX-512 BF16 pair products
+// elsewhere (pair_item: a key's pair of dimensions, or a dimension's pair of keys, broadcast
+// against the vector of 16 queries' pairs); the softmax between them is the same code.
 //
 // The running max is raised lazily: a query's reference moves only when a block's max passes it
 // by more than 2^8 in the weights (then the query's sum and output are rescaled), so the
 // weights against it stay at most 256 and most blocks rescale nothing. The softmax is the same
 // function of the scores; only the reference its terms are taken against differs.
-namespace tiles {
+namespace laid {
 
 constexpr int kQ = 16;      // queries an item: a tile's 16 columns
 constexpr int kBlock = 32;  // keys a block: the K dimension of one bfloat16 tile product
@@ -345,6 +397,169 @@ void lay_out(const uint16_t* pk, const uint16_t* pv, int64_t kvh, int64_t h, con
   }
 }
 
+// The item's queries (rows q + n * qs0, n < nq; the rest zeros) as pairs of dimensions: qt[c][p]
+// holds, for each query n in its lane, dimensions 32c + 2p and 32c + 2p + 1 (a B tile a chunk).
+template <int C>
+void query_pairs(const uint16_t* q, int64_t qs0, int64_t nq, uint32_t (*qt)[16][kQ]) {
+  for (int c = 0; c < C; ++c) {
+    __m512i rows[kQ];
+    for (int n = 0; n < kQ; ++n)
+      rows[n] = n < nq ? _mm512_loadu_si512(q + n * qs0 + 32 * c) : _mm512_setzero_si512();
+    transpose16(rows);
+    for (int p = 0; p < 16; ++p) _mm512_store_si512(qt[c][p], rows[p]);
+  }
+}
+
+// The rows of O^T times alpha, lane-wise.
+template <int D>
+inline void rescale(float (*ot)[kQ], __m512 alpha) {
+  for (int d = 0; d < D; ++d) _mm512_store_ps(ot[d], _mm512_mul_ps(_mm512_load_ps(ot[d]), alpha));
+}
+
+// The softmax of an item's 16 queries, a block of scores at a time, lane-wise.
+class Softmax {
+ public:
+  explicit Softmax(float scale)
+      : cs_(_mm512_set1_ps(scale * 1.4426950408889634f)),  // scores to log2 units
+        ms_(_mm512_set1_ps(-std::numeric_limits<float>::infinity())) {}
+
+  // The scores s of the block at k0 (s[i]: key k0 + i's 16 queries; queries from position
+  // qpos0, keys [0, last) seen by some of them) into the weights' pairs of keys pt (pt[j]: keys
+  // 2j and 2j + 1 of the block, a pair a lane), the sums kept; where a query's reference moves,
+  // rescale(alpha) first scales what was summed for it (alpha 1 in the other lanes).
+  template <typename Rescale>
+  void weigh(const float (*s)[kQ], int64_t k0, int64_t qpos0, int64_t last,
+             uint16_t (*pt)[2 * kQ], Rescale&& rescale) {
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    // key k0 + i is seen by the lanes n with qpos0 + n >= k0 + i: every lane for every key of a
+    // block that ends before the first query; a mask a key on the diagonal's blocks
+    const bool whole = k0 + kBlock - 1 <= qpos0;
+    const int rows = static_cast<int>(std::min<int64_t>(kBlock, last - k0));
+    __m512 b[4] = {ninf, ninf, ninf, ninf};
+    if (whole)
+      for (int i = 0; i < kBlock; ++i) b[i % 4] = _mm512_max_ps(b[i % 4], _mm512_load_ps(s[i]));
+    else
+      for (int i = 0; i < rows; ++i)
+        b[i % 4] = _mm512_mask_max_ps(b[i % 4], from_lane(k0 + i - qpos0), b[i % 4],
+                                      _mm512_load_ps(s[i]));
+    const __m512 bms =
+        _mm512_mul_ps(_mm512_max_ps(_mm512_max_ps(b[0], b[1]), _mm512_max_ps(b[2], b[3])), cs_);
+    const __mmask16 moved =
+        _mm512_cmp_ps_mask(bms, _mm512_add_ps(ms_, _mm512_set1_ps(kLazy)), _CMP_GT_OQ);
+    if (k0 == 0) {  // the first block: nothing summed yet to rescale
+      ms_ = bms;
+    } else if (moved) {  // rescale the sums and O^T of the queries whose reference moves
+      const __m512 alpha =
+          _mm512_mask_blend_ps(moved, _mm512_set1_ps(1.f), exp2_16(_mm512_sub_ps(ms_, bms)));
+      l0_ = _mm512_mul_ps(l0_, alpha);
+      l1_ = _mm512_mul_ps(l1_, alpha);
+      rescale(alpha);
+      ms_ = _mm512_mask_mov_ps(ms_, moved, bms);
+    }
+    // pair n of the weights' keys 2p and 2p + 1: bf16 lanes n and 16 + n of cvtne2ps's result
+    alignas(64) static constexpr uint16_t kPairs[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                        21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
+                                                        11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i pairs = _mm512_load_si512(kPairs);
+    for (int i = 0; i < kBlock; i += 2) {
+      __m512 p0 = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(s[i]), cs_, ms_));
+      __m512 p1 = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(s[i + 1]), cs_, ms_));
+      if (!whole) {
+        p0 = _mm512_maskz_mov_ps(i < rows ? from_lane(k0 + i - qpos0) : 0, p0);
+        p1 = _mm512_maskz_mov_ps(i + 1 < rows ? from_lane(k0 + i + 1 - qpos0) : 0, p1);
+      }
+      l0_ = _mm512_add_ps(l0_, p0);
+      l1_ = _mm512_add_ps(l1_, p1);
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);  // p0's 16, then p1's
+      _mm512_store_si512(pt[i / 2], _mm512_permutexvar_epi16(pairs, both));
+    }
+  }
+
+  // Each query's column of O^T divided by its sum and rounded to bfloat16 (to nearest even, as
+  // a cast rounds) into out (rows out + n * os0, n < nq): 16 dimensions at a time, their 16 x 16
+  // block transposed.
+  template <int D>
+  void finish(const float (*ot)[kQ], int64_t nq, c10::BFloat16* out, int64_t os0) const {
+    alignas(64) float inv[kQ];
+    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(l0_, l1_)));
+    for (int dt = 0; dt < D / 16; ++dt) {
+      __m512i rows[16];
+      for (int i = 0; i < 16; ++i) rows[i] = _mm512_load_si512(ot[16 * dt + i]);
+      transpose16(rows);
+      for (int64_t n = 0; n < nq; ++n) {
+        const __m512 o = _mm512_mul_ps(_mm512_castsi512_ps(rows[n]), _mm512_set1_ps(inv[n]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + n * os0 + 16 * dt),
+                            (__m256i)_mm512_cvtneps_pbh(o));
+      }
+    }
+  }
+
+ private:
+  __m512 cs_;
+  __m512 ms_;  // each query's reference, log2 units
+  __m512 l0_ = _mm512_setzero_ps(), l1_ = _mm512_setzero_ps();  // the sums, even and odd keys
+};
+
+// The 32-bit pair at p (two bfloat16), for a broadcast.
+inline int pair_at(const uint16_t* p) {
+  int v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// One item on vectors: queries j0 .. j0 + nq - 1 of a request (rows q + j * qs0 of one query
+// head, the first at position qpos0), against keys [0, qpos0 + nq) of its laid-out context; the
+// output rows out + j * os0. A block's scores 16 keys at a time (16 accumulators, each query
+// pair vector met by every key's pair broadcast), O^T 16 dimensions at a time (each pair of
+// keys' weights met by every dimension's pair of values broadcast).
+template <int D>
+void pair_item(const uint16_t* q, int64_t qs0, const Laid& ctx, int64_t qpos0, int64_t nq,
+               float scale, c10::BFloat16* out, int64_t os0) {
+  constexpr int C = D / 32;
+  alignas(64) uint32_t qt[C][16][kQ];
+  alignas(64) float sb[kBlock][kQ];
+  alignas(64) uint16_t pt[kBlock / 2][2 * kQ];
+  alignas(64) float ot[D][kQ];
+  query_pairs<C>(q, qs0, nq, qt);
+  std::memset(ot, 0, sizeof(ot));
+  Softmax sm(scale);
+  const int64_t last = qpos0 + nq;
+  for (int64_t k0 = 0; k0 < last; k0 += kBlock) {
+    const int rows = static_cast<int>(std::min<int64_t>(kBlock, last - k0));
+    for (int i0 = 0; i0 < kBlock; i0 += 16) {
+      __m512 acc[16];
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+      if (i0 < rows) {  // past them the scores are masked out: zeros stand in
+        const uint16_t* kr = ctx.k + (k0 + i0) * D;
+        for (int c = 0; c < C; ++c)
+          for (int p = 0; p < 16; ++p) {
+            const __m512bh qv = (__m512bh)_mm512_load_si512(qt[c][p]);
+            for (int i = 0; i < 16; ++i)
+              acc[i] = _mm512_dpbf16_ps(
+                  acc[i], (__m512bh)_mm512_set1_epi32(pair_at(kr + i * D + 32 * c + 2 * p)), qv);
+          }
+      }
+      for (int i = 0; i < 16; ++i) _mm512_store_ps(sb[i0 + i], acc[i]);
+    }
+    sm.weigh(sb, k0, qpos0, last, pt, [&](__m512 alpha) { rescale<D>(ot, alpha); });
+    const uint16_t* vt = ctx.vt + k0;
+    const int pairs = (rows + 1) / 2;  // the weights' pairs past them are zeros
+    for (int d0 = 0; d0 < D; d0 += 16) {
+      __m512 acc[16];
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_load_ps(ot[d0 + i]);
+      for (int j = 0; j < pairs; ++j) {
+        const __m512bh w = (__m512bh)_mm512_load_si512(pt[j]);
+        for (int i = 0; i < 16; ++i)
+          acc[i] = _mm512_dpbf16_ps(
+              acc[i], (__m512bh)_mm512_set1_epi32(pair_at(vt + (d0 + i) * ctx.Lp + 2 * j)), w);
+      }
+      for (int i = 0; i < 16; ++i) _mm512_store_ps(ot[d0 + i], acc[i]);
+    }
+  }
+  sm.finish<D>(ot, nq, out, os0);
+}
+
+#if defined(ATTEST_EXTEND_TILES)
 // O^T's four tiles for a head size of 64, held in tiles 2 to 5 across the blocks (a macro: the
 // tile intrinsics take their tiles' numbers as literals).
 #define ATTEST_OT_TILES(op, ot) \
@@ -355,27 +570,19 @@ void lay_out(const uint16_t* pk, const uint16_t* pv, int64_t kvh, int64_t h, con
     op(5, ot[48], 64);          \
   } while (0)
 
-// One item: queries j0 .. j0 + nq - 1 of a request (rows q + j * qs0 of one query head, the
-// first at position qpos0), against keys [0, qpos0 + nq) of its laid-out context; the output
-// rows out + j * os0. Tiles: 0, 1 a block's scores; 6 an A tile (keys, or V^T), 7 a B tile
-// (the queries' pairs, or the weights'); O^T in tiles 2 to 5 at a head size of 64, else in L1
-// and a tile at a time through tile 2.
+// One item on the tiles (pair_item's arguments). Tiles: 0, 1 a block's scores; 6 an A tile
+// (keys, or V^T), 7 a B tile (the queries' pairs, or the weights'); O^T in tiles 2 to 5 at a
+// head size of 64, else in L1 and a tile at a time through tile 2.
 template <int D>
-void item(const uint16_t* q, int64_t qs0, const Laid& ctx, int64_t qpos0, int64_t nq,
-          float scale, c10::BFloat16* out, int64_t os0) {
+void tile_item(const uint16_t* q, int64_t qs0, const Laid& ctx, int64_t qpos0, int64_t nq,
+               float scale, c10::BFloat16* out, int64_t os0) {
   constexpr int C = D / 32;  // the dimensions' chunks of a tile product
   constexpr bool held = D == 64;
   alignas(64) uint32_t qt[C][16][kQ];   // B tiles: the queries' pairs of dimensions
   alignas(64) float sb[2][kBlock][kQ];  // a block's scores, and the next block's
   alignas(64) uint16_t pt[16][2 * kQ];  // B tile: the weights' pairs of keys
   alignas(64) float ot[D][kQ];          // O^T
-  for (int c = 0; c < C; ++c) {  // each query's 16 pairs of the chunk, a column of qt[c]
-    __m512i rows[kQ];
-    for (int n = 0; n < kQ; ++n)
-      rows[n] = n < nq ? _mm512_loadu_si512(q + n * qs0 + 32 * c) : _mm512_setzero_si512();
-    transpose16(rows);
-    for (int p = 0; p < 16; ++p) _mm512_store_si512(qt[c][p], rows[p]);
-  }
+  query_pairs<C>(q, qs0, nq, qt);
   if constexpr (held) {
     _tile_zero(2);
     _tile_zero(3);
@@ -384,15 +591,7 @@ void item(const uint16_t* q, int64_t qs0, const Laid& ctx, int64_t qpos0, int64_
   } else {
     std::memset(ot, 0, sizeof(ot));
   }
-  const __m512 cs = _mm512_set1_ps(scale * 1.4426950408889634f);  // scores to log2 units
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512 ms = ninf;  // each query's reference, log2 units
-  __m512 l0 = _mm512_setzero_ps(), l1 = _mm512_setzero_ps();
-  // pair n of the weights' keys 2p and 2p + 1: bf16 lanes n and 16 + n of cvtne2ps's result
-  alignas(64) static constexpr uint16_t kPairs[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
-                                                      21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
-                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i pairs = _mm512_load_si512(kPairs);
+  Softmax sm(scale);
   const int64_t last = qpos0 + nq;  // keys [0, last) are seen by some query here
   // the scores of the block at k0 into sb[at]: issued a block ahead, so the tiles compute the
   // next block's while the vector units take this one's softmax
@@ -412,47 +611,11 @@ void item(const uint16_t* q, int64_t qs0, const Laid& ctx, int64_t qpos0, int64_
   scores(0, 0);
   for (int64_t k0 = 0, at = 0; k0 < last; k0 += kBlock, at ^= 1) {
     if (k0 + kBlock < last) scores(k0 + kBlock, at ^ 1);
-    const float(*s)[kQ] = sb[at];
-    // key k0 + i is seen by the lanes n with qpos0 + n >= k0 + i: every lane for every key of a
-    // block that ends before the first query; a mask a key on the diagonal's blocks
-    const bool whole = k0 + kBlock - 1 <= qpos0;
-    const int rows = static_cast<int>(std::min<int64_t>(kBlock, last - k0));
-    __m512 b[4] = {ninf, ninf, ninf, ninf};
-    if (whole)
-      for (int i = 0; i < kBlock; ++i) b[i % 4] = _mm512_max_ps(b[i % 4], _mm512_load_ps(s[i]));
-    else
-      for (int i = 0; i < rows; ++i)
-        b[i % 4] = _mm512_mask_max_ps(b[i % 4], from_lane(k0 + i - qpos0), b[i % 4],
-                                      _mm512_load_ps(s[i]));
-    const __m512 bms =
-        _mm512_mul_ps(_mm512_max_ps(_mm512_max_ps(b[0], b[1]), _mm512_max_ps(b[2], b[3])), cs);
-    const __mmask16 moved =
-        _mm512_cmp_ps_mask(bms, _mm512_add_ps(ms, _mm512_set1_ps(kLazy)), _CMP_GT_OQ);
-    if (k0 == 0) {  // the first block: nothing summed yet to rescale
-      ms = bms;
-    } else if (moved) {  // rescale the sums and O^T of the queries whose reference moves
-      const __m512 alpha =
-          _mm512_mask_blend_ps(moved, _mm512_set1_ps(1.f), exp2_16(_mm512_sub_ps(ms, bms)));
-      l0 = _mm512_mul_ps(l0, alpha);
-      l1 = _mm512_mul_ps(l1, alpha);
+    sm.weigh(sb[at], k0, qpos0, last, pt, [&](__m512 alpha) {
       if constexpr (held) ATTEST_OT_TILES(_tile_stored, ot);
-      for (int d = 0; d < D; ++d)
-        _mm512_store_ps(ot[d], _mm512_mul_ps(_mm512_load_ps(ot[d]), alpha));
+      rescale<D>(ot, alpha);
       if constexpr (held) ATTEST_OT_TILES(_tile_loadd, ot);
-      ms = _mm512_mask_mov_ps(ms, moved, bms);
-    }
-    for (int i = 0; i < kBlock; i += 2) {
-      __m512 p0 = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(s[i]), cs, ms));
-      __m512 p1 = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(s[i + 1]), cs, ms));
-      if (!whole) {
-        p0 = _mm512_maskz_mov_ps(i < rows ? from_lane(k0 + i - qpos0) : 0, p0);
-        p1 = _mm512_maskz_mov_ps(i + 1 < rows ? from_lane(k0 + i + 1 - qpos0) : 0, p1);
-      }
-      l0 = _mm512_add_ps(l0, p0);
-      l1 = _mm512_add_ps(l1, p1);
-      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);  // p0's 16, then p1's
-      _mm512_store_si512(pt[i / 2], _mm512_permutexvar_epi16(pairs, both));
-    }
+    });
     _tile_loadd(7, pt, 64);
     const uint16_t* vt = ctx.vt + k0;
     const int64_t vs = ctx.Lp * 2;
@@ -475,35 +638,14 @@ void item(const uint16_t* q, int64_t qs0, const Laid& ctx, int64_t qpos0, int64_
     }
   }
   if constexpr (held) ATTEST_OT_TILES(_tile_stored, ot);
-  // each query's column of O^T divided by its sum and rounded to bfloat16 (to nearest even, as
-  // a cast rounds): 16 dimensions at a time, their 16 x 16 block transposed
-  alignas(64) float inv[kQ];
-  _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(l0, l1)));
-  for (int dt = 0; dt < D / 16; ++dt) {
-    __m512i rows[16];
-    for (int i = 0; i < 16; ++i) rows[i] = _mm512_load_si512(ot[16 * dt + i]);
-    transpose16(rows);
-    for (int64_t n = 0; n < nq; ++n) {
-      const __m512 o = _mm512_mul_ps(_mm512_castsi512_ps(rows[n]), _mm512_set1_ps(inv[n]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + n * os0 + 16 * dt),
-                          (__m256i)_mm512_cvtneps_pbh(o));
-    }
-  }
+  sm.finish<D>(ot, nq, out, os0);
 }
 #undef ATTEST_OT_TILES
-
-}  // namespace tiles
-
-// Whether bfloat16 chunks run on the tiles: built and permitted, and not turned off
-// (ATTEST_EXTEND_TILES=0, to measure against; set_extend_tiles changes it).
-std::atomic<bool>& tiles_on() {
-  static std::atomic<bool> on{[] {
-    const char* off = std::getenv("ATTEST_EXTEND_TILES");
-    return !(off != nullptr && std::string(off) == "0");
-  }()};
-  return on;
-}
 #endif
+
+}  // namespace laid
+#endif
+
 
 
 template <typename A, typename P>
@@ -518,9 +660,9 @@ ItemFn<A, P> item_fn(int64_t d, int64_t group) {
   });
 }
 
-// Requests of at least this many new tokens run on the tiles where they can (fewer would pay
-// for laying out the whole context for less than one item's queries).
-constexpr int64_t kTileRows = 16;
+// Requests of at least this many new tokens take the laid-out method where it runs (fewer would
+// pay for laying out the whole context for less than one item's queries).
+constexpr int64_t kLaidRows = 16;
 
 template <typename A, typename P>
 void extend_kernel(const at::Tensor& q, const at::Tensor& pool_k, const at::Tensor& pool_v,
@@ -543,50 +685,58 @@ void extend_kernel(const at::Tensor& q, const at::Tensor& pool_k, const at::Tens
   const P* pv = pool_v.data_ptr<P>();
   const int64_t* sl = slots.data_ptr<int64_t>();
   A* op = out.data_ptr<A>();
-  // the requests the tiles take: their contexts laid out (per KV head, at lay[r] + h * size[r])
-  std::vector<char> on_tiles(R, 0);
-#if defined(ATTEST_EXTEND_TILES)
+  // the requests the laid-out method takes: their contexts laid out (per KV head, at lay[r] +
+  // h * size[r])
+  std::vector<char> on_laid(R, 0);
+#if defined(ATTEST_EXTEND_LAID)
   constexpr bool bf16 = std::is_same_v<A, c10::BFloat16> && std::is_same_v<P, c10::BFloat16>;
-  if (bf16 && extend_on_tiles())
-    for (int64_t r = 0; r < R; ++r) on_tiles[r] = ex[r] >= kTileRows;
+  const int way = way_now();
+  if (bf16 && way != kLoops)
+    for (int64_t r = 0; r < R; ++r) on_laid[r] = ex[r] >= kLaidRows;
   std::vector<int64_t> lay(R + 1, 0);
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t Lp = (pre[r] + ex[r] + tiles::kBlock - 1) / tiles::kBlock * tiles::kBlock;
-    lay[r + 1] = lay[r] + (on_tiles[r] ? 2 * Lp * d * kvh : 0);
+    const int64_t Lp = (pre[r] + ex[r] + laid::kBlock - 1) / laid::kBlock * laid::kBlock;
+    lay[r + 1] = lay[r] + (on_laid[r] ? 2 * Lp * d * kvh : 0);
   }
-  std::vector<uint16_t> laid(lay[R]);
+  std::vector<uint16_t> laid_out(lay[R]);
   auto laid_of = [&](int64_t r, int64_t h) {
     const int64_t Lp = (lay[r + 1] - lay[r]) / (2 * d * kvh);
-    uint16_t* k = laid.data() + lay[r] + h * 2 * Lp * d;
-    return tiles::Laid{k, k + Lp * d, Lp};
+    uint16_t* k = laid_out.data() + lay[r] + h * 2 * Lp * d;
+    return laid::Laid{k, k + Lp * d, Lp};
   };
   if (lay[R] > 0) {
     std::vector<std::array<int64_t, 2>> lays;
     for (int64_t r = 0; r < R; ++r)
-      if (on_tiles[r])
+      if (on_laid[r])
         for (int64_t h = 0; h < kvh; ++h) lays.push_back({r, h});
     at::parallel_for(0, static_cast<int64_t>(lays.size()), 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const auto [r, h] = lays[i];
-        const tiles::Laid at = laid_of(r, h);
+        const laid::Laid at = laid_of(r, h);
         const auto* pk16 = reinterpret_cast<const uint16_t*>(pk);
         const auto* pv16 = reinterpret_cast<const uint16_t*>(pv);
         const int64_t L = pre[r] + ex[r];
         if (d == 64)
-          tiles::lay_out<64>(pk16, pv16, kvh, h, sl + r * slots.stride(0), slots.stride(1), L,
-                             at.Lp, at.k, at.vt);
+          laid::lay_out<64>(pk16, pv16, kvh, h, sl + r * slots.stride(0), slots.stride(1), L,
+                            at.Lp, at.k, at.vt);
         else
-          tiles::lay_out<128>(pk16, pv16, kvh, h, sl + r * slots.stride(0), slots.stride(1), L,
-                              at.Lp, at.k, at.vt);
+          laid::lay_out<128>(pk16, pv16, kvh, h, sl + r * slots.stride(0), slots.stride(1), L,
+                             at.Lp, at.k, at.vt);
       }
     });
   }
+  using LaidFn = void (*)(const uint16_t*, int64_t, const laid::Laid&, int64_t, int64_t, float,
+                          c10::BFloat16*, int64_t);
+  LaidFn laid_item = d == 64 ? &laid::pair_item<64> : &laid::pair_item<128>;
+#if defined(ATTEST_EXTEND_TILES)
+  if (way == kTiles) laid_item = d == 64 ? &laid::tile_item<64> : &laid::tile_item<128>;
 #endif
-  // the items: (request, KV head or query head on the tiles, kQueries positions), the longest
+#endif
+  // the items: (request, KV head or query head laid out, kQueries positions), the longest
   // contexts first
   std::vector<std::array<int64_t, 3>> items;
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t h = 0; h < (on_tiles[r] ? H : kvh); ++h)
+    for (int64_t h = 0; h < (on_laid[r] ? H : kvh); ++h)
       for (int64_t j0 = 0; j0 < ex[r]; j0 += kQueries) items.push_back({r, h, j0});
   std::stable_sort(items.begin(), items.end(), [&](const auto& a, const auto& b) {
     return pre[a[0]] + a[2] > pre[b[0]] + b[2];
@@ -603,24 +753,20 @@ void extend_kernel(const at::Tensor& q, const at::Tensor& pool_k, const at::Tens
     for (int64_t i; (i = taken.fetch_add(1, std::memory_order_relaxed)) < n;) {
       const auto [r, h, j0] = items[i];
       const int64_t nq = std::min<int64_t>(kQueries, ex[r] - j0);
+#if defined(ATTEST_EXTEND_LAID)
+      if (on_laid[r]) {
 #if defined(ATTEST_EXTEND_TILES)
-      if (on_tiles[r]) {
-        if (!configured) {
+        if (way == kTiles && !configured) {
           const WholeTiles cfg;
           _tile_loadconfig(&cfg);
           configured = true;
         }
-        const tiles::Laid ctx = laid_of(r, h / group);
+#endif
         const auto* q16 = reinterpret_cast<const uint16_t*>(qp);
         const int64_t row = st[r] + j0;
         auto* o = reinterpret_cast<c10::BFloat16*>(op) + row * out.stride(0) + h * out.stride(1);
-        const uint16_t* qr = q16 + row * q.stride(0) + h * q.stride(1);
-        if (d == 64)
-          tiles::item<64>(qr, q.stride(0), ctx, pre[r] + j0, nq, static_cast<float>(scale), o,
-                          out.stride(0));
-        else
-          tiles::item<128>(qr, q.stride(0), ctx, pre[r] + j0, nq, static_cast<float>(scale), o,
-                           out.stride(0));
+        laid_item(q16 + row * q.stride(0) + h * q.stride(1), q.stride(0), laid_of(r, h / group),
+                  pre[r] + j0, nq, static_cast<float>(scale), o, out.stride(0));
         continue;
       }
 #endif
@@ -637,24 +783,20 @@ void extend_kernel(const at::Tensor& q, const at::Tensor& pool_k, const at::Tens
 }  // namespace
 #endif
 
-// Whether a bfloat16 chunk of at least kTileRows new tokens over a bfloat16 pool runs on AMX's
-// tiles here: built for them, permitted, and not turned off (ATTEST_EXTEND_TILES=0).
-bool extend_on_tiles() {
-#if defined(ATTEST_EXTEND_TILES)
-  return tiles_on().load() && tiles_permitted();
-#else
-  return false;
-#endif
-}
+// How a bfloat16 chunk of at least 16 new tokens over a bfloat16 pool runs here: "tiles" (the
+// laid-out method on AMX's tiles), "pairs" (the same on AVX-512 BF16 vectors) or "loops" (the
+// items' vector loops, as every other chunk).
+std::string extend_way() { return kWayNames[way_now()]; }
 
-// Turns the tiles' method on or off (where built); returns whether it was on.
-bool set_extend_tiles(bool on) {
-#if defined(ATTEST_EXTEND_TILES)
-  return tiles_on().exchange(on);
-#else
-  (void)on;
-  return false;
-#endif
+// Sets the way (to measure one against another; one this CPU cannot run is refused); returns
+// the way that ran before.
+std::string set_extend_way(const std::string& name) {
+  const int w = way_of(name);
+  TORCH_CHECK(w >= 0 && w <= best_way(), "set_extend_way: '", name, "' cannot run here (this CPU ",
+              "runs ", kWayNames[best_way()], " at most; the ways: loops, pairs, tiles)");
+  const std::string was = extend_way();
+  way_chosen().store(w);
+  return was;
 }
 
 bool extend_attention_built() {

@@ -921,8 +921,8 @@ TORCH_LIBRARY(attest, m) {
   m.def(
       "store_kv(Tensor k, Tensor v, Tensor(a!) pool_k, Tensor(b!) pool_v, Tensor out_slots) -> ()");
   m.def("decode_by_kv_head(Tensor q, Tensor pool_k) -> bool");
-  m.def("extend_on_tiles() -> bool", &extend_on_tiles);
-  m.def("set_extend_tiles(bool on) -> bool", &set_extend_tiles);
+  m.def("extend_way() -> str", &extend_way);
+  m.def("set_extend_way(str name) -> str", &set_extend_way);
   m.def("rows_vectorised() -> bool", &rows_vectorised);
   m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("top_rows(Tensor x, int k) -> Tensor");

@@ -6,6 +6,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <cmath>
+#include <string>
 #include <type_traits>
 
 #if defined(__AVX512F__)
@@ -102,8 +103,8 @@ bool extend_attention_built();
 at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed, bool widen = false);
 at::Tensor tile_gated_linear(const at::Tensor& x, const at::Tensor& packed);
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed);
-bool extend_on_tiles();
-bool set_extend_tiles(bool on);
+std::string extend_way();
+std::string set_extend_way(const std::string& name);
 at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
                          const at::Tensor& sin, at::TensorList mats, at::TensorList scales,
                          at::IntArrayRef groups, at::TensorList norms, at::TensorList pools,

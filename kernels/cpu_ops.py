@@ -104,6 +104,27 @@ def load() -> bool:
     return why_not() is None
 
 
+# the ways a bfloat16 prefill chunk's attention can run, the most a CPU runs first
+EXTEND_BF16_WAYS = ("tiles", "pairs", "loops")
+
+
+def extend_ways() -> list[str]:
+    """The ways of ``EXTEND_BF16_WAYS`` this CPU runs a bfloat16 prefill chunk's attention in
+    (``attest::set_extend_way`` refuses the others; ``kernels/cpu_extend.cpp``); none where the
+    native ops are not loaded."""
+    if not load():
+        return []
+    was, ways = torch.ops.attest.extend_way(), []
+    for way in EXTEND_BF16_WAYS:
+        try:
+            torch.ops.attest.set_extend_way(way)
+        except RuntimeError:
+            continue
+        ways.append(way)
+    torch.ops.attest.set_extend_way(was)
+    return ways
+
+
 def build(verbose: bool = False) -> Path:
     """Compile the library for this CPU into ``build_dir()`` (torch's ninja build; a no-op when
     it is there). Raises what the compiler said when it fails."""

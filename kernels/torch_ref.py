@@ -205,17 +205,18 @@ class TorchReferenceBackend(AttentionBackend):
         if self._extend_us and self._native_extends(q, pool):
             out["extend_us"] = dict(self._extend_us)
         if out["extend"] == "native":
-            out["extend_tiles"] = self._extends_on_tiles(q, pool)
+            out["extend_way"] = self._extend_way(q, pool)
         return out
 
     @staticmethod
-    def _extends_on_tiles(q: torch.Tensor, pool_k: torch.Tensor) -> bool:
-        """Whether the native extend kernel attends this model's prefill chunks (of 16 new
-        tokens or more) on AMX's bfloat16 tiles: bfloat16 activations over a bfloat16 pool, on a
-        CPU with the tiles (``kernels/cpu_extend.cpp``; ``ATTEST_EXTEND_TILES=0`` turns them
-        off)."""
+    def _extend_way(q: torch.Tensor, pool_k: torch.Tensor) -> str:
+        """How the native extend kernel attends this model's prefill chunks of 16 new tokens or
+        more (``kernels/cpu_extend.cpp``): bfloat16 activations over a bfloat16 pool take the
+        laid-out method, on AMX's bfloat16 tiles (``tiles``) or as AVX-512 BF16 pair products on
+        vectors (``pairs``), as far as the CPU has them; other dtypes, or
+        ``ATTEST_EXTEND_WAY=loops``, the item loops (``loops``)."""
         bf16 = q.dtype == pool_k.dtype == torch.bfloat16
-        return bf16 and bool(torch.ops.attest.extend_on_tiles())
+        return str(torch.ops.attest.extend_way()) if bf16 else "loops"
 
     @staticmethod
     def _probes(shape: HeadShape, rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

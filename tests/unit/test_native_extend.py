@@ -2,9 +2,15 @@
 their contexts in the pool, against SDPA over the gathered context (the path it replaces, still
 the one for other head sizes and on a GPU): random page tables, prefixes and chunk lengths on
 both sides of its blocks of sixteen, GQA groups up to 8, head sizes 64 and 128; bfloat16 chunks
-both on AMX's tiles (where the CPU has them) and by the vector loops."""
+every way this CPU runs them: the laid-out method on AMX's tiles and on AVX-512 BF16 vectors,
+and the item loops."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,15 +28,12 @@ pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason=str(cpu_ops.why_not()
 TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
-TILE_WAYS = [True, False] if cpu_ops.load() and torch.ops.attest.extend_on_tiles() else [False]
-
-
-@pytest.fixture(params=TILE_WAYS, ids=lambda on: "tiles" if on else "vectors")
-def tiles(request):
-    """bfloat16 chunks on AMX's tiles (where the CPU has them) or by the vector loops."""
-    was = torch.ops.attest.set_extend_tiles(request.param)
+@pytest.fixture(params=cpu_ops.extend_ways() or ["loops"])
+def way(request):
+    """bfloat16 chunks on AMX's tiles, on AVX-512 BF16 vectors, or by the item loops."""
+    was = torch.ops.attest.set_extend_way(request.param)
     yield request.param
-    torch.ops.attest.set_extend_tiles(was)
+    torch.ops.attest.set_extend_way(was)
 
 
 def native_and_sdpa(b, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -58,7 +61,7 @@ def native_and_sdpa(b, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, 
     seed=st.integers(0, 2**16),
 )
 def test_native_extends_equal_sdpa_over_the_gathered_context(
-    tiles, gqa, head_dim, dtype, page_size, spec, seed
+    way, gqa, head_dim, dtype, page_size, spec, seed
 ):
     b = make_paged_batch(spec, gqa[0], gqa[1], head_dim, dtype, page_size, seed)
     got, want, scratch = native_and_sdpa(b)
@@ -68,11 +71,11 @@ def test_native_extends_equal_sdpa_over_the_gathered_context(
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_short_and_long_chunks_in_one_call_with_scores_that_keep_rising(tiles, head_dim):
-    """Requests of 1, 5 and 15 new tokens (under the tiles' 16: the vector loops) beside ones of
-    16, 40 and 97 (on the tiles where they are), prefixes on both sides of a block of 32 keys;
-    the keys grow with their position, so a query's largest score keeps rising block after
-    block and the tiles' lazily raised reference moves many times."""
+def test_short_and_long_chunks_in_one_call_with_scores_that_keep_rising(way, head_dim):
+    """Requests of 1, 5 and 15 new tokens (under the laid-out method's 16: the item loops)
+    beside ones of 16, 40 and 97 (laid out, where the way is), prefixes on both sides of a block
+    of 32 keys; the keys grow with their position, so a query's largest score keeps rising block
+    after block and the laid-out method's lazily raised reference moves many times."""
     spec = [(30, 1), (0, 97), (7, 5), (33, 40), (64, 16), (3, 15)]
     b = make_paged_batch(spec, 8, 2, head_dim, torch.bfloat16, page_size=4, seed=7)
     width = b.meta.req_to_token.shape[1]
@@ -183,3 +186,42 @@ def test_the_environment_fixes_the_way_and_nothing_is_timed_where_one_way_runs(m
     monkeypatch.setenv("ATTEST_EXTEND", "sideways")
     with pytest.raises(ValueError, match="ATTEST_EXTEND must be native, sdpa or measure"):
         TorchReferenceBackend("native").prepare(HeadShape(9, 3, 64, torch.float32, torch.float32))
+
+
+def test_the_receipt_says_the_way_a_bfloat16_chunk_runs(way):
+    backend = TorchReferenceBackend("native")
+    for dtype, said in ((torch.bfloat16, way), (torch.float32, "loops")):
+        shape = HeadShape(9, 3, 64, dtype, dtype)
+        backend.prepare(shape)
+        if backend.kernels(shape)["extend"] == "native":
+            assert backend.kernels(shape)["extend_way"] == said
+
+
+def test_a_way_this_cpu_cannot_run_is_refused_by_name_and_the_way_kept():
+    was = torch.ops.attest.extend_way()
+    refused = ["sideways"] + [w for w in ("tiles", "pairs") if w not in cpu_ops.extend_ways()]
+    for name in refused:
+        with pytest.raises(RuntimeError, match=f"'{name}' cannot run here"):
+            torch.ops.attest.set_extend_way(name)
+        assert torch.ops.attest.extend_way() == was
+
+
+@pytest.mark.parametrize(
+    "env, said",
+    [("loops", "loops"), ("sideways", "ATTEST_EXTEND_WAY must be loops, pairs or tiles")],
+)
+def test_the_environment_caps_the_way(env, said):
+    ask = (
+        "from kernels import cpu_ops; cpu_ops.load(); import torch; "
+        "print(torch.ops.attest.extend_way())"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", ask],
+        env={**os.environ, "ATTEST_EXTEND_WAY": env},
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert said in run.stdout + run.stderr
+    assert (run.returncode == 0) == (env == "loops")

@@ -1,6 +1,7 @@
 """The bfloat16 product on AMX's tiles (``kernels/cpu_dense.cpp``, the packed way of
-``engine.model.orient`` on a CPU with the tiles), or with ``--dtype float32`` the native float32
-product (``kernels/cpu_dense_f32.cpp``, its packed way where the native ops are built with
+``engine.model.orient`` on a CPU with the tiles; on a CPU without them, with AVX-512 BF16, the
+native bfloat16 product on vectors, ``kernels/cpu_dense_vec.cpp``), or with ``--dtype float32``
+the native float32 product (the same file, its packed way where the native ops are built with
 AVX-512), against the ways it replaces, as a forward meets them: the default model's 30 layers'
 four products (QKV 960x576, O 576x576, gate-up 3072x576, down 576x1536), each layer its own
 random weights, so each product reads its weights from memory as a forward does, not from the
@@ -10,7 +11,7 @@ The ways, each over all 30 layers: ``F.linear`` (the baseline: transformers' cal
 x.T).T`` (``engine.model.orient.by_mm``: one row padded to two), oneDNN's linear on weights
 reordered once (``mkldnn._reorder_linear_weight`` for 64 rows, as ``orient.pack`` laid them out
 before the native products), and the native product on weights laid out once (``orient.pack``:
-``attest::tile_pack``, or ``attest::f32_pack`` in float32). Per row count: the fastest of --reps
+``attest::tile_pack`` or ``attest::pairs_pack``, or ``attest::f32_pack`` in float32). Per row count: the fastest of --reps
 passes (milliseconds for the 30 layers), and the native product's ratio over the fastest other
 way.
 
@@ -36,9 +37,11 @@ from engine.model.fused import native_silu_mul
 from engine.model.orient import (
     by_mm,
     dense_f32,
+    dense_pairs,
     dense_tiles,
     gated_linear,
     on_f32,
+    on_pairs,
     on_tiles,
     pack,
     packed_linear,
@@ -60,14 +63,15 @@ def main() -> None:
         return gated(args)
     dtype = getattr(torch, args.dtype)
     print(f"cpu: {describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    if not (dense_tiles() if dtype == torch.bfloat16 else dense_f32()):
+    if not (dense_tiles() or dense_pairs() if dtype == torch.bfloat16 else dense_f32()):
         raise SystemExit(f"no native {args.dtype} product here (or the native ops are not built)")
     g = torch.Generator().manual_seed(0)
     layers = [[torch.randn(o, i, generator=g).to(dtype) for o, i in LAYER] for _ in range(LAYERS)]
     onednn = [[torch.ops.mkldnn._reorder_linear_weight(w, 64) for w in ws] for ws in layers]
     tiles = [[pack(w) for w in ws] for ws in layers]
-    ours = on_tiles if dtype == torch.bfloat16 else on_f32
+    ours = (on_tiles if dense_tiles() else on_pairs) if dtype == torch.bfloat16 else on_f32
     assert all(ours(p) for ps in tiles for p in ps)  # the native layout, not oneDNN's
+    print(f"native: {ours.__name__[3:]}")
     ways = {
         "F.linear": lambda x, w, od, t: F.linear(x, w),
         "(W @ x.T).T": lambda x, w, od, t: by_mm(x, w),

@@ -103,6 +103,7 @@ bool extend_attention_built();
 at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed, bool widen = false);
 at::Tensor tile_gated_linear(const at::Tensor& x, const at::Tensor& packed);
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed);
+at::Tensor pairs_linear(const at::Tensor& x, const at::Tensor& packed, bool widen = false);
 std::string extend_way();
 std::string set_extend_way(const std::string& name);
 at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,

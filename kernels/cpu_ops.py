@@ -36,7 +36,7 @@ SOURCES = (
             "cpu_int.cpp",
             "cpu_extend.cpp",
             "cpu_dense.cpp",
-            "cpu_dense_f32.cpp",
+            "cpu_dense_vec.cpp",
             "cpu_ops.h",
         )
     ),

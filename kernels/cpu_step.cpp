@@ -102,7 +102,8 @@ at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& c
 // Dense products (exact mode's, fast mode's dense values): every product the one way ``way``
 // that engine/model/llama.py's linear takes at these rows (orient.py): 0 F.linear, 1 (w @ x.T).T
 // laid out by rows (one row padded to two), 2 on weights packed at load: the native product on
-// AMX's tiles or the native float32 one where they are laid out for it, else oneDNN's linear.
+// AMX's tiles, the native float32 one or the native bfloat16 one on vectors where they are laid
+// out for it, else oneDNN's linear.
 // mats: per layer l [4l .. 4l+3], the dense matrices ([out, in]) or, way 2, their packed copies
 // (a gate-up matrix's for the tiles gated: tile_gated_linear its one product).
 // native_norm: the native add and norm (bfloat16), else torch's ops (float32: transformers' bits).
@@ -121,7 +122,8 @@ at::Tensor dense_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& co
       return at::mm(w, cur.t()).t().contiguous();
     }
     if (w.dim() == 5) return tile_linear(cur, w);  // laid out for AMX's tiles (cpu_dense.cpp)
-    if (w.dim() == 3) return f32_linear(cur, w);  // for the float32 product (cpu_dense_f32.cpp)
+    if (w.dim() == 3) return f32_linear(cur, w);  // for the float32 product (cpu_dense_vec.cpp)
+    if (w.dim() == 4) return pairs_linear(cur, w);  // for the bfloat16 one on vectors (the same)
     // looked up once, where a packed copy exists: torch has oneDNN (orient.py's pack)
     static const c10::OperatorHandle packed_linear =
         c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");

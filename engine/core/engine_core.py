@@ -335,6 +335,7 @@ class EngineCore:
                     "bytes": self.model.packed_bytes,
                     "tiles": self.model.packed_tiles,
                     "f32": self.model.packed_f32,
+                    "pairs": self.model.packed_pairs,
                 }
             # a decode forward's layers in one native call (fast and exact mode, on a CPU)
             step = self.model.native_step

@@ -28,6 +28,7 @@ from engine.model.orient import (
     choose,
     gated_linear,
     on_f32,
+    on_pairs,
     on_tiles,
     pack,
     packed_linear,
@@ -154,6 +155,7 @@ class LlamaModel:
         self.packed_bytes = 0  # the packed copies' (``_orientations``)
         self.packed_tiles = False  # whether they are laid out for AMX's tiles (``orient.pack``)
         self.packed_f32 = False  # ... or for the native float32 product
+        self.packed_pairs = False  # ... or for the native bfloat16 product on vectors
         self.head_packed: torch.Tensor | None = None
         self.orient, self.head_orient = self._orientations()
         # fast mode: up to how many rows the layers' integer products run, on this CPU
@@ -248,6 +250,7 @@ class LlamaModel:
         self.packed_bytes += packed.numel() * packed.element_size()
         self.packed_tiles = on_tiles(packed)
         self.packed_f32 = on_f32(packed)
+        self.packed_pairs = on_pairs(packed)
         if isinstance(mat, QuantWeight):
             mat.dense_packed = packed
             return None

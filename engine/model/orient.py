@@ -26,10 +26,14 @@ built, a bfloat16 matrix of whole 32s of rows and columns is laid out for the na
 the tiles (``kernels/cpu_dense.cpp``: 1.03-1.46x oneDNN's packed product over the default
 model's 30 layers at 1 to 512 rows, BENCHMARKS.md; ``ATTEST_DENSE_TILES=0`` turns it off);
 where the native ops are built with AVX-512, a float32 matrix of whole 32s of rows is laid out
-for the native float32 product (``kernels/cpu_dense_f32.cpp``: 1.35-1.51x oneDNN's packed product
+for the native float32 product (``kernels/cpu_dense_vec.cpp``: 1.35-1.51x oneDNN's packed product
 over the default model's 30 layers at 8 to 64 rows, level from 256, BENCHMARKS.md;
-``ATTEST_DENSE_F32=0`` turns it off); elsewhere it is oneDNN's linear on the weight in its
-blocked form. Unpacked, a bfloat16 product through oneDNN lays the weight out again on every
+``ATTEST_DENSE_F32=0`` turns it off); where the native ops are built with AVX-512 BF16 and the
+CPU has no AMX tiles, a bfloat16 matrix of whole 32s of rows and an even number of columns is
+laid out for the native bfloat16 product on vectors (the same file: each column's pairs of
+weights side by side for vdpbf16ps; 1.12-1.68x oneDNN's packed product over the default
+model's 30 layers at 1 to 512 rows on an AMD EPYC, Zen 5, BENCHMARKS.md; ``ATTEST_DENSE_PAIRS=0``
+turns it off); elsewhere it is oneDNN's linear on the weight in its blocked form. Unpacked, a bfloat16 product through oneDNN lays the weight out again on every
 call: on an AMD EPYC (Zen 4, AVX-512 BF16) the default model's bfloat16 LM head took 23-34 ms a
 row that way and 5.0 ms packed, one thread (BENCHMARKS.md). oneDNN's packed bfloat16 product
 gives ``F.linear``'s bits; the tiles' sums the same products in another order (each float32 sum
@@ -125,6 +129,14 @@ def dense_f32() -> bool:
 
 
 @cache
+def dense_pairs() -> bool:
+    """Whether bfloat16 matrices are laid out for the native bfloat16 product on vectors where
+    AMX's tiles are not: the native ops built with AVX-512 BF16 and not turned off by
+    ``ATTEST_DENSE_PAIRS=0``."""
+    return _native_product("ATTEST_DENSE_PAIRS", "dense_pairs_built")
+
+
+@cache
 def dense_tiles() -> bool:
     """Whether bfloat16 matrices are laid out for the native product on AMX's tiles: the native
     ops built with it, Linux lending the tiles, and not turned off by ``ATTEST_DENSE_TILES=0``."""
@@ -134,8 +146,9 @@ def dense_tiles() -> bool:
 def pack(w: torch.Tensor, gated: bool = False) -> torch.Tensor | None:
     """``w`` ([out, in], bfloat16 or float32, on the CPU) laid out once (a second copy): in
     bfloat16 for the native product on AMX's tiles where ``dense_tiles`` and its shape takes
-    them, in float32 for the native float32 product where ``dense_f32`` and its shape takes
-    them, else as oneDNN's linear takes it; None where neither can take ``w``. ``gated``: ``w``
+    them, else for the native bfloat16 product on vectors where ``dense_pairs`` and its shape
+    takes them, in float32 for the native float32 product where ``dense_f32`` and its shape
+    takes them, else as oneDNN's linear takes it; None where neither can take ``w``. ``gated``: ``w``
     is a gate/up matrix (gate's rows, then up's), and on the tiles it is laid out gated, for
     ``gated_linear`` (``packed_linear`` on it gives its columns in the layout's order)."""
     ok = w.device.type == "cpu" and w.dim() == 2 and w.dtype in (torch.bfloat16, torch.float32)
@@ -143,6 +156,8 @@ def pack(w: torch.Tensor, gated: bool = False) -> torch.Tensor | None:
         return None
     if w.dtype == torch.bfloat16 and dense_tiles() and torch.ops.attest.tile_shape(*w.shape):
         return torch.ops.attest.tile_pack(w, gated)
+    if w.dtype == torch.bfloat16 and dense_pairs() and torch.ops.attest.pairs_shape(*w.shape):
+        return torch.ops.attest.pairs_pack(w)
     if w.dtype == torch.float32 and dense_f32() and torch.ops.attest.f32_shape(*w.shape):
         return torch.ops.attest.f32_pack(w)
     if not torch.backends.mkldnn.is_available():
@@ -162,12 +177,22 @@ def on_f32(packed: torch.Tensor) -> bool:
     return packed.dim() == 3
 
 
+def on_pairs(packed: torch.Tensor) -> bool:
+    """Whether ``packed`` (from ``pack``) is laid out for the native bfloat16 product on vectors
+    (its blocks of 32 columns, each column's pairs of weights side by side, ``[N / 32, K / 2,
+    32, 2]``) rather than oneDNN's."""
+    return packed.dim() == 4
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, widen: bool = False) -> torch.Tensor:
     """``x @ w.T`` on ``pack(w)``; ``widen``: in float32 where the product can store it so (on
-    the tiles: its bfloat16 sums widened as they are stored, the numbers ``.float()`` of the
-    bfloat16 product gives, without that product in memory), else in ``x``'s dtype."""
+    the tiles or the native bfloat16 product on vectors: its bfloat16 sums widened as they are
+    stored, the numbers ``.float()`` of the bfloat16 product gives, without that product in
+    memory), else in ``x``'s dtype."""
     if on_tiles(packed):
         return torch.ops.attest.tile_linear(x, packed, widen)
+    if on_pairs(packed):
+        return torch.ops.attest.pairs_linear(x, packed, widen)
     if on_f32(packed):
         return torch.ops.attest.f32_linear(x, packed)
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")

@@ -209,8 +209,9 @@ _CATALOG = (
          "never; fast mode and bfloat16); on a CPU, the row counts from which the layers' and the LM head's dense "
          "products take (W @ x.T).T rather than F.linear, measured at load (orient), and "
          "those that take the weights packed at load (fast mode: its dense values'), with "
-         "the copies' bytes and whether they are laid out for AMX's tiles (tiles) or the "
-         "native float32 product (f32), else for oneDNN "
+         "the copies' bytes and whether they are laid out for AMX's tiles (tiles), the "
+         "native float32 product (f32) or the native bfloat16 product on vectors (pairs), "
+         "else for oneDNN "
          "(prepacked); on a pipeline stage, which stage and the layers [start, stop) it holds",
          ("path", "small_rows", "vnni_rows", "int_vnni", "matrices", "packed_bytes", "dense_bytes",
           "quantize_s", "kv_dtype", "ops", "ops_why", "norm_rows", "step_rows", "orient", "stage", "layers",

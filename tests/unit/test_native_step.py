@@ -13,7 +13,7 @@ from engine.model.int_vnni import int_vnni_native
 from engine.model.llama import LlamaModel
 from engine.model.loader import load_model
 from engine.model.native_step import DENSE_STEP_ROWS, NativeStep, why_not
-from engine.model.orient import dense_f32, dense_tiles
+from engine.model.orient import dense_f32, dense_pairs, dense_tiles
 from engine.model.quant import SMALL_ROWS, plan_quant
 from kernels import cpu_ops
 from kernels.attention import LayerKV
@@ -119,12 +119,15 @@ def test_exact_layers_give_the_python_layers_bits(
     tiny_model_dir, monkeypatch, orient, way, spec, dtype
 ):
     """Exact mode: each of the dense products' three ways (one row padded to two in the mm
-    way; the packed way bfloat16's on AMX's tiles where the CPU has them, float32's on the native
-    float32 product), decodes, drafts, a
-    short prompt; in float32 with torch's norms."""
+    way; the packed way bfloat16's on AMX's tiles where the CPU has them, else on the native
+    bfloat16 product on vectors where the native ops have AVX-512 BF16, float32's on the native
+    float32 product), decodes, drafts, a short prompt; in float32 with torch's norms."""
     model = _exact(tiny_model_dir, orient, monkeypatch, dtype)
     # bfloat16's packed copies on AMX's tiles where the CPU has them (the native tile product)
     assert model.packed_tiles is (orient == "packed" and dtype == torch.bfloat16 and dense_tiles())
+    # ... else on the native bfloat16 product on vectors where built with AVX-512 BF16
+    pairs = orient == "packed" and dtype == torch.bfloat16 and dense_pairs() and not dense_tiles()
+    assert model.packed_pairs is pairs
     # float32's on the native float32 product where the native ops are built with AVX-512
     assert model.packed_f32 is (orient == "packed" and dtype == torch.float32 and dense_f32())
     assert model.native_step.norm_rows == (0 if dtype == torch.float32 else fused.norm_rows())

@@ -17,9 +17,11 @@ from engine.model.orient import (
     Orientation,
     choose,
     dense_f32,
+    dense_pairs,
     dense_tiles,
     gated_linear,
     measure,
+    on_pairs,
     on_tiles,
     pack,
     packed_linear,
@@ -157,6 +159,7 @@ def test_the_boot_receipt_says_which_way_runs(tiny_model_dir, tmp_path, monkeypa
         "bytes": 0,
         "tiles": False,
         "f32": False,
+        "pairs": False,
     }
     llm.close()
     monkeypatch.setenv("ATTEST_ORIENT", "packed")
@@ -173,15 +176,20 @@ def test_the_boot_receipt_says_which_way_runs(tiny_model_dir, tmp_path, monkeypa
         "bytes": bytes_,
         "tiles": False,
         "f32": dense_f32(),
+        "pairs": False,
     }
     llm.close()
     # bfloat16: laid out for AMX's tiles where the CPU has them (the tiny model's rows and
-    # columns are whole 32s), the same bytes
+    # columns are whole 32s), else for the native bfloat16 product on vectors where the native
+    # ops have AVX-512 BF16, the same bytes
     llm = LLM(model=tiny_model_dir, kv_tokens=256, log_file=str(log), dtype="bfloat16")
     weights = [json.loads(x) for x in log.read_text().splitlines() if '"boot.weights"' in x][-1]
+    pairs = dense_pairs() and not dense_tiles()
     assert weights["prepacked"]["tiles"] is dense_tiles()
+    assert weights["prepacked"]["pairs"] is pairs
     assert weights["prepacked"]["bytes"] == bytes_ // 2
     assert on_tiles(llm.core.model.head_packed) is dense_tiles()
+    assert on_pairs(llm.core.model.head_packed) is pairs
     llm.close()
 
 

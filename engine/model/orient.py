@@ -31,9 +31,10 @@ over the default model's 30 layers at 8 to 64 rows, level from 256, BENCHMARKS.m
 ``ATTEST_DENSE_F32=0`` turns it off); where the native ops are built with AVX-512 BF16 and the
 CPU has no AMX tiles, a bfloat16 matrix of whole 32s of rows and an even number of columns is
 laid out for the native bfloat16 product on vectors (the same file: each column's pairs of
-weights side by side for vdpbf16ps; 1.12-1.68x oneDNN's packed product over the default
-model's 30 layers at 1 to 512 rows on an AMD EPYC, Zen 5, BENCHMARKS.md; ``ATTEST_DENSE_PAIRS=0``
-turns it off); elsewhere it is oneDNN's linear on the weight in its blocked form. Unpacked, a bfloat16 product through oneDNN lays the weight out again on every
+weights side by side for vdpbf16ps; over the default model's 30 layers on an AMD EPYC
+(family 26) 1.27x oneDNN's packed product at 1 row, 1.66x at 16, 1.45x at 64, 1.15x at 128 and
+0.95x at 512, BENCHMARKS.md; ``ATTEST_DENSE_PAIRS=0`` turns it off); elsewhere it is oneDNN's
+linear on the weight in its blocked form. Unpacked, a bfloat16 product through oneDNN lays the weight out again on every
 call: on an AMD EPYC (Zen 4, AVX-512 BF16) the default model's bfloat16 LM head took 23-34 ms a
 row that way and 5.0 ms packed, one thread (BENCHMARKS.md). oneDNN's packed bfloat16 product
 gives ``F.linear``'s bits; the tiles' sums the same products in another order (each float32 sum

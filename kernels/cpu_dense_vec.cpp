@@ -15,7 +15,10 @@
 // oneDNN's and MKL's products sum in other orders, as the ways of engine/model/orient.py
 // already do between them. A bfloat16 sum is rounded to bfloat16 once, as c10 rounds, or, for
 // the LM head's logits, stored widened to the float32 of that rounding (as the tiles' product
-// stores them).
+// stores them). A bfloat16 gate/up matrix ([2n, K], gate's rows then up's) can be laid out
+// gated, as on the tiles: each block's first 16 columns 16 of gate's, its last the same 16 of
+// up's, so that its product (pairs_gated_linear) stores silu(gate) * up as a block's sums leave
+// the registers, with silu_mul's bits, and the [rows, 2n] product is never written.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -80,10 +83,47 @@ inline void store_sums(O* out, __m512 v) {
     _mm512_storeu_ps(out, v);
 }
 
-// Rows [0, R) of x (row stride xs) over one block (w: its steps of 32 columns), into out (row
-// stride os).
-template <typename T, typename O, int R>
-inline void block_rows(const T* x, int64_t xs, const char* w, int64_t steps, O* out, int64_t os,
+// How a block's two registers of sums leave: as its 32 columns of O (Sums), or, gated, as its 16
+// columns of silu(gate) * up (Gated). kWidth: the block's columns in the output.
+template <typename T, typename O>
+struct Sums {
+  using Out = O;
+  static constexpr int64_t kWidth = kCols;
+  inline void operator()(O* out, __m512 a0, __m512 a1, int64_t) const {
+    store_sums<T, O>(out, a0);
+    store_sums<T, O>(out + 16, a1);
+  }
+};
+
+#if defined(ATTEST_DENSE_PAIRS)
+// Each sum rounded as Sums rounds it, then silu_mul's arithmetic: its table where silu_mul's
+// vector loop reaches (the output's columns below vec, whole 64s), its scalar loop past them.
+struct Gated {
+  using Out = c10::BFloat16;
+  static constexpr int64_t kWidth = 16;
+  const uint16_t* table;
+  int64_t vec;
+  inline void operator()(c10::BFloat16* out, __m512 a0, __m512 a1, int64_t col) const {
+    const __m256i g = bf16_packed(a0);
+    const __m512 u = widen16(bf16_packed(a1));
+    if (col < vec) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), silu_times16(g, u, table));
+      return;
+    }
+    alignas(32) c10::BFloat16 gs[16];
+    alignas(64) float us[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(gs), g);
+    _mm512_store_ps(us, u);
+    for (int j = 0; j < 16; ++j) out[j] = silu_times<c10::BFloat16>(f32(gs[j]), us[j]);
+  }
+};
+#endif
+
+// Rows [0, R) of x (row stride xs) over block b (w: its steps of 32 columns), into out (row
+// stride os; the block's columns from out + b * kWidth) by store.
+template <typename T, typename S, int R>
+inline void block_rows(const T* x, int64_t xs, const char* w, int64_t steps,
+                       typename S::Out* out, int64_t os, const S& store, int64_t b,
                        const char* pf, int64_t pfs) {
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -101,29 +141,27 @@ inline void block_rows(const T* x, int64_t xs, const char* w, int64_t steps, O* 
       acc[r][1] = Step<T>::madd(acc[r][1], a, w1);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    store_sums<T>(out + r * os, acc[r][0]);
-    store_sums<T>(out + r * os + 16, acc[r][1]);
-  }
+  const int64_t col = b * S::kWidth;
+  for (int r = 0; r < R; ++r) store(out + r * os + col, acc[r][0], acc[r][1], col);
 }
 
-template <typename T, typename O>
-using BlockFn = void (*)(const T*, int64_t, const char*, int64_t, O*, int64_t, const char*,
-                         int64_t);
+template <typename T, typename S>
+using BlockFn = void (*)(const T*, int64_t, const char*, int64_t, typename S::Out*, int64_t,
+                         const S&, int64_t, const char*, int64_t);
 
-template <typename T, typename O, int... R>
+template <typename T, typename S, int... R>
 constexpr auto block_table(std::integer_sequence<int, R...>) {
-  return std::array<BlockFn<T, O>, sizeof...(R)>{&block_rows<T, O, R + 1>...};
+  return std::array<BlockFn<T, S>, sizeof...(R)>{&block_rows<T, S, R + 1>...};
 }
 
 // x @ w.T of x [M, K] (row stride xs) on the packed weights ([blocks, steps of kStep bytes]),
-// into out [M, blocks * 32] of O.
-template <typename T, typename O>
+// into out [M, blocks * S::kWidth] by store.
+template <typename T, typename S>
 void vec_product(const T* xp, int64_t xs, int64_t M, const char* wp, int64_t blocks,
-                 int64_t steps, O* op) {
+                 int64_t steps, typename S::Out* op, const S& store) {
   // block_rows for 1 .. kRows rows
-  static constexpr auto kBlock = block_table<T, O>(std::make_integer_sequence<int, kRows>{});
-  const int64_t N = blocks * kCols, bytes = steps * kStep;
+  static constexpr auto kBlock = block_table<T, S>(std::make_integer_sequence<int, kRows>{});
+  const int64_t N = blocks * S::kWidth, bytes = steps * kStep;
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     const int64_t passes = (M + kRows - 1) / kRows;
     const int64_t share = (bytes / passes + 63) / 64 * 64;  // of the next block, a pass's bytes
@@ -132,7 +170,7 @@ void vec_product(const T* xp, int64_t xs, int64_t M, const char* wp, int64_t blo
       for (int64_t g = 0; g < passes; ++g) {
         const int64_t m0 = g * kRows, rows = std::min<int64_t>(kRows, M - m0);
         const char* pf = b + 1 < b1 ? wp + (b + 1) * bytes + g * share : nullptr;
-        kBlock[rows - 1](xp + m0 * xs, xs, wp + b * bytes, steps, op + m0 * N + b * kCols, N, pf,
+        kBlock[rows - 1](xp + m0 * xs, xs, wp + b * bytes, steps, op + m0 * N, N, store, b, pf,
                          pfs);
       }
   });
@@ -175,14 +213,19 @@ at::Tensor f32_pack(const at::Tensor& w) {
 }
 
 // w [N, K] bfloat16 (N a multiple of 32, K even) laid out for pairs_linear: [N / 32, K / 2, 32,
-// 2], each column's weights of k = 2p and 2p + 1 side by side.
-at::Tensor pairs_pack(const at::Tensor& w) {
+// 2], each column's weights of k = 2p and 2p + 1 side by side. Gated (w a gate/up matrix, gate's
+// N / 2 rows then up's), block b's columns are 16b .. 16b + 15 of gate, then the same of up, for
+// pairs_gated_linear.
+at::Tensor pairs_pack(const at::Tensor& w, bool gated) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && w.device().is_cpu(),
               "pairs_pack: w must be a 2-D bfloat16 CPU tensor");
   const int64_t N = w.size(0), K = w.size(1);
   TORCH_CHECK(pairs_shape(N, K), "pairs_pack: w is [", N, ", ", K,
               "]; N must be a multiple of 32 and K even");
-  return w.reshape({N / kCols, kCols, K / 2, 2}).transpose(1, 2).contiguous();
+  // gated: the rows in the layout's order, [gate's 16, up's same 16] a block
+  const at::Tensor rows =
+      gated ? w.reshape({2, N / kCols, 16, K}).transpose(0, 1).reshape({N, K}) : w;
+  return rows.reshape({N / kCols, kCols, K / 2, 2}).transpose(1, 2).contiguous();
 }
 
 namespace {
@@ -210,9 +253,8 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed) {
   at::Tensor out = at::empty({M, blocks * kCols}, x.options());
 #if defined(__AVX512F__)
   if (M > 0)
-    vec_product<float, float>(x.data_ptr<float>(), x.stride(0), M,
-                              static_cast<const char*>(packed.data_ptr()), blocks,
-                              packed.size(1), out.data_ptr<float>());
+    vec_product(x.data_ptr<float>(), x.stride(0), M, static_cast<const char*>(packed.data_ptr()),
+                blocks, packed.size(1), out.data_ptr<float>(), Sums<float, float>{});
 #endif
   return out;
 }
@@ -230,12 +272,28 @@ at::Tensor pairs_linear(const at::Tensor& x, const at::Tensor& packed, bool wide
     const auto* xp = x.data_ptr<c10::BFloat16>();
     const auto* wp = static_cast<const char*>(packed.data_ptr());
     if (widen)
-      vec_product<c10::BFloat16, float>(xp, x.stride(0), M, wp, blocks, packed.size(1),
-                                        out.data_ptr<float>());
+      vec_product(xp, x.stride(0), M, wp, blocks, packed.size(1), out.data_ptr<float>(),
+                  Sums<c10::BFloat16, float>{});
     else
-      vec_product<c10::BFloat16, c10::BFloat16>(xp, x.stride(0), M, wp, blocks, packed.size(1),
-                                                out.data_ptr<c10::BFloat16>());
+      vec_product(xp, x.stride(0), M, wp, blocks, packed.size(1), out.data_ptr<c10::BFloat16>(),
+                  Sums<c10::BFloat16, c10::BFloat16>{});
   }
+#endif
+  return out;
+}
+
+// silu_mul(x @ w.T) for x [M, K] bfloat16 and packed = pairs_pack(w, gated=true) (w a gate/up
+// matrix [2n, K]): silu_mul's bits, [M, n] bfloat16.
+at::Tensor pairs_gated_linear(const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(dense_pairs_built(), "pairs_gated_linear: not built with AVX-512 BF16");
+  check_operands("pairs_gated_linear", x, packed, at::kBFloat16, 4, 2);
+  const int64_t M = x.size(0), blocks = packed.size(0), n = blocks * 16;
+  at::Tensor out = at::empty({M, n}, x.options());
+#if defined(ATTEST_DENSE_PAIRS)
+  if (M > 0)
+    vec_product(x.data_ptr<c10::BFloat16>(), x.stride(0), M,
+                static_cast<const char*>(packed.data_ptr()), blocks, packed.size(1),
+                out.data_ptr<c10::BFloat16>(), Gated{silu_bf16_table(), n / 64 * 64});
 #endif
   return out;
 }
@@ -248,9 +306,10 @@ TORCH_LIBRARY_FRAGMENT(attest, m) {
   m.def("f32_shape(int n, int k) -> bool", &attest_ops::f32_shape);
   m.def("pairs_shape(int n, int k) -> bool", &attest_ops::pairs_shape);
   m.def("f32_pack(Tensor w) -> Tensor");
-  m.def("pairs_pack(Tensor w) -> Tensor");
+  m.def("pairs_pack(Tensor w, bool gated=False) -> Tensor");
   m.def("f32_linear(Tensor x, Tensor packed) -> Tensor");
   m.def("pairs_linear(Tensor x, Tensor packed, bool widen=False) -> Tensor");
+  m.def("pairs_gated_linear(Tensor x, Tensor packed) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attest, CPU, m) {
@@ -258,4 +317,5 @@ TORCH_LIBRARY_IMPL(attest, CPU, m) {
   m.impl("pairs_pack", attest_ops::pairs_pack);
   m.impl("f32_linear", attest_ops::f32_linear);
   m.impl("pairs_linear", attest_ops::pairs_linear);
+  m.impl("pairs_gated_linear", attest_ops::pairs_gated_linear);
 }

@@ -104,6 +104,7 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& packed, bool widen
 at::Tensor tile_gated_linear(const at::Tensor& x, const at::Tensor& packed);
 at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed);
 at::Tensor pairs_linear(const at::Tensor& x, const at::Tensor& packed, bool widen = false);
+at::Tensor pairs_gated_linear(const at::Tensor& x, const at::Tensor& packed);
 std::string extend_way();
 std::string set_extend_way(const std::string& name);
 at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,

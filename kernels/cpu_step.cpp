@@ -105,7 +105,8 @@ at::Tensor decode_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& c
 // AMX's tiles, the native float32 one or the native bfloat16 one on vectors where they are laid
 // out for it, else oneDNN's linear.
 // mats: per layer l [4l .. 4l+3], the dense matrices ([out, in]) or, way 2, their packed copies
-// (a gate-up matrix's for the tiles gated: tile_gated_linear its one product).
+// (a gate-up matrix's gated for the tiles or the bfloat16 product on vectors: its one product the
+// gated one).
 // native_norm: the native add and norm (bfloat16), else torch's ops (float32: transformers' bits).
 at::Tensor dense_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& cos,
                         const at::Tensor& sin, at::TensorList mats, int64_t way, bool native_norm,
@@ -132,11 +133,12 @@ at::Tensor dense_layers(at::Tensor& h, const at::Tensor& x, const at::Tensor& co
     packed_linear.callBoxed(&stack);
     return stack[0].toTensor();
   };
-  // a gate-up matrix laid out for the tiles is laid out gated (orient.py's pack): its product
-  // is the activation itself
+  // a gate-up matrix laid out for the tiles or the bfloat16 product on vectors is laid out gated
+  // (orient.py's pack): its product is the activation itself
   auto gated = [&](const at::Tensor& cur, int64_t l) {
     const at::Tensor& w = mats[4 * l + 2];
     if (way == 2 && w.dim() == 5) return tile_gated_linear(cur, w);
+    if (way == 2 && w.dim() == 4) return pairs_gated_linear(cur, w);  // on vectors, likewise
     return silu_mul(product(cur, l, 2));
   };
   auto add_norm = [&](at::Tensor& hh, const at::Tensor& y, const at::Tensor& w) {

@@ -44,7 +44,8 @@ weight's bytes again, so it is kept only for a part (layers, head) where some bu
 A layer's gate/up matrix is laid out gated on the tiles (``pack(w, gated=True)``): its product
 is the MLP's activation, silu(gate) * up with ``silu_mul``'s bits, made as the sums leave the
 tiles (``gated_linear``), so the [rows, 2n] product is never written and read back (at 512 rows
-the 30 layers' gate/up products and SiLU took 31.5-32.2 ms so against 34.9-53.1, BENCHMARKS.md).
+the 30 layers' gate/up products and SiLU took 31.5-32.2 ms so against 34.9-53.1, BENCHMARKS.md);
+the bfloat16 product on vectors lays it out and makes it the same way.
 """
 
 from __future__ import annotations
@@ -150,15 +151,16 @@ def pack(w: torch.Tensor, gated: bool = False) -> torch.Tensor | None:
     them, else for the native bfloat16 product on vectors where ``dense_pairs`` and its shape
     takes them, in float32 for the native float32 product where ``dense_f32`` and its shape
     takes them, else as oneDNN's linear takes it; None where neither can take ``w``. ``gated``: ``w``
-    is a gate/up matrix (gate's rows, then up's), and on the tiles it is laid out gated, for
-    ``gated_linear`` (``packed_linear`` on it gives its columns in the layout's order)."""
+    is a gate/up matrix (gate's rows, then up's), and for the tiles or the bfloat16 product on
+    vectors it is laid out gated, for ``gated_linear`` (``packed_linear`` on it gives its columns
+    in the layout's order)."""
     ok = w.device.type == "cpu" and w.dim() == 2 and w.dtype in (torch.bfloat16, torch.float32)
     if not ok:
         return None
     if w.dtype == torch.bfloat16 and dense_tiles() and torch.ops.attest.tile_shape(*w.shape):
         return torch.ops.attest.tile_pack(w, gated)
     if w.dtype == torch.bfloat16 and dense_pairs() and torch.ops.attest.pairs_shape(*w.shape):
-        return torch.ops.attest.pairs_pack(w)
+        return torch.ops.attest.pairs_pack(w, gated)
     if w.dtype == torch.float32 and dense_f32() and torch.ops.attest.f32_shape(*w.shape):
         return torch.ops.attest.f32_pack(w)
     if not torch.backends.mkldnn.is_available():
@@ -204,10 +206,13 @@ def gated_linear(
 ) -> torch.Tensor:
     """``silu_mul(x @ w.T)`` on ``pack(w, gated=True)`` (``w`` a gate/up matrix): on the tiles,
     silu(gate) * up as the product's sums leave the tiles, with ``silu_mul``'s bits and without
-    the product's [rows, 2n] in memory (``kernels/cpu_dense.cpp``); elsewhere ``silu_mul`` of
+    the product's [rows, 2n] in memory (``kernels/cpu_dense.cpp``), and likewise on the
+    bfloat16 product on vectors (``kernels/cpu_dense_vec.cpp``); elsewhere ``silu_mul`` of
     ``packed_linear``."""
     if on_tiles(packed):
         return torch.ops.attest.tile_gated_linear(x, packed)
+    if on_pairs(packed):
+        return torch.ops.attest.pairs_gated_linear(x, packed)
     return silu_mul(packed_linear(x, packed))
 
 

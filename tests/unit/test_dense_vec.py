@@ -3,7 +3,8 @@ out at load takes where the native ops are built (engine.model.orient.pack): flo
 multiply-adds, and bfloat16's by AVX-512 BF16 pair products where the CPU has no AMX tiles.
 Against the product in float64 and exactly where the sums are whole numbers, a row's bits the
 same in any batch, rows on both sides of its steps of 12, strided rows, bfloat16's sums widened
-to float32, and the shapes they refuse."""
+to float32, a gate/up matrix's gated product bit for bit silu_mul of the plain one, and the
+shapes they refuse."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.model import orient
+from engine.model.fused import native_silu_mul
 from engine.model.orient import (
     dense_f32,
     dense_pairs,
     dense_tiles,
+    gated_linear,
     on_f32,
     on_pairs,
     on_tiles,
@@ -43,6 +46,9 @@ class Way:
 
     def packed(self, w: torch.Tensor) -> torch.Tensor:
         return getattr(torch.ops.attest, self.pack)(w)
+
+    def packed_gated(self, w: torch.Tensor) -> torch.Tensor:
+        return getattr(torch.ops.attest, self.pack)(w, gated=True)
 
     def product(self, x: torch.Tensor, packed: torch.Tensor, **kw) -> torch.Tensor:
         return getattr(torch.ops.attest, self.linear)(x, packed, **kw)
@@ -188,3 +194,46 @@ def test_the_switch_keeps_onednns_layout(way, monkeypatch):
         monkeypatch.delenv(way.switch)
         cached.cache_clear()
     assert way.ours(pack(_randn(64, 64, seed=7, dtype=way.dtype)))
+
+
+@pytest.mark.skipif(not dense_pairs(), reason="the native ops are not built with AVX-512 BF16")
+@settings(max_examples=30, deadline=None)
+@given(
+    m=st.integers(1, 40),
+    n=st.sampled_from([16, 48, 64, 80, 192]),
+    k=st.sampled_from([2, 64, 100, 576]),
+    wide=st.integers(0, 1),
+    seed=st.integers(0, 2**16),
+)
+def test_a_gated_product_is_silu_mul_of_the_product_bit_for_bit(m, n, k, wide, seed):
+    """silu(gate) * up as the sums leave the registers: the same bits as ``silu_mul`` of the
+    plain product, columns in silu_mul's vector loop (below the last whole 64 of n) and past it
+    in its scalar loop (n = 16, 48, 80), rows at their stride."""
+    w = _randn(2 * n, k, seed=seed, dtype=torch.bfloat16) * 0.25
+    x = _randn(m, k + 32 * wide, seed=seed + 1, dtype=torch.bfloat16)[:, :k]
+    got = torch.ops.attest.pairs_gated_linear(x, PAIRS.packed_gated(w))
+    ref = native_silu_mul(PAIRS.product(x, PAIRS.packed(w)))
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
+
+
+@pytest.mark.skipif(not dense_pairs(), reason="the native ops are not built with AVX-512 BF16")
+def test_a_gated_layout_pairs_each_block_of_gate_with_the_same_block_of_up():
+    """Block b of the gated layout holds gate's columns 16b .. 16b + 15, then up's: its plain
+    product gives those columns in that order; where orient.pack lays bfloat16 out for it, a
+    gated pack's product through ``gated_linear`` is the gated one."""
+    n, k = 64, 64
+    w = _randn(2 * n, k, seed=7, dtype=torch.bfloat16)
+    x = _randn(3, k, seed=8, dtype=torch.bfloat16)
+    plain = PAIRS.product(x, PAIRS.packed(w))
+    interleaved = PAIRS.product(x, PAIRS.packed_gated(w))
+    order = torch.arange(2 * n).view(2, n // 16, 16).transpose(0, 1).reshape(-1)
+    assert torch.equal(interleaved, plain[:, order])
+    with pytest.raises(RuntimeError, match="x has 96 columns, the weights 64"):
+        torch.ops.attest.pairs_gated_linear(
+            _randn(3, 96, seed=9, dtype=torch.bfloat16), PAIRS.packed_gated(w)
+        )
+    if _packs_for(PAIRS):
+        gated = pack(w, gated=True)
+        assert on_pairs(gated)
+        assert torch.equal(gated_linear(x, gated, native_silu_mul), native_silu_mul(plain))

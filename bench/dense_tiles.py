@@ -11,16 +11,16 @@ The ways, each over all 30 layers: ``F.linear`` (the baseline: transformers' cal
 x.T).T`` (``engine.model.orient.by_mm``: one row padded to two), oneDNN's linear on weights
 reordered once (``mkldnn._reorder_linear_weight`` for 64 rows, as ``orient.pack`` laid them out
 before the native products), and the native product on weights laid out once (``orient.pack``:
-``attest::tile_pack`` or ``attest::pairs_pack``, or ``attest::f32_pack`` in float32). Per row count: the fastest of --reps
-passes (milliseconds for the 30 layers), and the native product's ratio over the fastest other
-way.
+``attest::tile_pack`` or ``attest::pairs_pack``, or ``attest::f32_pack`` in float32). Per row
+count: the fastest of --reps passes (milliseconds for the 30 layers), and the native product's
+ratio over the fastest other way.
 
     .venv/bin/python bench/dense_tiles.py [--rows 1,16,64,128,512] [--reps 7] [--dtype float32]
 
-With ``--gated``, the 30 layers' gate-up products and their activation only: the tiles' product
-then ``silu_mul`` (the baseline: the way before the gated layout) against the gated product
-(``orient.gated_linear``: silu(gate) * up as the sums leave the tiles), whose bits it checks
-are the baseline's; the heap kept as the engine keeps it (``engine.core.heap``), so that
+With ``--gated``, the 30 layers' gate-up products and their activation only: the native
+product then ``silu_mul`` (the baseline: the way before the gated layout) against the gated
+product (``orient.gated_linear``: silu(gate) * up as the sums leave the tiles or registers),
+whose bits it checks are the baseline's; the heap kept as the engine keeps it (``engine.core.heap``), so that
 neither way's output is new memory each call.
 """
 
@@ -105,15 +105,16 @@ def main() -> None:
 def gated(args: argparse.Namespace) -> None:
     print(f"heap: {keep_freed()}")
     print(f"cpu: {describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    if not dense_tiles():
-        raise SystemExit("no native bfloat16 product on the tiles here")
+    if not (dense_tiles() or dense_pairs()):
+        raise SystemExit("no native bfloat16 product here (tiles or vectors)")
     g = torch.Generator().manual_seed(0)
     out, inp = LAYER[2]
     mats = [torch.randn(out, inp, generator=g).bfloat16() * 0.05 for _ in range(LAYERS)]
     plain = [pack(w) for w in mats]
     laid = [pack(w, gated=True) for w in mats]
+    print(f"native: {'tiles' if on_tiles(laid[0]) else 'pairs'}")
     ways = {
-        "tiles, then silu_mul": lambda x: [native_silu_mul(packed_linear(x, p)) for p in plain],
+        "native, then silu_mul": lambda x: [native_silu_mul(packed_linear(x, p)) for p in plain],
         "gated": lambda x: [gated_linear(x, p, native_silu_mul) for p in laid],
     }
     print(
@@ -124,7 +125,7 @@ def gated(args: argparse.Namespace) -> None:
     print("|---:|---:|---:|---:|")
     for n in (int(r) for r in args.rows.split(",")):
         x = torch.randn(n, inp, generator=g).bfloat16()
-        a, b = ways["tiles, then silu_mul"](x), ways["gated"](x)
+        a, b = ways["native, then silu_mul"](x), ways["gated"](x)
         assert all(torch.equal(u.view(torch.int16), v.view(torch.int16)) for u, v in zip(a, b))
         took = fastest_each([lambda f=f, x=x: f(x) for f in ways.values()], args.reps)
         ms = {k: t * 1e3 for k, t in zip(ways, took)}

@@ -20,8 +20,8 @@ ratio over the fastest other way.
 With ``--gated``, the 30 layers' gate-up products and their activation only: the native
 product then ``silu_mul`` (the baseline: the way before the gated layout) against the gated
 product (``orient.gated_linear``: silu(gate) * up as the sums leave the tiles or registers),
-whose bits it checks are the baseline's; the heap kept as the engine keeps it (``engine.core.heap``), so that
-neither way's output is new memory each call.
+whose bits it checks are the baseline's; the heap kept as the engine keeps it
+(``engine.core.heap``), so that neither way's output is new memory each call.
 """
 
 from __future__ import annotations

@@ -51,7 +51,6 @@ struct Step;
 
 template <>
 struct Step<float> {
-  static constexpr int64_t kPer = 1;  // k a step
   static __m512 operand(const float* x, int64_t s) { return _mm512_set1_ps(x[s]); }
   static __m512 madd(__m512 acc, __m512 a, __m512 w) { return _mm512_fmadd_ps(a, w, acc); }
 };
@@ -59,7 +58,6 @@ struct Step<float> {
 #if defined(ATTEST_DENSE_PAIRS)
 template <>
 struct Step<c10::BFloat16> {
-  static constexpr int64_t kPer = 2;  // a pair of k a step
   static __m512 operand(const c10::BFloat16* x, int64_t s) {
     int pair;
     std::memcpy(&pair, x + 2 * s, 4);

@@ -13,7 +13,8 @@ step's. The native ops must be built (``make native``); the figures are medians 
     .venv/bin/python bench/native_ops.py --rows '' --batch '' --extend 512,2048   # a prompt's attention
 
 A prompt's attention (``--extend``): one fresh prompt of each length through the native extend
-kernel, on AMX's tiles and by its vector loops, against SDPA's flash kernel (medians in us).
+kernel each way this CPU runs it (the laid-out method on AMX's tiles or on AVX-512 BF16 vectors,
+the item loops), against SDPA's flash kernel (medians in us).
 """
 
 from __future__ import annotations

@@ -77,19 +77,9 @@ struct StoreGated {
   inline void operator()(const float (*c)[kCols], int64_t rows, c10::BFloat16* out, int64_t os,
                          int64_t b) const {
     out += b * 16;
-    for (int64_t r = 0; r < rows; ++r) {
-      const __m256i g = rounded16(c[r]);
-      const __m512 u = widen16(rounded16(c[r] + 16));
-      if (b * 16 < vec) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * os), silu_times16(g, u, table));
-        continue;
-      }
-      alignas(32) c10::BFloat16 gs[16];
-      alignas(64) float us[16];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(gs), g);
-      _mm512_store_ps(us, u);
-      for (int j = 0; j < 16; ++j) out[r * os + j] = silu_times<c10::BFloat16>(f32(gs[j]), us[j]);
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      gated_store16(out + r * os, rounded16(c[r]), widen16(rounded16(c[r] + 16)), table,
+                    b * 16 < vec);
   }
 };
 

@@ -102,17 +102,7 @@ struct Gated {
   const uint16_t* table;
   int64_t vec;
   inline void operator()(c10::BFloat16* out, __m512 a0, __m512 a1, int64_t col) const {
-    const __m256i g = bf16_packed(a0);
-    const __m512 u = widen16(bf16_packed(a1));
-    if (col < vec) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), silu_times16(g, u, table));
-      return;
-    }
-    alignas(32) c10::BFloat16 gs[16];
-    alignas(64) float us[16];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(gs), g);
-    _mm512_store_ps(us, u);
-    for (int j = 0; j < 16; ++j) out[j] = silu_times<c10::BFloat16>(f32(gs[j]), us[j]);
+    gated_store16(out, bf16_packed(a0), widen16(bf16_packed(a1)), table, col < vec);
   }
 };
 #endif

@@ -70,6 +70,22 @@ inline __m256i silu_times16(__m256i g, __m512 u, const uint16_t* table) {
   return bf16_packed(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(got, 16)), u));
 }
 
+// A gated product's 16 columns of silu(g) * u into out (g, u as silu_times16 takes them): by
+// silu_mul's vector loop where the columns lie in it (``vec``: below the last whole 64 of n),
+// else by its scalar loop, so the bits are silu_mul's either way.
+inline void gated_store16(c10::BFloat16* out, __m256i g, __m512 u, const uint16_t* table,
+                          bool vec) {
+  if (vec) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), silu_times16(g, u, table));
+    return;
+  }
+  alignas(32) c10::BFloat16 gs[16];
+  alignas(64) float us[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(gs), g);
+  _mm512_store_ps(us, u);
+  for (int j = 0; j < 16; ++j) out[j] = silu_times<c10::BFloat16>(f32(gs[j]), us[j]);
+}
+
 #endif
 
 // Whether this process may use AMX's tiles: built for a CPU with them, and Linux hands a process
